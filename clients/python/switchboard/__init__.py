@@ -1,0 +1,6 @@
+"""Switchboard dispatch API client package.
+
+The generated protobuf messages, gRPC stubs and servicers live in :mod:`switchboard.v1`
+(for example ``from switchboard.v1 import dispatch_pb2, dispatch_pb2_grpc``); they are
+produced by ``scripts/generate-client`` from the repository's ``proto/`` tree.
+"""

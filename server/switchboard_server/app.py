@@ -1,0 +1,177 @@
+"""Assembles and runs one server process.
+
+Start-up order: database (embedded when no URL is given), migrations (under
+an advisory lock), gRPC server with health and reflection, background loops.
+Shutdown reverses it: health NOT_SERVING, stop accepting and drain RPCs with a
+grace period, stop loops, close the pool, stop the embedded database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+from switchboard.v1 import admin_pb2, admin_pb2_grpc, dispatch_pb2, dispatch_pb2_grpc
+
+from switchboard_server.auth import Authenticator
+from switchboard_server.config import Settings
+from switchboard_server.db import Database
+from switchboard_server.db.migrate import migrate
+from switchboard_server.dispatch import Dispatcher, DispatchSettings
+from switchboard_server.embedded_pg import EmbeddedPostgres
+from switchboard_server.loops import LoopSignals, Supervisor, reap_once, retain_once
+from switchboard_server.servicers.admin import AdminServicer
+from switchboard_server.servicers.dispatch import DispatchServicer
+from switchboard_server.servicers.interceptor import ServiceInterceptor
+from switchboard_server.servicers.validate import MAX_PAYLOAD_BYTES
+from switchboard_server.tenancy import Tenancy
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = (
+    dispatch_pb2.DESCRIPTOR.services_by_name["DispatchService"].full_name,
+    admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
+)
+
+#: Room for the largest payload plus the rest of a message.
+MAX_MESSAGE_BYTES = MAX_PAYLOAD_BYTES + 64 * 1024
+
+
+async def open_database(settings: Settings) -> tuple[Database, EmbeddedPostgres | None]:
+    """Connects to ``database_url``, or starts the embedded PostgreSQL first."""
+    embedded = None
+    dsn = settings.database_url
+    if dsn is None:
+        embedded = EmbeddedPostgres(settings.data_dir)
+        dsn = await asyncio.to_thread(embedded.start)
+        log.info("embedded postgres started", extra={"data_dir": str(settings.data_dir)})
+    try:
+        db = await Database.connect(dsn, max_size=settings.pool_max_size)
+    except BaseException:
+        if embedded is not None:
+            await asyncio.to_thread(embedded.stop)
+        raise
+    return db, embedded
+
+
+async def run_migrations(db: Database) -> None:
+    """Applies pending migrations (safe when several replicas start together)."""
+    async with db.connection() as conn:
+        applied = await migrate(conn)
+    for migration in applied:
+        log.info("migration applied", extra={"version": migration.version, "name": migration.name})
+
+
+@dataclass
+class App:
+    """One running server process."""
+
+    settings: Settings
+    db: Database
+    server: grpc.aio.Server
+    port: int
+    supervisor: Supervisor
+    health: HealthServicer
+    embedded: EmbeddedPostgres | None = None
+    stopped: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def address(self) -> str:
+        """``host:port`` the gRPC server listens on."""
+        host = self.settings.listen.rsplit(":", 1)[0]
+        return f"{host}:{self.port}"
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Stops serving, drains in-flight RPCs, stops loops, closes the database."""
+        if self.stopped.is_set():
+            return
+        self.stopped.set()
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+        await self.supervisor.stop()
+        await self.db.close()
+        if self.embedded is not None:
+            await asyncio.to_thread(self.embedded.stop)
+        log.info("stopped")
+
+
+async def start(settings: Settings, *, signals: LoopSignals | None = None) -> App:
+    """Starts a server process's parts and returns once it is serving."""
+    db, embedded = await open_database(settings)
+    try:
+        await run_migrations(db)
+        server = grpc.aio.server(
+            interceptors=[ServiceInterceptor(Authenticator(db, settings.operator_token))],
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ],
+        )
+        dispatcher = Dispatcher(
+            db,
+            DispatchSettings(
+                default_lease=settings.default_lease,
+                backoff_base=settings.backoff_base,
+                backoff_cap=settings.backoff_cap,
+            ),
+        )
+        dispatch_pb2_grpc.add_DispatchServiceServicer_to_server(
+            DispatchServicer(dispatcher), server
+        )
+        admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(Tenancy(db)), server)
+        health_servicer = HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection(
+            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        port = server.add_insecure_port(settings.listen)
+        if port == 0:
+            raise OSError(f"cannot listen on {settings.listen}")
+        await server.start()
+        for name in ("", *SERVICE_NAMES):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        supervisor = Supervisor()
+        signals = signals or LoopSignals()
+        supervisor.every("reaper", settings.reaper_interval, lambda: reap_once(db), signals.reaped)
+        supervisor.every(
+            "retention",
+            settings.retention_interval,
+            lambda: retain_once(db, settings.retention_age),
+            signals.retained,
+        )
+    except BaseException:
+        await db.close()
+        if embedded is not None:
+            await asyncio.to_thread(embedded.stop)
+        raise
+    app = App(settings, db, server, port, supervisor, health_servicer, embedded)
+    log.info("serving", extra={"grpc": app.address})
+    return app
+
+
+async def serve(settings: Settings) -> int:
+    """Runs until SIGTERM or SIGINT (or a background loop dies); returns the exit code."""
+    app = await start(settings)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    waiters = [
+        asyncio.create_task(stop.wait(), name="switchboard.signal"),
+        asyncio.create_task(app.supervisor.failed.wait(), name="switchboard.loop-failure"),
+    ]
+    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    for waiter in waiters:
+        waiter.cancel()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.remove_signal_handler(sig)
+    failed = app.supervisor.failed.is_set()
+    log.info("shutting down", extra={"reason": "loop failure" if failed else "signal"})
+    await app.stop()
+    return 1 if failed else 0

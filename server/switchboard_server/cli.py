@@ -1,0 +1,112 @@
+"""The ``switchboard`` command: serve, migrate, admin bootstrap."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import pathlib
+import sys
+from collections.abc import Sequence
+
+from switchboard_server import app, logs
+from switchboard_server.config import Settings
+from switchboard_server.tenancy import bootstrap_operator
+
+EPILOG = """\
+examples:
+  switchboard serve                                   # embedded PostgreSQL in ./.switchboard
+  SWITCHBOARD_DATABASE_URL=postgresql://127.0.0.1/sb switchboard serve --listen 0.0.0.0:50051
+  switchboard migrate
+  switchboard admin bootstrap --label ops             # prints an operator token once
+"""
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    settings = Settings.from_env()
+    overrides: dict[str, object] = {}
+    if getattr(args, "database_url", None):
+        overrides["database_url"] = args.database_url
+    if getattr(args, "data_dir", None):
+        overrides["data_dir"] = pathlib.Path(args.data_dir)
+    if getattr(args, "listen", None):
+        overrides["listen"] = args.listen
+    return dataclasses.replace(settings, **overrides)  # type: ignore[arg-type]
+
+
+async def _migrate(settings: Settings) -> int:
+    db, embedded = await app.open_database(settings)
+    try:
+        await app.run_migrations(db)
+    finally:
+        await db.close()
+        if embedded is not None:
+            await asyncio.to_thread(embedded.stop)
+    print("schema is up to date")
+    return 0
+
+
+async def _bootstrap(settings: Settings, label: str) -> int:
+    db, embedded = await app.open_database(settings)
+    try:
+        await app.run_migrations(db)
+        minted = await bootstrap_operator(db, label)
+    finally:
+        await db.close()
+        if embedded is not None:
+            await asyncio.to_thread(embedded.stop)
+    print(f"operator credential {minted.credential.id} created; the token is shown once:")
+    print(minted.token)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line parser."""
+    root = argparse.ArgumentParser(
+        prog="switchboard",
+        description="Switchboard dispatch: a gRPC work queue over PostgreSQL.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = root.add_subparsers(dest="command", required=True)
+
+    def db_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--database-url",
+            help="PostgreSQL URL (env SWITCHBOARD_DATABASE_URL); embedded PostgreSQL when unset",
+        )
+        p.add_argument("--data-dir", help="local state directory (env SWITCHBOARD_DATA_DIR)")
+
+    serve = sub.add_parser("serve", help="run the server in the foreground")
+    db_flags(serve)
+    serve.add_argument("--listen", help="gRPC host:port (env SWITCHBOARD_LISTEN)")
+    migrate = sub.add_parser("migrate", help="apply pending schema migrations and exit")
+    db_flags(migrate)
+    admin = sub.add_parser("admin", help="instance administration")
+    admin_sub = admin.add_subparsers(dest="admin_command", required=True)
+    bootstrap = admin_sub.add_parser(
+        "bootstrap", help="create an instance operator credential and print its token once"
+    )
+    db_flags(bootstrap)
+    bootstrap.add_argument("--label", default="bootstrap", help="a note stored with it")
+    return root
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``switchboard`` command."""
+    args = parser().parse_args(argv)
+    try:
+        settings = _settings(args)
+    except ValueError as exc:
+        print(f"switchboard: {exc}", file=sys.stderr)
+        return 2
+    logs.configure(settings.log_level)
+    if args.command == "serve":
+        return asyncio.run(app.serve(settings))
+    if args.command == "migrate":
+        return asyncio.run(_migrate(settings))
+    return asyncio.run(_bootstrap(settings, args.label))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

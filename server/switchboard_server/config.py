@@ -1,0 +1,66 @@
+"""Configuration: environment variables, optionally overridden by flags."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> timedelta:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return timedelta(seconds=default)
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from exc
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {raw!r}")
+    return timedelta(seconds=value)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a server process needs to know at start.
+
+    See the README's configuration table for each variable.
+    """
+
+    database_url: str | None = None
+    data_dir: pathlib.Path = field(default_factory=lambda: pathlib.Path(".switchboard"))
+    listen: str = "127.0.0.1:50051"
+    operator_token: str | None = None
+    reaper_interval: timedelta = timedelta(seconds=5)
+    retention_interval: timedelta = timedelta(seconds=60)
+    retention_age: timedelta = timedelta(days=7)
+    default_lease: timedelta = timedelta(minutes=5)
+    backoff_base: timedelta = timedelta(seconds=10)
+    backoff_cap: timedelta = timedelta(hours=1)
+    pool_max_size: int = 20
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Reads ``SWITCHBOARD_*`` variables."""
+        env = os.environ if env is None else env
+        data_dir = env.get("SWITCHBOARD_DATA_DIR") or ".switchboard"
+        pool = env.get("SWITCHBOARD_POOL_SIZE") or "20"
+        if not pool.isdigit() or int(pool) < 2:
+            raise ValueError(f"SWITCHBOARD_POOL_SIZE must be an integer >= 2, got {pool!r}")
+        return cls(
+            database_url=env.get("SWITCHBOARD_DATABASE_URL") or None,
+            data_dir=pathlib.Path(data_dir),
+            listen=env.get("SWITCHBOARD_LISTEN") or "127.0.0.1:50051",
+            operator_token=env.get("SWITCHBOARD_OPERATOR_TOKEN") or None,
+            reaper_interval=_seconds(env, "SWITCHBOARD_REAPER_INTERVAL", 5),
+            retention_interval=_seconds(env, "SWITCHBOARD_RETENTION_INTERVAL", 60),
+            retention_age=_seconds(env, "SWITCHBOARD_RETENTION_AGE", 7 * 86400),
+            default_lease=_seconds(env, "SWITCHBOARD_DEFAULT_LEASE", 300),
+            backoff_base=_seconds(env, "SWITCHBOARD_BACKOFF_BASE", 10),
+            backoff_cap=_seconds(env, "SWITCHBOARD_BACKOFF_CAP", 3600),
+            pool_max_size=int(pool),
+            log_level=(env.get("SWITCHBOARD_LOG_LEVEL") or "INFO").upper(),
+        )

@@ -1,0 +1,20 @@
+"""The shared clock: the database's, so every replica agrees."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from switchboard_server.db.database import Conn
+from switchboard_server.db.queries import sql
+
+
+async def now(conn: Conn) -> datetime:
+    """The current instant on the shared clock."""
+    value = await conn.fetchval(sql("clock_now"))
+    assert isinstance(value, datetime)
+    return value
+
+
+async def set_skew(conn: Conn, skew: timedelta) -> None:
+    """Test-only: moves the shared clock by ``skew`` from the database's real time."""
+    await conn.execute(sql("clock_set_skew"), skew)

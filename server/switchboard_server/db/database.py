@@ -1,0 +1,86 @@
+"""The connection pool and transaction boundaries.
+
+The domain layer opens transactions with ``Database.transaction()`` and hands
+the connection to the query functions of this package; it never sees asyncpg
+itself beyond the ``Conn`` type.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import asyncpg
+
+from switchboard_server import errors
+
+if TYPE_CHECKING:
+    Conn: TypeAlias = asyncpg.Connection[Any] | asyncpg.pool.PoolConnectionProxy[Any]
+    """A database connection, as passed to every query function."""
+else:
+    Conn = asyncpg.Connection
+
+#: Errors that mean the database or the network to it is unavailable.
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.ConnectionDoesNotExistError,
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.TooManyConnectionsError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.CrashShutdownError,
+    asyncpg.exceptions.ConnectionFailureError,
+    asyncpg.exceptions.InterfaceError,
+    ConnectionError,
+    OSError,
+    TimeoutError,
+)
+
+
+class Database:
+    """A pool of connections to one PostgreSQL database."""
+
+    def __init__(self, pool: asyncpg.Pool[Any]) -> None:
+        self.pool = pool
+
+    @classmethod
+    async def connect(cls, dsn: str, *, min_size: int = 2, max_size: int = 20) -> Database:
+        """Opens a pool. Connections use READ COMMITTED, the default."""
+        try:
+            pool = await asyncpg.create_pool(
+                dsn,
+                min_size=min_size,
+                max_size=max_size,
+                server_settings={"application_name": "switchboard"},
+            )
+        except _UNAVAILABLE as exc:
+            raise errors.Unavailable(f"cannot connect to the database: {exc}") from exc
+        return cls(pool)
+
+    async def close(self) -> None:
+        """Closes every connection, waiting for those in use."""
+        await self.pool.close()
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[Conn]:
+        """A connection outside any explicit transaction (autocommit statements)."""
+        with translate_errors():
+            async with self.pool.acquire() as conn:
+                yield conn
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Conn]:
+        """A connection inside one transaction, committed when the block exits cleanly."""
+        with translate_errors():
+            async with self.pool.acquire() as conn, conn.transaction():
+                yield conn
+
+
+@contextlib.contextmanager
+def translate_errors() -> Iterator[None]:
+    """Turns driver errors that mean 'database unavailable' into ``errors.Unavailable``."""
+    try:
+        yield
+    except errors.SwitchboardError:
+        raise
+    except _UNAVAILABLE as exc:
+        raise errors.Unavailable() from exc

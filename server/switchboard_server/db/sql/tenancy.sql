@@ -1,0 +1,49 @@
+-- name: credential_authenticate :one
+-- The live credential for a token hash, with its principal's scope.
+SELECT id, kind, owner_id, human_id, endpoint_id, vended_by_human_id, grants
+  FROM credentials
+ WHERE token_hash = $1 AND revoked_at IS NULL;
+
+-- name: owner_create :one
+INSERT INTO owners (name) VALUES ($1) RETURNING id, name, created_at;
+
+-- name: owner_list :many
+SELECT id, name, created_at FROM owners ORDER BY created_at, id;
+
+-- name: owner_exists :one
+SELECT EXISTS (SELECT 1 FROM owners WHERE id = $1) AS found;
+
+-- name: human_create :one
+INSERT INTO humans (owner_id, name) VALUES ($1, $2) RETURNING id, owner_id, name, created_at;
+
+-- name: endpoint_create :one
+INSERT INTO endpoints (owner_id, name) VALUES ($1, $2) RETURNING id, owner_id, name, created_at;
+
+-- name: endpoint_list :many
+SELECT id, owner_id, name, created_at FROM endpoints WHERE owner_id = $1 ORDER BY name;
+
+-- name: endpoint_get :one
+SELECT id, owner_id, name, created_at FROM endpoints WHERE id = $1 AND owner_id = $2;
+
+-- name: credential_create :one
+INSERT INTO credentials (kind, token_hash, owner_id, human_id, endpoint_id,
+                         vended_by_human_id, grants, label)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+RETURNING id, kind, owner_id, human_id, endpoint_id, vended_by_human_id, grants, label,
+          created_at, revoked_at;
+
+-- name: credential_list :many
+-- An owner's credentials, optionally one endpoint's ($2).
+SELECT id, kind, owner_id, human_id, endpoint_id, vended_by_human_id, grants, label,
+       created_at, revoked_at
+  FROM credentials
+ WHERE owner_id = $1 AND ($2::uuid IS NULL OR endpoint_id = $2)
+ ORDER BY created_at, id;
+
+-- name: credential_revoke :one
+-- Revokes a credential of the owner ($2; NULL for the operator, who may
+-- revoke any). Revoking twice keeps the first revocation time.
+UPDATE credentials SET revoked_at = coalesce(revoked_at, sb_now())
+ WHERE id = $1 AND ($2::uuid IS NULL OR owner_id = $2)
+RETURNING id, kind, owner_id, human_id, endpoint_id, vended_by_human_id, grants, label,
+          created_at, revoked_at;

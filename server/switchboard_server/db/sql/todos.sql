@@ -1,0 +1,137 @@
+-- name: todo_ingest :one
+-- Creates a todo, or returns the existing one for a repeated dedup key.
+SELECT deduplicated, todo FROM sb_ingest($1, $2, $3, $4, $5, $6, $7, $8, $9);
+
+-- name: todo_claim :one
+-- Claims one specific todo; see sb_claim for the outcomes.
+SELECT outcome, todo FROM sb_claim($1, $2, $3, $4, $5);
+
+-- name: todo_claim_next :one
+-- Claims the oldest claimable todo among an endpoint's queues.
+SELECT outcome, todo FROM sb_claim_next($1, $2, $3, $4, $5);
+
+-- name: todo_heartbeat :one
+-- Extends a live lease; no row when the lease is stale or the todo not the caller's.
+UPDATE todos
+   SET lease_expires_at = sb_now() + $5::interval, updated_at = sb_now()
+ WHERE id = $1 AND lease_id = $2 AND state = 'claimed'
+   AND owner_id = $3 AND ($4::uuid IS NULL OR endpoint_id = $4)
+RETURNING lease_id, lease_expires_at;
+
+-- name: todo_complete :one
+-- Marks a claimed todo done under its lease and closes its attempt.
+WITH done AS (
+    UPDATE todos
+       SET state = 'done', lease_id = NULL, lease_expires_at = NULL,
+           finished_at = sb_now(), updated_at = sb_now()
+     WHERE id = $1 AND lease_id = $2 AND state = 'claimed'
+       AND owner_id = $3 AND ($4::uuid IS NULL OR endpoint_id = $4)
+    RETURNING *
+), closed AS (
+    UPDATE attempts SET outcome = 'completed', finished_at = sb_now()
+      FROM done WHERE attempts.todo_id = done.id AND attempts.number = done.attempt
+)
+SELECT * FROM done;
+
+-- name: todo_fail :one
+-- Records a failed attempt: pending after $6 of backoff, or dead when the
+-- failure is permanent ($5) or no attempts are left.
+WITH failed AS (
+    UPDATE todos
+       SET state = CASE WHEN $5::boolean OR attempt >= max_attempts
+                        THEN 'dead' ELSE 'pending' END,
+           next_retry_at = CASE WHEN $5::boolean OR attempt >= max_attempts
+                                THEN next_retry_at ELSE sb_now() + $6::interval END,
+           finished_at = CASE WHEN $5::boolean OR attempt >= max_attempts
+                              THEN sb_now() END,
+           lease_id = NULL, lease_expires_at = NULL,
+           last_error = $7, updated_at = sb_now()
+     WHERE id = $1 AND lease_id = $2 AND state = 'claimed'
+       AND owner_id = $3 AND ($4::uuid IS NULL OR endpoint_id = $4)
+    RETURNING *
+), closed AS (
+    UPDATE attempts SET outcome = 'failed', finished_at = sb_now(), error = $7
+      FROM failed WHERE attempts.todo_id = failed.id AND attempts.number = failed.attempt
+)
+SELECT * FROM failed;
+
+-- name: todo_release :one
+-- Gives a claimed todo back at once (dead when no attempts are left).
+WITH released AS (
+    UPDATE todos
+       SET state = CASE WHEN attempt >= max_attempts THEN 'dead' ELSE 'pending' END,
+           next_retry_at = sb_now(),
+           finished_at = CASE WHEN attempt >= max_attempts THEN sb_now() END,
+           last_error = CASE WHEN attempt >= max_attempts
+                             THEN 'released on the last attempt' ELSE last_error END,
+           lease_id = NULL, lease_expires_at = NULL, updated_at = sb_now()
+     WHERE id = $1 AND lease_id = $2 AND state = 'claimed'
+       AND owner_id = $3 AND ($4::uuid IS NULL OR endpoint_id = $4)
+    RETURNING *
+), closed AS (
+    UPDATE attempts SET outcome = 'released', finished_at = sb_now()
+      FROM released WHERE attempts.todo_id = released.id AND attempts.number = released.attempt
+)
+SELECT * FROM released;
+
+-- name: todo_get :one
+-- One todo, if it is in the caller's scope.
+SELECT * FROM todos
+ WHERE id = $1 AND owner_id = $2 AND ($3::uuid IS NULL OR endpoint_id = $3);
+
+-- name: todo_attempts :many
+-- A todo's attempts, oldest first.
+SELECT number, claimant, claimed_at, outcome, finished_at, error
+  FROM attempts WHERE todo_id = $1 ORDER BY number;
+
+-- name: todo_list :many
+-- An endpoint's todos, newest first, without payloads; $6 is the cursor
+-- (the last id of the previous page).
+SELECT id, queue_id, owner_id, endpoint_id, queue, state, ''::bytea AS payload, content_type,
+       attempt, max_attempts, next_retry_at, lease_id, lease_expires_at, claimant,
+       dedup_webhook_id, dedup_delivery_id, last_error, created_at, updated_at, finished_at
+  FROM todos
+ WHERE endpoint_id = $1 AND owner_id = $2
+   AND ($3::text[] IS NULL OR queue = ANY ($3))
+   AND ($4::text[] IS NULL OR state = ANY ($4))
+   AND ($6::bigint IS NULL OR id < $6)
+ ORDER BY id DESC
+ LIMIT $5;
+
+-- name: todo_reap_lapsed :many
+-- Returns up to $1 lapsed leases to pending (dead when no attempts are
+-- left). SKIP LOCKED makes concurrent reapers on several replicas safe.
+WITH lapsed AS (
+    SELECT id FROM todos
+     WHERE state = 'claimed' AND lease_expires_at <= sb_now()
+     ORDER BY lease_expires_at
+     LIMIT $1
+       FOR UPDATE SKIP LOCKED
+), reaped AS (
+    UPDATE todos t
+       SET state = CASE WHEN t.attempt >= t.max_attempts THEN 'dead' ELSE 'pending' END,
+           next_retry_at = sb_now(),
+           finished_at = CASE WHEN t.attempt >= t.max_attempts THEN sb_now() END,
+           last_error = CASE WHEN t.attempt >= t.max_attempts
+                             THEN 'lease lapsed on the last attempt' ELSE t.last_error END,
+           lease_id = NULL, lease_expires_at = NULL, updated_at = sb_now()
+      FROM lapsed WHERE t.id = lapsed.id
+    RETURNING t.id, t.attempt, t.state, t.queue_id
+), closed AS (
+    UPDATE attempts SET outcome = 'lapsed', finished_at = sb_now()
+      FROM reaped WHERE attempts.todo_id = reaped.id AND attempts.number = reaped.attempt
+)
+SELECT id, state, queue_id FROM reaped;
+
+-- name: todo_delete_finished :many
+-- Deletes up to $2 done or dead todos (and, by cascade, their attempts)
+-- that finished more than $1 ago. Never touches pending or claimed todos.
+WITH old AS (
+    SELECT id FROM todos
+     WHERE state IN ('done', 'dead') AND finished_at < sb_now() - $1::interval
+     ORDER BY finished_at
+     LIMIT $2
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM todos t USING old WHERE t.id = old.id
+RETURNING t.id;

@@ -1,0 +1,148 @@
+"""Queries on owners, humans, endpoints and credentials."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import asyncpg
+
+from switchboard_server import errors
+from switchboard_server.db.database import Conn
+from switchboard_server.db.queries import sql
+from switchboard_server.model import (
+    Credential,
+    Endpoint,
+    Grant,
+    Human,
+    Owner,
+    Principal,
+    PrincipalKind,
+)
+
+
+def _credential(rec: Mapping[str, Any]) -> Credential:
+    return Credential(
+        id=rec["id"],
+        kind=PrincipalKind(rec["kind"]),
+        owner_id=rec["owner_id"],
+        human_id=rec["human_id"],
+        endpoint_id=rec["endpoint_id"],
+        vended_by_human_id=rec["vended_by_human_id"],
+        grants=frozenset(Grant(g) for g in rec["grants"]),
+        label=rec["label"],
+        created_at=rec["created_at"],
+        revoked_at=rec["revoked_at"],
+    )
+
+
+async def authenticate(conn: Conn, token_hash: bytes) -> Principal | None:
+    """The principal of a live credential with this token hash, or ``None``."""
+    rec = await conn.fetchrow(sql("credential_authenticate"), token_hash)
+    if rec is None:
+        return None
+    return Principal(
+        credential_id=rec["id"],
+        kind=PrincipalKind(rec["kind"]),
+        owner_id=rec["owner_id"],
+        human_id=rec["human_id"],
+        endpoint_id=rec["endpoint_id"],
+        vended_by_human_id=rec["vended_by_human_id"],
+        grants=frozenset(Grant(g) for g in rec["grants"]),
+    )
+
+
+async def create_owner(conn: Conn, name: str) -> Owner:
+    """Creates an owner; ``AlreadyExists`` when the name is taken."""
+    try:
+        rec = await conn.fetchrow(sql("owner_create"), name)
+    except asyncpg.UniqueViolationError as exc:
+        raise errors.AlreadyExists(f"an owner named {name!r} already exists") from exc
+    assert rec is not None
+    return Owner(**dict(rec))
+
+
+async def list_owners(conn: Conn) -> list[Owner]:
+    """Every owner, oldest first."""
+    return [Owner(**dict(r)) for r in await conn.fetch(sql("owner_list"))]
+
+
+async def owner_exists(conn: Conn, owner_id: uuid.UUID) -> bool:
+    """Whether the owner exists."""
+    return bool(await conn.fetchval(sql("owner_exists"), owner_id))
+
+
+async def create_human(conn: Conn, owner_id: uuid.UUID, name: str) -> Human:
+    """Creates a human of an owner; ``AlreadyExists`` when the name is taken there."""
+    try:
+        rec = await conn.fetchrow(sql("human_create"), owner_id, name)
+    except asyncpg.UniqueViolationError as exc:
+        raise errors.AlreadyExists(f"a human named {name!r} already exists") from exc
+    assert rec is not None
+    return Human(**dict(rec))
+
+
+async def create_endpoint(conn: Conn, owner_id: uuid.UUID, name: str) -> Endpoint:
+    """Creates an endpoint; ``AlreadyExists`` when the owner has one with that name."""
+    try:
+        rec = await conn.fetchrow(sql("endpoint_create"), owner_id, name)
+    except asyncpg.UniqueViolationError as exc:
+        raise errors.AlreadyExists(f"an endpoint named {name!r} already exists") from exc
+    assert rec is not None
+    return Endpoint(**dict(rec))
+
+
+async def list_endpoints(conn: Conn, owner_id: uuid.UUID) -> list[Endpoint]:
+    """An owner's endpoints by name."""
+    return [Endpoint(**dict(r)) for r in await conn.fetch(sql("endpoint_list"), owner_id)]
+
+
+async def get_endpoint(conn: Conn, endpoint_id: uuid.UUID, owner_id: uuid.UUID) -> Endpoint | None:
+    """One endpoint of the owner, or ``None``."""
+    rec = await conn.fetchrow(sql("endpoint_get"), endpoint_id, owner_id)
+    return Endpoint(**dict(rec)) if rec is not None else None
+
+
+async def create_credential(
+    conn: Conn,
+    *,
+    kind: PrincipalKind,
+    token_hash: bytes,
+    owner_id: uuid.UUID | None = None,
+    human_id: uuid.UUID | None = None,
+    endpoint_id: uuid.UUID | None = None,
+    vended_by_human_id: uuid.UUID | None = None,
+    grants: Iterable[Grant] = (),
+    label: str = "",
+) -> Credential:
+    """Stores a credential by the hash of its secret."""
+    rec = await conn.fetchrow(
+        sql("credential_create"),
+        kind.value,
+        token_hash,
+        owner_id,
+        human_id,
+        endpoint_id,
+        vended_by_human_id,
+        sorted(g.value for g in grants),
+        label,
+    )
+    assert rec is not None
+    return _credential(rec)
+
+
+async def list_credentials(
+    conn: Conn, owner_id: uuid.UUID, endpoint_id: uuid.UUID | None
+) -> list[Credential]:
+    """An owner's credentials, optionally one endpoint's."""
+    rows = await conn.fetch(sql("credential_list"), owner_id, endpoint_id)
+    return [_credential(r) for r in rows]
+
+
+async def revoke_credential(
+    conn: Conn, credential_id: uuid.UUID, owner_id: uuid.UUID | None
+) -> Credential | None:
+    """Revokes a credential of the owner (any, for ``owner_id=None``); ``None`` if absent."""
+    rec = await conn.fetchrow(sql("credential_revoke"), credential_id, owner_id)
+    return _credential(rec) if rec is not None else None

@@ -1,0 +1,276 @@
+"""The dispatch core: ingest, claim, settle and read todos.
+
+This layer owns transaction boundaries: each operation is one short
+transaction (most are one statement or one PL/pgSQL call, so one round-trip).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+from switchboard_server import errors
+from switchboard_server.access import Scope, endpoint_scope, require_tenant
+from switchboard_server.backoff import retry_delay
+from switchboard_server.db import Database
+from switchboard_server.db import tenancy as tenancy_queries
+from switchboard_server.db import todos as todo_queries
+from switchboard_server.model import Attempt, Grant, Lease, Principal, Todo, TodoState
+
+
+@dataclass(frozen=True)
+class DispatchSettings:
+    """Tunables of the dispatch core."""
+
+    default_lease: timedelta = timedelta(minutes=5)
+    backoff_base: timedelta = timedelta(seconds=10)
+    backoff_cap: timedelta = timedelta(hours=1)
+
+
+@dataclass(frozen=True)
+class IngestRequest:
+    """A validated ingest."""
+
+    endpoint_id: uuid.UUID | None
+    queue: str
+    payload: bytes
+    content_type: str
+    max_attempts: int
+    delay: timedelta
+    dedup: tuple[str, str] | None
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A committed claim: the todo and its new lease."""
+
+    todo: Todo
+    lease: Lease
+
+
+def encode_cursor(todo_id: int) -> str:
+    """An opaque page token for the page after ``todo_id``."""
+    return base64.urlsafe_b64encode(f"v1:{todo_id}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(token: str) -> int:
+    """The todo id inside a page token; ``InvalidArgument`` if it is not one of ours."""
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+        version, _, value = raw.partition(":")
+        if version != "v1" or not value.isdigit():
+            raise ValueError(raw)
+        return int(value)
+    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
+        raise errors.InvalidArgument.field("page_token", "not a page token from ListTodos") from exc
+
+
+def _lease_of(todo: Todo) -> Lease:
+    assert todo.lease_id is not None and todo.lease_expires_at is not None
+    return Lease(todo.lease_id, todo.lease_expires_at)
+
+
+class Dispatcher:
+    """Dispatch operations on behalf of an authenticated principal."""
+
+    def __init__(self, db: Database, settings: DispatchSettings) -> None:
+        self._db = db
+        self._settings = settings
+
+    async def ingest(self, principal: Principal, req: IngestRequest) -> tuple[Todo, bool]:
+        """Creates a todo, or returns the existing one for a repeated dedup key."""
+        scope = endpoint_scope(principal, Grant.INGEST, req.endpoint_id)
+        assert scope.endpoint_id is not None
+        async with self._db.transaction() as conn:
+            return await todo_queries.ingest(
+                conn,
+                owner_id=scope.owner_id,
+                endpoint_id=scope.endpoint_id,
+                queue=req.queue,
+                payload=req.payload,
+                content_type=req.content_type,
+                max_attempts=req.max_attempts,
+                delay=req.delay,
+                webhook_id=req.dedup[0] if req.dedup else None,
+                delivery_id=req.dedup[1] if req.dedup else None,
+            )
+
+    async def claim(
+        self, principal: Principal, todo_id: int, claimant: str, lease: timedelta | None
+    ) -> Claimed:
+        """Claims one specific todo."""
+        scope = require_tenant(principal, Grant.CLAIM)
+        async with self._db.transaction() as conn:
+            outcome, todo = await todo_queries.claim(
+                conn,
+                todo_id=todo_id,
+                owner_id=scope.owner_id,
+                endpoint_id=scope.endpoint_id,
+                claimant=claimant,
+                lease=lease or self._settings.default_lease,
+            )
+        if outcome == "not_found" or todo is None:
+            raise errors.NotFound("todo not found")
+        if outcome == "claimed":
+            return Claimed(todo, _lease_of(todo))
+        if outcome == "dead_lettered":
+            raise errors.NotClaimable("the todo's lease lapsed on its last attempt: it is dead")
+        if todo.state is TodoState.PENDING:
+            raise errors.NotClaimable(
+                f"the todo is not claimable before {todo.next_retry_at.isoformat()}",
+                not_before=todo.next_retry_at,
+            )
+        raise errors.NotClaimable(f"the todo is {todo.state.value}")
+
+    async def claim_next(
+        self,
+        principal: Principal,
+        endpoint_id: uuid.UUID | None,
+        queues: Sequence[str],
+        claimant: str,
+        lease: timedelta | None,
+    ) -> Claimed | None:
+        """Claims the oldest claimable todo among the caller's queues; ``None`` if none."""
+        scope = endpoint_scope(principal, Grant.CLAIM, endpoint_id)
+        assert scope.endpoint_id is not None
+        async with self._db.transaction() as conn:
+            outcome, todo = await todo_queries.claim_next(
+                conn,
+                owner_id=scope.owner_id,
+                endpoint_id=scope.endpoint_id,
+                queues=list(queues) or None,
+                claimant=claimant,
+                lease=lease or self._settings.default_lease,
+            )
+        if outcome != "claimed" or todo is None:
+            return None
+        return Claimed(todo, _lease_of(todo))
+
+    async def heartbeat(
+        self, principal: Principal, todo_id: int, lease_id: uuid.UUID, lease: timedelta | None
+    ) -> Lease:
+        """Extends a live lease."""
+        scope = require_tenant(principal, Grant.CLAIM)
+        async with self._db.transaction() as conn:
+            extended = await todo_queries.heartbeat(
+                conn,
+                todo_id=todo_id,
+                lease_id=lease_id,
+                owner_id=scope.owner_id,
+                endpoint_id=scope.endpoint_id,
+                lease=lease or self._settings.default_lease,
+            )
+        if extended is None:
+            await self._explain_refusal(scope, todo_id)
+            raise AssertionError("unreachable")
+        return Lease(*extended)
+
+    async def complete(self, principal: Principal, todo_id: int, lease_id: uuid.UUID) -> Todo:
+        """Marks a claimed todo done."""
+        scope = require_tenant(principal, Grant.CLAIM)
+        async with self._db.transaction() as conn:
+            todo = await todo_queries.complete(
+                conn,
+                todo_id=todo_id,
+                lease_id=lease_id,
+                owner_id=scope.owner_id,
+                endpoint_id=scope.endpoint_id,
+            )
+        return todo or await self._explain_refusal(scope, todo_id)
+
+    async def fail(
+        self, principal: Principal, todo_id: int, lease_id: uuid.UUID, error: str, permanent: bool
+    ) -> Todo:
+        """Records a failed attempt: pending after a backoff, or dead."""
+        scope = require_tenant(principal, Grant.CLAIM)
+        async with self._db.transaction() as conn:
+            current = await todo_queries.get(
+                conn, todo_id=todo_id, owner_id=scope.owner_id, endpoint_id=scope.endpoint_id
+            )
+            delay = retry_delay(
+                max(current.attempt if current else 1, 1),
+                base=self._settings.backoff_base,
+                cap=self._settings.backoff_cap,
+            )
+            todo = await todo_queries.fail(
+                conn,
+                todo_id=todo_id,
+                lease_id=lease_id,
+                owner_id=scope.owner_id,
+                endpoint_id=scope.endpoint_id,
+                permanent=permanent,
+                retry_delay=delay,
+                error=error,
+            )
+        return todo or await self._explain_refusal(scope, todo_id)
+
+    async def release(self, principal: Principal, todo_id: int, lease_id: uuid.UUID) -> Todo:
+        """Gives a claimed todo back at once."""
+        scope = require_tenant(principal, Grant.CLAIM)
+        async with self._db.transaction() as conn:
+            todo = await todo_queries.release(
+                conn,
+                todo_id=todo_id,
+                lease_id=lease_id,
+                owner_id=scope.owner_id,
+                endpoint_id=scope.endpoint_id,
+            )
+        return todo or await self._explain_refusal(scope, todo_id)
+
+    async def get(self, principal: Principal, todo_id: int) -> tuple[Todo, list[Attempt]]:
+        """One todo with its attempts."""
+        scope = require_tenant(principal, Grant.READ)
+        async with self._db.transaction() as conn:
+            todo = await todo_queries.get(
+                conn, todo_id=todo_id, owner_id=scope.owner_id, endpoint_id=scope.endpoint_id
+            )
+            if todo is None:
+                raise errors.NotFound("todo not found")
+            return todo, await todo_queries.attempts(conn, todo_id=todo_id)
+
+    async def list(
+        self,
+        principal: Principal,
+        endpoint_id: uuid.UUID | None,
+        queues: Sequence[str],
+        states: Sequence[TodoState],
+        page_size: int,
+        page_token: str,
+    ) -> tuple[list[Todo], str]:
+        """A page of an endpoint's todos, newest first, and the next page token ('' at the end)."""
+        scope = endpoint_scope(principal, Grant.READ, endpoint_id)
+        assert scope.endpoint_id is not None
+        before = decode_cursor(page_token) if page_token else None
+        async with self._db.transaction() as conn:
+            if principal.endpoint_id is None and (
+                await tenancy_queries.get_endpoint(conn, scope.endpoint_id, scope.owner_id) is None
+            ):
+                raise errors.NotFound("endpoint not found")
+            rows = await todo_queries.list_page(
+                conn,
+                endpoint_id=scope.endpoint_id,
+                owner_id=scope.owner_id,
+                queues=queues,
+                states=states,
+                limit=page_size + 1,
+                before_id=before,
+            )
+        more = len(rows) > page_size
+        rows = rows[:page_size]
+        return rows, (encode_cursor(rows[-1].id) if more and rows else "")
+
+    async def _explain_refusal(self, scope: Scope, todo_id: int) -> Todo:
+        """Raises the right error for a lease call that changed nothing."""
+        async with self._db.connection() as conn:
+            todo = await todo_queries.get(
+                conn, todo_id=todo_id, owner_id=scope.owner_id, endpoint_id=scope.endpoint_id
+            )
+        if todo is None:
+            raise errors.NotFound("todo not found")
+        if todo.state is TodoState.CLAIMED:
+            raise errors.StaleLease("the lease is stale: the todo was taken over by a later claim")
+        raise errors.StaleLease(f"the lease is stale: the todo is now {todo.state.value}")

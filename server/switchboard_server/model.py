@@ -1,0 +1,156 @@
+"""Domain records shared by the database layer, the domain and the servicers."""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+
+
+class TodoState(enum.Enum):
+    """A todo's lifecycle state, as stored."""
+
+    PENDING = "pending"
+    CLAIMED = "claimed"
+    DONE = "done"
+    DEAD = "dead"
+
+
+class AttemptOutcome(enum.Enum):
+    """How one committed claim ended, as stored."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    RELEASED = "released"
+    LAPSED = "lapsed"
+
+
+class PrincipalKind(enum.Enum):
+    """Who a credential stands for."""
+
+    OPERATOR = "operator"
+    HUMAN = "human"
+    ENDPOINT = "endpoint"
+
+
+class Grant(enum.Enum):
+    """What an endpoint credential may do. Humans hold every grant of their owner."""
+
+    INGEST = "ingest"
+    CLAIM = "claim"
+    READ = "read"
+    SET_ADMISSION_POLICY = "set_admission_policy"
+    CLEAR_ADMISSION_POLICY = "clear_admission_policy"
+
+
+#: Grants that let an agent change its own budget: in no preset, only by name.
+BUDGET_GRANTS = frozenset({Grant.SET_ADMISSION_POLICY, Grant.CLEAR_ADMISSION_POLICY})
+
+#: The ``basics`` preset.
+BASICS = frozenset({Grant.INGEST, Grant.CLAIM, Grant.READ})
+
+
+@dataclass(frozen=True)
+class Todo:
+    """One piece of work."""
+
+    id: int
+    queue_id: int
+    owner_id: uuid.UUID
+    endpoint_id: uuid.UUID
+    queue: str
+    state: TodoState
+    payload: bytes
+    content_type: str
+    attempt: int
+    max_attempts: int
+    next_retry_at: datetime
+    lease_id: uuid.UUID | None
+    lease_expires_at: datetime | None
+    claimant: str
+    dedup_webhook_id: str | None
+    dedup_delivery_id: str | None
+    last_error: str
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One committed claim of a todo."""
+
+    number: int
+    claimant: str
+    claimed_at: datetime
+    outcome: AttemptOutcome
+    finished_at: datetime | None
+    error: str
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A lease on a claimed todo."""
+
+    lease_id: uuid.UUID
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class Owner:
+    """A tenant."""
+
+    id: uuid.UUID
+    name: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Human:
+    """A person acting for one owner."""
+
+    id: uuid.UUID
+    owner_id: uuid.UUID
+    name: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """An agent's mailbox."""
+
+    id: uuid.UUID
+    owner_id: uuid.UUID
+    name: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Credential:
+    """A bearer credential, never with its secret."""
+
+    id: uuid.UUID
+    kind: PrincipalKind
+    owner_id: uuid.UUID | None
+    human_id: uuid.UUID | None
+    endpoint_id: uuid.UUID | None
+    vended_by_human_id: uuid.UUID | None
+    grants: frozenset[Grant]
+    label: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The authenticated caller of one request."""
+
+    credential_id: uuid.UUID | None
+    kind: PrincipalKind
+    owner_id: uuid.UUID | None
+    human_id: uuid.UUID | None
+    endpoint_id: uuid.UUID | None
+    vended_by_human_id: uuid.UUID | None
+    grants: frozenset[Grant]

@@ -1,0 +1,1 @@
+"""gRPC servicers: translate proto to domain calls and back. They hold no SQL."""

@@ -1,0 +1,133 @@
+"""``AdminService``: proto in, domain call, proto out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from switchboard.v1 import admin_pb2, admin_pb2_grpc
+
+from switchboard_server.servicers import convert
+from switchboard_server.servicers.interceptor import current_principal
+from switchboard_server.servicers.validate import MAX_LABEL, MAX_NAME, Violations
+from switchboard_server.tenancy import Tenancy, expand_presets
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
+    """Translates AdminService calls for ``Tenancy``."""
+
+    def __init__(self, tenancy: Tenancy) -> None:
+        self._tenancy = tenancy
+
+    async def WhoAmI(
+        self, request: admin_pb2.WhoAmIRequest, context: Context
+    ) -> admin_pb2.WhoAmIResponse:
+        p = current_principal()
+        return admin_pb2.WhoAmIResponse(
+            credential=admin_pb2.Credential(
+                id=str(p.credential_id or ""),
+                kind=convert.KIND_TO_PROTO[p.kind],
+                owner_id=str(p.owner_id or ""),
+                human_id=str(p.human_id or ""),
+                endpoint_id=str(p.endpoint_id or ""),
+                vended_by_human_id=str(p.vended_by_human_id or ""),
+                grants=sorted(convert.GRANT_TO_PROTO[g] for g in p.grants),
+            )
+        )
+
+    async def CreateOwner(
+        self, request: admin_pb2.CreateOwnerRequest, context: Context
+    ) -> admin_pb2.CreateOwnerResponse:
+        v = Violations()
+        name = v.text("name", request.name, maximum=MAX_NAME, required=True)
+        v.check()
+        owner = await self._tenancy.create_owner(current_principal(), name)
+        return admin_pb2.CreateOwnerResponse(owner=convert.owner(owner))
+
+    async def ListOwners(
+        self, request: admin_pb2.ListOwnersRequest, context: Context
+    ) -> admin_pb2.ListOwnersResponse:
+        owners = await self._tenancy.list_owners(current_principal())
+        return admin_pb2.ListOwnersResponse(owners=[convert.owner(o) for o in owners])
+
+    async def CreateHuman(
+        self, request: admin_pb2.CreateHumanRequest, context: Context
+    ) -> admin_pb2.CreateHumanResponse:
+        v = Violations()
+        owner_id = v.parse_uuid("owner_id", request.owner_id, required=False)
+        name = v.text("name", request.name, maximum=MAX_NAME, required=True)
+        v.check()
+        human, minted = await self._tenancy.create_human(current_principal(), owner_id, name)
+        return admin_pb2.CreateHumanResponse(
+            human=convert.human(human),
+            credential=convert.credential(minted.credential),
+            token=minted.token,
+        )
+
+    async def CreateEndpoint(
+        self, request: admin_pb2.CreateEndpointRequest, context: Context
+    ) -> admin_pb2.CreateEndpointResponse:
+        v = Violations()
+        name = v.text("name", request.name, maximum=MAX_NAME, required=True)
+        v.check()
+        endpoint = await self._tenancy.create_endpoint(current_principal(), name)
+        return admin_pb2.CreateEndpointResponse(endpoint=convert.endpoint(endpoint))
+
+    async def ListEndpoints(
+        self, request: admin_pb2.ListEndpointsRequest, context: Context
+    ) -> admin_pb2.ListEndpointsResponse:
+        endpoints = await self._tenancy.list_endpoints(current_principal())
+        return admin_pb2.ListEndpointsResponse(endpoints=[convert.endpoint(e) for e in endpoints])
+
+    async def VendCredential(
+        self, request: admin_pb2.VendCredentialRequest, context: Context
+    ) -> admin_pb2.VendCredentialResponse:
+        v = Violations()
+        endpoint_id = v.parse_uuid("endpoint_id", request.endpoint_id, required=True)
+        grants = []
+        for i, grant in enumerate(request.grants):
+            if grant not in convert.GRANT_FROM_PROTO:
+                v.add(f"grants[{i}]", "must be a grant")
+            else:
+                grants.append(convert.GRANT_FROM_PROTO[grant])
+        basics = False
+        for i, preset in enumerate(request.presets):
+            if preset == admin_pb2.GRANT_PRESET_BASICS:
+                basics = True
+            else:
+                v.add(f"presets[{i}]", "must be a grant preset")
+        label = v.text("label", request.label, maximum=MAX_LABEL)
+        if not grants and not basics:
+            v.add("grants", "name at least one grant or preset")
+        v.check()
+        assert endpoint_id is not None
+        minted, warnings = await self._tenancy.vend(
+            current_principal(), endpoint_id, expand_presets(grants, basics), label
+        )
+        return admin_pb2.VendCredentialResponse(
+            credential=convert.credential(minted.credential),
+            token=minted.token,
+            can_change_own_budget=bool(warnings),
+            warnings=warnings,
+        )
+
+    async def ListCredentials(
+        self, request: admin_pb2.ListCredentialsRequest, context: Context
+    ) -> admin_pb2.ListCredentialsResponse:
+        v = Violations()
+        endpoint_id = v.parse_uuid("endpoint_id", request.endpoint_id, required=False)
+        v.check()
+        creds = await self._tenancy.list_credentials(current_principal(), endpoint_id)
+        return admin_pb2.ListCredentialsResponse(credentials=[convert.credential(c) for c in creds])
+
+    async def RevokeCredential(
+        self, request: admin_pb2.RevokeCredentialRequest, context: Context
+    ) -> admin_pb2.RevokeCredentialResponse:
+        v = Violations()
+        credential_id = v.parse_uuid("credential_id", request.credential_id, required=True)
+        v.check()
+        assert credential_id is not None
+        revoked = await self._tenancy.revoke(current_principal(), credential_id)
+        return admin_pb2.RevokeCredentialResponse(credential=convert.credential(revoked))

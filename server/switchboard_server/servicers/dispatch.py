@@ -1,0 +1,207 @@
+"""``DispatchService``: proto in, domain call, proto out."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import grpc
+from switchboard.v1 import dispatch_pb2, dispatch_pb2_grpc
+
+from switchboard_server import dispatch
+from switchboard_server.servicers import convert
+from switchboard_server.servicers.interceptor import current_principal
+from switchboard_server.servicers.validate import (
+    DEFAULT_MAX_ATTEMPTS,
+    MAX_ATTEMPTS_LIMIT,
+    MAX_CLAIMANT,
+    MAX_CONTENT_TYPE,
+    MAX_DEDUP_PART,
+    MAX_DELAY,
+    MAX_ERROR,
+    MAX_LEASE,
+    MAX_PAYLOAD_BYTES,
+    MIN_LEASE,
+    Violations,
+)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
+    """Translates DispatchService calls for the ``Dispatcher``."""
+
+    def __init__(self, dispatcher: dispatch.Dispatcher) -> None:
+        self._dispatcher = dispatcher
+
+    async def Ingest(
+        self, request: dispatch_pb2.IngestRequest, context: Context
+    ) -> dispatch_pb2.IngestResponse:
+        v = Violations()
+        endpoint_id = v.parse_uuid("queue.endpoint_id", request.queue.endpoint_id, required=False)
+        queue = v.queue_name("queue.name", request.queue.name)
+        if len(request.payload) > MAX_PAYLOAD_BYTES:
+            v.add("payload", f"at most {MAX_PAYLOAD_BYTES} bytes")
+        content_type = v.text("content_type", request.content_type, maximum=MAX_CONTENT_TYPE)
+        dedup = None
+        if request.HasField("dedup"):
+            webhook = v.text(
+                "dedup.webhook_id", request.dedup.webhook_id, maximum=MAX_DEDUP_PART, required=True
+            )
+            delivery = v.text(
+                "dedup.delivery_id",
+                request.dedup.delivery_id,
+                maximum=MAX_DEDUP_PART,
+                required=True,
+            )
+            dedup = (webhook, delivery)
+        max_attempts = DEFAULT_MAX_ATTEMPTS
+        if request.HasField("max_attempts"):
+            max_attempts = request.max_attempts
+            if not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
+                v.add("max_attempts", f"must be between 1 and {MAX_ATTEMPTS_LIMIT}")
+        delay = v.duration(
+            "delay",
+            request.delay,
+            request.HasField("delay"),
+            minimum=timedelta(0),
+            maximum=MAX_DELAY,
+        )
+        v.check()
+        todo, deduplicated = await self._dispatcher.ingest(
+            current_principal(),
+            dispatch.IngestRequest(
+                endpoint_id=endpoint_id,
+                queue=queue,
+                payload=request.payload,
+                content_type=content_type or "application/octet-stream",
+                max_attempts=max_attempts,
+                delay=delay or timedelta(0),
+                dedup=dedup,
+            ),
+        )
+        return dispatch_pb2.IngestResponse(todo=convert.todo(todo), deduplicated=deduplicated)
+
+    async def Claim(
+        self, request: dispatch_pb2.ClaimRequest, context: Context
+    ) -> dispatch_pb2.ClaimResponse:
+        v = Violations()
+        todo_id = v.todo_id("todo_id", request.todo_id)
+        claimant = v.text("claimant", request.claimant, maximum=MAX_CLAIMANT)
+        lease = v.duration(
+            "lease_duration",
+            request.lease_duration,
+            request.HasField("lease_duration"),
+            minimum=MIN_LEASE,
+            maximum=MAX_LEASE,
+        )
+        v.check()
+        claimed = await self._dispatcher.claim(current_principal(), todo_id, claimant, lease)
+        return dispatch_pb2.ClaimResponse(
+            todo=convert.todo(claimed.todo), lease=convert.lease(claimed.lease)
+        )
+
+    async def ClaimNext(
+        self, request: dispatch_pb2.ClaimNextRequest, context: Context
+    ) -> dispatch_pb2.ClaimNextResponse:
+        v = Violations()
+        endpoint_id = v.parse_uuid("endpoint_id", request.endpoint_id, required=False)
+        queues = v.queue_names("queues", request.queues)
+        claimant = v.text("claimant", request.claimant, maximum=MAX_CLAIMANT)
+        lease = v.duration(
+            "lease_duration",
+            request.lease_duration,
+            request.HasField("lease_duration"),
+            minimum=MIN_LEASE,
+            maximum=MAX_LEASE,
+        )
+        v.check()
+        claimed = await self._dispatcher.claim_next(
+            current_principal(), endpoint_id, queues, claimant, lease
+        )
+        if claimed is None:
+            return dispatch_pb2.ClaimNextResponse(empty=True)
+        return dispatch_pb2.ClaimNextResponse(
+            todo=convert.todo(claimed.todo), lease=convert.lease(claimed.lease)
+        )
+
+    async def Heartbeat(
+        self, request: dispatch_pb2.HeartbeatRequest, context: Context
+    ) -> dispatch_pb2.HeartbeatResponse:
+        v = Violations()
+        todo_id = v.todo_id("todo_id", request.todo_id)
+        lease_id = v.lease_id("lease_id", request.lease_id)
+        lease = v.duration(
+            "lease_duration",
+            request.lease_duration,
+            request.HasField("lease_duration"),
+            minimum=MIN_LEASE,
+            maximum=MAX_LEASE,
+        )
+        v.check()
+        extended = await self._dispatcher.heartbeat(current_principal(), todo_id, lease_id, lease)
+        return dispatch_pb2.HeartbeatResponse(lease=convert.lease(extended))
+
+    async def Complete(
+        self, request: dispatch_pb2.CompleteRequest, context: Context
+    ) -> dispatch_pb2.CompleteResponse:
+        v = Violations()
+        todo_id = v.todo_id("todo_id", request.todo_id)
+        lease_id = v.lease_id("lease_id", request.lease_id)
+        v.check()
+        todo = await self._dispatcher.complete(current_principal(), todo_id, lease_id)
+        return dispatch_pb2.CompleteResponse(todo=convert.todo(todo))
+
+    async def Fail(
+        self, request: dispatch_pb2.FailRequest, context: Context
+    ) -> dispatch_pb2.FailResponse:
+        v = Violations()
+        todo_id = v.todo_id("todo_id", request.todo_id)
+        lease_id = v.lease_id("lease_id", request.lease_id)
+        v.check()
+        todo = await self._dispatcher.fail(
+            current_principal(), todo_id, lease_id, request.error[:MAX_ERROR], request.permanent
+        )
+        return dispatch_pb2.FailResponse(todo=convert.todo(todo))
+
+    async def Release(
+        self, request: dispatch_pb2.ReleaseRequest, context: Context
+    ) -> dispatch_pb2.ReleaseResponse:
+        v = Violations()
+        todo_id = v.todo_id("todo_id", request.todo_id)
+        lease_id = v.lease_id("lease_id", request.lease_id)
+        v.check()
+        todo = await self._dispatcher.release(current_principal(), todo_id, lease_id)
+        return dispatch_pb2.ReleaseResponse(todo=convert.todo(todo))
+
+    async def GetTodo(
+        self, request: dispatch_pb2.GetTodoRequest, context: Context
+    ) -> dispatch_pb2.GetTodoResponse:
+        v = Violations()
+        todo_id = v.todo_id("todo_id", request.todo_id)
+        v.check()
+        todo, attempts = await self._dispatcher.get(current_principal(), todo_id)
+        return dispatch_pb2.GetTodoResponse(
+            todo=convert.todo(todo), attempts=[convert.attempt(a) for a in attempts]
+        )
+
+    async def ListTodos(
+        self, request: dispatch_pb2.ListTodosRequest, context: Context
+    ) -> dispatch_pb2.ListTodosResponse:
+        v = Violations()
+        endpoint_id = v.parse_uuid("endpoint_id", request.endpoint_id, required=False)
+        queues = v.queue_names("queues", request.queues)
+        states = []
+        for i, state in enumerate(request.states):
+            if state not in convert.TODO_STATE_FROM_PROTO:
+                v.add(f"states[{i}]", "must be a todo state")
+            else:
+                states.append(convert.TODO_STATE_FROM_PROTO[state])
+        page_size = v.page_size("page_size", request.page_size)
+        v.check()
+        todos, token = await self._dispatcher.list(
+            current_principal(), endpoint_id, queues, states, page_size, request.page_token
+        )
+        return dispatch_pb2.ListTodosResponse(
+            todos=[convert.todo(t) for t in todos], next_page_token=token
+        )

@@ -1,0 +1,138 @@
+"""The one server interceptor: authentication and error mapping.
+
+Every RPC of our services is wrapped so that the bearer token is resolved to a
+principal before the handler runs (available through ``current_principal``),
+and so that a ``SwitchboardError`` becomes its gRPC status with
+``google.rpc.Status`` details, while anything unexpected becomes INTERNAL
+with a generic message (and is logged with its traceback).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from switchboard_server import errors
+from switchboard_server.auth import Authenticator
+from switchboard_server.model import Principal
+
+log = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    Handler: TypeAlias = grpc.RpcMethodHandler[Any, Any]
+
+_principal: contextvars.ContextVar[Principal] = contextvars.ContextVar("principal")
+
+#: Services that answer without a token.
+_PUBLIC_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+
+def current_principal() -> Principal:
+    """The authenticated caller of the RPC being handled."""
+    return _principal.get()
+
+
+def status_for(exc: errors.SwitchboardError) -> grpc.Status:
+    """The rich status (code, message, details) for one of our errors."""
+    details: list[Any] = []
+    if isinstance(exc, errors.InvalidArgument):
+        details.append(
+            error_details_pb2.BadRequest(
+                field_violations=[
+                    error_details_pb2.BadRequest.FieldViolation(
+                        field=v.field, description=v.description
+                    )
+                    for v in exc.violations
+                ]
+            )
+        )
+    packed = []
+    for detail in details:
+        holder = any_pb2.Any()
+        holder.Pack(detail)
+        packed.append(holder)
+    code_value: int = exc.code.value[0]
+    assert code_value in code_pb2.Code.values()
+    return rpc_status.to_status(
+        status_pb2.Status(code=code_value, message=exc.message, details=packed)
+    )
+
+
+class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Authenticates each call and maps errors to statuses."""
+
+    def __init__(self, authenticator: Authenticator) -> None:
+        self._auth = authenticator
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Handler:
+        handler = await continuation(handler_call_details)
+        method: str = handler_call_details.method
+        if handler is None or method.startswith(_PUBLIC_PREFIXES):
+            return handler
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._wrap_unary(handler.unary_unary, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._wrap_stream(handler.unary_stream, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+    async def _authenticate(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        authorization = None
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization":
+                authorization = value if isinstance(value, str) else value.decode()
+                break
+        _principal.set(await self._auth.authenticate(authorization))
+
+    def _wrap_unary(self, behavior: Any, method: str) -> Any:
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            try:
+                await self._authenticate(context)
+                return await behavior(request, context)
+            except grpc.aio.AbortError:
+                raise
+            except errors.SwitchboardError as exc:
+                status = status_for(exc)
+                await context.abort(status.code, status.details, status.trailing_metadata)
+            except Exception:
+                log.exception("unexpected error", extra={"rpc": method})
+                await context.abort(grpc.StatusCode.INTERNAL, "internal error")
+
+        return wrapped
+
+    def _wrap_stream(self, behavior: Any, method: str) -> Any:
+        async def wrapped(
+            request: Any, context: grpc.aio.ServicerContext[Any, Any]
+        ) -> AsyncIterator[Any]:
+            try:
+                await self._authenticate(context)
+                async for item in behavior(request, context):
+                    yield item
+            except grpc.aio.AbortError:
+                raise
+            except errors.SwitchboardError as exc:
+                status = status_for(exc)
+                await context.abort(status.code, status.details, status.trailing_metadata)
+            except Exception:
+                log.exception("unexpected error", extra={"rpc": method})
+                await context.abort(grpc.StatusCode.INTERNAL, "internal error")
+
+        return wrapped

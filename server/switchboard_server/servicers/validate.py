@@ -1,0 +1,130 @@
+"""Request field validation: every problem is collected, then raised as one
+``InvalidArgument`` naming each field, before anything is written."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterable
+from datetime import timedelta
+
+from google.protobuf import duration_pb2
+
+from switchboard_server import errors
+
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+MAX_PAYLOAD_BYTES = 1024 * 1024
+MAX_CONTENT_TYPE = 255
+MAX_DEDUP_PART = 200
+MAX_CLAIMANT = 200
+MAX_ERROR = 4096
+MAX_NAME = 100
+MAX_LABEL = 200
+MAX_QUEUES_PER_CALL = 100
+MIN_LEASE = timedelta(seconds=1)
+MAX_LEASE = timedelta(hours=24)
+MAX_DELAY = timedelta(days=365)
+MAX_ATTEMPTS_LIMIT = 100
+DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 500
+MAX_TODO_ID = 2**63 - 1
+
+
+class Violations:
+    """Collects field violations; ``check()`` raises them all at once."""
+
+    def __init__(self) -> None:
+        self._items: list[errors.FieldViolation] = []
+
+    def add(self, field: str, description: str) -> None:
+        """Records one problem."""
+        self._items.append(errors.FieldViolation(field, description))
+
+    def check(self) -> None:
+        """Raises ``InvalidArgument`` if anything was recorded."""
+        if self._items:
+            raise errors.InvalidArgument(self._items)
+
+    def queue_name(self, field: str, value: str) -> str:
+        """A queue name."""
+        if not QUEUE_NAME.match(value):
+            self.add(
+                field,
+                "must be 1-64 characters of letters, digits and _ . : -, "
+                "starting with a letter or digit",
+            )
+        return value
+
+    def queue_names(self, field: str, values: Iterable[str]) -> list[str]:
+        """A list of queue names (may be empty)."""
+        names = list(values)
+        if len(names) > MAX_QUEUES_PER_CALL:
+            self.add(field, f"at most {MAX_QUEUES_PER_CALL} queues")
+            return names
+        for i, name in enumerate(names):
+            self.queue_name(f"{field}[{i}]", name)
+        return list(dict.fromkeys(names))
+
+    def parse_uuid(self, field: str, value: str, *, required: bool) -> uuid.UUID | None:
+        """A UUID field; empty is ``None`` unless required."""
+        if not value:
+            if required:
+                self.add(field, "required")
+            return None
+        try:
+            return uuid.UUID(value)
+        except ValueError:
+            self.add(field, "must be a UUID")
+            return None
+
+    def todo_id(self, field: str, value: str) -> int:
+        """A todo id: a positive decimal integer."""
+        if not value.isascii() or not value.isdigit() or not 0 < int(value) <= MAX_TODO_ID:
+            self.add(field, "must be a todo id (a positive integer)")
+            return 0
+        return int(value)
+
+    def lease_id(self, field: str, value: str) -> uuid.UUID:
+        """A lease id from a claim."""
+        parsed = self.parse_uuid(field, value, required=True)
+        return parsed or uuid.UUID(int=0)
+
+    def duration(
+        self,
+        field: str,
+        value: duration_pb2.Duration,
+        present: bool,
+        *,
+        minimum: timedelta,
+        maximum: timedelta,
+    ) -> timedelta | None:
+        """An optional duration within bounds; ``None`` when absent."""
+        if not present:
+            return None
+        if value.nanos < 0 or value.seconds < 0:
+            self.add(field, "must not be negative")
+            return None
+        delta = value.ToTimedelta()
+        if not minimum <= delta <= maximum:
+            self.add(field, f"must be between {minimum} and {maximum}")
+            return None
+        return delta
+
+    def text(self, field: str, value: str, *, maximum: int, required: bool = False) -> str:
+        """Free text with a length bound and no control characters."""
+        if required and not value.strip():
+            self.add(field, "required")
+        elif len(value) > maximum:
+            self.add(field, f"at most {maximum} characters")
+        elif any(ord(c) < 32 or ord(c) == 127 for c in value):
+            self.add(field, "must not contain control characters")
+        return value.strip() if required else value
+
+    def page_size(self, field: str, value: int) -> int:
+        """A page size; 0 means the default."""
+        if value == 0:
+            return DEFAULT_PAGE_SIZE
+        if not 1 <= value <= MAX_PAGE_SIZE:
+            self.add(field, f"must be between 1 and {MAX_PAGE_SIZE}")
+        return value

@@ -1,0 +1,172 @@
+"""Tenancy operations: owners, humans, endpoints and credentials."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from switchboard_server import errors
+from switchboard_server.access import require_human, require_operator
+from switchboard_server.auth import hash_token, new_token
+from switchboard_server.db import Database
+from switchboard_server.db import tenancy as tenancy_queries
+from switchboard_server.db.database import Conn
+from switchboard_server.model import (
+    BASICS,
+    BUDGET_GRANTS,
+    Credential,
+    Endpoint,
+    Grant,
+    Human,
+    Owner,
+    Principal,
+    PrincipalKind,
+)
+
+BUDGET_WARNING = (
+    "this credential can change its own admission budget "
+    "(set_admission_policy / clear_admission_policy)"
+)
+
+
+@dataclass(frozen=True)
+class Minted:
+    """A credential and its secret, which is shown once."""
+
+    credential: Credential
+    token: str
+
+
+class Tenancy:
+    """Administration on behalf of an authenticated principal."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def create_owner(self, principal: Principal, name: str) -> Owner:
+        """Creates an owner. Operator only."""
+        require_operator(principal)
+        async with self._db.transaction() as conn:
+            return await tenancy_queries.create_owner(conn, name)
+
+    async def list_owners(self, principal: Principal) -> list[Owner]:
+        """Every owner. Operator only."""
+        require_operator(principal)
+        async with self._db.connection() as conn:
+            return await tenancy_queries.list_owners(conn)
+
+    async def create_human(
+        self, principal: Principal, owner_id: uuid.UUID | None, name: str
+    ) -> tuple[Human, Minted]:
+        """Creates a human and its first token: the operator for any owner, a human for its own."""
+        if principal.kind is PrincipalKind.OPERATOR:
+            if owner_id is None:
+                raise errors.InvalidArgument.field("owner_id", "required for the operator")
+        else:
+            own = require_human(principal)
+            if owner_id is not None and owner_id != own:
+                raise errors.NotFound("owner not found")
+            owner_id = own
+        async with self._db.transaction() as conn:
+            if not await tenancy_queries.owner_exists(conn, owner_id):
+                raise errors.NotFound("owner not found")
+            human = await tenancy_queries.create_human(conn, owner_id, name)
+            minted = await _mint(
+                conn, PrincipalKind.HUMAN, owner_id=owner_id, human_id=human.id, label=name
+            )
+        return human, minted
+
+    async def create_endpoint(self, principal: Principal, name: str) -> Endpoint:
+        """Creates an endpoint of the caller's owner."""
+        owner_id = require_human(principal)
+        async with self._db.transaction() as conn:
+            return await tenancy_queries.create_endpoint(conn, owner_id, name)
+
+    async def list_endpoints(self, principal: Principal) -> list[Endpoint]:
+        """The caller's owner's endpoints."""
+        owner_id = require_human(principal)
+        async with self._db.connection() as conn:
+            return await tenancy_queries.list_endpoints(conn, owner_id)
+
+    async def vend(
+        self, principal: Principal, endpoint_id: uuid.UUID, grants: Iterable[Grant], label: str
+    ) -> tuple[Minted, list[str]]:
+        """Vends an endpoint credential with explicit grants; returns it with warnings."""
+        owner_id = require_human(principal)
+        grant_set = frozenset(grants)
+        if not grant_set:
+            raise errors.InvalidArgument.field("grants", "name at least one grant or preset")
+        async with self._db.transaction() as conn:
+            if await tenancy_queries.get_endpoint(conn, endpoint_id, owner_id) is None:
+                raise errors.NotFound("endpoint not found")
+            minted = await _mint(
+                conn,
+                PrincipalKind.ENDPOINT,
+                owner_id=owner_id,
+                endpoint_id=endpoint_id,
+                vended_by_human_id=principal.human_id,
+                grants=grant_set,
+                label=label,
+            )
+        warnings = [BUDGET_WARNING] if grant_set & BUDGET_GRANTS else []
+        return minted, warnings
+
+    async def list_credentials(
+        self, principal: Principal, endpoint_id: uuid.UUID | None
+    ) -> list[Credential]:
+        """The owner's credentials, without secrets."""
+        owner_id = require_human(principal)
+        async with self._db.connection() as conn:
+            return await tenancy_queries.list_credentials(conn, owner_id, endpoint_id)
+
+    async def revoke(self, principal: Principal, credential_id: uuid.UUID) -> Credential:
+        """Revokes a credential: the operator any, a human its owner's."""
+        owner_id = None if principal.kind is PrincipalKind.OPERATOR else require_human(principal)
+        async with self._db.transaction() as conn:
+            revoked = await tenancy_queries.revoke_credential(conn, credential_id, owner_id)
+        if revoked is None:
+            raise errors.NotFound("credential not found")
+        return revoked
+
+
+async def _mint(
+    conn: Conn,
+    kind: PrincipalKind,
+    *,
+    owner_id: uuid.UUID | None = None,
+    human_id: uuid.UUID | None = None,
+    endpoint_id: uuid.UUID | None = None,
+    vended_by_human_id: uuid.UUID | None = None,
+    grants: Iterable[Grant] = (),
+    label: str = "",
+) -> Minted:
+    token = new_token(kind)
+    credential = await tenancy_queries.create_credential(
+        conn,
+        kind=kind,
+        token_hash=hash_token(token),
+        owner_id=owner_id,
+        human_id=human_id,
+        endpoint_id=endpoint_id,
+        vended_by_human_id=vended_by_human_id,
+        grants=grants,
+        label=label,
+    )
+    return Minted(credential, token)
+
+
+async def bootstrap_operator(db: Database, label: str) -> Minted:
+    """Creates an instance operator credential (the ``admin bootstrap`` command)."""
+    async with db.transaction() as conn:
+        return await _mint(conn, PrincipalKind.OPERATOR, label=label)
+
+
+def expand_presets(grants: Iterable[Grant], basics: bool) -> frozenset[Grant]:
+    """Explicit grants plus the ``basics`` preset when asked for.
+
+    Budget grants are never in a preset: they must be named.
+    """
+    result = frozenset(grants) | (BASICS if basics else frozenset())
+    assert not (BASICS & BUDGET_GRANTS)
+    return result

@@ -1,0 +1,93 @@
+"""Fixtures: a real PostgreSQL, a fresh database per test, a real gRPC server."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
+
+import pytest
+
+from switchboard_server import app as server_app
+from switchboard_server.config import Settings
+from switchboard_server.db import Database
+from switchboard_server.embedded_pg import EmbeddedPostgres
+from switchboard_server.loops import LoopSignals
+from tests.support.client import OPERATOR_TOKEN, Client, Tenant, make_tenant
+from tests.support.databases import DatabaseFactory
+
+
+@pytest.fixture(scope="session")
+def pg_admin_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A superuser DSN: ``SWITCHBOARD_TEST_DATABASE_URL``, or an embedded PostgreSQL."""
+    url = os.environ.get("SWITCHBOARD_TEST_DATABASE_URL")
+    if url:
+        yield url
+        return
+    with EmbeddedPostgres(pathlib.Path(tmp_path_factory.mktemp("embedded"))) as pg:
+        yield pg.dsn
+
+
+@pytest.fixture(scope="session")
+async def db_factory(pg_admin_dsn: str) -> AsyncIterator[DatabaseFactory]:
+    """Builds the migrated template once per session."""
+    factory = DatabaseFactory(pg_admin_dsn)
+    await factory.setup()
+    yield factory
+    await factory.drop_all()
+
+
+@pytest.fixture
+async def dsn(db_factory: DatabaseFactory) -> str:
+    """A fresh, migrated database for this test."""
+    return await db_factory.create()
+
+
+@pytest.fixture
+async def db(dsn: str) -> AsyncIterator[Database]:
+    """A pool on this test's database."""
+    database = await Database.connect(dsn, min_size=1, max_size=10)
+    yield database
+    await database.close()
+
+
+@pytest.fixture
+def settings(dsn: str, tmp_path: pathlib.Path) -> Settings:
+    """Server settings for this test's database; loops effectively off unless a test asks."""
+    return Settings(
+        database_url=dsn,
+        data_dir=tmp_path,
+        listen="127.0.0.1:0",
+        operator_token=OPERATOR_TOKEN,
+        reaper_interval=timedelta(hours=1),
+        retention_interval=timedelta(hours=1),
+    )
+
+
+@pytest.fixture
+def loop_signals() -> LoopSignals:
+    """Queues the background loops report their passes on."""
+    return LoopSignals()
+
+
+@pytest.fixture
+async def server(settings: Settings, loop_signals: LoopSignals) -> AsyncIterator[server_app.App]:
+    """An in-process server over loopback on this test's database."""
+    running = await server_app.start(settings, signals=loop_signals)
+    yield running
+    await running.stop(grace=1)
+
+
+@pytest.fixture
+async def client(server: server_app.App) -> AsyncIterator[Client]:
+    """Stubs connected to ``server``."""
+    c = Client(server.address)
+    yield c
+    await c.close()
+
+
+@pytest.fixture
+async def tenant(client: Client) -> Tenant:
+    """An owner with a human, an endpoint and a basics credential."""
+    return await make_tenant(client, "acme")

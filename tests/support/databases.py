@@ -1,0 +1,78 @@
+"""Test databases: one migrated template per session, a fresh clone per test.
+
+The PostgreSQL comes from ``SWITCHBOARD_TEST_DATABASE_URL`` (a superuser DSN,
+e.g. ``postgresql://postgres@127.0.0.1:5432/postgres``) when set; otherwise the
+suite starts the same embedded PostgreSQL the server uses, in a temporary
+directory, so ``pytest`` works on a fresh machine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import urllib.parse
+from datetime import timedelta
+
+import asyncpg
+
+from switchboard_server.db import Database, clock
+from switchboard_server.db.migrate import migrate
+
+_counter = itertools.count()
+
+
+def with_database(dsn: str, name: str) -> str:
+    """The same DSN pointing at another database."""
+    parts = urllib.parse.urlsplit(dsn)
+    return urllib.parse.urlunsplit(parts._replace(path="/" + name))
+
+
+class DatabaseFactory:
+    """Creates migrated databases quickly by cloning a template."""
+
+    def __init__(self, admin_dsn: str) -> None:
+        self.admin_dsn = admin_dsn
+        self.template = f"sb_template_{os.getpid()}"
+        self._created: list[str] = []
+
+    async def setup(self) -> None:
+        """Builds the template by running the migrations once."""
+        admin = await asyncpg.connect(self.admin_dsn)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{self.template}" WITH (FORCE)')
+            await admin.execute(f'CREATE DATABASE "{self.template}"')
+        finally:
+            await admin.close()
+        conn = await asyncpg.connect(with_database(self.admin_dsn, self.template))
+        try:
+            await migrate(conn)
+        finally:
+            await conn.close()
+
+    async def create(self) -> str:
+        """A new migrated database; returns its DSN."""
+        name = f"sb_test_{os.getpid()}_{next(_counter)}"
+        admin = await asyncpg.connect(self.admin_dsn)
+        try:
+            await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
+        finally:
+            await admin.close()
+        self._created.append(name)
+        return with_database(self.admin_dsn, name)
+
+    async def drop_all(self) -> None:
+        """Drops every database this factory made."""
+        admin = await asyncpg.connect(self.admin_dsn)
+        try:
+            for name in [*self._created, self.template]:
+                await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+        self._created.clear()
+
+
+async def move_clock(db: Database, by: timedelta) -> None:
+    """Moves the shared clock forward by ``by`` (cumulative with earlier moves)."""
+    async with db.connection() as conn:
+        current = await conn.fetchval("SELECT skew FROM clock_skew")
+        await clock.set_skew(conn, current + by)
