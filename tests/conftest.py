@@ -4,29 +4,40 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 
 import pytest
-
 from switchboard_server import app as server_app
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
 from switchboard_server.embedded_pg import EmbeddedPostgres
 from switchboard_server.loops import LoopSignals
+
 from tests.support.client import OPERATOR_TOKEN, Client, Tenant, make_tenant
 from tests.support.databases import DatabaseFactory
 
 
 @pytest.fixture(scope="session")
-def pg_admin_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A superuser DSN: ``SWITCHBOARD_TEST_DATABASE_URL``, or an embedded PostgreSQL."""
+def pg_admin_dsn() -> Iterator[str]:
+    """A superuser DSN: ``SWITCHBOARD_TEST_DATABASE_URL``, or an embedded PostgreSQL.
+
+    The embedded cluster lives outside pytest's tmp tree: as root, pgserver
+    opens up the parents of its data directory, and a concurrent pytest
+    session would close /tmp/pytest-of-root again under it.
+    """
     url = os.environ.get("SWITCHBOARD_TEST_DATABASE_URL")
     if url:
         yield url
         return
-    with EmbeddedPostgres(pathlib.Path(tmp_path_factory.mktemp("embedded"))) as pg:
-        yield pg.dsn
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="sb-test-pg-"))
+    try:
+        with EmbeddedPostgres(folder) as pg:
+            yield pg.dsn
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

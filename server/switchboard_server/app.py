@@ -65,7 +65,9 @@ async def run_migrations(db: Database) -> None:
     async with db.connection() as conn:
         applied = await migrate(conn)
     for migration in applied:
-        log.info("migration applied", extra={"version": migration.version, "name": migration.name})
+        log.info(
+            "migration applied", extra={"version": migration.version, "migration": migration.name}
+        )
 
 
 @dataclass

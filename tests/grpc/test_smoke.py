@@ -11,7 +11,9 @@ async def test_ingest_then_claim_next_then_complete(client: Client, tenant: Tena
         metadata=tenant.agent,
     )
     assert ingested.todo.state == todo_pb2.TODO_STATE_PENDING
-    claimed = await client.dispatch.ClaimNext(dispatch_pb2.ClaimNextRequest(), metadata=tenant.agent)
+    claimed = await client.dispatch.ClaimNext(
+        dispatch_pb2.ClaimNextRequest(), metadata=tenant.agent
+    )
     assert not claimed.empty
     assert claimed.todo.id == ingested.todo.id
     assert claimed.todo.payload == b"hello"

@@ -30,7 +30,7 @@ class Client:
 
     async def close(self) -> None:
         """Closes the channel."""
-        await self.channel.close()
+        await self.channel.close(None)
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,9 @@ class Tenant:
 async def make_tenant(client: Client, name: str, endpoint: str = "agent") -> Tenant:
     """Creates an owner, a human, an endpoint and a basics credential for it."""
     op = auth(OPERATOR_TOKEN)
-    owner = (await client.admin.CreateOwner(admin_pb2.CreateOwnerRequest(name=name), metadata=op)).owner
+    owner = (
+        await client.admin.CreateOwner(admin_pb2.CreateOwnerRequest(name=name), metadata=op)
+    ).owner
     human = await client.admin.CreateHuman(
         admin_pb2.CreateHumanRequest(owner_id=owner.id, name=f"{name}-human"), metadata=op
     )

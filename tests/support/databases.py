@@ -14,7 +14,6 @@ import urllib.parse
 from datetime import timedelta
 
 import asyncpg
-
 from switchboard_server.db import Database, clock
 from switchboard_server.db.migrate import migrate
 
@@ -49,12 +48,13 @@ class DatabaseFactory:
         finally:
             await conn.close()
 
-    async def create(self) -> str:
-        """A new migrated database; returns its DSN."""
+    async def create(self, *, migrated: bool = True) -> str:
+        """A new database, migrated unless asked otherwise; returns its DSN."""
         name = f"sb_test_{os.getpid()}_{next(_counter)}"
+        template = self.template if migrated else "template0"
         admin = await asyncpg.connect(self.admin_dsn)
         try:
-            await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
+            await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
         finally:
             await admin.close()
         self._created.append(name)

@@ -25,16 +25,25 @@ class ServerProcess:
 
     @classmethod
     async def start(
-        cls, database_url: str, env: Mapping[str, str] | None = None, timeout: float = 30
+        cls,
+        database_url: str | None,
+        env: Mapping[str, str] | None = None,
+        ready_within: float = 30,
     ) -> ServerProcess:
-        """Starts a server on ``127.0.0.1:0`` and waits until it serves."""
+        """Starts a server on ``127.0.0.1:0`` and waits until it serves.
+
+        With ``database_url=None`` the server runs its embedded PostgreSQL (give
+        it a ``SWITCHBOARD_DATA_DIR`` in ``env``).
+        """
         child_env = {
             **os.environ,
-            "SWITCHBOARD_DATABASE_URL": database_url,
             "SWITCHBOARD_LISTEN": "127.0.0.1:0",
             "SWITCHBOARD_OPERATOR_TOKEN": OPERATOR_TOKEN,
             **(env or {}),
         }
+        child_env.pop("SWITCHBOARD_DATABASE_URL", None)
+        if database_url is not None:
+            child_env["SWITCHBOARD_DATABASE_URL"] = database_url
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -47,7 +56,7 @@ class ServerProcess:
         )
         server = cls(proc)
         try:
-            server.address = await asyncio.wait_for(asyncio.shield(server._ready), timeout)
+            server.address = await asyncio.wait_for(asyncio.shield(server._ready), ready_within)
         except BaseException:
             await server.stop()
             raise RuntimeError("server did not start:\n" + "\n".join(server.log)) from None
@@ -65,12 +74,12 @@ class ServerProcess:
         if not self._ready.done():
             self._ready.set_exception(RuntimeError("server exited before serving"))
 
-    async def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
-        """Signals the process and waits for it; kills it after ``timeout``."""
+    async def stop(self, sig: int = signal.SIGTERM, kill_after: float = 15) -> int:
+        """Signals the process and waits for it; kills it after ``kill_after`` seconds."""
         if self.proc.returncode is None:
             self.proc.send_signal(sig)
             try:
-                await asyncio.wait_for(self.proc.wait(), timeout)
+                await asyncio.wait_for(self.proc.wait(), kill_after)
             except TimeoutError:
                 self.proc.kill()
                 await self.proc.wait()

@@ -1,0 +1,51 @@
+"""The README's first command: ``switchboard serve`` with no database URL."""
+
+from __future__ import annotations
+
+import pathlib
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from switchboard.v1 import admin_pb2
+
+from tests.support.client import OPERATOR_TOKEN, Client, auth
+from tests.support.processes import ServerProcess
+
+pytestmark = pytest.mark.slow
+
+
+async def _health(address: str) -> int:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        resp = await stub.Check(health_pb2.HealthCheckRequest(service=""))
+        return int(resp.status)
+
+
+async def test_serve_embedded_answers_health_and_keeps_data_across_restart(
+    tmp_path: pathlib.Path,
+) -> None:
+    env = {"SWITCHBOARD_DATA_DIR": str(tmp_path / "state")}
+    first = await ServerProcess.start(None, env=env, ready_within=60)
+    try:
+        assert await _health(first.address) == health_pb2.HealthCheckResponse.SERVING
+        client = Client(first.address)
+        created = await client.admin.CreateOwner(
+            admin_pb2.CreateOwnerRequest(name="survivor"), metadata=auth(OPERATOR_TOKEN)
+        )
+        await client.close()
+    finally:
+        assert await first.stop() == 0
+    assert (tmp_path / "state" / "pgdata" / "PG_VERSION").exists()
+
+    second = await ServerProcess.start(None, env=env, ready_within=60)
+    try:
+        assert await _health(second.address) == health_pb2.HealthCheckResponse.SERVING
+        client = Client(second.address)
+        owners = await client.admin.ListOwners(
+            admin_pb2.ListOwnersRequest(), metadata=auth(OPERATOR_TOKEN)
+        )
+        await client.close()
+        assert [o.id for o in owners.owners] == [created.owner.id]
+    finally:
+        assert await second.stop() == 0

@@ -1,0 +1,95 @@
+"""Guarantees across real server processes sharing one database."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+from switchboard.v1 import dispatch_pb2, todo_pb2
+from switchboard_server.db import Database
+from switchboard_server.db.migrate import available
+
+from tests.support.client import Client, Tenant, make_tenant
+from tests.support.databases import DatabaseFactory
+from tests.support.processes import ServerProcess
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+async def replicas(dsn: str) -> AsyncIterator[list[ServerProcess]]:
+    """Two server processes over this test's database, started together."""
+    servers = list(await asyncio.gather(ServerProcess.start(dsn), ServerProcess.start(dsn)))
+    yield servers
+    codes = await asyncio.gather(*(s.stop() for s in servers))
+    assert codes == [0, 0], "servers must stop cleanly on SIGTERM"
+
+
+async def _drain(client: Client, tenant: Tenant, claimed: list[str]) -> None:
+    while True:
+        resp = await client.dispatch.ClaimNext(
+            dispatch_pb2.ClaimNextRequest(claimant="drainer"), metadata=tenant.agent
+        )
+        if resp.empty:
+            return
+        claimed.append(resp.todo.id)
+        await client.dispatch.Complete(
+            dispatch_pb2.CompleteRequest(todo_id=resp.todo.id, lease_id=resp.lease.lease_id),
+            metadata=tenant.agent,
+        )
+
+
+async def test_200_todos_20_claimers_two_replicas_each_claimed_once(
+    replicas: list[ServerProcess], db: Database
+) -> None:
+    setup = Client(replicas[0].address)
+    tenant = await make_tenant(setup, "replicated")
+    ingested = await asyncio.gather(
+        *(
+            setup.dispatch.Ingest(
+                dispatch_pb2.IngestRequest(
+                    queue=todo_pb2.QueueRef(name=f"q{i % 3}"), payload=str(i).encode()
+                ),
+                metadata=tenant.agent,
+            )
+            for i in range(200)
+        )
+    )
+    all_ids = {r.todo.id for r in ingested}
+    assert len(all_ids) == 200
+
+    clients = [Client(replicas[i % 2].address) for i in range(20)]
+    claimed: list[str] = []
+    await asyncio.gather(*(_drain(c, tenant, claimed) for c in clients))
+    for c in [*clients, setup]:
+        await c.close()
+
+    duplicates = [todo for todo, n in collections.Counter(claimed).items() if n > 1]
+    assert duplicates == []
+    assert set(claimed) == all_ids
+    async with db.connection() as conn:
+        rows = await conn.fetch("SELECT todo_id, count(*) AS n FROM attempts GROUP BY todo_id")
+        states = await conn.fetch("SELECT state, count(*) AS n FROM todos GROUP BY state")
+    assert len(rows) == 200 and all(r["n"] == 1 for r in rows)
+    assert {r["state"]: r["n"] for r in states} == {"done": 200}
+
+
+async def test_replicas_starting_together_on_an_empty_database_migrate_once(
+    db_factory: DatabaseFactory,
+) -> None:
+    empty = await db_factory.create(migrated=False)
+    servers = await asyncio.gather(*(ServerProcess.start(empty) for _ in range(3)))
+    try:
+        conn = await asyncpg.connect(empty)
+        try:
+            versions = await conn.fetch("SELECT version FROM schema_migrations ORDER BY version")
+        finally:
+            await conn.close()
+        assert [r["version"] for r in versions] == [m.version for m in available()]
+        applied = [line for s in servers for line in s.log if '"migration applied"' in line]
+        assert len(applied) == len(versions), "each migration is applied by exactly one replica"
+    finally:
+        assert await asyncio.gather(*(s.stop() for s in servers)) == [0, 0, 0]
