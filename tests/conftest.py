@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pathlib
 import shutil
@@ -79,7 +80,7 @@ def settings(dsn: str, tmp_path: pathlib.Path) -> Settings:
 @pytest.fixture
 def loop_signals() -> LoopSignals:
     """Queues the background loops report their passes on."""
-    return LoopSignals()
+    return LoopSignals(reaped=asyncio.Queue(), retained=asyncio.Queue())
 
 
 @pytest.fixture

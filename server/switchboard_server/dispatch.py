@@ -6,8 +6,6 @@ transaction (most are one statement or one PL/pgSQL call, so one round-trip).
 
 from __future__ import annotations
 
-import base64
-import binascii
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,23 +48,6 @@ class Claimed:
 
     todo: Todo
     lease: Lease
-
-
-def encode_cursor(todo_id: int) -> str:
-    """An opaque page token for the page after ``todo_id``."""
-    return base64.urlsafe_b64encode(f"v1:{todo_id}".encode()).decode().rstrip("=")
-
-
-def decode_cursor(token: str) -> int:
-    """The todo id inside a page token; ``InvalidArgument`` if it is not one of ours."""
-    try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
-        version, _, value = raw.partition(":")
-        if version != "v1" or not value.isdigit():
-            raise ValueError(raw)
-        return int(value)
-    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
-        raise errors.InvalidArgument.field("page_token", "not a page token from ListTodos") from exc
 
 
 def _lease_of(todo: Todo) -> Lease:
@@ -239,12 +220,11 @@ class Dispatcher:
         queues: Sequence[str],
         states: Sequence[TodoState],
         page_size: int,
-        page_token: str,
-    ) -> tuple[list[Todo], str]:
-        """A page of an endpoint's todos, newest first, and the next page token ('' at the end)."""
+        before: int | None,
+    ) -> tuple[list[Todo], bool]:
+        """A page of an endpoint's todos, newest first, below ``before``; more to come?"""
         scope = endpoint_scope(principal, Grant.READ, endpoint_id)
         assert scope.endpoint_id is not None
-        before = decode_cursor(page_token) if page_token else None
         async with self._db.transaction() as conn:
             if principal.endpoint_id is None and (
                 await tenancy_queries.get_endpoint(conn, scope.endpoint_id, scope.owner_id) is None
@@ -259,9 +239,7 @@ class Dispatcher:
                 limit=page_size + 1,
                 before_id=before,
             )
-        more = len(rows) > page_size
-        rows = rows[:page_size]
-        return rows, (encode_cursor(rows[-1].id) if more and rows else "")
+        return rows[:page_size], len(rows) > page_size
 
     async def _explain_refusal(self, scope: Scope, todo_id: int) -> Todo:
         """Raises the right error for a lease call that changed nothing."""

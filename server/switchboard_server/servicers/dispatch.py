@@ -23,6 +23,7 @@ from switchboard_server.servicers.validate import (
     MAX_PAYLOAD_BYTES,
     MIN_LEASE,
     Violations,
+    page_token_after,
 )
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -198,10 +199,12 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
             else:
                 states.append(convert.TODO_STATE_FROM_PROTO[state])
         page_size = v.page_size("page_size", request.page_size)
+        before = v.page_token("page_token", request.page_token)
         v.check()
-        todos, token = await self._dispatcher.list(
-            current_principal(), endpoint_id, queues, states, page_size, request.page_token
+        todos, more = await self._dispatcher.list(
+            current_principal(), endpoint_id, queues, states, page_size, before
         )
         return dispatch_pb2.ListTodosResponse(
-            todos=[convert.todo(t) for t in todos], next_page_token=token
+            todos=[convert.todo(t) for t in todos],
+            next_page_token=page_token_after(todos[-1].id) if more and todos else "",
         )

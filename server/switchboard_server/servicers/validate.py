@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 import uuid
 from collections.abc import Iterable
@@ -12,7 +14,7 @@ from google.protobuf import duration_pb2
 
 from switchboard_server import errors
 
-QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
 MAX_PAYLOAD_BYTES = 1024 * 1024
 MAX_CONTENT_TYPE = 255
 MAX_DEDUP_PART = 200
@@ -48,7 +50,7 @@ class Violations:
 
     def queue_name(self, field: str, value: str) -> str:
         """A queue name."""
-        if not QUEUE_NAME.match(value):
+        if not QUEUE_NAME.fullmatch(value):
             self.add(
                 field,
                 "must be 1-64 characters of letters, digits and _ . : -, "
@@ -105,6 +107,9 @@ class Violations:
         if value.nanos < 0 or value.seconds < 0:
             self.add(field, "must not be negative")
             return None
+        if value.nanos > 999_999_999 or value.seconds > maximum.total_seconds():
+            self.add(field, f"must be between {minimum} and {maximum}")
+            return None
         delta = value.ToTimedelta()
         if not minimum <= delta <= maximum:
             self.add(field, f"must be between {minimum} and {maximum}")
@@ -121,6 +126,25 @@ class Violations:
             self.add(field, "must not contain control characters")
         return value.strip() if required else value
 
+    def page_token(self, field: str, token: str) -> int | None:
+        """The position inside a page token (``None`` for the first page)."""
+        if not token:
+            return None
+        try:
+            raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+        except (ValueError, binascii.Error, UnicodeDecodeError):
+            raw = ""
+        version, _, value = raw.partition(":")
+        if (
+            version != "v1"
+            or not value.isascii()
+            or not value.isdigit()
+            or not (0 < int(value) <= MAX_TODO_ID)
+        ):
+            self.add(field, "not a page token from this list")
+            return None
+        return int(value)
+
     def page_size(self, field: str, value: int) -> int:
         """A page size; 0 means the default."""
         if value == 0:
@@ -128,3 +152,8 @@ class Violations:
         if not 1 <= value <= MAX_PAGE_SIZE:
             self.add(field, f"must be between 1 and {MAX_PAGE_SIZE}")
         return value
+
+
+def page_token_after(last_id: int) -> str:
+    """An opaque page token for the page after the item with id ``last_id``."""
+    return base64.urlsafe_b64encode(f"v1:{last_id}".encode()).decode().rstrip("=")

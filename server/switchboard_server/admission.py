@@ -1,0 +1,455 @@
+"""Admission control (ADR-0035): per-queue budgets, their audit, their schedules.
+
+Enforcement lives in the claim functions (``sb_claim``, ``sb_claim_next`` and
+``sb_admit_and_claim`` in the migrations): candidate row, then the policy row
+``FOR UPDATE``, then fresh reads of in-flight and the window counter, then
+claim and charge, all in one transaction and one round-trip. This module
+owns what surrounds it: validating and storing policies (each change
+audited, the current window's count never lowered), precomputing window
+boundaries from the bundled zone database, and turning what the claim
+functions report into deferrals and headroom.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import logging
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, time, timedelta
+from typing import Any
+
+from switchboard_server import errors
+from switchboard_server.access import Scope
+from switchboard_server.db import Database, clock
+from switchboard_server.db import admission as admission_queries
+from switchboard_server.db.admission import PolicyRow
+from switchboard_server.db.database import Conn
+from switchboard_server.model import Grant, Principal, PrincipalKind
+from switchboard_server.windows import Period, WindowSpec, WindowSpecError, window_at
+
+log = logging.getLogger(__name__)
+
+#: Window boundaries stored per policy, and when to extend them (an index
+#: into the list): HOUR windows cover 64 hours ahead and are topped up after
+#: 32; DAY windows 64 days.
+SCHEDULE_LENGTH = 64
+REFRESH_INDEX = SCHEDULE_LENGTH // 2
+#: How soon to retry a schedule whose zone cannot be evaluated.
+RETRY_BROKEN_SCHEDULE = timedelta(minutes=1)
+MAX_IN_FLIGHT_LIMIT = 1_000_000
+MAX_CLAIMS_LIMIT = 1_000_000_000
+
+
+class DeferralReason(enum.Enum):
+    """Why a queue admits nothing now, in precedence order."""
+
+    PAUSED = "paused"
+    WINDOW_EXHAUSTED = "window_exhausted"
+    IN_FLIGHT_FULL = "in_flight_full"
+    ADMISSION_UNAVAILABLE = "admission_unavailable"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A policy's limits: at least one set; 0 pauses."""
+
+    max_in_flight: int | None
+    max_claims_per_window: int | None
+    window: WindowSpec | None
+
+    def validate(self) -> None:
+        """Raises ``InvalidArgument`` naming each bad field."""
+        problems: list[errors.FieldViolation] = []
+        if self.max_in_flight is None and self.max_claims_per_window is None:
+            problems.append(
+                errors.FieldViolation(
+                    "policy", "set max_in_flight, max_claims_per_window or both (0 pauses)"
+                )
+            )
+        if self.max_in_flight is not None and not 0 <= self.max_in_flight <= MAX_IN_FLIGHT_LIMIT:
+            problems.append(
+                errors.FieldViolation(
+                    "policy.max_in_flight", f"must be between 0 and {MAX_IN_FLIGHT_LIMIT}"
+                )
+            )
+        if self.max_claims_per_window is not None:
+            if not 0 <= self.max_claims_per_window <= MAX_CLAIMS_LIMIT:
+                problems.append(
+                    errors.FieldViolation(
+                        "policy.max_claims_per_window", f"must be between 0 and {MAX_CLAIMS_LIMIT}"
+                    )
+                )
+            if self.window is None:
+                problems.append(
+                    errors.FieldViolation("policy.window", "required with max_claims_per_window")
+                )
+        elif self.window is not None:
+            problems.append(
+                errors.FieldViolation("policy.window", "only applies with max_claims_per_window")
+            )
+        if problems:
+            raise errors.InvalidArgument(problems)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A queue's active policy."""
+
+    endpoint_id: uuid.UUID
+    queue: str
+    limits: Limits
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class Deferral:
+    """A queue with pending work that admits nothing now."""
+
+    queue: str
+    reason: DeferralReason
+    pending: int
+    next_eligible_at: datetime | None
+    exact: bool
+
+
+@dataclass(frozen=True)
+class Headroom:
+    """What is left of a budget after a successful claim."""
+
+    window_used: int | None
+    window_limit: int | None
+    resets_at: datetime | None
+    in_flight_used: int | None
+    in_flight_limit: int | None
+    policy: Policy
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One audited policy change."""
+
+    id: int
+    endpoint_id: uuid.UUID
+    queue: str
+    action: str
+    actor_credential_id: uuid.UUID | None
+    actor_human_id: uuid.UUID | None
+    actor_endpoint_id: uuid.UUID | None
+    at: datetime
+    before: Policy | None
+    after: Policy | None
+
+
+def schedule(spec: WindowSpec, now: datetime, length: int = SCHEDULE_LENGTH) -> list[datetime]:
+    """The boundaries of the window containing ``now`` and of the windows after it."""
+    window = window_at(spec, now)
+    bounds = [window.start, window.end]
+    while len(bounds) < length:
+        bounds.append(window_at(spec, bounds[-1]).end)
+    return bounds
+
+
+def current_window_start(bounds: Sequence[datetime], now: datetime) -> datetime | None:
+    """The start of the stored window containing ``now``, if the schedule covers it."""
+    for start, end in itertools.pairwise(bounds):
+        if start <= now < end:
+            return start
+    return None
+
+
+def spec_of(row: PolicyRow) -> WindowSpec | None:
+    """The window spec stored on a policy row (its zone is not checked here)."""
+    if row.window_period is None or row.window_zone is None or row.window_start is None:
+        return None
+    hours, minutes = row.window_start.split(":")
+    return WindowSpec(
+        Period(row.window_period),
+        row.window_zone,
+        time(int(hours), int(minutes)),
+        row.window_weekday,
+    )
+
+
+def policy_of(row: PolicyRow, endpoint_id: uuid.UUID, queue: str) -> Policy:
+    """The domain policy of a stored row."""
+    return Policy(
+        endpoint_id,
+        queue,
+        Limits(row.max_in_flight, row.max_claims_per_window, spec_of(row)),
+        row.updated_at,
+    )
+
+
+def policy_json(policy: Policy) -> dict[str, Any]:
+    """The audit (and claim response) form of a policy."""
+    window = policy.limits.window
+    return {
+        "max_in_flight": policy.limits.max_in_flight,
+        "max_claims_per_window": policy.limits.max_claims_per_window,
+        "window_period": window.period.value if window else None,
+        "window_zone": window.zone if window else None,
+        "window_start": window.start.strftime("%H:%M") if window else None,
+        "window_weekday": window.weekday if window else None,
+        "updated_at": policy.updated_at.isoformat(),
+    }
+
+
+def policy_from_json(data: Mapping[str, Any], endpoint_id: uuid.UUID, queue: str) -> Policy:
+    """The inverse of ``policy_json`` (also reads ``sb_policy_json``)."""
+    window = None
+    if data.get("window_period"):
+        hours, minutes = str(data["window_start"]).split(":")
+        window = WindowSpec(
+            Period(data["window_period"]),
+            str(data["window_zone"]),
+            time(int(hours), int(minutes)),
+            data.get("window_weekday"),
+        )
+    return Policy(
+        endpoint_id,
+        queue,
+        Limits(data.get("max_in_flight"), data.get("max_claims_per_window"), window),
+        _instant(data["updated_at"]),
+    )
+
+
+def _instant(value: Any) -> datetime:
+    parsed = datetime.fromisoformat(str(value))
+    assert parsed.tzinfo is not None
+    return parsed
+
+
+def deferral_from_json(data: Mapping[str, Any], reaper_interval: timedelta) -> Deferral:
+    """A deferral as reported by the claim functions.
+
+    A window's next eligible time is its end (exact); in-flight's is only a
+    hint: the earliest live lease expiry plus the reaper interval.
+    """
+    reason = DeferralReason(data["reason"])
+    next_at: datetime | None = None
+    exact = False
+    if reason is DeferralReason.WINDOW_EXHAUSTED and data.get("window_end"):
+        next_at, exact = _instant(data["window_end"]), True
+    elif reason is DeferralReason.IN_FLIGHT_FULL and data.get("earliest_expiry"):
+        next_at = _instant(data["earliest_expiry"]) + reaper_interval
+    return Deferral(str(data["queue"]), reason, int(data.get("pending") or 0), next_at, exact)
+
+
+def headroom_from_json(data: Mapping[str, Any], endpoint_id: uuid.UUID, queue: str) -> Headroom:
+    """The headroom reported by a successful budgeted claim."""
+    return Headroom(
+        window_used=data.get("window_used"),
+        window_limit=data.get("window_limit"),
+        resets_at=_instant(data["resets_at"]) if data.get("resets_at") else None,
+        in_flight_used=data.get("in_flight_used"),
+        in_flight_limit=data.get("in_flight_limit"),
+        policy=policy_from_json(data["policy"], endpoint_id, queue),
+    )
+
+
+def policy_scope(
+    principal: Principal, endpoint_id: uuid.UUID | None, grant: Grant | None
+) -> tuple[Scope, uuid.UUID]:
+    """Who may act on a queue's policy (SPEC 4.7).
+
+    Humans act on any endpoint of their owner. An endpoint credential acts on
+    its own endpoint only (another endpoint is ``NotFound``), and changes a
+    policy only with the explicit ``grant``. Reading needs no grant.
+    """
+    if principal.kind is PrincipalKind.OPERATOR or principal.owner_id is None:
+        raise errors.PermissionDenied("the operator credential does not act on tenant data")
+    if principal.kind is PrincipalKind.ENDPOINT:
+        assert principal.endpoint_id is not None
+        if endpoint_id is not None and endpoint_id != principal.endpoint_id:
+            raise errors.NotFound("queue not found")
+        if grant is not None and grant not in principal.grants:
+            raise errors.PermissionDenied(
+                f"this credential lacks the '{grant.value}' grant, which lets an agent "
+                "change its own budget"
+            )
+        return Scope(principal.owner_id, principal.endpoint_id), principal.endpoint_id
+    if endpoint_id is None:
+        raise errors.InvalidArgument.field("queue.endpoint_id", "required for human credentials")
+    return Scope(principal.owner_id, endpoint_id), endpoint_id
+
+
+class AdmissionControl:
+    """Policy operations on behalf of an authenticated principal."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def get(self, principal: Principal, endpoint_id: uuid.UUID | None, queue: str) -> Policy:
+        """The active policy of a queue."""
+        scope, endpoint = policy_scope(principal, endpoint_id, None)
+        async with self._db.transaction() as conn:
+            queue_id = await admission_queries.queue_find(conn, endpoint, scope.owner_id, queue)
+            row = await admission_queries.get_active_policy(conn, queue_id) if queue_id else None
+        if row is None:
+            raise errors.NotFound("no admission policy for this queue")
+        return policy_of(row, endpoint, queue)
+
+    async def set(
+        self, principal: Principal, endpoint_id: uuid.UUID | None, queue: str, limits: Limits
+    ) -> Policy:
+        """Creates or replaces a queue's policy; audited; never lowers the current count."""
+        limits.validate()
+        scope, endpoint = policy_scope(principal, endpoint_id, Grant.SET_ADMISSION_POLICY)
+        async with self._db.transaction() as conn:
+            queue_id = await admission_queries.queue_upsert(conn, endpoint, scope.owner_id, queue)
+            if queue_id is None:
+                raise errors.NotFound("endpoint not found")
+            row = await admission_queries.lock_policy(conn, queue_id, scope.owner_id)
+            before = policy_of(row, endpoint, queue) if row.active else None
+            now = await clock.now(conn)
+            bounds: list[datetime] = []
+            refresh_at = None
+            if limits.window is not None:
+                bounds = schedule(limits.window, now)
+                refresh_at = bounds[REFRESH_INDEX]
+                await _carry_count(conn, row, now, bounds[0])
+            stored = await admission_queries.store_policy(
+                conn,
+                row.id,
+                active=True,
+                max_in_flight=limits.max_in_flight,
+                max_claims_per_window=limits.max_claims_per_window,
+                window_period=limits.window.period.value if limits.window else None,
+                window_zone=limits.window.zone if limits.window else None,
+                window_start=limits.window.start.strftime("%H:%M") if limits.window else None,
+                window_weekday=limits.window.weekday if limits.window else None,
+                window_bounds=bounds,
+                schedule_refresh_at=refresh_at,
+            )
+            after = policy_of(stored, endpoint, queue)
+            await _audit(conn, principal, stored, "set", before, after)
+        return after
+
+    async def clear(
+        self, principal: Principal, endpoint_id: uuid.UUID | None, queue: str
+    ) -> Policy:
+        """Removes a queue's policy; audited. Its counters are kept."""
+        scope, endpoint = policy_scope(principal, endpoint_id, Grant.CLEAR_ADMISSION_POLICY)
+        async with self._db.transaction() as conn:
+            queue_id = await admission_queries.queue_find(conn, endpoint, scope.owner_id, queue)
+            if queue_id is None:
+                raise errors.NotFound("no admission policy for this queue")
+            row = await admission_queries.lock_policy(conn, queue_id, scope.owner_id)
+            if not row.active:
+                raise errors.NotFound("no admission policy for this queue")
+            before = policy_of(row, endpoint, queue)
+            stored = await admission_queries.store_policy(
+                conn,
+                row.id,
+                active=False,
+                max_in_flight=row.max_in_flight,
+                max_claims_per_window=row.max_claims_per_window,
+                window_period=row.window_period,
+                window_zone=row.window_zone,
+                window_start=row.window_start,
+                window_weekday=row.window_weekday,
+                window_bounds=row.window_bounds,
+                schedule_refresh_at=row.schedule_refresh_at,
+            )
+            await _audit(conn, principal, stored, "clear", before, None)
+        return before
+
+    async def audit(
+        self,
+        principal: Principal,
+        endpoint_id: uuid.UUID | None,
+        queue: str,
+        before_id: int | None,
+        limit: int,
+    ) -> list[AuditEntry]:
+        """A page of a queue's policy changes, newest first."""
+        scope, endpoint = policy_scope(principal, endpoint_id, None)
+        async with self._db.transaction() as conn:
+            queue_id = await admission_queries.queue_find(conn, endpoint, scope.owner_id, queue)
+            if queue_id is None:
+                raise errors.NotFound("queue not found")
+            rows = await admission_queries.list_audit(
+                conn, queue_id, scope.owner_id, before_id, limit
+            )
+        return [
+            AuditEntry(
+                id=r.id,
+                endpoint_id=endpoint,
+                queue=queue,
+                action=r.action,
+                actor_credential_id=r.actor_credential_id,
+                actor_human_id=r.actor_human_id,
+                actor_endpoint_id=r.actor_endpoint_id,
+                at=r.at,
+                before=policy_from_json(r.before, endpoint, queue) if r.before else None,
+                after=policy_from_json(r.after, endpoint, queue) if r.after else None,
+            )
+            for r in rows
+        ]
+
+
+async def _carry_count(conn: Conn, row: PolicyRow, now: datetime, new_start: datetime) -> None:
+    """Carries the current window's units into the new current window (never lowers)."""
+    old_start = current_window_start(row.window_bounds, now)
+    if old_start is None or old_start == new_start:
+        return
+    units = await admission_queries.counter_units(conn, row.id, old_start)
+    if units:
+        await admission_queries.counter_carry(conn, row.id, new_start, units)
+
+
+async def _audit(
+    conn: Conn,
+    principal: Principal,
+    row: PolicyRow,
+    action: str,
+    before: Policy | None,
+    after: Policy | None,
+) -> None:
+    is_agent = principal.kind is PrincipalKind.ENDPOINT
+    await admission_queries.insert_audit(
+        conn,
+        queue_id=row.queue_id,
+        owner_id=row.owner_id,
+        action=action,
+        actor_credential_id=principal.credential_id,
+        actor_human_id=principal.vended_by_human_id if is_agent else principal.human_id,
+        actor_endpoint_id=principal.endpoint_id if is_agent else None,
+        before=policy_json(before) if before else None,
+        after=policy_json(after) if after else None,
+    )
+
+
+async def refresh_schedules(db: Database, batch: int = 100) -> int:
+    """Extends the window schedules that are due; empties those whose zone is unknown.
+
+    Safe on every replica (rows are taken with SKIP LOCKED). An emptied
+    schedule makes the claim path refuse with ``admission_unavailable``.
+    """
+    refreshed = 0
+    while True:
+        async with db.transaction() as conn:
+            rows = await admission_queries.schedules_due(conn, batch)
+            now = await clock.now(conn)
+            for row in rows:
+                try:
+                    spec = spec_of(row)
+                    assert spec is not None
+                    bounds = schedule(spec, now)
+                except (WindowSpecError, ValueError) as exc:
+                    log.error(
+                        "admission policy window cannot be evaluated; claims refused",
+                        extra={"policy_id": row.id, "error": str(exc)},
+                    )
+                    await admission_queries.store_schedule(
+                        conn, row.id, [], now + RETRY_BROKEN_SCHEDULE
+                    )
+                    continue
+                await _carry_count(conn, row, now, bounds[0])
+                await admission_queries.store_schedule(conn, row.id, bounds, bounds[REFRESH_INDEX])
+            refreshed += len(rows)
+        if len(rows) < batch:
+            return refreshed

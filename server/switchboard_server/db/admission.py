@@ -1,0 +1,214 @@
+"""Queries on admission policies, window counters and the policy audit."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from switchboard_server.db.database import Conn
+from switchboard_server.db.queries import sql
+
+
+@dataclass(frozen=True)
+class PolicyRow:
+    """A stored policy row (active or cleared)."""
+
+    id: int
+    queue_id: int
+    owner_id: uuid.UUID
+    active: bool
+    max_in_flight: int | None
+    max_claims_per_window: int | None
+    window_period: str | None
+    window_zone: str | None
+    window_start: str | None
+    window_weekday: int | None
+    window_bounds: tuple[datetime, ...]
+    schedule_refresh_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    """One stored policy change."""
+
+    id: int
+    action: str
+    actor_credential_id: uuid.UUID | None
+    actor_human_id: uuid.UUID | None
+    actor_endpoint_id: uuid.UUID | None
+    at: datetime
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class QueueAdmission:
+    """The derived admission of one queue with an active policy."""
+
+    queue_id: int
+    reason: str | None
+    window_end: datetime | None
+    earliest_expiry: datetime | None
+
+
+def _policy(rec: Mapping[str, Any]) -> PolicyRow:
+    fields = dict(rec)
+    fields["window_bounds"] = tuple(fields["window_bounds"] or ())
+    return PolicyRow(**fields)
+
+
+def _json(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    loaded = json.loads(value) if isinstance(value, str) else value
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+async def queue_upsert(
+    conn: Conn, endpoint_id: uuid.UUID, owner_id: uuid.UUID, name: str
+) -> int | None:
+    """The queue's id, creating the queue; ``None`` when the endpoint is not the owner's."""
+    value = await conn.fetchval(sql("queue_upsert"), endpoint_id, owner_id, name)
+    return int(value) if value is not None else None
+
+
+async def queue_find(
+    conn: Conn, endpoint_id: uuid.UUID, owner_id: uuid.UUID, name: str
+) -> int | None:
+    """The queue's id, or ``None``."""
+    value = await conn.fetchval(sql("queue_find"), endpoint_id, owner_id, name)
+    return int(value) if value is not None else None
+
+
+async def lock_policy(conn: Conn, queue_id: int, owner_id: uuid.UUID) -> PolicyRow:
+    """The queue's policy row (created inactive if missing), locked FOR UPDATE."""
+    await conn.execute(sql("policy_ensure_row"), queue_id, owner_id)
+    rec = await conn.fetchrow(sql("policy_lock"), queue_id)
+    assert rec is not None
+    return _policy(rec)
+
+
+async def get_active_policy(conn: Conn, queue_id: int) -> PolicyRow | None:
+    """The queue's active policy, or ``None``."""
+    rec = await conn.fetchrow(sql("policy_get_active"), queue_id)
+    return _policy(rec) if rec is not None else None
+
+
+async def store_policy(
+    conn: Conn,
+    policy_id: int,
+    *,
+    active: bool,
+    max_in_flight: int | None,
+    max_claims_per_window: int | None,
+    window_period: str | None,
+    window_zone: str | None,
+    window_start: str | None,
+    window_weekday: int | None,
+    window_bounds: Sequence[datetime],
+    schedule_refresh_at: datetime | None,
+) -> PolicyRow:
+    """Writes a locked policy row and points its queue at it while active."""
+    rec = await conn.fetchrow(
+        sql("policy_store"),
+        policy_id,
+        max_in_flight,
+        max_claims_per_window,
+        window_period,
+        window_zone,
+        window_start,
+        window_weekday,
+        active,
+        list(window_bounds),
+        schedule_refresh_at,
+    )
+    assert rec is not None
+    return _policy(rec)
+
+
+async def store_schedule(
+    conn: Conn, policy_id: int, bounds: Sequence[datetime], refresh_at: datetime
+) -> None:
+    """Replaces a policy's window boundaries."""
+    await conn.execute(sql("policy_schedule_store"), policy_id, list(bounds), refresh_at)
+
+
+async def schedules_due(conn: Conn, batch: int) -> list[PolicyRow]:
+    """Active windowed policies whose schedule is due, locked (SKIP LOCKED)."""
+    return [_policy(r) for r in await conn.fetch(sql("policy_schedule_due"), batch)]
+
+
+async def counter_units(conn: Conn, policy_id: int, window_start: datetime) -> int:
+    """Units charged in one window."""
+    return int(await conn.fetchval(sql("counter_units"), policy_id, window_start))
+
+
+async def counter_carry(conn: Conn, policy_id: int, window_start: datetime, units: int) -> None:
+    """Raises a window's count to at least ``units``."""
+    await conn.execute(sql("counter_carry"), policy_id, window_start, units)
+
+
+async def insert_audit(
+    conn: Conn,
+    *,
+    queue_id: int,
+    owner_id: uuid.UUID,
+    action: str,
+    actor_credential_id: uuid.UUID | None,
+    actor_human_id: uuid.UUID | None,
+    actor_endpoint_id: uuid.UUID | None,
+    before: Mapping[str, Any] | None,
+    after: Mapping[str, Any] | None,
+) -> None:
+    """Records one policy change."""
+    await conn.execute(
+        sql("policy_audit_insert"),
+        queue_id,
+        owner_id,
+        action,
+        actor_credential_id,
+        actor_human_id,
+        actor_endpoint_id,
+        json.dumps(before) if before is not None else None,
+        json.dumps(after) if after is not None else None,
+    )
+
+
+async def list_audit(
+    conn: Conn, queue_id: int, owner_id: uuid.UUID, before_id: int | None, limit: int
+) -> list[AuditRow]:
+    """A page of a queue's policy changes, newest first."""
+    rows = await conn.fetch(sql("policy_audit_list"), queue_id, owner_id, before_id, limit)
+    return [
+        AuditRow(
+            id=r["id"],
+            action=r["action"],
+            actor_credential_id=r["actor_credential_id"],
+            actor_human_id=r["actor_human_id"],
+            actor_endpoint_id=r["actor_endpoint_id"],
+            at=r["at"],
+            before=_json(r["before"]),
+            after=_json(r["after"]),
+        )
+        for r in rows
+    ]
+
+
+async def queue_admissions(conn: Conn, queue_ids: Sequence[int]) -> dict[int, QueueAdmission]:
+    """The derived admission of each queue that has an active policy."""
+    if not queue_ids:
+        return {}
+    rows = await conn.fetch(sql("queue_admission_status"), list(queue_ids))
+    return {
+        r["queue_id"]: QueueAdmission(
+            r["queue_id"], r["reason"], r["window_end"], r["earliest_expiry"]
+        )
+        for r in rows
+    }

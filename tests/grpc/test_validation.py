@@ -1,0 +1,575 @@
+"""Bad input on every RPC: INVALID_ARGUMENT naming each bad field, nothing written.
+
+Every case goes through the real server (generated stubs over loopback) and
+checks three things: the status code, the ``google.rpc.BadRequest`` detail in
+``grpc-status-details-bin`` (exactly the expected fields), and that no row of
+any tenant or dispatch table changed.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from switchboard.v1 import admin_pb2, dispatch_pb2, todo_pb2
+from switchboard_server import app as server_app
+from switchboard_server.config import Settings
+from switchboard_server.db import Database
+
+from tests.support.client import OPERATOR_TOKEN, Client, Tenant, auth, make_tenant
+from tests.support.databases import DatabaseFactory
+
+OP = auth(OPERATOR_TOKEN)
+TABLES = ("owners", "humans", "endpoints", "credentials", "queues", "todos", "attempts")
+MIB = 1024 * 1024
+DAY = 86_400
+Metadata = tuple[tuple[str, str], ...]
+
+
+# --- helpers -------------------------------------------------------------------
+
+
+def rich_status(err: grpc.aio.AioRpcError) -> status_pb2.Status:
+    """The google.rpc.Status from the call's trailing metadata."""
+    # grpc.aio yields (key, value) pairs; the stubs type them as _Metadatum.
+    trailing: Any = err.trailing_metadata() or ()
+    for key, value in trailing:
+        if key == "grpc-status-details-bin":
+            assert isinstance(value, bytes)
+            return status_pb2.Status.FromString(value)
+    raise AssertionError(f"no grpc-status-details-bin in {err.trailing_metadata()!r}")
+
+
+def violations(err: grpc.aio.AioRpcError) -> dict[str, str]:
+    """field -> description of the BadRequest detail of an INVALID_ARGUMENT error."""
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (err.code(), err.details())
+    status = rich_status(err)
+    assert status.code == code_pb2.INVALID_ARGUMENT
+    assert status.message == err.details()
+    found: dict[str, str] = {}
+    for detail in status.details:
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            assert detail.Unpack(bad)
+            for v in bad.field_violations:
+                assert v.field not in found, f"{v.field} reported twice"
+                assert v.description, f"{v.field} has no description"
+                found[v.field] = v.description
+    assert found, f"no BadRequest field violations in {status}"
+    return found
+
+
+async def row_counts(db: Database) -> dict[str, int]:
+    """Rows per table, to prove a refused call wrote nothing."""
+    async with db.connection() as conn:
+        return {t: int(await conn.fetchval(f"SELECT count(*) FROM {t}")) for t in TABLES}
+
+
+async def expect_code(call: Awaitable[Any], code: grpc.StatusCode) -> grpc.aio.AioRpcError:
+    try:
+        await call
+    except grpc.aio.AioRpcError as err:
+        assert err.code() == code, (err.code(), err.details())
+        return err
+    raise AssertionError(f"expected {code}, the call succeeded")
+
+
+def dur(seconds: int = 0, nanos: int = 0) -> duration_pb2.Duration:
+    return duration_pb2.Duration(seconds=seconds, nanos=nanos)
+
+
+@dataclass(frozen=True)
+class World:
+    """A tenant with a claimed todo, so lease-bearing calls have real ids to spoil."""
+
+    client: Client
+    tenant: Tenant
+    todo_id: str
+    lease_id: str
+
+    @property
+    def agent(self) -> Metadata:
+        return self.tenant.agent
+
+    @property
+    def human(self) -> Metadata:
+        return self.tenant.human
+
+
+@pytest.fixture(scope="module")
+async def shared(
+    db_factory: DatabaseFactory, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[tuple[Client, Database, World]]:
+    """One server and database for every case of this module (each case proves it
+    wrote nothing, so they cannot disturb one another); a fresh one per test would
+    spend most of the time starting servers."""
+    dsn = await db_factory.create()
+    settings = Settings(
+        database_url=dsn,
+        data_dir=tmp_path_factory.mktemp("validation"),
+        listen="127.0.0.1:0",
+        operator_token=OPERATOR_TOKEN,
+        reaper_interval=timedelta(hours=1),
+        retention_interval=timedelta(hours=1),
+    )
+    running = await server_app.start(settings)
+    client = Client(running.address)
+    database = await Database.connect(dsn, min_size=1, max_size=2)
+    try:
+        tenant = await make_tenant(client, "acme")
+        await client.dispatch.Ingest(
+            dispatch_pb2.IngestRequest(queue=todo_pb2.QueueRef(name="work"), payload=b"x"),
+            metadata=tenant.agent,
+        )
+        claimed = await client.dispatch.ClaimNext(
+            dispatch_pb2.ClaimNextRequest(), metadata=tenant.agent
+        )
+        assert not claimed.empty
+        yield client, database, World(client, tenant, claimed.todo.id, claimed.lease.lease_id)
+    finally:
+        await database.close()
+        await client.close()
+        await running.stop(grace=1)
+
+
+@pytest.fixture
+def world(shared: tuple[Client, Database, World]) -> World:
+    return shared[2]
+
+
+@pytest.fixture
+def shared_db(shared: tuple[Client, Database, World]) -> Database:
+    return shared[1]
+
+
+Call = Callable[[World], Awaitable[Any]]
+
+
+def ingest(**fields: Any) -> Call:
+    fields.setdefault("queue", todo_pb2.QueueRef(name="work"))
+    return lambda w: w.client.dispatch.Ingest(
+        dispatch_pb2.IngestRequest(**fields), metadata=w.agent
+    )
+
+
+def claim(**fields: Any) -> Call:
+    return lambda w: w.client.dispatch.Claim(
+        dispatch_pb2.ClaimRequest(**{"todo_id": w.todo_id, **fields}), metadata=w.agent
+    )
+
+
+def claim_next(**fields: Any) -> Call:
+    return lambda w: w.client.dispatch.ClaimNext(
+        dispatch_pb2.ClaimNextRequest(**fields), metadata=w.agent
+    )
+
+
+def heartbeat(**fields: Any) -> Call:
+    return lambda w: w.client.dispatch.Heartbeat(
+        dispatch_pb2.HeartbeatRequest(**{"todo_id": w.todo_id, "lease_id": w.lease_id, **fields}),
+        metadata=w.agent,
+    )
+
+
+def complete(**fields: Any) -> Call:
+    return lambda w: w.client.dispatch.Complete(
+        dispatch_pb2.CompleteRequest(**{"todo_id": w.todo_id, "lease_id": w.lease_id, **fields}),
+        metadata=w.agent,
+    )
+
+
+def fail(**fields: Any) -> Call:
+    return lambda w: w.client.dispatch.Fail(
+        dispatch_pb2.FailRequest(**{"todo_id": w.todo_id, "lease_id": w.lease_id, **fields}),
+        metadata=w.agent,
+    )
+
+
+def release(**fields: Any) -> Call:
+    return lambda w: w.client.dispatch.Release(
+        dispatch_pb2.ReleaseRequest(**{"todo_id": w.todo_id, "lease_id": w.lease_id, **fields}),
+        metadata=w.agent,
+    )
+
+
+def get_todo(**fields: Any) -> Call:
+    return lambda w: w.client.dispatch.GetTodo(
+        dispatch_pb2.GetTodoRequest(**fields), metadata=w.agent
+    )
+
+
+def list_todos(**fields: Any) -> Call:
+    return lambda w: w.client.dispatch.ListTodos(
+        dispatch_pb2.ListTodosRequest(**fields), metadata=w.agent
+    )
+
+
+def list_todos_human(**fields: Any) -> Call:
+    return lambda w: w.client.dispatch.ListTodos(
+        dispatch_pb2.ListTodosRequest(**{"endpoint_id": w.tenant.endpoint_id, **fields}),
+        metadata=w.human,
+    )
+
+
+def create_owner(**fields: Any) -> Call:
+    return lambda w: w.client.admin.CreateOwner(admin_pb2.CreateOwnerRequest(**fields), metadata=OP)
+
+
+def create_human(**fields: Any) -> Call:
+    return lambda w: w.client.admin.CreateHuman(
+        admin_pb2.CreateHumanRequest(**{"owner_id": w.tenant.owner_id, **fields}), metadata=OP
+    )
+
+
+def create_endpoint(**fields: Any) -> Call:
+    return lambda w: w.client.admin.CreateEndpoint(
+        admin_pb2.CreateEndpointRequest(**fields), metadata=w.human
+    )
+
+
+def vend(**fields: Any) -> Call:
+    return lambda w: w.client.admin.VendCredential(
+        admin_pb2.VendCredentialRequest(**{"endpoint_id": w.tenant.endpoint_id, **fields}),
+        metadata=w.human,
+    )
+
+
+def list_credentials(**fields: Any) -> Call:
+    return lambda w: w.client.admin.ListCredentials(
+        admin_pb2.ListCredentialsRequest(**fields), metadata=w.human
+    )
+
+
+def revoke(**fields: Any) -> Call:
+    return lambda w: w.client.admin.RevokeCredential(
+        admin_pb2.RevokeCredentialRequest(**fields), metadata=w.human
+    )
+
+
+def q(name: str, endpoint_id: str | None = None) -> todo_pb2.QueueRef:
+    ref = todo_pb2.QueueRef(name=name)
+    if endpoint_id is not None:
+        ref.endpoint_id = endpoint_id
+    return ref
+
+
+def dedup(webhook_id: str = "", delivery_id: str = "") -> todo_pb2.DedupKey:
+    return todo_pb2.DedupKey(webhook_id=webhook_id, delivery_id=delivery_id)
+
+
+def page_token_for(raw: str) -> str:
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+QUEUES_101 = [f"q{i}" for i in range(101)]
+BIG = 2**63
+
+# (id, call, expected fields)
+CASES: list[tuple[str, Call, set[str]]] = [
+    # Ingest: the queue
+    ("ingest-queue-empty", ingest(queue=q("")), {"queue.name"}),
+    ("ingest-queue-unset", ingest(queue=None), {"queue.name"}),
+    ("ingest-queue-too-long", ingest(queue=q("a" * 65)), {"queue.name"}),
+    ("ingest-queue-space", ingest(queue=q("bad name")), {"queue.name"}),
+    ("ingest-queue-slash", ingest(queue=q("a/b")), {"queue.name"}),
+    ("ingest-queue-unicode", ingest(queue=q("ünïcode")), {"queue.name"}),
+    ("ingest-queue-leading-dash", ingest(queue=q("-work")), {"queue.name"}),
+    ("ingest-queue-leading-dot", ingest(queue=q(".work")), {"queue.name"}),
+    ("ingest-queue-trailing-newline", ingest(queue=q("work\n")), {"queue.name"}),
+    ("ingest-endpoint-not-uuid", ingest(queue=q("work", "nope")), {"queue.endpoint_id"}),
+    # Ingest: payload and content type
+    ("ingest-payload-over-1mib", ingest(payload=b"x" * (MIB + 1)), {"payload"}),
+    ("ingest-content-type-too-long", ingest(content_type="t" * 256), {"content_type"}),
+    ("ingest-content-type-nul", ingest(content_type="text/plain\x00"), {"content_type"}),
+    ("ingest-content-type-newline", ingest(content_type="text/plain\r\nx: y"), {"content_type"}),
+    # Ingest: dedup
+    ("ingest-dedup-no-delivery", ingest(dedup=dedup("hook", "")), {"dedup.delivery_id"}),
+    ("ingest-dedup-no-webhook", ingest(dedup=dedup("", "d1")), {"dedup.webhook_id"}),
+    ("ingest-dedup-blank-webhook", ingest(dedup=dedup("  ", "d1")), {"dedup.webhook_id"}),
+    (
+        "ingest-dedup-both-empty",
+        ingest(dedup=dedup()),
+        {"dedup.webhook_id", "dedup.delivery_id"},
+    ),
+    ("ingest-dedup-too-long", ingest(dedup=dedup("h" * 201, "d")), {"dedup.webhook_id"}),
+    # Ingest: attempts and delay
+    ("ingest-max-attempts-0", ingest(max_attempts=0), {"max_attempts"}),
+    ("ingest-max-attempts-101", ingest(max_attempts=101), {"max_attempts"}),
+    ("ingest-max-attempts-negative", ingest(max_attempts=-1), {"max_attempts"}),
+    ("ingest-delay-negative", ingest(delay=dur(-1)), {"delay"}),
+    ("ingest-delay-negative-nanos", ingest(delay=dur(0, -1)), {"delay"}),
+    ("ingest-delay-over-365-days", ingest(delay=dur(365 * DAY + 1)), {"delay"}),
+    ("ingest-delay-absurd", ingest(delay=dur(10**14)), {"delay"}),
+    (
+        "ingest-everything-wrong",
+        ingest(
+            queue=q("-bad", "nope"),
+            payload=b"x" * (MIB + 1),
+            content_type="c" * 300,
+            dedup=dedup("hook", ""),
+            max_attempts=0,
+            delay=dur(-5),
+        ),
+        {
+            "queue.endpoint_id",
+            "queue.name",
+            "payload",
+            "content_type",
+            "dedup.delivery_id",
+            "max_attempts",
+            "delay",
+        },
+    ),
+    # Claim
+    ("claim-todo-id-empty", claim(todo_id=""), {"todo_id"}),
+    ("claim-todo-id-non-numeric", claim(todo_id="abc"), {"todo_id"}),
+    ("claim-todo-id-zero", claim(todo_id="0"), {"todo_id"}),
+    ("claim-todo-id-negative", claim(todo_id="-1"), {"todo_id"}),
+    ("claim-todo-id-overflow", claim(todo_id=str(BIG)), {"todo_id"}),
+    ("claim-todo-id-decimal", claim(todo_id="1.0"), {"todo_id"}),
+    ("claim-claimant-too-long", claim(claimant="c" * 201), {"claimant"}),
+    ("claim-claimant-control", claim(claimant="bot\x07"), {"claimant"}),
+    ("claim-lease-zero", claim(lease_duration=dur(0)), {"lease_duration"}),
+    ("claim-lease-under-1s", claim(lease_duration=dur(0, 999_999_999)), {"lease_duration"}),
+    ("claim-lease-over-24h", claim(lease_duration=dur(DAY + 1)), {"lease_duration"}),
+    ("claim-lease-negative", claim(lease_duration=dur(-60)), {"lease_duration"}),
+    ("claim-lease-absurd", claim(lease_duration=dur(2**62)), {"lease_duration"}),
+    (
+        "claim-all-wrong",
+        claim(todo_id="x", claimant="c" * 201, lease_duration=dur(0)),
+        {"todo_id", "claimant", "lease_duration"},
+    ),
+    # ClaimNext
+    ("claim-next-endpoint-not-uuid", claim_next(endpoint_id="nope"), {"endpoint_id"}),
+    ("claim-next-too-many-queues", claim_next(queues=QUEUES_101), {"queues"}),
+    ("claim-next-bad-queue", claim_next(queues=["ok", "bad name"]), {"queues[1]"}),
+    ("claim-next-empty-queue", claim_next(queues=[""]), {"queues[0]"}),
+    ("claim-next-claimant-too-long", claim_next(claimant="c" * 201), {"claimant"}),
+    ("claim-next-lease-zero", claim_next(lease_duration=dur(0)), {"lease_duration"}),
+    ("claim-next-lease-over-24h", claim_next(lease_duration=dur(DAY + 1)), {"lease_duration"}),
+    ("claim-next-lease-negative", claim_next(lease_duration=dur(-1)), {"lease_duration"}),
+    (
+        "claim-next-all-wrong",
+        claim_next(
+            endpoint_id="nope",
+            queues=["-a", "ok", "b c"],
+            claimant="\x00",
+            lease_duration=dur(-1),
+        ),
+        {"endpoint_id", "queues[0]", "queues[2]", "claimant", "lease_duration"},
+    ),
+    # Heartbeat, Complete, Fail, Release
+    ("heartbeat-todo-id-empty", heartbeat(todo_id=""), {"todo_id"}),
+    ("heartbeat-todo-id-overflow", heartbeat(todo_id=str(BIG)), {"todo_id"}),
+    ("heartbeat-lease-id-empty", heartbeat(lease_id=""), {"lease_id"}),
+    ("heartbeat-lease-id-not-uuid", heartbeat(lease_id="lease-1"), {"lease_id"}),
+    ("heartbeat-lease-zero", heartbeat(lease_duration=dur(0)), {"lease_duration"}),
+    ("heartbeat-lease-over-24h", heartbeat(lease_duration=dur(DAY + 1)), {"lease_duration"}),
+    ("heartbeat-lease-negative", heartbeat(lease_duration=dur(-1)), {"lease_duration"}),
+    (
+        "heartbeat-all-wrong",
+        heartbeat(todo_id="-3", lease_id="x", lease_duration=dur(0)),
+        {"todo_id", "lease_id", "lease_duration"},
+    ),
+    ("complete-todo-id-zero", complete(todo_id="0"), {"todo_id"}),
+    ("complete-lease-id-not-uuid", complete(lease_id="nope"), {"lease_id"}),
+    ("complete-both-wrong", complete(todo_id="a", lease_id=""), {"todo_id", "lease_id"}),
+    ("fail-todo-id-negative", fail(todo_id="-1"), {"todo_id"}),
+    ("fail-lease-id-not-uuid", fail(lease_id="nope"), {"lease_id"}),
+    ("fail-both-wrong", fail(todo_id="", lease_id="x", error="boom"), {"todo_id", "lease_id"}),
+    ("release-todo-id-overflow", release(todo_id=str(BIG)), {"todo_id"}),
+    ("release-lease-id-not-uuid", release(lease_id="nope"), {"lease_id"}),
+    ("release-both-wrong", release(todo_id="1x", lease_id="1"), {"todo_id", "lease_id"}),
+    # GetTodo
+    ("get-todo-id-empty", get_todo(todo_id=""), {"todo_id"}),
+    ("get-todo-id-non-numeric", get_todo(todo_id="abc"), {"todo_id"}),
+    ("get-todo-id-zero", get_todo(todo_id="0"), {"todo_id"}),
+    ("get-todo-id-negative", get_todo(todo_id="-7"), {"todo_id"}),
+    ("get-todo-id-overflow", get_todo(todo_id=str(BIG)), {"todo_id"}),
+    # ListTodos
+    ("list-page-size-negative", list_todos(page_size=-1), {"page_size"}),
+    ("list-page-size-501", list_todos(page_size=501), {"page_size"}),
+    ("list-page-token-garbage", list_todos(page_token="garbage!"), {"page_token"}),
+    ("list-page-token-not-ours", list_todos(page_token=page_token_for("v2:5")), {"page_token"}),
+    (
+        "list-page-token-huge-cursor",
+        list_todos(page_token=page_token_for("v1:" + "9" * 30)),
+        {"page_token"},
+    ),
+    ("list-state-99", list_todos(states=[99]), {"states[0]"}),
+    ("list-state-unspecified", list_todos(states=[todo_pb2.TODO_STATE_DONE, 0]), {"states[1]"}),
+    ("list-endpoint-not-uuid", list_todos(endpoint_id="nope"), {"endpoint_id"}),
+    ("list-too-many-queues", list_todos(queues=QUEUES_101), {"queues"}),
+    ("list-bad-queue", list_todos(queues=["-x"]), {"queues[0]"}),
+    ("list-human-without-endpoint", list_todos_human(endpoint_id=""), {"endpoint_id"}),
+    (
+        "list-all-wrong",
+        list_todos(endpoint_id="x", queues=["ok", "b c"], states=[7], page_size=501),
+        {"endpoint_id", "queues[1]", "states[0]", "page_size"},
+    ),
+    (
+        "list-page-size-and-page-token",
+        list_todos(page_size=-1, page_token="garbage!"),
+        {"page_size", "page_token"},
+    ),
+    # AdminService
+    ("create-owner-name-empty", create_owner(name=""), {"name"}),
+    ("create-owner-name-blank", create_owner(name="   "), {"name"}),
+    ("create-owner-name-too-long", create_owner(name="o" * 101), {"name"}),
+    ("create-owner-name-control", create_owner(name="ac\nme"), {"name"}),
+    ("create-human-name-empty", create_human(name=""), {"name"}),
+    ("create-human-name-too-long", create_human(name="h" * 101), {"name"}),
+    ("create-human-owner-not-uuid", create_human(owner_id="nope", name="h"), {"owner_id"}),
+    ("create-human-operator-no-owner", create_human(owner_id="", name="h"), {"owner_id"}),
+    ("create-human-both-wrong", create_human(owner_id="x", name=""), {"owner_id", "name"}),
+    ("create-endpoint-name-empty", create_endpoint(name=""), {"name"}),
+    ("create-endpoint-name-too-long", create_endpoint(name="e" * 101), {"name"}),
+    ("create-endpoint-name-control", create_endpoint(name="e\x00"), {"name"}),
+    ("vend-endpoint-empty", vend(endpoint_id="", presets=[1]), {"endpoint_id"}),
+    ("vend-endpoint-not-uuid", vend(endpoint_id="nope", presets=[1]), {"endpoint_id"}),
+    ("vend-grant-99", vend(grants=[admin_pb2.GRANT_READ, 99]), {"grants[1]"}),
+    ("vend-grant-unspecified", vend(grants=[0], presets=[1]), {"grants[0]"}),
+    ("vend-preset-99", vend(grants=[admin_pb2.GRANT_READ], presets=[99]), {"presets[0]"}),
+    ("vend-preset-unspecified", vend(grants=[admin_pb2.GRANT_READ], presets=[0]), {"presets[0]"}),
+    ("vend-label-too-long", vend(presets=[1], label="l" * 201), {"label"}),
+    ("vend-label-control", vend(presets=[1], label="l\x1b[31m"), {"label"}),
+    ("vend-nothing", vend(), {"grants"}),
+    (
+        "vend-all-wrong",
+        vend(endpoint_id="x", grants=[42], presets=[9], label="l" * 201),
+        {"endpoint_id", "grants[0]", "presets[0]", "label", "grants"},
+    ),
+    ("list-credentials-endpoint-not-uuid", list_credentials(endpoint_id="nope"), {"endpoint_id"}),
+    ("revoke-credential-empty", revoke(credential_id=""), {"credential_id"}),
+    ("revoke-credential-not-uuid", revoke(credential_id="nope"), {"credential_id"}),
+]
+
+
+@pytest.mark.parametrize(("call", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+async def test_invalid_argument_names_fields_and_writes_nothing(
+    world: World, shared_db: Database, call: Call, expected: set[str]
+) -> None:
+    db = shared_db
+    before = await row_counts(db)
+    err = await expect_code(call(world), grpc.StatusCode.INVALID_ARGUMENT)
+    assert set(violations(err)) == expected
+    for field in expected:
+        assert field in (err.details() or ""), "the message names each field"
+    assert await row_counts(db) == before
+    # The todo the lease-bearing calls pointed at is untouched.
+    got = await world.client.dispatch.GetTodo(
+        dispatch_pb2.GetTodoRequest(todo_id=world.todo_id), metadata=world.agent
+    )
+    assert got.todo.state == todo_pb2.TODO_STATE_CLAIMED
+    assert got.todo.attempt == 1
+    assert len(got.attempts) == 1
+    assert got.attempts[0].outcome == todo_pb2.ATTEMPT_OUTCOME_RUNNING
+
+
+# The edges just inside each bound are accepted (so the cases above fail for
+# the bound, not for something else in the request).
+VALID: list[tuple[str, Call]] = [
+    ("ingest-queue-64", ingest(queue=q("a" * 64))),
+    ("ingest-queue-all-chars", ingest(queue=q("9a_b.c:d-e"))),
+    ("ingest-payload-1mib", ingest(payload=b"x" * MIB)),
+    ("ingest-content-type-255", ingest(content_type="t" * 255)),
+    ("ingest-dedup-200", ingest(dedup=dedup("h" * 200, "d" * 200))),
+    ("ingest-max-attempts-1", ingest(max_attempts=1)),
+    ("ingest-max-attempts-100", ingest(max_attempts=100)),
+    ("ingest-delay-0", ingest(delay=dur(0))),
+    ("ingest-delay-365-days", ingest(delay=dur(365 * DAY))),
+    ("claim-next-lease-1s", claim_next(lease_duration=dur(1), claimant="c" * 200)),
+    ("claim-next-lease-24h", claim_next(lease_duration=dur(DAY))),
+    ("claim-next-100-queues", claim_next(queues=QUEUES_101[:100])),
+    ("heartbeat-lease-24h", heartbeat(lease_duration=dur(DAY))),
+    ("list-page-size-500", list_todos(page_size=500)),
+    ("list-page-size-1", list_todos(page_size=1, states=[1, 2, 3, 4])),
+    ("create-owner-name-100", create_owner(name="o" * 100)),
+    ("create-endpoint-name-100", create_endpoint(name="e" * 100)),
+    ("vend-label-200", vend(presets=[1], label="l" * 200)),
+]
+
+
+@pytest.mark.parametrize("call", [c[1] for c in VALID], ids=[c[0] for c in VALID])
+async def test_values_at_the_bounds_are_accepted(world: World, call: Call) -> None:
+    await call(world)
+
+
+async def test_get_todo_max_id_is_not_found_not_invalid(world: World) -> None:
+    err = await expect_code(
+        world.client.dispatch.GetTodo(
+            dispatch_pb2.GetTodoRequest(todo_id=str(2**63 - 1)), metadata=world.agent
+        ),
+        grpc.StatusCode.NOT_FOUND,
+    )
+    assert "todo" in (err.details() or "")
+
+
+# --- duplicates ------------------------------------------------------------------
+
+
+async def test_duplicate_owner_name_already_exists(client: Client, db: Database) -> None:
+    await client.admin.CreateOwner(admin_pb2.CreateOwnerRequest(name="acme"), metadata=OP)
+    before = await row_counts(db)
+    for name in ("acme", "  acme  "):
+        await expect_code(
+            client.admin.CreateOwner(admin_pb2.CreateOwnerRequest(name=name), metadata=OP),
+            grpc.StatusCode.ALREADY_EXISTS,
+        )
+    assert await row_counts(db) == before
+    owners = await client.admin.ListOwners(admin_pb2.ListOwnersRequest(), metadata=OP)
+    assert [o.name for o in owners.owners] == ["acme"]
+
+
+async def test_duplicate_endpoint_name_in_one_owner_already_exists(
+    client: Client, db: Database
+) -> None:
+    a = await make_tenant(client, "alpha", endpoint="agent")
+    b = await make_tenant(client, "beta", endpoint="agent")  # same name, other owner: fine
+    before = await row_counts(db)
+    await expect_code(
+        client.admin.CreateEndpoint(
+            admin_pb2.CreateEndpointRequest(name="agent"), metadata=a.human
+        ),
+        grpc.StatusCode.ALREADY_EXISTS,
+    )
+    assert await row_counts(db) == before
+    for t in (a, b):
+        listed = await client.admin.ListEndpoints(
+            admin_pb2.ListEndpointsRequest(), metadata=t.human
+        )
+        assert [(e.id, e.name) for e in listed.endpoints] == [(t.endpoint_id, "agent")]
+
+
+async def test_duplicate_human_name_already_exists_and_mints_nothing(
+    client: Client, tenant: Tenant, db: Database
+) -> None:
+    before = await row_counts(db)
+    for metadata, owner_id in ((OP, tenant.owner_id), (tenant.human, "")):
+        await expect_code(
+            client.admin.CreateHuman(
+                admin_pb2.CreateHumanRequest(owner_id=owner_id, name="acme-human"),
+                metadata=metadata,
+            ),
+            grpc.StatusCode.ALREADY_EXISTS,
+        )
+    assert await row_counts(db) == before
+
+
+async def test_create_human_for_absent_owner_not_found(client: Client, db: Database) -> None:
+    before = await row_counts(db)
+    await expect_code(
+        client.admin.CreateHuman(
+            admin_pb2.CreateHumanRequest(owner_id=str(uuid.uuid4()), name="h"), metadata=OP
+        ),
+        grpc.StatusCode.NOT_FOUND,
+    )
+    assert await row_counts(db) == before
