@@ -80,7 +80,7 @@ def settings(dsn: str, tmp_path: pathlib.Path) -> Settings:
 @pytest.fixture
 def loop_signals() -> LoopSignals:
     """Queues the background loops report their passes on."""
-    return LoopSignals(reaped=asyncio.Queue(), retained=asyncio.Queue())
+    return LoopSignals(reaped=asyncio.Queue(), retained=asyncio.Queue(), scheduled=asyncio.Queue())
 
 
 @pytest.fixture

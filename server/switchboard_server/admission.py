@@ -25,7 +25,7 @@ from switchboard_server import errors
 from switchboard_server.access import Scope
 from switchboard_server.db import Database, clock
 from switchboard_server.db import admission as admission_queries
-from switchboard_server.db.admission import PolicyRow
+from switchboard_server.db.admission import PolicyRow, QueueAdmission
 from switchboard_server.db.database import Conn
 from switchboard_server.model import Grant, Principal, PrincipalKind
 from switchboard_server.windows import Period, WindowSpec, WindowSpecError, window_at
@@ -111,6 +111,16 @@ class Deferral:
     queue: str
     reason: DeferralReason
     pending: int
+    next_eligible_at: datetime | None
+    exact: bool
+
+
+@dataclass(frozen=True)
+class AdmissionStatus:
+    """A pending todo's admission, derived when read (never stored)."""
+
+    deferred: bool
+    reason: DeferralReason | None
     next_eligible_at: datetime | None
     exact: bool
 
@@ -222,20 +232,40 @@ def _instant(value: Any) -> datetime:
     return parsed
 
 
-def deferral_from_json(data: Mapping[str, Any], reaper_interval: timedelta) -> Deferral:
-    """A deferral as reported by the claim functions.
+def next_eligible(
+    reason: DeferralReason,
+    window_end: datetime | None,
+    earliest_expiry: datetime | None,
+    reaper_interval: timedelta,
+) -> tuple[datetime | None, bool]:
+    """When a deferred queue may admit again, and whether that time is exact.
 
-    A window's next eligible time is its end (exact); in-flight's is only a
-    hint: the earliest live lease expiry plus the reaper interval.
+    A window's is its end (exact); in-flight's only a hint: the earliest live
+    lease expiry plus the reaper interval. Paused and unavailable have none.
     """
+    if reason is DeferralReason.WINDOW_EXHAUSTED and window_end is not None:
+        return window_end, True
+    if reason is DeferralReason.IN_FLIGHT_FULL and earliest_expiry is not None:
+        return earliest_expiry + reaper_interval, False
+    return None, False
+
+
+def deferral_from_json(data: Mapping[str, Any], reaper_interval: timedelta) -> Deferral:
+    """A deferral as reported by the claim functions."""
     reason = DeferralReason(data["reason"])
-    next_at: datetime | None = None
-    exact = False
-    if reason is DeferralReason.WINDOW_EXHAUSTED and data.get("window_end"):
-        next_at, exact = _instant(data["window_end"]), True
-    elif reason is DeferralReason.IN_FLIGHT_FULL and data.get("earliest_expiry"):
-        next_at = _instant(data["earliest_expiry"]) + reaper_interval
+    window_end = _instant(data["window_end"]) if data.get("window_end") else None
+    expiry = _instant(data["earliest_expiry"]) if data.get("earliest_expiry") else None
+    next_at, exact = next_eligible(reason, window_end, expiry, reaper_interval)
     return Deferral(str(data["queue"]), reason, int(data.get("pending") or 0), next_at, exact)
+
+
+def admission_status(queue: QueueAdmission, reaper_interval: timedelta) -> AdmissionStatus:
+    """The status of a pending todo in a budgeted queue, from the queue's evaluation."""
+    if queue.reason is None:
+        return AdmissionStatus(False, None, None, False)
+    reason = DeferralReason(queue.reason)
+    next_at, exact = next_eligible(reason, queue.window_end, queue.earliest_expiry, reaper_interval)
+    return AdmissionStatus(True, reason, next_at, exact)
 
 
 def headroom_from_json(data: Mapping[str, Any], endpoint_id: uuid.UUID, queue: str) -> Headroom:

@@ -17,8 +17,16 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
-from switchboard.v1 import admin_pb2, admin_pb2_grpc, dispatch_pb2, dispatch_pb2_grpc
+from switchboard.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    admission_pb2,
+    admission_pb2_grpc,
+    dispatch_pb2,
+    dispatch_pb2_grpc,
+)
 
+from switchboard_server.admission import AdmissionControl, refresh_schedules
 from switchboard_server.auth import Authenticator
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
@@ -27,6 +35,7 @@ from switchboard_server.dispatch import Dispatcher, DispatchSettings
 from switchboard_server.embedded_pg import EmbeddedPostgres
 from switchboard_server.loops import LoopSignals, Supervisor, reap_once, retain_once
 from switchboard_server.servicers.admin import AdminServicer
+from switchboard_server.servicers.admission import AdmissionServicer
 from switchboard_server.servicers.dispatch import DispatchServicer
 from switchboard_server.servicers.interceptor import ServiceInterceptor
 from switchboard_server.servicers.validate import MAX_PAYLOAD_BYTES
@@ -36,6 +45,7 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAMES = (
     dispatch_pb2.DESCRIPTOR.services_by_name["DispatchService"].full_name,
+    admission_pb2.DESCRIPTOR.services_by_name["AdmissionService"].full_name,
     admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
 )
 
@@ -52,7 +62,9 @@ async def open_database(settings: Settings) -> tuple[Database, EmbeddedPostgres 
         dsn = await asyncio.to_thread(embedded.start)
         log.info("embedded postgres started", extra={"data_dir": str(settings.data_dir)})
     try:
-        db = await Database.connect(dsn, max_size=settings.pool_max_size)
+        db = await Database.connect(
+            dsn, max_size=settings.pool_max_size, lock_timeout=settings.lock_timeout
+        )
     except BaseException:
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)
@@ -121,10 +133,14 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
                 default_lease=settings.default_lease,
                 backoff_base=settings.backoff_base,
                 backoff_cap=settings.backoff_cap,
+                reaper_interval=settings.reaper_interval,
             ),
         )
         dispatch_pb2_grpc.add_DispatchServiceServicer_to_server(
             DispatchServicer(dispatcher), server
+        )
+        admission_pb2_grpc.add_AdmissionServiceServicer_to_server(
+            AdmissionServicer(AdmissionControl(db)), server
         )
         admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(Tenancy(db)), server)
         health_servicer = HealthServicer()
@@ -141,6 +157,12 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
         supervisor = Supervisor()
         signals = signals or LoopSignals()
         supervisor.every("reaper", settings.reaper_interval, lambda: reap_once(db), signals.reaped)
+        supervisor.every(
+            "schedules",
+            settings.schedule_interval,
+            lambda: refresh_schedules(db),
+            signals.scheduled,
+        )
         supervisor.every(
             "retention",
             settings.retention_interval,

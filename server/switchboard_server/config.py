@@ -40,6 +40,8 @@ class Settings:
     backoff_base: timedelta = timedelta(seconds=10)
     backoff_cap: timedelta = timedelta(hours=1)
     pool_max_size: int = 20
+    lock_timeout: timedelta = timedelta(seconds=5)
+    schedule_interval: timedelta = timedelta(seconds=60)
     log_level: str = "INFO"
 
     @classmethod
@@ -62,5 +64,7 @@ class Settings:
             backoff_base=_seconds(env, "SWITCHBOARD_BACKOFF_BASE", 10),
             backoff_cap=_seconds(env, "SWITCHBOARD_BACKOFF_CAP", 3600),
             pool_max_size=int(pool),
+            lock_timeout=_seconds(env, "SWITCHBOARD_LOCK_TIMEOUT", 5),
+            schedule_interval=_seconds(env, "SWITCHBOARD_SCHEDULE_INTERVAL", 60),
             log_level=(env.get("SWITCHBOARD_LOG_LEVEL") or "INFO").upper(),
         )

@@ -7,16 +7,27 @@ transaction (most are one statement or one PL/pgSQL call, so one round-trip).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from switchboard_server import errors
 from switchboard_server.access import Scope, endpoint_scope, require_tenant
+from switchboard_server.admission import (
+    AdmissionStatus,
+    Deferral,
+    Headroom,
+    admission_status,
+    deferral_from_json,
+    headroom_from_json,
+)
 from switchboard_server.backoff import retry_delay
 from switchboard_server.db import Database
+from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import tenancy as tenancy_queries
 from switchboard_server.db import todos as todo_queries
+from switchboard_server.db.database import Conn
 from switchboard_server.model import Attempt, Grant, Lease, Principal, Todo, TodoState
 
 
@@ -27,6 +38,8 @@ class DispatchSettings:
     default_lease: timedelta = timedelta(minutes=5)
     backoff_base: timedelta = timedelta(seconds=10)
     backoff_cap: timedelta = timedelta(hours=1)
+    #: Added to the earliest lease expiry in an in-flight deferral's hint.
+    reaper_interval: timedelta = timedelta(seconds=5)
 
 
 @dataclass(frozen=True)
@@ -44,10 +57,27 @@ class IngestRequest:
 
 @dataclass(frozen=True)
 class Claimed:
-    """A committed claim: the todo and its new lease."""
+    """A committed claim: the todo, its new lease, and the budget left when budgeted."""
 
     todo: Todo
     lease: Lease
+    headroom: Headroom | None = None
+
+
+@dataclass(frozen=True)
+class ClaimNextResult:
+    """A claim, or nothing claimable and the queues whose budgets defer their work."""
+
+    claimed: Claimed | None
+    deferred: list[Deferral]
+
+
+@dataclass(frozen=True)
+class TodoView:
+    """A todo as read, with its derived admission status (pending, budgeted queues only)."""
+
+    todo: Todo
+    admission: AdmissionStatus | None
 
 
 def _lease_of(todo: Todo) -> Lease:
@@ -86,7 +116,7 @@ class Dispatcher:
         """Claims one specific todo."""
         scope = require_tenant(principal, Grant.CLAIM)
         async with self._db.transaction() as conn:
-            outcome, todo = await todo_queries.claim(
+            result = await todo_queries.claim(
                 conn,
                 todo_id=todo_id,
                 owner_id=scope.owner_id,
@@ -94,10 +124,17 @@ class Dispatcher:
                 claimant=claimant,
                 lease=lease or self._settings.default_lease,
             )
+        outcome, todo = result.outcome, result.todo
         if outcome == "not_found" or todo is None:
             raise errors.NotFound("todo not found")
         if outcome == "claimed":
-            return Claimed(todo, _lease_of(todo))
+            return self._claimed(todo, result.admission)
+        if outcome == "deferred":
+            deferral = self._deferrals(result.admission)[0]
+            raise errors.Deferred(
+                f"the queue's admission policy defers this todo ({deferral.reason.value})",
+                deferral,
+            )
         if outcome == "dead_lettered":
             raise errors.NotClaimable("the todo's lease lapsed on its last attempt: it is dead")
         if todo.state is TodoState.PENDING:
@@ -114,12 +151,15 @@ class Dispatcher:
         queues: Sequence[str],
         claimant: str,
         lease: timedelta | None,
-    ) -> Claimed | None:
-        """Claims the oldest claimable todo among the caller's queues; ``None`` if none."""
+    ) -> ClaimNextResult:
+        """Claims the oldest claimable todo among the caller's queues, within their budgets.
+
+        When nothing is claimable, says which queues' budgets defer their work.
+        """
         scope = endpoint_scope(principal, Grant.CLAIM, endpoint_id)
         assert scope.endpoint_id is not None
         async with self._db.transaction() as conn:
-            outcome, todo = await todo_queries.claim_next(
+            result = await todo_queries.claim_next(
                 conn,
                 owner_id=scope.owner_id,
                 endpoint_id=scope.endpoint_id,
@@ -127,9 +167,40 @@ class Dispatcher:
                 claimant=claimant,
                 lease=lease or self._settings.default_lease,
             )
-        if outcome != "claimed" or todo is None:
-            return None
-        return Claimed(todo, _lease_of(todo))
+        if result.outcome == "claimed" and result.todo is not None:
+            return ClaimNextResult(self._claimed(result.todo, result.admission), [])
+        return ClaimNextResult(None, self._deferrals(result.admission))
+
+    def _claimed(self, todo: Todo, admission: Mapping[str, Any]) -> Claimed:
+        headroom = admission.get("headroom")
+        return Claimed(
+            todo,
+            _lease_of(todo),
+            headroom_from_json(headroom, todo.endpoint_id, todo.queue) if headroom else None,
+        )
+
+    def _deferrals(self, admission: Mapping[str, Any]) -> list[Deferral]:
+        return [
+            deferral_from_json(d, self._settings.reaper_interval)
+            for d in admission.get("deferred", [])
+        ]
+
+    async def _views(self, conn: Conn, todos: Sequence[Todo]) -> list[TodoView]:
+        """Todos with the derived admission status of the pending ones in budgeted queues."""
+        pending_queues = {t.queue_id for t in todos if t.state is TodoState.PENDING}
+        statuses = await admission_queries.queue_admissions(conn, sorted(pending_queues))
+        views = []
+        for todo in todos:
+            queue_status = statuses.get(todo.queue_id) if todo.state is TodoState.PENDING else None
+            views.append(
+                TodoView(
+                    todo,
+                    admission_status(queue_status, self._settings.reaper_interval)
+                    if queue_status
+                    else None,
+                )
+            )
+        return views
 
     async def heartbeat(
         self, principal: Principal, todo_id: int, lease_id: uuid.UUID, lease: timedelta | None
@@ -202,8 +273,8 @@ class Dispatcher:
             )
         return todo or await self._explain_refusal(scope, todo_id)
 
-    async def get(self, principal: Principal, todo_id: int) -> tuple[Todo, list[Attempt]]:
-        """One todo with its attempts."""
+    async def get(self, principal: Principal, todo_id: int) -> tuple[TodoView, list[Attempt]]:
+        """One todo with its admission status and attempts."""
         scope = require_tenant(principal, Grant.READ)
         async with self._db.transaction() as conn:
             todo = await todo_queries.get(
@@ -211,7 +282,9 @@ class Dispatcher:
             )
             if todo is None:
                 raise errors.NotFound("todo not found")
-            return todo, await todo_queries.attempts(conn, todo_id=todo_id)
+            attempts = await todo_queries.attempts(conn, todo_id=todo_id)
+            (view,) = await self._views(conn, [todo])
+        return view, attempts
 
     async def list(
         self,
@@ -221,7 +294,7 @@ class Dispatcher:
         states: Sequence[TodoState],
         page_size: int,
         before: int | None,
-    ) -> tuple[list[Todo], bool]:
+    ) -> tuple[list[TodoView], bool]:
         """A page of an endpoint's todos, newest first, below ``before``; more to come?"""
         scope = endpoint_scope(principal, Grant.READ, endpoint_id)
         assert scope.endpoint_id is not None
@@ -239,7 +312,8 @@ class Dispatcher:
                 limit=page_size + 1,
                 before_id=before,
             )
-        return rows[:page_size], len(rows) > page_size
+            views = await self._views(conn, rows[:page_size])
+        return views, len(rows) > page_size
 
     async def _explain_refusal(self, scope: Scope, todo_id: int) -> Todo:
         """Raises the right error for a lease call that changed nothing."""

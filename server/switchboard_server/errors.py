@@ -95,3 +95,14 @@ class NotClaimable(FailedPrecondition):
     def __init__(self, message: str, *, not_before: datetime | None = None) -> None:
         super().__init__(message)
         self.not_before = not_before
+
+
+class Deferred(SwitchboardError):
+    """The todo's queue admits nothing now; the todo stays pending."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def __init__(self, message: str, deferral: object) -> None:
+        super().__init__(message)
+        #: The ``admission.Deferral`` explaining why and until when.
+        self.deferral = deferral

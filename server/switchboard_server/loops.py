@@ -1,4 +1,4 @@
-"""Background loops (reaper, retention) run as named, supervised tasks.
+"""Background loops (reaper, retention, window schedules) run as named, supervised tasks.
 
 Each loop catches and logs the errors of one iteration and carries on (a
 database blip must not kill it); the supervisor treats a loop that exits on
@@ -33,6 +33,7 @@ class LoopSignals:
 
     reaped: asyncio.Queue[int] | None = None
     retained: asyncio.Queue[int] | None = None
+    scheduled: asyncio.Queue[int] | None = None
 
 
 async def reap_once(db: Database) -> int:

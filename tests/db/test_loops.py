@@ -11,7 +11,7 @@ from datetime import timedelta
 import grpc
 import pytest
 from google.protobuf import duration_pb2
-from switchboard.v1 import dispatch_pb2, todo_pb2
+from switchboard.v1 import dispatch_pb2, queue_pb2, todo_pb2
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
 from switchboard_server.db import tenancy as tenancy_queries
@@ -67,7 +67,7 @@ async def ingest(
 
 async def claim(db: Database, scope: Scope, todo: Todo, lease: timedelta) -> Todo:
     async with db.transaction() as conn:
-        outcome, claimed = await todo_queries.claim(
+        result = await todo_queries.claim(
             conn,
             todo_id=todo.id,
             owner_id=scope.owner_id,
@@ -75,8 +75,8 @@ async def claim(db: Database, scope: Scope, todo: Todo, lease: timedelta) -> Tod
             claimant="worker",
             lease=lease,
         )
-    assert outcome == "claimed" and claimed is not None
-    return claimed
+    assert result.outcome == "claimed" and result.todo is not None
+    return result.todo
 
 
 async def complete(db: Database, scope: Scope, todo: Todo) -> None:
@@ -367,7 +367,7 @@ async def test_supervised_reaper_returns_a_lapsed_lease(
     client: Client, tenant: Tenant, db: Database, loop_signals: LoopSignals
 ) -> None:
     await client.dispatch.Ingest(
-        dispatch_pb2.IngestRequest(queue=todo_pb2.QueueRef(name="work"), payload=b"x"),
+        dispatch_pb2.IngestRequest(queue=queue_pb2.QueueRef(name="work"), payload=b"x"),
         metadata=tenant.agent,
     )
     claimed = await client.dispatch.ClaimNext(
@@ -405,11 +405,11 @@ async def test_supervised_retention_deletes_an_old_finished_todo(
     client: Client, tenant: Tenant, db: Database, loop_signals: LoopSignals
 ) -> None:
     await client.dispatch.Ingest(
-        dispatch_pb2.IngestRequest(queue=todo_pb2.QueueRef(name="work"), payload=b"x"),
+        dispatch_pb2.IngestRequest(queue=queue_pb2.QueueRef(name="work"), payload=b"x"),
         metadata=tenant.agent,
     )
     pending = await client.dispatch.Ingest(
-        dispatch_pb2.IngestRequest(queue=todo_pb2.QueueRef(name="idle"), payload=b"y"),
+        dispatch_pb2.IngestRequest(queue=queue_pb2.QueueRef(name="idle"), payload=b"y"),
         metadata=tenant.agent,
     )
     claimed = await client.dispatch.ClaimNext(

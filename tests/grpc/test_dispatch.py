@@ -12,7 +12,7 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2, timestamp_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
-from switchboard.v1 import dispatch_pb2, todo_pb2
+from switchboard.v1 import dispatch_pb2, queue_pb2, todo_pb2
 from switchboard_server.config import Settings
 from switchboard_server.db import Database, clock
 from switchboard_server.loops import reap_once
@@ -97,7 +97,7 @@ class Api:
         content_type: str = "",
     ) -> dispatch_pb2.IngestResponse:
         req = dispatch_pb2.IngestRequest(
-            queue=todo_pb2.QueueRef(name=queue), payload=payload, content_type=content_type
+            queue=queue_pb2.QueueRef(name=queue), payload=payload, content_type=content_type
         )
         if max_attempts is not None:
             req.max_attempts = max_attempts

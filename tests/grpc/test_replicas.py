@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
-from switchboard.v1 import dispatch_pb2, todo_pb2
+from switchboard.v1 import dispatch_pb2, queue_pb2
 from switchboard_server.db import Database
 from switchboard_server.db.migrate import available
 
@@ -51,7 +51,7 @@ async def test_200_todos_20_claimers_two_replicas_each_claimed_once(
         *(
             setup.dispatch.Ingest(
                 dispatch_pb2.IngestRequest(
-                    queue=todo_pb2.QueueRef(name=f"q{i % 3}"), payload=str(i).encode()
+                    queue=queue_pb2.QueueRef(name=f"q{i % 3}"), payload=str(i).encode()
                 ),
                 metadata=tenant.agent,
             )

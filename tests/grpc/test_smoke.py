@@ -1,13 +1,13 @@
 from __future__ import annotations
 
-from switchboard.v1 import dispatch_pb2, todo_pb2
+from switchboard.v1 import dispatch_pb2, queue_pb2, todo_pb2
 
 from tests.support.client import Client, Tenant
 
 
 async def test_ingest_then_claim_next_then_complete(client: Client, tenant: Tenant) -> None:
     ingested = await client.dispatch.Ingest(
-        dispatch_pb2.IngestRequest(queue=todo_pb2.QueueRef(name="work"), payload=b"hello"),
+        dispatch_pb2.IngestRequest(queue=queue_pb2.QueueRef(name="work"), payload=b"hello"),
         metadata=tenant.agent,
     )
     assert ingested.todo.state == todo_pb2.TODO_STATE_PENDING

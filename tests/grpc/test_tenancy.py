@@ -23,7 +23,7 @@ import pytest
 from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from switchboard.v1 import admin_pb2, dispatch_pb2, todo_pb2
+from switchboard.v1 import admin_pb2, dispatch_pb2, queue_pb2, todo_pb2
 from switchboard_server.db import Database
 
 from tests.support.client import OPERATOR_TOKEN, Client, Tenant, add_endpoint, auth, make_tenant
@@ -65,7 +65,7 @@ async def row_counts(db: Database) -> dict[str, int]:
 
 
 def ingest(name: str = "work", endpoint_id: str | None = None) -> dispatch_pb2.IngestRequest:
-    ref = todo_pb2.QueueRef(name=name)
+    ref = queue_pb2.QueueRef(name=name)
     if endpoint_id is not None:
         ref.endpoint_id = endpoint_id
     return dispatch_pb2.IngestRequest(queue=ref, payload=b"secret work")

@@ -19,7 +19,7 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
-from switchboard.v1 import admin_pb2, dispatch_pb2, todo_pb2
+from switchboard.v1 import admin_pb2, dispatch_pb2, queue_pb2, todo_pb2
 from switchboard_server import app as server_app
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
@@ -126,7 +126,7 @@ async def shared(
     try:
         tenant = await make_tenant(client, "acme")
         await client.dispatch.Ingest(
-            dispatch_pb2.IngestRequest(queue=todo_pb2.QueueRef(name="work"), payload=b"x"),
+            dispatch_pb2.IngestRequest(queue=queue_pb2.QueueRef(name="work"), payload=b"x"),
             metadata=tenant.agent,
         )
         claimed = await client.dispatch.ClaimNext(
@@ -154,7 +154,7 @@ Call = Callable[[World], Awaitable[Any]]
 
 
 def ingest(**fields: Any) -> Call:
-    fields.setdefault("queue", todo_pb2.QueueRef(name="work"))
+    fields.setdefault("queue", queue_pb2.QueueRef(name="work"))
     return lambda w: w.client.dispatch.Ingest(
         dispatch_pb2.IngestRequest(**fields), metadata=w.agent
     )
@@ -254,8 +254,8 @@ def revoke(**fields: Any) -> Call:
     )
 
 
-def q(name: str, endpoint_id: str | None = None) -> todo_pb2.QueueRef:
-    ref = todo_pb2.QueueRef(name=name)
+def q(name: str, endpoint_id: str | None = None) -> queue_pb2.QueueRef:
+    ref = queue_pb2.QueueRef(name=name)
     if endpoint_id is not None:
         ref.endpoint_id = endpoint_id
     return ref

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import grpc
-from switchboard.v1 import admin_pb2, admin_pb2_grpc, dispatch_pb2_grpc
+from switchboard.v1 import admin_pb2, admin_pb2_grpc, admission_pb2_grpc, dispatch_pb2_grpc
 
 OPERATOR_TOKEN = "sbo_test-operator-token-0123456789"
 
@@ -26,6 +26,9 @@ class Client:
         )
         self.admin: admin_pb2_grpc.AdminServiceAsyncStub = admin_pb2_grpc.AdminServiceStub(
             self.channel
+        )
+        self.admission: admission_pb2_grpc.AdmissionServiceAsyncStub = (
+            admission_pb2_grpc.AdmissionServiceStub(self.channel)
         )
 
     async def close(self) -> None:

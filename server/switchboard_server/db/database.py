@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import asyncpg
@@ -43,14 +44,29 @@ class Database:
         self.pool = pool
 
     @classmethod
-    async def connect(cls, dsn: str, *, min_size: int = 2, max_size: int = 20) -> Database:
-        """Opens a pool. Connections use READ COMMITTED, the default."""
+    async def connect(
+        cls,
+        dsn: str,
+        *,
+        min_size: int = 2,
+        max_size: int = 20,
+        lock_timeout: timedelta = timedelta(seconds=5),
+    ) -> Database:
+        """Opens a pool. Connections use READ COMMITTED, the default.
+
+        ``lock_timeout`` bounds every lock wait: a claim that cannot get its
+        queue's policy lock in time is refused as ``admission_unavailable``
+        rather than waiting without end.
+        """
         try:
             pool = await asyncpg.create_pool(
                 dsn,
                 min_size=min_size,
                 max_size=max_size,
-                server_settings={"application_name": "switchboard"},
+                server_settings={
+                    "application_name": "switchboard",
+                    "lock_timeout": f"{int(lock_timeout.total_seconds() * 1000)}ms",
+                },
             )
         except _UNAVAILABLE as exc:
             raise errors.Unavailable(f"cannot connect to the database: {exc}") from exc

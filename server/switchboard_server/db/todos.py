@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -64,6 +66,29 @@ async def ingest(
     return todo_from_record(rec["todo"]), bool(rec["deduplicated"])
 
 
+@dataclass(frozen=True)
+class ClaimOutcome:
+    """What a claim function reported.
+
+    ``outcome`` is ``claimed``, ``empty``, ``deferred``, ``not_found``,
+    ``not_claimable`` or ``dead_lettered``; ``admission`` carries the
+    headroom of a budgeted claim or the deferred queues.
+    """
+
+    outcome: str
+    todo: Todo | None
+    admission: dict[str, Any]
+
+
+def _claim_outcome(rec: Mapping[str, Any] | None) -> ClaimOutcome:
+    assert rec is not None
+    row = rec["todo"]
+    admission = json.loads(rec["admission"]) if rec["admission"] else {}
+    return ClaimOutcome(
+        str(rec["outcome"]), todo_from_record(row) if row is not None else None, admission
+    )
+
+
 async def claim(
     conn: Conn,
     *,
@@ -72,12 +97,11 @@ async def claim(
     endpoint_id: uuid.UUID | None,
     claimant: str,
     lease: timedelta,
-) -> tuple[str, Todo | None]:
-    """Claims one todo; returns the outcome (see ``sb_claim``) and the row."""
-    rec = await conn.fetchrow(sql("todo_claim"), todo_id, owner_id, endpoint_id, claimant, lease)
-    assert rec is not None
-    row = rec["todo"]
-    return str(rec["outcome"]), (todo_from_record(row) if row is not None else None)
+) -> ClaimOutcome:
+    """Claims one todo (see ``sb_claim``), enforcing its queue's admission policy."""
+    return _claim_outcome(
+        await conn.fetchrow(sql("todo_claim"), todo_id, owner_id, endpoint_id, claimant, lease)
+    )
 
 
 async def claim_next(
@@ -88,8 +112,8 @@ async def claim_next(
     queues: Sequence[str] | None,
     claimant: str,
     lease: timedelta,
-) -> tuple[str, Todo | None]:
-    """Claims the oldest claimable todo of the endpoint's (given) queues."""
+) -> ClaimOutcome:
+    """Claims the oldest claimable todo of the endpoint's (given) queues, within budgets."""
     try:
         rec = await conn.fetchrow(
             sql("todo_claim_next"),
@@ -103,9 +127,7 @@ async def claim_next(
         if _not_found(exc):
             raise errors.NotFound("endpoint not found") from exc
         raise
-    assert rec is not None
-    row = rec["todo"]
-    return str(rec["outcome"]), (todo_from_record(row) if row is not None else None)
+    return _claim_outcome(rec)
 
 
 async def heartbeat(

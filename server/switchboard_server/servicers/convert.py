@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 
 from google.protobuf import timestamp_pb2
-from switchboard.v1 import admin_pb2, todo_pb2
+from switchboard.v1 import admin_pb2, admission_pb2, queue_pb2, todo_pb2
 
+from switchboard_server.admission import (
+    AdmissionStatus,
+    AuditEntry,
+    Deferral,
+    DeferralReason,
+    Headroom,
+    Policy,
+)
 from switchboard_server.model import (
     Attempt,
     AttemptOutcome,
@@ -62,11 +71,114 @@ def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
     return ts
 
 
-def todo(value: Todo) -> todo_pb2.Todo:
+REASON_TO_PROTO = {
+    DeferralReason.PAUSED: admission_pb2.DEFERRAL_REASON_PAUSED,
+    DeferralReason.WINDOW_EXHAUSTED: admission_pb2.DEFERRAL_REASON_WINDOW_EXHAUSTED,
+    DeferralReason.IN_FLIGHT_FULL: admission_pb2.DEFERRAL_REASON_IN_FLIGHT_FULL,
+    DeferralReason.ADMISSION_UNAVAILABLE: admission_pb2.DEFERRAL_REASON_ADMISSION_UNAVAILABLE,
+}
+
+_PERIOD_TO_PROTO = {
+    "HOUR": admission_pb2.WINDOW_PERIOD_HOUR,
+    "DAY": admission_pb2.WINDOW_PERIOD_DAY,
+    "WEEK": admission_pb2.WINDOW_PERIOD_WEEK,
+}
+
+
+def queue_ref(endpoint_id: uuid.UUID, name: str) -> queue_pb2.QueueRef:
+    """The wire form of an endpoint queue."""
+    return queue_pb2.QueueRef(endpoint_id=str(endpoint_id), name=name)
+
+
+def policy(value: Policy) -> admission_pb2.AdmissionPolicy:
+    """The wire form of an admission policy."""
+    limits = value.limits
+    msg = admission_pb2.AdmissionPolicy(
+        queue=queue_ref(value.endpoint_id, value.queue), updated_at=timestamp(value.updated_at)
+    )
+    if limits.max_in_flight is not None:
+        msg.max_in_flight = limits.max_in_flight
+    if limits.max_claims_per_window is not None:
+        msg.max_claims_per_window = limits.max_claims_per_window
+    if limits.window is not None:
+        msg.window.period = _PERIOD_TO_PROTO[limits.window.period.value]
+        msg.window.time_zone = limits.window.zone
+        msg.window.start = limits.window.start.strftime("%H:%M")
+        if limits.window.weekday is not None:
+            msg.window.weekday = limits.window.weekday  # type: ignore[assignment]
+    return msg
+
+
+def headroom(value: Headroom) -> admission_pb2.Headroom:
+    """The wire form of the budget left after a claim."""
+    msg = admission_pb2.Headroom(resets_at=timestamp(value.resets_at))
+    if value.window_limit is not None and value.window_used is not None:
+        msg.window_used = value.window_used
+        msg.window_limit = value.window_limit
+        msg.window_remaining = max(value.window_limit - value.window_used, 0)
+    if value.in_flight_limit is not None and value.in_flight_used is not None:
+        msg.in_flight_used = value.in_flight_used
+        msg.in_flight_limit = value.in_flight_limit
+    return msg
+
+
+def deferred_queue(value: Deferral, endpoint_id: uuid.UUID) -> admission_pb2.DeferredQueue:
+    """The wire form of a deferred queue in a ClaimNext answer."""
+    return admission_pb2.DeferredQueue(
+        queue=queue_ref(endpoint_id, value.queue),
+        reason=REASON_TO_PROTO[value.reason],
+        pending=value.pending,
+        next_eligible_at=timestamp(value.next_eligible_at),
+        exact=value.exact,
+    )
+
+
+def deferral_detail(value: Deferral, endpoint_id: uuid.UUID) -> admission_pb2.DeferralDetail:
+    """The typed detail of a deferred Claim."""
+    return admission_pb2.DeferralDetail(
+        queue=queue_ref(endpoint_id, value.queue),
+        reason=REASON_TO_PROTO[value.reason],
+        next_eligible_at=timestamp(value.next_eligible_at),
+        exact=value.exact,
+        pending=value.pending,
+    )
+
+
+def admission_status(value: AdmissionStatus) -> admission_pb2.AdmissionStatus:
+    """The wire form of a pending todo's derived admission."""
+    if not value.deferred:
+        return admission_pb2.AdmissionStatus(state=admission_pb2.ADMISSION_STATE_ADMITTED)
+    assert value.reason is not None
+    return admission_pb2.AdmissionStatus(
+        state=admission_pb2.ADMISSION_STATE_DEFERRED,
+        reason=REASON_TO_PROTO[value.reason],
+        next_eligible_at=timestamp(value.next_eligible_at),
+        exact=value.exact,
+    )
+
+
+def audit_entry(value: AuditEntry) -> admission_pb2.PolicyAuditEntry:
+    """The wire form of one audited policy change."""
+    return admission_pb2.PolicyAuditEntry(
+        id=str(value.id),
+        queue=queue_ref(value.endpoint_id, value.queue),
+        action=admission_pb2.POLICY_ACTION_SET
+        if value.action == "set"
+        else admission_pb2.POLICY_ACTION_CLEAR,
+        actor_human_id=str(value.actor_human_id or ""),
+        actor_endpoint_id=str(value.actor_endpoint_id or ""),
+        actor_credential_id=str(value.actor_credential_id or ""),
+        at=timestamp(value.at),
+        before=policy(value.before) if value.before else None,
+        after=policy(value.after) if value.after else None,
+    )
+
+
+def todo(value: Todo, admission: AdmissionStatus | None = None) -> todo_pb2.Todo:
     """The wire form of a todo."""
     msg = todo_pb2.Todo(
         id=str(value.id),
-        queue=todo_pb2.QueueRef(endpoint_id=str(value.endpoint_id), name=value.queue),
+        queue=queue_ref(value.endpoint_id, value.queue),
         state=TODO_STATE_TO_PROTO[value.state],
         payload=value.payload,
         content_type=value.content_type,
@@ -80,6 +192,8 @@ def todo(value: Todo) -> todo_pb2.Todo:
         updated_at=timestamp(value.updated_at),
         finished_at=timestamp(value.finished_at),
     )
+    if admission is not None:
+        msg.admission.CopyFrom(admission_status(admission))
     if value.dedup_webhook_id is not None and value.dedup_delivery_id is not None:
         msg.dedup.webhook_id = value.dedup_webhook_id
         msg.dedup.delivery_id = value.dedup_delivery_id

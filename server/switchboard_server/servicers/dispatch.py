@@ -98,9 +98,13 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
         )
         v.check()
         claimed = await self._dispatcher.claim(current_principal(), todo_id, claimant, lease)
-        return dispatch_pb2.ClaimResponse(
+        response = dispatch_pb2.ClaimResponse(
             todo=convert.todo(claimed.todo), lease=convert.lease(claimed.lease)
         )
+        if claimed.headroom is not None:
+            response.headroom.CopyFrom(convert.headroom(claimed.headroom))
+            response.policy.CopyFrom(convert.policy(claimed.headroom.policy))
+        return response
 
     async def ClaimNext(
         self, request: dispatch_pb2.ClaimNextRequest, context: Context
@@ -117,14 +121,23 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
             maximum=MAX_LEASE,
         )
         v.check()
-        claimed = await self._dispatcher.claim_next(
-            current_principal(), endpoint_id, queues, claimant, lease
-        )
+        principal = current_principal()
+        result = await self._dispatcher.claim_next(principal, endpoint_id, queues, claimant, lease)
+        claimed = result.claimed
         if claimed is None:
-            return dispatch_pb2.ClaimNextResponse(empty=True)
-        return dispatch_pb2.ClaimNextResponse(
+            endpoint = endpoint_id or principal.endpoint_id
+            assert endpoint is not None
+            return dispatch_pb2.ClaimNextResponse(
+                empty=True,
+                deferred=[convert.deferred_queue(d, endpoint) for d in result.deferred],
+            )
+        response = dispatch_pb2.ClaimNextResponse(
             todo=convert.todo(claimed.todo), lease=convert.lease(claimed.lease)
         )
+        if claimed.headroom is not None:
+            response.headroom.CopyFrom(convert.headroom(claimed.headroom))
+            response.policy.CopyFrom(convert.policy(claimed.headroom.policy))
+        return response
 
     async def Heartbeat(
         self, request: dispatch_pb2.HeartbeatRequest, context: Context
@@ -181,9 +194,10 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
         v = Violations()
         todo_id = v.todo_id("todo_id", request.todo_id)
         v.check()
-        todo, attempts = await self._dispatcher.get(current_principal(), todo_id)
+        view, attempts = await self._dispatcher.get(current_principal(), todo_id)
         return dispatch_pb2.GetTodoResponse(
-            todo=convert.todo(todo), attempts=[convert.attempt(a) for a in attempts]
+            todo=convert.todo(view.todo, view.admission),
+            attempts=[convert.attempt(a) for a in attempts],
         )
 
     async def ListTodos(
@@ -201,10 +215,10 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
         page_size = v.page_size("page_size", request.page_size)
         before = v.page_token("page_token", request.page_token)
         v.check()
-        todos, more = await self._dispatcher.list(
+        views, more = await self._dispatcher.list(
             current_principal(), endpoint_id, queues, states, page_size, before
         )
         return dispatch_pb2.ListTodosResponse(
-            todos=[convert.todo(t) for t in todos],
-            next_page_token=page_token_after(todos[-1].id) if more and todos else "",
+            todos=[convert.todo(v.todo, v.admission) for v in views],
+            next_page_token=page_token_after(views[-1].todo.id) if more and views else "",
         )

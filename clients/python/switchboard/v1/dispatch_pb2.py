@@ -23,52 +23,54 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
+from switchboard.v1 import admission_pb2 as switchboard_dot_v1_dot_admission__pb2
+from switchboard.v1 import queue_pb2 as switchboard_dot_v1_dot_queue__pb2
 from switchboard.v1 import todo_pb2 as switchboard_dot_v1_dot_todo__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dswitchboard/v1/dispatch.proto\x12\x0eswitchboard.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x19switchboard/v1/todo.proto\"\xde\x01\n\rIngestRequest\x12\'\n\x05queue\x18\x01 \x01(\x0b\x32\x18.switchboard.v1.QueueRef\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x03 \x01(\t\x12\'\n\x05\x64\x65\x64up\x18\x04 \x01(\x0b\x32\x18.switchboard.v1.DedupKey\x12\x19\n\x0cmax_attempts\x18\x05 \x01(\x05H\x00\x88\x01\x01\x12(\n\x05\x64\x65lay\x18\x06 \x01(\x0b\x32\x19.google.protobuf.DurationB\x0f\n\r_max_attempts\"J\n\x0eIngestResponse\x12\"\n\x04todo\x18\x01 \x01(\x0b\x32\x14.switchboard.v1.Todo\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x02 \x01(\x08\"d\n\x0c\x43laimRequest\x12\x0f\n\x07todo_id\x18\x01 \x01(\t\x12\x10\n\x08\x63laimant\x18\x02 \x01(\t\x12\x31\n\x0elease_duration\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"Y\n\rClaimResponse\x12\"\n\x04todo\x18\x01 \x01(\x0b\x32\x14.switchboard.v1.Todo\x12$\n\x05lease\x18\x02 \x01(\x0b\x32\x15.switchboard.v1.Lease\"|\n\x10\x43laimNextRequest\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\x0e\n\x06queues\x18\x02 \x03(\t\x12\x10\n\x08\x63laimant\x18\x03 \x01(\t\x12\x31\n\x0elease_duration\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"l\n\x11\x43laimNextResponse\x12\"\n\x04todo\x18\x01 \x01(\x0b\x32\x14.switchboard.v1.Todo\x12$\n\x05lease\x18\x02 \x01(\x0b\x32\x15.switchboard.v1.Lease\x12\r\n\x05\x65mpty\x18\x03 \x01(\x08\"h\n\x10HeartbeatRequest\x12\x0f\n\x07todo_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x31\n\x0elease_duration\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"9\n\x11HeartbeatResponse\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.switchboard.v1.Lease\"4\n\x0f\x43ompleteRequest\x12\x0f\n\x07todo_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\"6\n\x10\x43ompleteResponse\x12\"\n\x04todo\x18\x01 \x01(\x0b\x32\x14.switchboard.v1.Todo\"R\n\x0b\x46\x61ilRequest\x12\x0f\n\x07todo_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x11\n\tpermanent\x18\x04 \x01(\x08\"2\n\x0c\x46\x61ilResponse\x12\"\n\x04todo\x18\x01 \x01(\x0b\x32\x14.switchboard.v1.Todo\"3\n\x0eReleaseRequest\x12\x0f\n\x07todo_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\"5\n\x0fReleaseResponse\x12\"\n\x04todo\x18\x01 \x01(\x0b\x32\x14.switchboard.v1.Todo\"!\n\x0eGetTodoRequest\x12\x0f\n\x07todo_id\x18\x01 \x01(\t\"`\n\x0fGetTodoResponse\x12\"\n\x04todo\x18\x01 \x01(\x0b\x32\x14.switchboard.v1.Todo\x12)\n\x08\x61ttempts\x18\x02 \x03(\x0b\x32\x17.switchboard.v1.Attempt\"\x89\x01\n\x10ListTodosRequest\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\x0e\n\x06queues\x18\x02 \x03(\t\x12)\n\x06states\x18\x03 \x03(\x0e\x32\x19.switchboard.v1.TodoState\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"Q\n\x11ListTodosResponse\x12#\n\x05todos\x18\x01 \x03(\x0b\x32\x14.switchboard.v1.Todo\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xc0\x05\n\x0f\x44ispatchService\x12G\n\x06Ingest\x12\x1d.switchboard.v1.IngestRequest\x1a\x1e.switchboard.v1.IngestResponse\x12\x44\n\x05\x43laim\x12\x1c.switchboard.v1.ClaimRequest\x1a\x1d.switchboard.v1.ClaimResponse\x12P\n\tClaimNext\x12 .switchboard.v1.ClaimNextRequest\x1a!.switchboard.v1.ClaimNextResponse\x12P\n\tHeartbeat\x12 .switchboard.v1.HeartbeatRequest\x1a!.switchboard.v1.HeartbeatResponse\x12M\n\x08\x43omplete\x12\x1f.switchboard.v1.CompleteRequest\x1a .switchboard.v1.CompleteResponse\x12\x41\n\x04\x46\x61il\x12\x1b.switchboard.v1.FailRequest\x1a\x1c.switchboard.v1.FailResponse\x12J\n\x07Release\x12\x1e.switchboard.v1.ReleaseRequest\x1a\x1f.switchboard.v1.ReleaseResponse\x12J\n\x07GetTodo\x12\x1e.switchboard.v1.GetTodoRequest\x1a\x1f.switchboard.v1.GetTodoResponse\x12P\n\tListTodos\x12 .switchboard.v1.ListTodosRequest\x1a!.switchboard.v1.ListTodosResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dswitchboard/v1/dispatch.proto\x12\x0eswitchboard.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1eswitchboard/v1/admission.proto\x1a\x1aswitchboard/v1/queue.proto\x1a\x19switchboard/v1/todo.proto\"\xde\x01\n\rIngestRequest\x12\'\n\x05queue\x18\x01 \x01(\x0b\x32\x18.switchboard.v1.QueueRef\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x03 \x01(\t\x12\'\n\x05\x64\x65\x64up\x18\x04 \x01(\x0b\x32\x18.switchboard.v1.DedupKey\x12\x19\n\x0cmax_attempts\x18\x05 \x01(\x05H\x00\x88\x01\x01\x12(\n\x05\x64\x65lay\x18\x06 \x01(\x0b\x32\x19.google.protobuf.DurationB\x0f\n\r_max_attempts\"J\n\x0eIngestResponse\x12\"\n\x04todo\x18\x01 \x01(\x0b\x32\x14.switchboard.v1.Todo\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x02 \x01(\x08\"d\n\x0c\x43laimRequest\x12\x0f\n\x07todo_id\x18\x01 \x01(\t\x12\x10\n\x08\x63laimant\x18\x02 \x01(\t\x12\x31\n\x0elease_duration\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xb6\x01\n\rClaimResponse\x12\"\n\x04todo\x18\x01 \x01(\x0b\x32\x14.switchboard.v1.Todo\x12$\n\x05lease\x18\x02 \x01(\x0b\x32\x15.switchboard.v1.Lease\x12*\n\x08headroom\x18\x03 \x01(\x0b\x32\x18.switchboard.v1.Headroom\x12/\n\x06policy\x18\x04 \x01(\x0b\x32\x1f.switchboard.v1.AdmissionPolicy\"|\n\x10\x43laimNextRequest\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\x0e\n\x06queues\x18\x02 \x03(\t\x12\x10\n\x08\x63laimant\x18\x03 \x01(\t\x12\x31\n\x0elease_duration\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xfa\x01\n\x11\x43laimNextResponse\x12\"\n\x04todo\x18\x01 \x01(\x0b\x32\x14.switchboard.v1.Todo\x12$\n\x05lease\x18\x02 \x01(\x0b\x32\x15.switchboard.v1.Lease\x12\r\n\x05\x65mpty\x18\x03 \x01(\x08\x12/\n\x08\x64\x65\x66\x65rred\x18\x04 \x03(\x0b\x32\x1d.switchboard.v1.DeferredQueue\x12*\n\x08headroom\x18\x05 \x01(\x0b\x32\x18.switchboard.v1.Headroom\x12/\n\x06policy\x18\x06 \x01(\x0b\x32\x1f.switchboard.v1.AdmissionPolicy\"h\n\x10HeartbeatRequest\x12\x0f\n\x07todo_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x31\n\x0elease_duration\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"9\n\x11HeartbeatResponse\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.switchboard.v1.Lease\"4\n\x0f\x43ompleteRequest\x12\x0f\n\x07todo_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\"6\n\x10\x43ompleteResponse\x12\"\n\x04todo\x18\x01 \x01(\x0b\x32\x14.switchboard.v1.Todo\"R\n\x0b\x46\x61ilRequest\x12\x0f\n\x07todo_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x11\n\tpermanent\x18\x04 \x01(\x08\"2\n\x0c\x46\x61ilResponse\x12\"\n\x04todo\x18\x01 \x01(\x0b\x32\x14.switchboard.v1.Todo\"3\n\x0eReleaseRequest\x12\x0f\n\x07todo_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\"5\n\x0fReleaseResponse\x12\"\n\x04todo\x18\x01 \x01(\x0b\x32\x14.switchboard.v1.Todo\"!\n\x0eGetTodoRequest\x12\x0f\n\x07todo_id\x18\x01 \x01(\t\"`\n\x0fGetTodoResponse\x12\"\n\x04todo\x18\x01 \x01(\x0b\x32\x14.switchboard.v1.Todo\x12)\n\x08\x61ttempts\x18\x02 \x03(\x0b\x32\x17.switchboard.v1.Attempt\"\x89\x01\n\x10ListTodosRequest\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\x0e\n\x06queues\x18\x02 \x03(\t\x12)\n\x06states\x18\x03 \x03(\x0e\x32\x19.switchboard.v1.TodoState\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"Q\n\x11ListTodosResponse\x12#\n\x05todos\x18\x01 \x03(\x0b\x32\x14.switchboard.v1.Todo\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xc0\x05\n\x0f\x44ispatchService\x12G\n\x06Ingest\x12\x1d.switchboard.v1.IngestRequest\x1a\x1e.switchboard.v1.IngestResponse\x12\x44\n\x05\x43laim\x12\x1c.switchboard.v1.ClaimRequest\x1a\x1d.switchboard.v1.ClaimResponse\x12P\n\tClaimNext\x12 .switchboard.v1.ClaimNextRequest\x1a!.switchboard.v1.ClaimNextResponse\x12P\n\tHeartbeat\x12 .switchboard.v1.HeartbeatRequest\x1a!.switchboard.v1.HeartbeatResponse\x12M\n\x08\x43omplete\x12\x1f.switchboard.v1.CompleteRequest\x1a .switchboard.v1.CompleteResponse\x12\x41\n\x04\x46\x61il\x12\x1b.switchboard.v1.FailRequest\x1a\x1c.switchboard.v1.FailResponse\x12J\n\x07Release\x12\x1e.switchboard.v1.ReleaseRequest\x1a\x1f.switchboard.v1.ReleaseResponse\x12J\n\x07GetTodo\x12\x1e.switchboard.v1.GetTodoRequest\x1a\x1f.switchboard.v1.GetTodoResponse\x12P\n\tListTodos\x12 .switchboard.v1.ListTodosRequest\x1a!.switchboard.v1.ListTodosResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'switchboard.v1.dispatch_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_INGESTREQUEST']._serialized_start=109
-  _globals['_INGESTREQUEST']._serialized_end=331
-  _globals['_INGESTRESPONSE']._serialized_start=333
-  _globals['_INGESTRESPONSE']._serialized_end=407
-  _globals['_CLAIMREQUEST']._serialized_start=409
-  _globals['_CLAIMREQUEST']._serialized_end=509
-  _globals['_CLAIMRESPONSE']._serialized_start=511
-  _globals['_CLAIMRESPONSE']._serialized_end=600
-  _globals['_CLAIMNEXTREQUEST']._serialized_start=602
-  _globals['_CLAIMNEXTREQUEST']._serialized_end=726
-  _globals['_CLAIMNEXTRESPONSE']._serialized_start=728
-  _globals['_CLAIMNEXTRESPONSE']._serialized_end=836
-  _globals['_HEARTBEATREQUEST']._serialized_start=838
-  _globals['_HEARTBEATREQUEST']._serialized_end=942
-  _globals['_HEARTBEATRESPONSE']._serialized_start=944
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1001
-  _globals['_COMPLETEREQUEST']._serialized_start=1003
-  _globals['_COMPLETEREQUEST']._serialized_end=1055
-  _globals['_COMPLETERESPONSE']._serialized_start=1057
-  _globals['_COMPLETERESPONSE']._serialized_end=1111
-  _globals['_FAILREQUEST']._serialized_start=1113
-  _globals['_FAILREQUEST']._serialized_end=1195
-  _globals['_FAILRESPONSE']._serialized_start=1197
-  _globals['_FAILRESPONSE']._serialized_end=1247
-  _globals['_RELEASEREQUEST']._serialized_start=1249
-  _globals['_RELEASEREQUEST']._serialized_end=1300
-  _globals['_RELEASERESPONSE']._serialized_start=1302
-  _globals['_RELEASERESPONSE']._serialized_end=1355
-  _globals['_GETTODOREQUEST']._serialized_start=1357
-  _globals['_GETTODOREQUEST']._serialized_end=1390
-  _globals['_GETTODORESPONSE']._serialized_start=1392
-  _globals['_GETTODORESPONSE']._serialized_end=1488
-  _globals['_LISTTODOSREQUEST']._serialized_start=1491
-  _globals['_LISTTODOSREQUEST']._serialized_end=1628
-  _globals['_LISTTODOSRESPONSE']._serialized_start=1630
-  _globals['_LISTTODOSRESPONSE']._serialized_end=1711
-  _globals['_DISPATCHSERVICE']._serialized_start=1714
-  _globals['_DISPATCHSERVICE']._serialized_end=2418
+  _globals['_INGESTREQUEST']._serialized_start=169
+  _globals['_INGESTREQUEST']._serialized_end=391
+  _globals['_INGESTRESPONSE']._serialized_start=393
+  _globals['_INGESTRESPONSE']._serialized_end=467
+  _globals['_CLAIMREQUEST']._serialized_start=469
+  _globals['_CLAIMREQUEST']._serialized_end=569
+  _globals['_CLAIMRESPONSE']._serialized_start=572
+  _globals['_CLAIMRESPONSE']._serialized_end=754
+  _globals['_CLAIMNEXTREQUEST']._serialized_start=756
+  _globals['_CLAIMNEXTREQUEST']._serialized_end=880
+  _globals['_CLAIMNEXTRESPONSE']._serialized_start=883
+  _globals['_CLAIMNEXTRESPONSE']._serialized_end=1133
+  _globals['_HEARTBEATREQUEST']._serialized_start=1135
+  _globals['_HEARTBEATREQUEST']._serialized_end=1239
+  _globals['_HEARTBEATRESPONSE']._serialized_start=1241
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1298
+  _globals['_COMPLETEREQUEST']._serialized_start=1300
+  _globals['_COMPLETEREQUEST']._serialized_end=1352
+  _globals['_COMPLETERESPONSE']._serialized_start=1354
+  _globals['_COMPLETERESPONSE']._serialized_end=1408
+  _globals['_FAILREQUEST']._serialized_start=1410
+  _globals['_FAILREQUEST']._serialized_end=1492
+  _globals['_FAILRESPONSE']._serialized_start=1494
+  _globals['_FAILRESPONSE']._serialized_end=1544
+  _globals['_RELEASEREQUEST']._serialized_start=1546
+  _globals['_RELEASEREQUEST']._serialized_end=1597
+  _globals['_RELEASERESPONSE']._serialized_start=1599
+  _globals['_RELEASERESPONSE']._serialized_end=1652
+  _globals['_GETTODOREQUEST']._serialized_start=1654
+  _globals['_GETTODOREQUEST']._serialized_end=1687
+  _globals['_GETTODORESPONSE']._serialized_start=1689
+  _globals['_GETTODORESPONSE']._serialized_end=1785
+  _globals['_LISTTODOSREQUEST']._serialized_start=1788
+  _globals['_LISTTODOSREQUEST']._serialized_end=1925
+  _globals['_LISTTODOSRESPONSE']._serialized_start=1927
+  _globals['_LISTTODOSRESPONSE']._serialized_end=2008
+  _globals['_DISPATCHSERVICE']._serialized_start=2011
+  _globals['_DISPATCHSERVICE']._serialized_end=2715
 # @@protoc_insertion_point(module_scope)

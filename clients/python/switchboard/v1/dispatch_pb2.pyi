@@ -8,6 +8,8 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from switchboard.v1 import admission_pb2 as _admission_pb2
+from switchboard.v1 import queue_pb2 as _queue_pb2
 from switchboard.v1 import todo_pb2 as _todo_pb2
 import builtins as _builtins
 import sys
@@ -36,7 +38,7 @@ class IngestRequest(_message.Message):
     max_attempts: _builtins.int
     """Defaults to 5; 1 to 100."""
     @_builtins.property
-    def queue(self) -> _todo_pb2.QueueRef: ...
+    def queue(self) -> _queue_pb2.QueueRef: ...
     @_builtins.property
     def dedup(self) -> _todo_pb2.DedupKey:
         """Optional redelivery key."""
@@ -48,7 +50,7 @@ class IngestRequest(_message.Message):
     def __init__(
         self,
         *,
-        queue: _todo_pb2.QueueRef | None = ...,
+        queue: _queue_pb2.QueueRef | None = ...,
         payload: _builtins.bytes = ...,
         content_type: _builtins.str = ...,
         dedup: _todo_pb2.DedupKey | None = ...,
@@ -124,19 +126,31 @@ class ClaimResponse(_message.Message):
 
     TODO_FIELD_NUMBER: _builtins.int
     LEASE_FIELD_NUMBER: _builtins.int
+    HEADROOM_FIELD_NUMBER: _builtins.int
+    POLICY_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def todo(self) -> _todo_pb2.Todo: ...
     @_builtins.property
     def lease(self) -> _todo_pb2.Lease: ...
+    @_builtins.property
+    def headroom(self) -> _admission_pb2.Headroom:
+        """Set when the todo's queue has an admission policy."""
+
+    @_builtins.property
+    def policy(self) -> _admission_pb2.AdmissionPolicy:
+        """The policy that governs the queue, when it has one."""
+
     def __init__(
         self,
         *,
         todo: _todo_pb2.Todo | None = ...,
         lease: _todo_pb2.Lease | None = ...,
+        headroom: _admission_pb2.Headroom | None = ...,
+        policy: _admission_pb2.AdmissionPolicy | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "todo", b"todo"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["headroom", b"headroom", "lease", b"lease", "policy", b"policy", "todo", b"todo"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "todo", b"todo"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["headroom", b"headroom", "lease", b"lease", "policy", b"policy", "todo", b"todo"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -184,6 +198,9 @@ class ClaimNextResponse(_message.Message):
     TODO_FIELD_NUMBER: _builtins.int
     LEASE_FIELD_NUMBER: _builtins.int
     EMPTY_FIELD_NUMBER: _builtins.int
+    DEFERRED_FIELD_NUMBER: _builtins.int
+    HEADROOM_FIELD_NUMBER: _builtins.int
+    POLICY_FIELD_NUMBER: _builtins.int
     empty: _builtins.bool
     """True when nothing was claimable."""
     @_builtins.property
@@ -192,16 +209,33 @@ class ClaimNextResponse(_message.Message):
 
     @_builtins.property
     def lease(self) -> _todo_pb2.Lease: ...
+    @_builtins.property
+    def deferred(self) -> _containers.RepeatedCompositeFieldContainer[_admission_pb2.DeferredQueue]:
+        """With empty: the queues whose pending work their admission policy
+        defers, with the reason and when to come back.
+        """
+
+    @_builtins.property
+    def headroom(self) -> _admission_pb2.Headroom:
+        """Set when the claimed todo's queue has an admission policy."""
+
+    @_builtins.property
+    def policy(self) -> _admission_pb2.AdmissionPolicy:
+        """The policy that governs the claimed todo's queue, when it has one."""
+
     def __init__(
         self,
         *,
         todo: _todo_pb2.Todo | None = ...,
         lease: _todo_pb2.Lease | None = ...,
         empty: _builtins.bool = ...,
+        deferred: _abc.Iterable[_admission_pb2.DeferredQueue] | None = ...,
+        headroom: _admission_pb2.Headroom | None = ...,
+        policy: _admission_pb2.AdmissionPolicy | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "todo", b"todo"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["headroom", b"headroom", "lease", b"lease", "policy", b"policy", "todo", b"todo"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["empty", b"empty", "lease", b"lease", "todo", b"todo"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deferred", b"deferred", "empty", b"empty", "headroom", b"headroom", "lease", b"lease", "policy", b"policy", "todo", b"todo"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -94,14 +94,17 @@ class DispatchServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Claim(self, request, context):
-        """Claims one specific todo.
+        """Claims one specific todo. A todo whose queue's admission policy defers
+        it fails with RESOURCE_EXHAUSTED (ErrorInfo reason "DEFERRED", a
+        DeferralDetail and, when the time is exact, RetryInfo).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ClaimNext(self, request, context):
-        """Claims the oldest claimable todo among the caller's queues.
+        """Claims the oldest claimable todo among the caller's queues, skipping
+        queues that admission defers (and saying which, when nothing is claimed).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -36,9 +36,14 @@ class DispatchServiceStub:
     Ingest: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.IngestRequest, _dispatch_pb2.IngestResponse]
     """Creates a todo, or returns the existing one for a repeated dedup key."""
     Claim: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.ClaimRequest, _dispatch_pb2.ClaimResponse]
-    """Claims one specific todo."""
+    """Claims one specific todo. A todo whose queue's admission policy defers
+    it fails with RESOURCE_EXHAUSTED (ErrorInfo reason "DEFERRED", a
+    DeferralDetail and, when the time is exact, RetryInfo).
+    """
     ClaimNext: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.ClaimNextRequest, _dispatch_pb2.ClaimNextResponse]
-    """Claims the oldest claimable todo among the caller's queues."""
+    """Claims the oldest claimable todo among the caller's queues, skipping
+    queues that admission defers (and saying which, when nothing is claimed).
+    """
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.HeartbeatRequest, _dispatch_pb2.HeartbeatResponse]
     """Extends a lease."""
     Complete: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.CompleteRequest, _dispatch_pb2.CompleteResponse]
@@ -60,9 +65,14 @@ class DispatchServiceAsyncStub(DispatchServiceStub):
     Ingest: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.IngestRequest, _dispatch_pb2.IngestResponse]  # type: ignore[assignment]
     """Creates a todo, or returns the existing one for a repeated dedup key."""
     Claim: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.ClaimRequest, _dispatch_pb2.ClaimResponse]  # type: ignore[assignment]
-    """Claims one specific todo."""
+    """Claims one specific todo. A todo whose queue's admission policy defers
+    it fails with RESOURCE_EXHAUSTED (ErrorInfo reason "DEFERRED", a
+    DeferralDetail and, when the time is exact, RetryInfo).
+    """
     ClaimNext: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.ClaimNextRequest, _dispatch_pb2.ClaimNextResponse]  # type: ignore[assignment]
-    """Claims the oldest claimable todo among the caller's queues."""
+    """Claims the oldest claimable todo among the caller's queues, skipping
+    queues that admission defers (and saying which, when nothing is claimed).
+    """
     Heartbeat: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.HeartbeatRequest, _dispatch_pb2.HeartbeatResponse]  # type: ignore[assignment]
     """Extends a lease."""
     Complete: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.CompleteRequest, _dispatch_pb2.CompleteResponse]  # type: ignore[assignment]
@@ -93,7 +103,10 @@ class DispatchServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _dispatch_pb2.ClaimRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_dispatch_pb2.ClaimResponse, _abc.Awaitable[_dispatch_pb2.ClaimResponse]]:
-        """Claims one specific todo."""
+        """Claims one specific todo. A todo whose queue's admission policy defers
+        it fails with RESOURCE_EXHAUSTED (ErrorInfo reason "DEFERRED", a
+        DeferralDetail and, when the time is exact, RetryInfo).
+        """
 
     @_abc_1.abstractmethod
     def ClaimNext(
@@ -101,7 +114,9 @@ class DispatchServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _dispatch_pb2.ClaimNextRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_dispatch_pb2.ClaimNextResponse, _abc.Awaitable[_dispatch_pb2.ClaimNextResponse]]:
-        """Claims the oldest claimable todo among the caller's queues."""
+        """Claims the oldest claimable todo among the caller's queues, skipping
+        queues that admission defers (and saying which, when nothing is claimed).
+        """
 
     @_abc_1.abstractmethod
     def Heartbeat(

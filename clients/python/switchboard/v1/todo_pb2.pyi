@@ -7,6 +7,8 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from switchboard.v1 import admission_pb2 as _admission_pb2
+from switchboard.v1 import queue_pb2 as _queue_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -77,38 +79,6 @@ ATTEMPT_OUTCOME_LAPSED: AttemptOutcome.ValueType  # 5
 Global___AttemptOutcome: _TypeAlias = AttemptOutcome  # noqa: Y015
 
 @_typing.final
-class QueueRef(_message.Message):
-    """A queue is a name inside a scope. Today the only scope is an endpoint;
-    the oneof keeps room for a second scope kind without a breaking change.
-    """
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    ENDPOINT_ID_FIELD_NUMBER: _builtins.int
-    NAME_FIELD_NUMBER: _builtins.int
-    endpoint_id: _builtins.str
-    """The endpoint that owns the queue. An endpoint credential may leave it
-    empty to mean its own endpoint.
-    """
-    name: _builtins.str
-    """Queue name: 1-64 characters of [A-Za-z0-9_.:-], starting with a letter or digit."""
-    def __init__(
-        self,
-        *,
-        endpoint_id: _builtins.str = ...,
-        name: _builtins.str = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["endpoint_id", b"endpoint_id", "scope", b"scope"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint_id", b"endpoint_id", "name", b"name", "scope", b"scope"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_scope: _TypeAlias = _typing.Literal["endpoint_id"]  # noqa: Y015
-    _WhichOneofArgType_scope: _TypeAlias = _typing.Literal["scope", b"scope"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType_scope) -> _WhichOneofReturnType_scope | None: ...
-
-Global___QueueRef: _TypeAlias = QueueRef  # noqa: Y015
-
-@_typing.final
 class DedupKey(_message.Message):
     """The redelivery key of an ingest: a delivery with the same key on the same
     endpoint returns the existing todo instead of creating another.
@@ -155,6 +125,7 @@ class Todo(_message.Message):
     CREATED_AT_FIELD_NUMBER: _builtins.int
     UPDATED_AT_FIELD_NUMBER: _builtins.int
     FINISHED_AT_FIELD_NUMBER: _builtins.int
+    ADMISSION_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     state: Global___TodoState.ValueType
     payload: _builtins.bytes
@@ -167,7 +138,7 @@ class Todo(_message.Message):
     """Who holds (or last held) the todo, as the claimant named itself."""
     last_error: _builtins.str
     @_builtins.property
-    def queue(self) -> Global___QueueRef: ...
+    def queue(self) -> _queue_pb2.QueueRef: ...
     @_builtins.property
     def next_retry_at(self) -> _timestamp_pb2.Timestamp:
         """A pending todo is not claimable before this instant."""
@@ -186,11 +157,17 @@ class Todo(_message.Message):
     def finished_at(self) -> _timestamp_pb2.Timestamp:
         """Set when the todo became done or dead."""
 
+    @_builtins.property
+    def admission(self) -> _admission_pb2.AdmissionStatus:
+        """For a pending todo in a queue with an admission policy: whether the
+        queue admits it now, and if not why and until when. Derived when read.
+        """
+
     def __init__(
         self,
         *,
         id: _builtins.str = ...,
-        queue: Global___QueueRef | None = ...,
+        queue: _queue_pb2.QueueRef | None = ...,
         state: Global___TodoState.ValueType = ...,
         payload: _builtins.bytes = ...,
         content_type: _builtins.str = ...,
@@ -204,10 +181,11 @@ class Todo(_message.Message):
         created_at: _timestamp_pb2.Timestamp | None = ...,
         updated_at: _timestamp_pb2.Timestamp | None = ...,
         finished_at: _timestamp_pb2.Timestamp | None = ...,
+        admission: _admission_pb2.AdmissionStatus | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "dedup", b"dedup", "finished_at", b"finished_at", "lease_expires_at", b"lease_expires_at", "next_retry_at", b"next_retry_at", "queue", b"queue", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "created_at", b"created_at", "dedup", b"dedup", "finished_at", b"finished_at", "lease_expires_at", b"lease_expires_at", "next_retry_at", b"next_retry_at", "queue", b"queue", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "claimant", b"claimant", "content_type", b"content_type", "created_at", b"created_at", "dedup", b"dedup", "finished_at", b"finished_at", "id", b"id", "last_error", b"last_error", "lease_expires_at", b"lease_expires_at", "max_attempts", b"max_attempts", "next_retry_at", b"next_retry_at", "payload", b"payload", "queue", b"queue", "state", b"state", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "attempt", b"attempt", "claimant", b"claimant", "content_type", b"content_type", "created_at", b"created_at", "dedup", b"dedup", "finished_at", b"finished_at", "id", b"id", "last_error", b"last_error", "lease_expires_at", b"lease_expires_at", "max_attempts", b"max_attempts", "next_retry_at", b"next_retry_at", "payload", b"payload", "queue", b"queue", "state", b"state", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

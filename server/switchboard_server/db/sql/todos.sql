@@ -3,12 +3,12 @@
 SELECT deduplicated, todo FROM sb_ingest($1, $2, $3, $4, $5, $6, $7, $8, $9);
 
 -- name: todo_claim :one
--- Claims one specific todo; see sb_claim for the outcomes.
-SELECT outcome, todo FROM sb_claim($1, $2, $3, $4, $5);
+-- Claims one specific todo within its queue's budget; see sb_claim.
+SELECT outcome, todo, admission FROM sb_claim($1, $2, $3, $4, $5);
 
 -- name: todo_claim_next :one
--- Claims the oldest claimable todo among an endpoint's queues.
-SELECT outcome, todo FROM sb_claim_next($1, $2, $3, $4, $5);
+-- Claims the oldest claimable todo among an endpoint's queues, within budgets.
+SELECT outcome, todo, admission FROM sb_claim_next($1, $2, $3, $4, $5);
 
 -- name: todo_heartbeat :one
 -- Extends a live lease; no row when the lease is stale or the todo not the caller's.

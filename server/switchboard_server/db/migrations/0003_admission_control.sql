@@ -1,0 +1,431 @@
+-- Per-queue admission control (ADR-0035): policies, window counters, the
+-- audit trail, and the claim functions rewritten to enforce budgets inside
+-- the claim transaction.
+
+CREATE TABLE admission_policies (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue_id bigint NOT NULL REFERENCES queues (id) ON DELETE CASCADE,
+    owner_id uuid NOT NULL,
+    -- A cleared policy keeps its row (inactive), so its window counters
+    -- survive a clear and a later set in the same window.
+    active boolean NOT NULL DEFAULT false,
+    max_in_flight integer CHECK (max_in_flight >= 0),
+    max_claims_per_window integer CHECK (max_claims_per_window >= 0),
+    window_period text CHECK (window_period IN ('HOUR', 'DAY', 'WEEK')),
+    window_zone text,
+    window_start text,
+    window_weekday smallint CHECK (window_weekday BETWEEN 1 AND 7),
+    -- Window boundaries precomputed by the server from the bundled zone
+    -- database, ascending: [b(i), b(i+1)) is a window. The claim path needs
+    -- no zone rules; when now is past the last boundary (or the zone became
+    -- unknown and the schedule was emptied), admission is unavailable.
+    window_bounds timestamptz[] NOT NULL DEFAULT '{}',
+    -- When the schedule is due to be extended.
+    schedule_refresh_at timestamptz,
+    created_at timestamptz NOT NULL DEFAULT sb_now(),
+    updated_at timestamptz NOT NULL DEFAULT sb_now(),
+    CONSTRAINT admission_policies_queue_key UNIQUE (queue_id),
+    CONSTRAINT admission_policies_has_limit CHECK (
+        NOT active OR max_in_flight IS NOT NULL OR max_claims_per_window IS NOT NULL
+    ),
+    CONSTRAINT admission_policies_window_iff_window_limit CHECK (
+        NOT active OR (max_claims_per_window IS NULL) = (window_period IS NULL)
+    )
+);
+CREATE INDEX admission_policies_refresh_idx ON admission_policies (schedule_refresh_at)
+    WHERE active AND window_period IS NOT NULL;
+
+-- Set while the queue's policy is active: a queue without one is known from
+-- its own row, so its claims never read the policy table.
+ALTER TABLE queues ADD COLUMN policy_id bigint REFERENCES admission_policies (id);
+
+-- Units charged per window. Never refunded; retention never touches it.
+CREATE TABLE window_counters (
+    policy_id bigint NOT NULL REFERENCES admission_policies (id) ON DELETE CASCADE,
+    window_start timestamptz NOT NULL,
+    units integer NOT NULL CHECK (units >= 0),
+    PRIMARY KEY (policy_id, window_start)
+);
+
+CREATE TABLE policy_audit (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue_id bigint NOT NULL REFERENCES queues (id) ON DELETE CASCADE,
+    owner_id uuid NOT NULL,
+    action text NOT NULL CHECK (action IN ('set', 'clear')),
+    actor_credential_id uuid,
+    actor_human_id uuid,
+    actor_endpoint_id uuid,
+    at timestamptz NOT NULL,
+    before jsonb,
+    after jsonb
+);
+CREATE INDEX policy_audit_queue_idx ON policy_audit (queue_id, id);
+
+-- The evaluation of one queue's policy at an instant. Shared by the claim
+-- path (under the policy lock) and every read of a deferral status, so the
+-- two can never disagree.
+CREATE TYPE admission_eval AS (
+    reason text,               -- NULL when admitted
+    window_start timestamptz,  -- NULL without a window limit
+    window_end timestamptz,
+    used integer,              -- units charged in the current window
+    in_flight integer,         -- claimed todos (not counting p_exclude)
+    earliest_expiry timestamptz
+);
+
+-- Evaluates a policy row. Each statement takes its own snapshot, so called
+-- after the policy row lock it sees every admission committed before it.
+-- Raises SB503 when the window cannot be determined (fail closed).
+CREATE FUNCTION sb_admission_eval(
+    p_policy admission_policies,
+    p_exclude bigint,
+    p_now timestamptz
+) RETURNS admission_eval
+LANGUAGE plpgsql AS $$
+DECLARE
+    v admission_eval;
+    v_i integer;
+BEGIN
+    IF p_policy.max_claims_per_window IS NOT NULL THEN
+        SELECT b.i INTO v_i
+          FROM generate_subscripts(p_policy.window_bounds, 1) AS b (i)
+         WHERE p_policy.window_bounds[b.i] <= p_now
+         ORDER BY b.i DESC
+         LIMIT 1;
+        IF v_i IS NULL OR v_i >= cardinality(p_policy.window_bounds) THEN
+            RAISE EXCEPTION 'no window schedule covers %', p_now USING ERRCODE = 'SB503';
+        END IF;
+        v.window_start := p_policy.window_bounds[v_i];
+        v.window_end := p_policy.window_bounds[v_i + 1];
+        SELECT c.units INTO v.used FROM window_counters c
+         WHERE c.policy_id = p_policy.id AND c.window_start = v.window_start;
+        v.used := coalesce(v.used, 0);
+    END IF;
+    IF p_policy.max_in_flight IS NOT NULL THEN
+        SELECT count(*), min(t.lease_expires_at) INTO v.in_flight, v.earliest_expiry
+          FROM todos t
+         WHERE t.queue_id = p_policy.queue_id AND t.state = 'claimed'
+           AND t.id IS DISTINCT FROM p_exclude;
+    END IF;
+    v.reason := CASE
+        WHEN p_policy.max_in_flight = 0 OR p_policy.max_claims_per_window = 0 THEN 'paused'
+        WHEN v.used >= p_policy.max_claims_per_window THEN 'window_exhausted'
+        WHEN v.in_flight >= p_policy.max_in_flight THEN 'in_flight_full'
+    END;
+    RETURN v;
+END;
+$$;
+
+-- A policy as JSON, for claim responses and the audit trail.
+CREATE FUNCTION sb_policy_json(p admission_policies) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_object(
+        'max_in_flight', p.max_in_flight,
+        'max_claims_per_window', p.max_claims_per_window,
+        'window_period', p.window_period,
+        'window_zone', p.window_zone,
+        'window_start', p.window_start,
+        'window_weekday', p.window_weekday,
+        'updated_at', p.updated_at
+    )
+$$;
+
+-- The headroom after a successful claim that was charged one unit.
+CREATE FUNCTION sb_headroom(p admission_policies, v admission_eval) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_object(
+        'window_used', CASE WHEN v.window_start IS NOT NULL THEN v.used + 1 END,
+        'window_limit', p.max_claims_per_window,
+        'resets_at', v.window_end,
+        'in_flight_used', CASE WHEN p.max_in_flight IS NOT NULL THEN v.in_flight + 1 END,
+        'in_flight_limit', p.max_in_flight,
+        'policy', sb_policy_json(p)
+    )
+$$;
+
+-- A deferral as JSON: the queue, why, and what the caller needs to wait.
+CREATE FUNCTION sb_deferral_json(
+    p_queue text, p_reason text, v admission_eval, p_pending bigint
+) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_object(
+        'queue', p_queue,
+        'reason', p_reason,
+        'window_end', CASE WHEN p_reason = 'window_exhausted' THEN v.window_end END,
+        'earliest_expiry', CASE WHEN p_reason = 'in_flight_full' THEN v.earliest_expiry END,
+        'pending', p_pending
+    )
+$$;
+
+-- Locks and evaluates a queue's policy for a claim of p_row, then claims
+-- and charges, or raises SB429 (refused; the reason is in the message) so
+-- the caller's subtransaction releases the todo and policy locks.
+-- Lock order: the todo row (already locked by the caller), then the policy.
+CREATE FUNCTION sb_admit_and_claim(
+    p_row todos,
+    p_policy_id bigint,
+    p_claimant text,
+    p_lease interval,
+    p_now timestamptz,
+    OUT claimed todos,
+    OUT admission jsonb
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_policy admission_policies;
+    v_eval admission_eval;
+BEGIN
+    -- Waits for the lock; the session's lock_timeout bounds the wait, and
+    -- running out of it refuses the claim (admission_unavailable).
+    SELECT * INTO v_policy FROM admission_policies p WHERE p.id = p_policy_id FOR UPDATE;
+    IF NOT FOUND OR NOT v_policy.active THEN
+        -- Cleared concurrently: no policy governs the queue any more.
+        claimed := sb_claim_row(p_row, p_claimant, p_lease, p_now);
+        RETURN;
+    END IF;
+    v_eval := sb_admission_eval(
+        v_policy, CASE WHEN p_row.state = 'claimed' THEN p_row.id END, p_now);
+    IF v_eval.reason IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_eval.reason USING ERRCODE = 'SB429',
+            DETAIL = sb_deferral_json(p_row.queue, v_eval.reason, v_eval, NULL)::text;
+    END IF;
+    claimed := sb_claim_row(p_row, p_claimant, p_lease, p_now);
+    IF v_eval.window_start IS NOT NULL THEN
+        INSERT INTO window_counters AS c (policy_id, window_start, units)
+        VALUES (v_policy.id, v_eval.window_start, 1)
+        ON CONFLICT (policy_id, window_start) DO UPDATE SET units = c.units + 1;
+    END IF;
+    admission := jsonb_build_object('headroom', sb_headroom(v_policy, v_eval));
+END;
+$$;
+
+-- The unlocked status of a queue's policy, failing closed: the reason (NULL
+-- when admitting), the evaluation, or 'admission_unavailable'.
+CREATE FUNCTION sb_queue_admission(p_queue_id bigint, p_now timestamptz)
+RETURNS TABLE (reason text, eval admission_eval)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_policy admission_policies;
+    v_eval admission_eval;
+BEGIN
+    BEGIN
+        SELECT p.* INTO v_policy FROM admission_policies p
+          JOIN queues q ON q.policy_id = p.id
+         WHERE q.id = p_queue_id AND p.active;
+        IF NOT FOUND THEN
+            RETURN;
+        END IF;
+        v_eval := sb_admission_eval(v_policy, NULL, p_now);
+    EXCEPTION WHEN OTHERS THEN
+        RETURN QUERY SELECT 'admission_unavailable'::text, NULL::admission_eval;
+        RETURN;
+    END;
+    RETURN QUERY SELECT v_eval.reason, v_eval;
+END;
+$$;
+
+DROP FUNCTION sb_claim(bigint, uuid, uuid, text, interval);
+DROP FUNCTION sb_claim_next(uuid, uuid, text[], text, interval);
+
+-- Claims one specific todo (FOR UPDATE: waits for a concurrent claimer).
+-- outcome: claimed | not_found | not_claimable | dead_lettered | deferred.
+CREATE FUNCTION sb_claim(
+    p_todo_id bigint,
+    p_owner_id uuid,
+    p_endpoint_id uuid,
+    p_claimant text,
+    p_lease interval
+) RETURNS TABLE (outcome text, todo todos, admission jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := sb_now();
+    v_row todos;
+    v_policy_id bigint;
+    v_result record;
+    v_detail jsonb;
+    v_pending bigint;
+BEGIN
+    SELECT * INTO v_row FROM todos t
+     WHERE t.id = p_todo_id AND t.owner_id = p_owner_id
+       AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'not_found'::text, NULL::todos, NULL::jsonb;
+        RETURN;
+    END IF;
+    IF v_row.state = 'claimed' AND v_row.lease_expires_at <= v_now
+       AND v_row.attempt >= v_row.max_attempts THEN
+        RETURN QUERY SELECT 'dead_lettered'::text, sb_dead_letter_lapsed(v_row, v_now), NULL::jsonb;
+        RETURN;
+    END IF;
+    IF NOT ((v_row.state = 'pending' AND v_row.next_retry_at <= v_now)
+            OR (v_row.state = 'claimed' AND v_row.lease_expires_at <= v_now)) THEN
+        RETURN QUERY SELECT 'not_claimable'::text, v_row, NULL::jsonb;
+        RETURN;
+    END IF;
+    SELECT q.policy_id INTO v_policy_id FROM queues q WHERE q.id = v_row.queue_id;
+    IF v_policy_id IS NULL THEN
+        RETURN QUERY SELECT 'claimed'::text, sb_claim_row(v_row, p_claimant, p_lease, v_now),
+                            NULL::jsonb;
+        RETURN;
+    END IF;
+    BEGIN
+        SELECT a.* INTO v_result
+          FROM sb_admit_and_claim(v_row, v_policy_id, p_claimant, p_lease, v_now) a;
+        RETURN QUERY SELECT 'claimed'::text, v_result.claimed, v_result.admission;
+        RETURN;
+    EXCEPTION
+        WHEN SQLSTATE 'SB429' THEN
+            GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
+        WHEN OTHERS THEN
+            v_detail := jsonb_build_object('queue', v_row.queue, 'reason', 'admission_unavailable');
+    END;
+    SELECT count(*) INTO v_pending FROM todos t
+     WHERE t.queue_id = v_row.queue_id AND t.state = 'pending';
+    RETURN QUERY SELECT 'deferred'::text, v_row,
+        jsonb_build_object('deferred', jsonb_build_array(
+            v_detail || jsonb_build_object('pending', v_pending)));
+END;
+$$;
+
+-- Claims the oldest claimable todo among an endpoint's queues (all of them
+-- when p_queue_names is NULL).
+--  1. Each queue's head is found by its own index probe, unlocked.
+--  2. Budgeted queues that an unlocked evaluation shows deferred are left
+--     out (and reported), without taking their policy lock.
+--  3. The rest are tried oldest head first: lock a row FOR UPDATE SKIP
+--     LOCKED; for a budgeted queue, inside a subtransaction, lock the policy,
+--     evaluate with fresh reads, claim and charge, or roll the
+--     subtransaction back (releasing both locks: never two policy locks) and
+--     move on to the next queue.
+--  4. Lapsed leases with attempts left are taken over the same way.
+-- outcome: claimed | empty. admission: {headroom} or {deferred: [...]}.
+CREATE FUNCTION sb_claim_next(
+    p_owner_id uuid,
+    p_endpoint_id uuid,
+    p_queue_names text[],
+    p_claimant text,
+    p_lease interval
+) RETURNS TABLE (outcome text, todo todos, admission jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := sb_now();
+    v_queue record;
+    v_row todos;
+    v_result record;
+    v_detail jsonb;
+    v_deferred jsonb := '[]'::jsonb;
+    v_deferred_ids bigint[] := '{}';
+    v_status record;
+BEGIN
+    PERFORM 1 FROM endpoints e WHERE e.id = p_endpoint_id AND e.owner_id = p_owner_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'endpoint not found' USING ERRCODE = 'SB404';
+    END IF;
+    FOR v_queue IN
+        SELECT q.id, q.name, q.policy_id
+          FROM queues q
+          CROSS JOIN LATERAL (
+              SELECT t.next_retry_at, t.id FROM todos t
+               WHERE t.queue_id = q.id AND t.state = 'pending' AND t.next_retry_at <= v_now
+               ORDER BY t.next_retry_at, t.id
+               LIMIT 1
+          ) AS head
+         WHERE q.endpoint_id = p_endpoint_id
+           AND (p_queue_names IS NULL OR q.name = ANY (p_queue_names))
+         ORDER BY head.next_retry_at, head.id
+    LOOP
+        IF v_queue.policy_id IS NULL THEN
+            SELECT * INTO v_row FROM todos t
+             WHERE t.queue_id = v_queue.id AND t.state = 'pending' AND t.next_retry_at <= v_now
+             ORDER BY t.next_retry_at, t.id
+             LIMIT 1
+               FOR UPDATE SKIP LOCKED;
+            IF FOUND THEN
+                RETURN QUERY SELECT 'claimed'::text, sb_claim_row(v_row, p_claimant, p_lease, v_now),
+                                    NULL::jsonb;
+                RETURN;
+            END IF;
+            CONTINUE;
+        END IF;
+        SELECT s.* INTO v_status FROM sb_queue_admission(v_queue.id, v_now) s;
+        IF v_status.reason IS NOT NULL THEN
+            v_deferred := v_deferred
+                || sb_deferral_json(v_queue.name, v_status.reason, v_status.eval, NULL);
+            v_deferred_ids := v_deferred_ids || v_queue.id;
+            CONTINUE;
+        END IF;
+        BEGIN
+            SELECT * INTO v_row FROM todos t
+             WHERE t.queue_id = v_queue.id AND t.state = 'pending' AND t.next_retry_at <= v_now
+             ORDER BY t.next_retry_at, t.id
+             LIMIT 1
+               FOR UPDATE SKIP LOCKED;
+            IF FOUND THEN
+                SELECT a.* INTO v_result
+                  FROM sb_admit_and_claim(v_row, v_queue.policy_id, p_claimant, p_lease, v_now) a;
+                RETURN QUERY SELECT 'claimed'::text, v_result.claimed, v_result.admission;
+                RETURN;
+            END IF;
+        EXCEPTION
+            WHEN SQLSTATE 'SB429' THEN
+                GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
+                v_deferred := v_deferred || v_detail;
+                v_deferred_ids := v_deferred_ids || v_queue.id;
+            WHEN OTHERS THEN
+                v_deferred := v_deferred || jsonb_build_object(
+                    'queue', v_queue.name, 'reason', 'admission_unavailable');
+                v_deferred_ids := v_deferred_ids || v_queue.id;
+        END;
+    END LOOP;
+    -- Lapsed leases with attempts left, oldest expiry first.
+    FOR v_queue IN
+        SELECT t.id AS todo_id, q.id, q.name, q.policy_id
+          FROM queues q
+          JOIN todos t ON t.queue_id = q.id
+         WHERE q.endpoint_id = p_endpoint_id
+           AND (p_queue_names IS NULL OR q.name = ANY (p_queue_names))
+           AND t.state = 'claimed' AND t.lease_expires_at <= v_now
+           AND t.attempt < t.max_attempts
+           AND NOT (q.id = ANY (v_deferred_ids))
+         ORDER BY t.lease_expires_at, t.id
+         LIMIT 10
+    LOOP
+        BEGIN
+            SELECT * INTO v_row FROM todos t
+             WHERE t.id = v_queue.todo_id AND t.state = 'claimed' AND t.lease_expires_at <= v_now
+               FOR UPDATE SKIP LOCKED;
+            IF FOUND THEN
+                IF v_queue.policy_id IS NULL THEN
+                    RETURN QUERY SELECT 'claimed'::text,
+                        sb_claim_row(v_row, p_claimant, p_lease, v_now), NULL::jsonb;
+                    RETURN;
+                END IF;
+                SELECT a.* INTO v_result
+                  FROM sb_admit_and_claim(v_row, v_queue.policy_id, p_claimant, p_lease, v_now) a;
+                RETURN QUERY SELECT 'claimed'::text, v_result.claimed, v_result.admission;
+                RETURN;
+            END IF;
+        EXCEPTION
+            WHEN SQLSTATE 'SB429' THEN
+                GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
+                v_deferred := v_deferred || v_detail;
+                v_deferred_ids := v_deferred_ids || v_queue.id;
+            WHEN OTHERS THEN
+                v_deferred := v_deferred || jsonb_build_object(
+                    'queue', v_queue.name, 'reason', 'admission_unavailable');
+                v_deferred_ids := v_deferred_ids || v_queue.id;
+        END;
+    END LOOP;
+    -- Nothing claimable: say which queues wait, and how much.
+    IF jsonb_array_length(v_deferred) > 0 THEN
+        SELECT jsonb_agg(d.value || jsonb_build_object('pending', (
+                   SELECT count(*) FROM todos t JOIN queues q ON q.id = t.queue_id
+                    WHERE q.endpoint_id = p_endpoint_id AND q.name = d.value->>'queue'
+                      AND t.state = 'pending')))
+          INTO v_deferred
+          FROM jsonb_array_elements(v_deferred) AS d;
+    END IF;
+    RETURN QUERY SELECT 'empty'::text, NULL::todos, jsonb_build_object('deferred', v_deferred);
+END;
+$$;

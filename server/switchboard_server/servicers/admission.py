@@ -1,0 +1,108 @@
+"""``AdmissionService``: proto in, domain call, proto out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from switchboard.v1 import admission_pb2, admission_pb2_grpc, queue_pb2
+
+from switchboard_server.admission import AdmissionControl, Limits
+from switchboard_server.servicers import convert
+from switchboard_server.servicers.interceptor import current_principal
+from switchboard_server.servicers.validate import Violations, page_token_after
+from switchboard_server.windows import Period, WindowSpec, WindowSpecError
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+_PERIOD = {
+    admission_pb2.WINDOW_PERIOD_HOUR: Period.HOUR,
+    admission_pb2.WINDOW_PERIOD_DAY: Period.DAY,
+    admission_pb2.WINDOW_PERIOD_WEEK: Period.WEEK,
+}
+
+
+def _queue(v: Violations, field: str, ref: queue_pb2.QueueRef) -> tuple[Any, str]:
+    endpoint_id = v.parse_uuid(f"{field}.endpoint_id", ref.endpoint_id, required=False)
+    name = v.queue_name(f"{field}.name", ref.name)
+    return endpoint_id, name
+
+
+def _window(v: Violations, policy: admission_pb2.AdmissionPolicy) -> WindowSpec | None:
+    if not policy.HasField("window"):
+        return None
+    w = policy.window
+    period = _PERIOD.get(w.period)
+    if period is None:
+        v.add("policy.window.period", "must be HOUR, DAY or WEEK")
+        return None
+    weekday = int(w.weekday) if w.weekday else None
+    if w.weekday and not 1 <= w.weekday <= 7:
+        v.add("policy.window.weekday", "must be a weekday")
+        return None
+    try:
+        spec = WindowSpec.parse(period.value, w.time_zone, w.start, weekday)
+    except WindowSpecError as exc:
+        field = {"zone": "time_zone"}.get(exc.field, exc.field)
+        v.add(f"policy.window.{field}", exc.message)
+        return None
+    return spec
+
+
+class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
+    """Translates AdmissionService calls for ``AdmissionControl``."""
+
+    def __init__(self, control: AdmissionControl) -> None:
+        self._control = control
+
+    async def GetPolicy(
+        self, request: admission_pb2.GetPolicyRequest, context: Context
+    ) -> admission_pb2.GetPolicyResponse:
+        v = Violations()
+        endpoint_id, name = _queue(v, "queue", request.queue)
+        v.check()
+        policy = await self._control.get(current_principal(), endpoint_id, name)
+        return admission_pb2.GetPolicyResponse(policy=convert.policy(policy))
+
+    async def SetPolicy(
+        self, request: admission_pb2.SetPolicyRequest, context: Context
+    ) -> admission_pb2.SetPolicyResponse:
+        v = Violations()
+        p = request.policy
+        endpoint_id, name = _queue(v, "policy.queue", p.queue)
+        window = _window(v, p)
+        v.check()
+        limits = Limits(
+            p.max_in_flight if p.HasField("max_in_flight") else None,
+            p.max_claims_per_window if p.HasField("max_claims_per_window") else None,
+            window,
+        )
+        policy = await self._control.set(current_principal(), endpoint_id, name, limits)
+        return admission_pb2.SetPolicyResponse(policy=convert.policy(policy))
+
+    async def ClearPolicy(
+        self, request: admission_pb2.ClearPolicyRequest, context: Context
+    ) -> admission_pb2.ClearPolicyResponse:
+        v = Violations()
+        endpoint_id, name = _queue(v, "queue", request.queue)
+        v.check()
+        policy = await self._control.clear(current_principal(), endpoint_id, name)
+        return admission_pb2.ClearPolicyResponse(policy=convert.policy(policy))
+
+    async def ListPolicyAudit(
+        self, request: admission_pb2.ListPolicyAuditRequest, context: Context
+    ) -> admission_pb2.ListPolicyAuditResponse:
+        v = Violations()
+        endpoint_id, name = _queue(v, "queue", request.queue)
+        page_size = v.page_size("page_size", request.page_size)
+        before = v.page_token("page_token", request.page_token)
+        v.check()
+        entries = await self._control.audit(
+            current_principal(), endpoint_id, name, before, page_size + 1
+        )
+        more = len(entries) > page_size
+        entries = entries[:page_size]
+        return admission_pb2.ListPolicyAuditResponse(
+            entries=[convert.audit_entry(e) for e in entries],
+            next_page_token=page_token_after(entries[-1].id) if more and entries else "",
+        )

@@ -1,0 +1,58 @@
+"""Helpers for admission tests: policies, ingesting, draining."""
+
+from __future__ import annotations
+
+from switchboard.v1 import admission_pb2, dispatch_pb2, queue_pb2
+
+from tests.support.client import Client
+
+
+def window(
+    period: admission_pb2.WindowPeriod.ValueType = admission_pb2.WINDOW_PERIOD_DAY,
+    zone: str = "UTC",
+    start: str = "00:00",
+    weekday: admission_pb2.Weekday.ValueType = admission_pb2.WEEKDAY_UNSPECIFIED,
+) -> admission_pb2.Window:
+    """A window message."""
+    return admission_pb2.Window(period=period, time_zone=zone, start=start, weekday=weekday)
+
+
+async def set_policy(
+    client: Client,
+    metadata: tuple[tuple[str, str], ...],
+    queue: str,
+    *,
+    endpoint_id: str = "",
+    max_in_flight: int | None = None,
+    max_claims_per_window: int | None = None,
+    win: admission_pb2.Window | None = None,
+) -> admission_pb2.AdmissionPolicy:
+    """Sets a queue's policy (a DAY window in UTC by default when a window limit is given)."""
+    policy = admission_pb2.AdmissionPolicy(
+        queue=queue_pb2.QueueRef(endpoint_id=endpoint_id, name=queue)
+    )
+    if max_in_flight is not None:
+        policy.max_in_flight = max_in_flight
+    if max_claims_per_window is not None:
+        policy.max_claims_per_window = max_claims_per_window
+        policy.window.CopyFrom(win or window())
+    resp = await client.admission.SetPolicy(
+        admission_pb2.SetPolicyRequest(policy=policy), metadata=metadata
+    )
+    return resp.policy
+
+
+async def ingest(
+    client: Client, metadata: tuple[tuple[str, str], ...], queue: str, n: int = 1, **fields: object
+) -> list[str]:
+    """Ingests ``n`` todos into a queue of the caller's endpoint; returns their ids."""
+    ids = []
+    for i in range(n):
+        resp = await client.dispatch.Ingest(
+            dispatch_pb2.IngestRequest(
+                queue=queue_pb2.QueueRef(name=queue), payload=str(i).encode(), **fields
+            ),
+            metadata=metadata,
+        )
+        ids.append(resp.todo.id)
+    return ids
