@@ -21,10 +21,11 @@ README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 
 
 def quickstart_script() -> str:
-    """The quickstart's grpcurl block, as a user would paste it."""
+    """The quickstart's grpcurl block, then the admission worked example, as pasted."""
     blocks = re.findall(r"```sh\n(.*?)```", README.read_text(), flags=re.S)
-    script: str = next(b for b in blocks if "grpcurl -plaintext localhost:50051 list" in b)
-    return script
+    quickstart = next(b for b in blocks if "grpcurl -plaintext localhost:50051 list" in b)
+    example = next(b for b in blocks if "AdmissionService/SetPolicy" in b)
+    return f"{quickstart}\necho '=== admission example'\n{example}"
 
 
 @pytest.mark.skipif(shutil.which("jq") is None, reason="the README's steps use jq")
@@ -57,7 +58,11 @@ async def test_readme_grpcurl_quickstart_works(dsn: str) -> None:
     text = out.decode()
     assert "switchboard.v1.DispatchService" in text and "switchboard.v1.AdminService" in text
     assert "grpc.health.v1.Health" in text
-    # The last command's output is the completed todo.
-    completed = json.loads(text[text.rindex('{\n  "todo"') :])
+    quickstart, example = text.split("=== admission example")
+    # The quickstart's last command's output is the completed todo.
+    completed = json.loads(quickstart[quickstart.rindex('{\n  "todo"') :])
     assert completed["todo"]["state"] == "TODO_STATE_DONE"
     assert completed["todo"]["queue"]["name"] == "investigations"
+    policy = json.loads(example)["policy"]
+    assert policy["max_claims_per_window"] == 100 and policy["max_in_flight"] == 5
+    assert policy["window"]["time_zone"] == "America/Los_Angeles"

@@ -43,16 +43,21 @@ async def set_policy(
 
 
 async def ingest(
-    client: Client, metadata: tuple[tuple[str, str], ...], queue: str, n: int = 1, **fields: object
+    client: Client,
+    metadata: tuple[tuple[str, str], ...],
+    queue: str,
+    n: int = 1,
+    *,
+    max_attempts: int | None = None,
 ) -> list[str]:
     """Ingests ``n`` todos into a queue of the caller's endpoint; returns their ids."""
     ids = []
     for i in range(n):
-        resp = await client.dispatch.Ingest(
-            dispatch_pb2.IngestRequest(
-                queue=queue_pb2.QueueRef(name=queue), payload=str(i).encode(), **fields
-            ),
-            metadata=metadata,
+        request = dispatch_pb2.IngestRequest(
+            queue=queue_pb2.QueueRef(name=queue), payload=str(i).encode()
         )
+        if max_attempts is not None:
+            request.max_attempts = max_attempts
+        resp = await client.dispatch.Ingest(request, metadata=metadata)
         ids.append(resp.todo.id)
     return ids

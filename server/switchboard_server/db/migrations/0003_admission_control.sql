@@ -200,22 +200,25 @@ END;
 $$;
 
 -- The unlocked status of a queue's policy, failing closed: the reason (NULL
--- when admitting), the evaluation, or 'admission_unavailable'.
+-- when admitting), the evaluation, or 'admission_unavailable'. No row when
+-- the queue has no active policy. (No variable of the policy's row type:
+-- compiling this function must not touch the policy table, so that even an
+-- unreadable table is caught below.)
 CREATE FUNCTION sb_queue_admission(p_queue_id bigint, p_now timestamptz)
 RETURNS TABLE (reason text, eval admission_eval)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_policy admission_policies;
     v_eval admission_eval;
 BEGIN
     BEGIN
-        SELECT p.* INTO v_policy FROM admission_policies p
-          JOIN queues q ON q.policy_id = p.id
-         WHERE q.id = p_queue_id AND p.active;
+        SELECT e.* INTO v_eval
+          FROM queues q
+          JOIN admission_policies p ON p.id = q.policy_id AND p.active
+         CROSS JOIN LATERAL sb_admission_eval(p, NULL, p_now) AS e
+         WHERE q.id = p_queue_id;
         IF NOT FOUND THEN
             RETURN;
         END IF;
-        v_eval := sb_admission_eval(v_policy, NULL, p_now);
     EXCEPTION WHEN OTHERS THEN
         RETURN QUERY SELECT 'admission_unavailable'::text, NULL::admission_eval;
         RETURN;
