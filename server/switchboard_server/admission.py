@@ -106,13 +106,26 @@ class Policy:
 
 @dataclass(frozen=True)
 class Deferral:
-    """A queue with pending work that admits nothing now."""
+    """A queue with pending work that admits nothing now.
 
+    ``observed_at`` is the shared clock's time of the refusal, so a retry
+    delay is measured on the database's clock, not this process's.
+    """
+
+    endpoint_id: uuid.UUID
     queue: str
     reason: DeferralReason
     pending: int
     next_eligible_at: datetime | None
     exact: bool
+    observed_at: datetime | None = None
+
+    @property
+    def retry_after(self) -> timedelta | None:
+        """How long to wait, when the time is exact."""
+        if not self.exact or self.next_eligible_at is None or self.observed_at is None:
+            return None
+        return max(self.next_eligible_at - self.observed_at, timedelta(0))
 
 
 @dataclass(frozen=True)
@@ -250,13 +263,23 @@ def next_eligible(
     return None, False
 
 
-def deferral_from_json(data: Mapping[str, Any], reaper_interval: timedelta) -> Deferral:
-    """A deferral as reported by the claim functions."""
+def deferral_from_json(
+    data: Mapping[str, Any], endpoint_id: uuid.UUID, reaper_interval: timedelta
+) -> Deferral:
+    """A deferral of one of the endpoint's queues, as reported by the claim functions."""
     reason = DeferralReason(data["reason"])
     window_end = _instant(data["window_end"]) if data.get("window_end") else None
     expiry = _instant(data["earliest_expiry"]) if data.get("earliest_expiry") else None
     next_at, exact = next_eligible(reason, window_end, expiry, reaper_interval)
-    return Deferral(str(data["queue"]), reason, int(data.get("pending") or 0), next_at, exact)
+    return Deferral(
+        endpoint_id,
+        str(data["queue"]),
+        reason,
+        int(data.get("pending") or 0),
+        next_at,
+        exact,
+        _instant(data["now"]) if data.get("now") else None,
+    )
 
 
 def admission_status(queue: QueueAdmission, reaper_interval: timedelta) -> AdmissionStatus:
@@ -335,7 +358,9 @@ class AdmissionControl:
             row = await admission_queries.lock_policy(conn, queue_id, scope.owner_id)
             before = policy_of(row, endpoint, queue) if row.active else None
             now = await clock.now(conn)
-            bounds: list[datetime] = []
+            # Without a window limit the old schedule is kept: the current
+            # window's count carries over if a window limit comes back.
+            bounds: list[datetime] = list(row.window_bounds)
             refresh_at = None
             if limits.window is not None:
                 bounds = schedule(limits.window, now)

@@ -130,7 +130,7 @@ class Dispatcher:
         if outcome == "claimed":
             return self._claimed(todo, result.admission)
         if outcome == "deferred":
-            deferral = self._deferrals(result.admission)[0]
+            deferral = self._deferrals(result.admission, todo.endpoint_id)[0]
             raise errors.Deferred(
                 f"the queue's admission policy defers this todo ({deferral.reason.value})",
                 deferral,
@@ -169,7 +169,7 @@ class Dispatcher:
             )
         if result.outcome == "claimed" and result.todo is not None:
             return ClaimNextResult(self._claimed(result.todo, result.admission), [])
-        return ClaimNextResult(None, self._deferrals(result.admission))
+        return ClaimNextResult(None, self._deferrals(result.admission, scope.endpoint_id))
 
     def _claimed(self, todo: Todo, admission: Mapping[str, Any]) -> Claimed:
         headroom = admission.get("headroom")
@@ -179,9 +179,9 @@ class Dispatcher:
             headroom_from_json(headroom, todo.endpoint_id, todo.queue) if headroom else None,
         )
 
-    def _deferrals(self, admission: Mapping[str, Any]) -> list[Deferral]:
+    def _deferrals(self, admission: Mapping[str, Any], endpoint_id: uuid.UUID) -> list[Deferral]:
         return [
-            deferral_from_json(d, self._settings.reaper_interval)
+            deferral_from_json(d, endpoint_id, self._settings.reaper_interval)
             for d in admission.get("deferred", [])
         ]
 

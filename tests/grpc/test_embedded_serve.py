@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import pathlib
+import shutil
+import tempfile
+from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -22,10 +25,18 @@ async def _health(address: str) -> int:
         return int(resp.status)
 
 
+@pytest.fixture
+def state_dir() -> Iterator[pathlib.Path]:
+    """A data directory outside pytest's tmp tree (see ``pg_admin_dsn`` in conftest)."""
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="sb-serve-"))
+    yield folder / "state"
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 async def test_serve_embedded_answers_health_and_keeps_data_across_restart(
-    tmp_path: pathlib.Path,
+    state_dir: pathlib.Path,
 ) -> None:
-    env = {"SWITCHBOARD_DATA_DIR": str(tmp_path / "state")}
+    env = {"SWITCHBOARD_DATA_DIR": str(state_dir)}
     first = await ServerProcess.start(None, env=env, ready_within=60)
     try:
         assert await _health(first.address) == health_pb2.HealthCheckResponse.SERVING
@@ -36,7 +47,7 @@ async def test_serve_embedded_answers_health_and_keeps_data_across_restart(
         await client.close()
     finally:
         assert await first.stop() == 0
-    assert (tmp_path / "state" / "pgdata" / "PG_VERSION").exists()
+    assert (state_dir / "pgdata" / "PG_VERSION").exists()
 
     second = await ServerProcess.start(None, env=env, ready_within=60)
     try:

@@ -122,10 +122,10 @@ def headroom(value: Headroom) -> admission_pb2.Headroom:
     return msg
 
 
-def deferred_queue(value: Deferral, endpoint_id: uuid.UUID) -> admission_pb2.DeferredQueue:
+def deferred_queue(value: Deferral) -> admission_pb2.DeferredQueue:
     """The wire form of a deferred queue in a ClaimNext answer."""
     return admission_pb2.DeferredQueue(
-        queue=queue_ref(endpoint_id, value.queue),
+        queue=queue_ref(value.endpoint_id, value.queue),
         reason=REASON_TO_PROTO[value.reason],
         pending=value.pending,
         next_eligible_at=timestamp(value.next_eligible_at),
@@ -133,10 +133,10 @@ def deferred_queue(value: Deferral, endpoint_id: uuid.UUID) -> admission_pb2.Def
     )
 
 
-def deferral_detail(value: Deferral, endpoint_id: uuid.UUID) -> admission_pb2.DeferralDetail:
+def deferral_detail(value: Deferral) -> admission_pb2.DeferralDetail:
     """The typed detail of a deferred Claim."""
     return admission_pb2.DeferralDetail(
-        queue=queue_ref(endpoint_id, value.queue),
+        queue=queue_ref(value.endpoint_id, value.queue),
         reason=REASON_TO_PROTO[value.reason],
         next_eligible_at=timestamp(value.next_eligible_at),
         exact=value.exact,

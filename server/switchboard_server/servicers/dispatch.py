@@ -121,15 +121,13 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
             maximum=MAX_LEASE,
         )
         v.check()
-        principal = current_principal()
-        result = await self._dispatcher.claim_next(principal, endpoint_id, queues, claimant, lease)
+        result = await self._dispatcher.claim_next(
+            current_principal(), endpoint_id, queues, claimant, lease
+        )
         claimed = result.claimed
         if claimed is None:
-            endpoint = endpoint_id or principal.endpoint_id
-            assert endpoint is not None
             return dispatch_pb2.ClaimNextResponse(
-                empty=True,
-                deferred=[convert.deferred_queue(d, endpoint) for d in result.deferred],
+                empty=True, deferred=[convert.deferred_queue(d) for d in result.deferred]
             )
         response = dispatch_pb2.ClaimNextResponse(
             todo=convert.todo(claimed.todo), lease=convert.lease(claimed.lease)

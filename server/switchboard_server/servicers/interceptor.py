@@ -12,14 +12,12 @@ from __future__ import annotations
 import contextvars
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
-from switchboard.v1 import admission_pb2
 
 from switchboard_server import errors
 from switchboard_server.admission import Deferral
@@ -74,28 +72,17 @@ def status_for(exc: errors.SwitchboardError) -> grpc.Status:
 def _deferral_details(exc: errors.Deferred) -> list[Any]:
     deferral = exc.deferral
     assert isinstance(deferral, Deferral)
-    principal = _principal.get(None)
-    endpoint = principal.endpoint_id if principal and principal.endpoint_id else None
-    info = error_details_pb2.ErrorInfo(
-        reason="DEFERRED",
-        domain="switchboard",
-        metadata={"queue": deferral.queue, "reason": deferral.reason.value},
-    )
-    details: list[Any] = [info]
-    detail = admission_pb2.DeferralDetail(
-        reason=convert.REASON_TO_PROTO[deferral.reason],
-        next_eligible_at=convert.timestamp(deferral.next_eligible_at),
-        exact=deferral.exact,
-        pending=deferral.pending,
-    )
-    detail.queue.name = deferral.queue
-    if endpoint is not None:
-        detail.queue.endpoint_id = str(endpoint)
-    details.append(detail)
-    if deferral.exact and deferral.next_eligible_at is not None:
-        wait = max(deferral.next_eligible_at - datetime.now(UTC), timedelta(0))
+    details: list[Any] = [
+        error_details_pb2.ErrorInfo(
+            reason="DEFERRED",
+            domain="switchboard",
+            metadata={"queue": deferral.queue, "reason": deferral.reason.value},
+        ),
+        convert.deferral_detail(deferral),
+    ]
+    if deferral.retry_after is not None:
         retry = error_details_pb2.RetryInfo()
-        retry.retry_delay.FromTimedelta(wait)
+        retry.retry_delay.FromTimedelta(deferral.retry_after)
         details.append(retry)
     return details
 

@@ -86,6 +86,10 @@ DECLARE
     v admission_eval;
     v_i integer;
 BEGIN
+    IF p_policy.max_in_flight = 0 OR p_policy.max_claims_per_window = 0 THEN
+        v.reason := 'paused';  -- first in precedence, whatever else holds
+        RETURN v;
+    END IF;
     IF p_policy.max_claims_per_window IS NOT NULL THEN
         SELECT b.i INTO v_i
           FROM generate_subscripts(p_policy.window_bounds, 1) AS b (i)
@@ -108,7 +112,6 @@ BEGIN
            AND t.id IS DISTINCT FROM p_exclude;
     END IF;
     v.reason := CASE
-        WHEN p_policy.max_in_flight = 0 OR p_policy.max_claims_per_window = 0 THEN 'paused'
         WHEN v.used >= p_policy.max_claims_per_window THEN 'window_exhausted'
         WHEN v.in_flight >= p_policy.max_in_flight THEN 'in_flight_full'
     END;
@@ -287,7 +290,65 @@ BEGIN
      WHERE t.queue_id = v_row.queue_id AND t.state = 'pending';
     RETURN QUERY SELECT 'deferred'::text, v_row,
         jsonb_build_object('deferred', jsonb_build_array(
-            v_detail || jsonb_build_object('pending', v_pending)));
+            v_detail || jsonb_build_object('pending', v_pending, 'now', v_now)));
+END;
+$$;
+
+-- Tries one candidate of a budgeted queue inside a subtransaction: lock the
+-- row (the queue's oldest eligible pending todo, or the lapsed todo
+-- p_lapsed_id) with SKIP LOCKED, then admit and claim. A refusal rolls the
+-- subtransaction back, releasing the row and policy locks, so the caller
+-- can try its next queue without ever holding two policy locks.
+-- outcome: claimed | none (no unlocked candidate) | deferred (admission is
+-- the deferral as JSON).
+CREATE FUNCTION sb_try_budgeted_claim(
+    p_queue_id bigint,
+    p_queue text,
+    p_policy_id bigint,
+    p_lapsed_id bigint,
+    p_claimant text,
+    p_lease interval,
+    p_now timestamptz,
+    OUT outcome text,
+    OUT claimed todos,
+    OUT admission jsonb
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_row todos;
+    v_result record;
+    v_detail text;
+BEGIN
+    BEGIN
+        IF p_lapsed_id IS NULL THEN
+            SELECT * INTO v_row FROM todos t
+             WHERE t.queue_id = p_queue_id AND t.state = 'pending' AND t.next_retry_at <= p_now
+             ORDER BY t.next_retry_at, t.id
+             LIMIT 1
+               FOR UPDATE SKIP LOCKED;
+        ELSE
+            SELECT * INTO v_row FROM todos t
+             WHERE t.id = p_lapsed_id AND t.state = 'claimed' AND t.lease_expires_at <= p_now
+               FOR UPDATE SKIP LOCKED;
+        END IF;
+        IF NOT FOUND THEN
+            outcome := 'none';
+            RETURN;
+        END IF;
+        SELECT a.* INTO v_result
+          FROM sb_admit_and_claim(v_row, p_policy_id, p_claimant, p_lease, p_now) a;
+        outcome := 'claimed';
+        claimed := v_result.claimed;
+        admission := v_result.admission;
+    EXCEPTION
+        WHEN SQLSTATE 'SB429' THEN
+            GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
+            outcome := 'deferred';
+            admission := v_detail::jsonb;
+        WHEN OTHERS THEN
+            outcome := 'deferred';
+            admission := jsonb_build_object('queue', p_queue, 'reason', 'admission_unavailable');
+    END;
 END;
 $$;
 
@@ -296,12 +357,12 @@ $$;
 --  1. Each queue's head is found by its own index probe, unlocked.
 --  2. Budgeted queues that an unlocked evaluation shows deferred are left
 --     out (and reported), without taking their policy lock.
---  3. The rest are tried oldest head first: lock a row FOR UPDATE SKIP
---     LOCKED; for a budgeted queue, inside a subtransaction, lock the policy,
---     evaluate with fresh reads, claim and charge, or roll the
---     subtransaction back (releasing both locks: never two policy locks) and
---     move on to the next queue.
---  4. Lapsed leases with attempts left are taken over the same way.
+--  3. The rest are tried oldest head first; a budgeted queue through
+--     sb_try_budgeted_claim (policy lock under the row lock, fresh reads,
+--     claim and charge, or a rolled-back refusal and on to the next queue).
+--  4. Lapsed leases with attempts left are taken over the same way. A queue
+--     deferred only because its in-flight slots are full still gets its
+--     takeovers tried: a takeover does not count itself as in flight.
 -- outcome: claimed | empty. admission: {headroom} or {deferred: [...]}.
 CREATE FUNCTION sb_claim_next(
     p_owner_id uuid,
@@ -315,11 +376,11 @@ DECLARE
     v_now timestamptz := sb_now();
     v_queue record;
     v_row todos;
-    v_result record;
-    v_detail jsonb;
-    v_deferred jsonb := '[]'::jsonb;
-    v_deferred_ids bigint[] := '{}';
+    v_try record;
     v_status record;
+    v_deferred jsonb := '[]'::jsonb;
+    v_listed bigint[] := '{}';
+    v_no_takeover bigint[] := '{}';
 BEGIN
     PERFORM 1 FROM endpoints e WHERE e.id = p_endpoint_id AND e.owner_id = p_owner_id;
     IF NOT FOUND THEN
@@ -355,31 +416,24 @@ BEGIN
         IF v_status.reason IS NOT NULL THEN
             v_deferred := v_deferred
                 || sb_deferral_json(v_queue.name, v_status.reason, v_status.eval, NULL);
-            v_deferred_ids := v_deferred_ids || v_queue.id;
+            v_listed := v_listed || v_queue.id;
+            IF v_status.reason <> 'in_flight_full' THEN
+                v_no_takeover := v_no_takeover || v_queue.id;
+            END IF;
             CONTINUE;
         END IF;
-        BEGIN
-            SELECT * INTO v_row FROM todos t
-             WHERE t.queue_id = v_queue.id AND t.state = 'pending' AND t.next_retry_at <= v_now
-             ORDER BY t.next_retry_at, t.id
-             LIMIT 1
-               FOR UPDATE SKIP LOCKED;
-            IF FOUND THEN
-                SELECT a.* INTO v_result
-                  FROM sb_admit_and_claim(v_row, v_queue.policy_id, p_claimant, p_lease, v_now) a;
-                RETURN QUERY SELECT 'claimed'::text, v_result.claimed, v_result.admission;
-                RETURN;
+        SELECT r.* INTO v_try FROM sb_try_budgeted_claim(
+            v_queue.id, v_queue.name, v_queue.policy_id, NULL, p_claimant, p_lease, v_now) r;
+        IF v_try.outcome = 'claimed' THEN
+            RETURN QUERY SELECT 'claimed'::text, v_try.claimed, v_try.admission;
+            RETURN;
+        ELSIF v_try.outcome = 'deferred' THEN
+            v_deferred := v_deferred || v_try.admission;
+            v_listed := v_listed || v_queue.id;
+            IF v_try.admission->>'reason' <> 'in_flight_full' THEN
+                v_no_takeover := v_no_takeover || v_queue.id;
             END IF;
-        EXCEPTION
-            WHEN SQLSTATE 'SB429' THEN
-                GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
-                v_deferred := v_deferred || v_detail;
-                v_deferred_ids := v_deferred_ids || v_queue.id;
-            WHEN OTHERS THEN
-                v_deferred := v_deferred || jsonb_build_object(
-                    'queue', v_queue.name, 'reason', 'admission_unavailable');
-                v_deferred_ids := v_deferred_ids || v_queue.id;
-        END;
+        END IF;
     END LOOP;
     -- Lapsed leases with attempts left, oldest expiry first.
     FOR v_queue IN
@@ -390,35 +444,31 @@ BEGIN
            AND (p_queue_names IS NULL OR q.name = ANY (p_queue_names))
            AND t.state = 'claimed' AND t.lease_expires_at <= v_now
            AND t.attempt < t.max_attempts
-           AND NOT (q.id = ANY (v_deferred_ids))
+           AND NOT (q.id = ANY (v_no_takeover))
          ORDER BY t.lease_expires_at, t.id
          LIMIT 10
     LOOP
-        BEGIN
+        IF v_queue.policy_id IS NULL THEN
             SELECT * INTO v_row FROM todos t
              WHERE t.id = v_queue.todo_id AND t.state = 'claimed' AND t.lease_expires_at <= v_now
                FOR UPDATE SKIP LOCKED;
             IF FOUND THEN
-                IF v_queue.policy_id IS NULL THEN
-                    RETURN QUERY SELECT 'claimed'::text,
-                        sb_claim_row(v_row, p_claimant, p_lease, v_now), NULL::jsonb;
-                    RETURN;
-                END IF;
-                SELECT a.* INTO v_result
-                  FROM sb_admit_and_claim(v_row, v_queue.policy_id, p_claimant, p_lease, v_now) a;
-                RETURN QUERY SELECT 'claimed'::text, v_result.claimed, v_result.admission;
+                RETURN QUERY SELECT 'claimed'::text,
+                    sb_claim_row(v_row, p_claimant, p_lease, v_now), NULL::jsonb;
                 RETURN;
             END IF;
-        EXCEPTION
-            WHEN SQLSTATE 'SB429' THEN
-                GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
-                v_deferred := v_deferred || v_detail;
-                v_deferred_ids := v_deferred_ids || v_queue.id;
-            WHEN OTHERS THEN
-                v_deferred := v_deferred || jsonb_build_object(
-                    'queue', v_queue.name, 'reason', 'admission_unavailable');
-                v_deferred_ids := v_deferred_ids || v_queue.id;
-        END;
+            CONTINUE;
+        END IF;
+        SELECT r.* INTO v_try FROM sb_try_budgeted_claim(
+            v_queue.id, v_queue.name, v_queue.policy_id, v_queue.todo_id,
+            p_claimant, p_lease, v_now) r;
+        IF v_try.outcome = 'claimed' THEN
+            RETURN QUERY SELECT 'claimed'::text, v_try.claimed, v_try.admission;
+            RETURN;
+        ELSIF v_try.outcome = 'deferred' AND NOT (v_queue.id = ANY (v_listed)) THEN
+            v_deferred := v_deferred || v_try.admission;
+            v_listed := v_listed || v_queue.id;
+        END IF;
     END LOOP;
     -- Nothing claimable: say which queues wait, and how much.
     IF jsonb_array_length(v_deferred) > 0 THEN
