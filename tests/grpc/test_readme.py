@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.support.client import OPERATOR_TOKEN
+from tests.support.client import OPERATOR_TOKEN, Client, make_tenant
 from tests.support.processes import ServerProcess
 
 pytestmark = pytest.mark.slow
@@ -66,3 +66,28 @@ async def test_readme_grpcurl_quickstart_works(dsn: str) -> None:
     policy = json.loads(example)["policy"]
     assert policy["max_claims_per_window"] == 100 and policy["max_in_flight"] == 5
     assert policy["window"]["time_zone"] == "America/Los_Angeles"
+
+
+async def test_readme_python_client_example_works(dsn: str) -> None:
+    server = await ServerProcess.start(dsn)
+    try:
+        setup = Client(server.address)
+        tenant = await make_tenant(setup, "readme")
+        await setup.close()
+        blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+        example = next(b for b in blocks if "ClaimNextRequest" in b)
+        example = example.replace("localhost:50051", server.address).replace(
+            '"sbe_..."', repr(tenant.endpoint_token)
+        )
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            example,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        await server.stop()
+    assert proc.returncode == 0, err.decode()
+    assert out.decode().startswith("working on ") and "b'hello'" in out.decode()
