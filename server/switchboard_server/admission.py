@@ -25,6 +25,7 @@ from switchboard_server import errors
 from switchboard_server.access import Scope
 from switchboard_server.db import Database, clock
 from switchboard_server.db import admission as admission_queries
+from switchboard_server.db import doorbells as doorbell_queries
 from switchboard_server.db.admission import PolicyRow, QueueAdmission
 from switchboard_server.db.database import Conn
 from switchboard_server.model import Grant, Principal, PrincipalKind
@@ -381,6 +382,7 @@ class AdmissionControl:
             )
             after = policy_of(stored, endpoint, queue)
             await _audit(conn, principal, stored, "set", before, after)
+            await doorbell_queries.recheck_gate(conn, queue_id)
         return after
 
     async def clear(
@@ -410,6 +412,7 @@ class AdmissionControl:
                 schedule_refresh_at=row.schedule_refresh_at,
             )
             await _audit(conn, principal, stored, "clear", before, None)
+            await doorbell_queries.recheck_gate(conn, queue_id)
         return before
 
     async def audit(

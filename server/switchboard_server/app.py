@@ -14,6 +14,7 @@ import signal
 from dataclasses import dataclass, field
 
 import grpc
+import httpx
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
@@ -32,7 +33,9 @@ from switchboard_server.config import Settings
 from switchboard_server.db import Database
 from switchboard_server.db.migrate import migrate
 from switchboard_server.dispatch import Dispatcher, DispatchSettings
+from switchboard_server.doorbells import DoorbellHub, reopen_once
 from switchboard_server.embedded_pg import EmbeddedPostgres
+from switchboard_server.hooks import deliver_once, open_client
 from switchboard_server.loops import LoopSignals, Supervisor, reap_once, retain_once
 from switchboard_server.servicers.admin import AdminServicer
 from switchboard_server.servicers.admission import AdmissionServicer
@@ -92,8 +95,11 @@ class App:
     port: int
     supervisor: Supervisor
     health: HealthServicer
+    hub: DoorbellHub
     embedded: EmbeddedPostgres | None = None
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
+    #: The notify-hook HTTP client, closed once the loops have stopped.
+    http: httpx.AsyncClient | None = None
 
     @property
     def address(self) -> str:
@@ -107,8 +113,11 @@ class App:
             return
         self.stopped.set()
         await self.health.enter_graceful_shutdown()
+        self.hub.close()  # ends WatchReopen streams, so draining does not wait on them
         await self.server.stop(grace)
         await self.supervisor.stop()
+        if self.http is not None:
+            await self.http.aclose()
         await self.db.close()
         if self.embedded is not None:
             await asyncio.to_thread(self.embedded.stop)
@@ -118,65 +127,91 @@ class App:
 async def start(settings: Settings, *, signals: LoopSignals | None = None) -> App:
     """Starts a server process's parts and returns once it is serving."""
     db, embedded = await open_database(settings)
+    supervisor = Supervisor()
+    http = open_client(settings)
     try:
         await run_migrations(db)
-        server = grpc.aio.server(
-            interceptors=[ServiceInterceptor(Authenticator(db, settings.operator_token))],
-            options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ],
-        )
-        dispatcher = Dispatcher(
-            db,
-            DispatchSettings(
-                default_lease=settings.default_lease,
-                backoff_base=settings.backoff_base,
-                backoff_cap=settings.backoff_cap,
-                reaper_interval=settings.reaper_interval,
-            ),
-        )
-        dispatch_pb2_grpc.add_DispatchServiceServicer_to_server(
-            DispatchServicer(dispatcher), server
-        )
-        admission_pb2_grpc.add_AdmissionServiceServicer_to_server(
-            AdmissionServicer(AdmissionControl(db)), server
-        )
-        admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(Tenancy(db)), server)
-        health_servicer = HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        reflection.enable_server_reflection(
-            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-        )
+        hub = DoorbellHub(db, settings.doorbell_heartbeat)
+        # Listen before serving, so that no subscriber can miss a ring.
+        supervisor.run("doorbell-listener", hub.listener.run)
+        await asyncio.wait_for(hub.listener.connected.wait(), 30)
+        server, health_servicer = _grpc_server(settings, db, hub)
         port = server.add_insecure_port(settings.listen)
         if port == 0:
             raise OSError(f"cannot listen on {settings.listen}")
         await server.start()
         for name in ("", *SERVICE_NAMES):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-        supervisor = Supervisor()
-        signals = signals or LoopSignals()
-        supervisor.every("reaper", settings.reaper_interval, lambda: reap_once(db), signals.reaped)
-        supervisor.every(
-            "schedules",
-            settings.schedule_interval,
-            lambda: refresh_schedules(db),
-            signals.scheduled,
-        )
-        supervisor.every(
-            "retention",
-            settings.retention_interval,
-            lambda: retain_once(db, settings.retention_age),
-            signals.retained,
-        )
+        _start_loops(supervisor, settings, db, hub, signals or LoopSignals(), http)
     except BaseException:
+        await supervisor.stop()
+        await http.aclose()
         await db.close()
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)
         raise
-    app = App(settings, db, server, port, supervisor, health_servicer, embedded)
+    app = App(settings, db, server, port, supervisor, health_servicer, hub, embedded, http=http)
     log.info("serving", extra={"grpc": app.address})
     return app
+
+
+def _grpc_server(
+    settings: Settings, db: Database, hub: DoorbellHub
+) -> tuple[grpc.aio.Server, HealthServicer]:
+    server = grpc.aio.server(
+        interceptors=[ServiceInterceptor(Authenticator(db, settings.operator_token))],
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ],
+    )
+    dispatcher = Dispatcher(
+        db,
+        DispatchSettings(
+            default_lease=settings.default_lease,
+            backoff_base=settings.backoff_base,
+            backoff_cap=settings.backoff_cap,
+            reaper_interval=settings.reaper_interval,
+        ),
+    )
+    dispatch_pb2_grpc.add_DispatchServiceServicer_to_server(
+        DispatchServicer(dispatcher, hub), server
+    )
+    admission_pb2_grpc.add_AdmissionServiceServicer_to_server(
+        AdmissionServicer(AdmissionControl(db)), server
+    )
+    admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(Tenancy(db)), server)
+    health_servicer = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    return server, health_servicer
+
+
+def _start_loops(
+    supervisor: Supervisor,
+    settings: Settings,
+    db: Database,
+    hub: DoorbellHub,
+    signals: LoopSignals,
+    http: httpx.AsyncClient,
+) -> None:
+    supervisor.every("reaper", settings.reaper_interval, lambda: reap_once(db), signals.reaped)
+    supervisor.every(
+        "schedules", settings.schedule_interval, lambda: refresh_schedules(db), signals.scheduled
+    )
+    supervisor.every("reopen", settings.reopen_interval, lambda: reopen_once(db), signals.reopened)
+    supervisor.every("doorbell-heartbeat", settings.doorbell_heartbeat, hub.heartbeat_once)
+    supervisor.every(
+        "retention",
+        settings.retention_interval,
+        lambda: retain_once(db, settings.retention_age),
+        signals.retained,
+    )
+    supervisor.every(
+        "hooks", settings.hook_interval, lambda: deliver_once(db, http, settings), signals.hooked
+    )
 
 
 async def serve(settings: Settings) -> int:

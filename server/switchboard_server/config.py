@@ -42,6 +42,13 @@ class Settings:
     pool_max_size: int = 20
     lock_timeout: timedelta = timedelta(seconds=5)
     schedule_interval: timedelta = timedelta(seconds=60)
+    reopen_interval: timedelta = timedelta(milliseconds=250)
+    doorbell_heartbeat: timedelta = timedelta(seconds=30)
+    hook_interval: timedelta = timedelta(milliseconds=500)
+    hook_timeout: timedelta = timedelta(seconds=5)
+    hook_retry_cap: timedelta = timedelta(minutes=5)
+    #: Undelivered notify-hook rows kept per endpoint; the oldest beyond it are dropped.
+    hook_outbox_cap: int = 10_000
     log_level: str = "INFO"
 
     @classmethod
@@ -66,5 +73,10 @@ class Settings:
             pool_max_size=int(pool),
             lock_timeout=_seconds(env, "SWITCHBOARD_LOCK_TIMEOUT", 5),
             schedule_interval=_seconds(env, "SWITCHBOARD_SCHEDULE_INTERVAL", 60),
+            reopen_interval=_seconds(env, "SWITCHBOARD_REOPEN_INTERVAL", 0.25),
+            doorbell_heartbeat=_seconds(env, "SWITCHBOARD_DOORBELL_HEARTBEAT", 30),
+            hook_interval=_seconds(env, "SWITCHBOARD_HOOK_INTERVAL", 0.5),
+            hook_timeout=_seconds(env, "SWITCHBOARD_HOOK_TIMEOUT", 5),
+            hook_retry_cap=_seconds(env, "SWITCHBOARD_HOOK_RETRY_CAP", 300),
             log_level=(env.get("SWITCHBOARD_LOG_LEVEL") or "INFO").upper(),
         )

@@ -80,6 +80,15 @@ class TodoView:
     admission: AdmissionStatus | None
 
 
+async def _require_endpoint(conn: Conn, principal: Principal, scope: Scope) -> None:
+    """``NotFound`` unless the scope's endpoint is the owner's (a human may name any)."""
+    if principal.endpoint_id is not None:
+        return  # an endpoint credential's own endpoint exists
+    assert scope.endpoint_id is not None
+    if await tenancy_queries.get_endpoint(conn, scope.endpoint_id, scope.owner_id) is None:
+        raise errors.NotFound("endpoint not found")
+
+
 def _lease_of(todo: Todo) -> Lease:
     assert todo.lease_id is not None and todo.lease_expires_at is not None
     return Lease(todo.lease_id, todo.lease_expires_at)
@@ -299,10 +308,7 @@ class Dispatcher:
         scope = endpoint_scope(principal, Grant.READ, endpoint_id)
         assert scope.endpoint_id is not None
         async with self._db.transaction() as conn:
-            if principal.endpoint_id is None and (
-                await tenancy_queries.get_endpoint(conn, scope.endpoint_id, scope.owner_id) is None
-            ):
-                raise errors.NotFound("endpoint not found")
+            await _require_endpoint(conn, principal, scope)
             rows = await todo_queries.list_page(
                 conn,
                 endpoint_id=scope.endpoint_id,
@@ -314,6 +320,25 @@ class Dispatcher:
             )
             views = await self._views(conn, rows[:page_size])
         return views, len(rows) > page_size
+
+    async def watchable_endpoint(
+        self, principal: Principal, endpoint_id: uuid.UUID | None
+    ) -> uuid.UUID:
+        """The endpoint a ``WatchReopen`` caller may watch: its own, or any of its owner's.
+
+        Watching needs the ``claim`` or the ``read`` grant.
+        """
+        grant = Grant.CLAIM if Grant.CLAIM in principal.grants else Grant.READ
+        scope = endpoint_scope(principal, grant, endpoint_id)
+        assert scope.endpoint_id is not None
+        if principal.endpoint_id is None:
+            async with self._db.connection() as conn:
+                if (
+                    await tenancy_queries.get_endpoint(conn, scope.endpoint_id, scope.owner_id)
+                    is None
+                ):
+                    raise errors.NotFound("endpoint not found")
+        return scope.endpoint_id
 
     async def _explain_refusal(self, scope: Scope, todo_id: int) -> Todo:
         """Raises the right error for a lease call that changed nothing."""

@@ -1,4 +1,7 @@
-"""Background loops (reaper, retention, window schedules) run as named, supervised tasks.
+"""Background loops run as named, supervised tasks.
+
+Reaper, retention, window schedules, the reopen sweep, the doorbell
+heartbeat and listener, and notify-hook delivery.
 
 Each loop catches and logs the errors of one iteration and carries on (a
 database blip must not kill it); the supervisor treats a loop that exits on
@@ -11,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 from switchboard_server.db import Database
 from switchboard_server.db import todos as todo_queries
@@ -34,6 +38,8 @@ class LoopSignals:
     reaped: asyncio.Queue[int] | None = None
     retained: asyncio.Queue[int] | None = None
     scheduled: asyncio.Queue[int] | None = None
+    reopened: asyncio.Queue[int] | None = None
+    hooked: asyncio.Queue[int] | None = None
 
 
 async def reap_once(db: Database) -> int:
@@ -89,6 +95,12 @@ class Supervisor:
                 await asyncio.sleep(interval.total_seconds())
 
         task = asyncio.create_task(loop(), name=f"switchboard.{name}")
+        task.add_done_callback(self._on_exit)
+        self.tasks.append(task)
+
+    def run(self, name: str, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Starts a long-running task (it handles its own errors; exiting is a bug)."""
+        task = asyncio.create_task(work(), name=f"switchboard.{name}")
         task.add_done_callback(self._on_exit)
         self.tasks.append(task)
 

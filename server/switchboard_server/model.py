@@ -125,6 +125,7 @@ class Endpoint:
     owner_id: uuid.UUID
     name: str
     created_at: datetime
+    notify_url: str | None = None
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -111,6 +112,20 @@ class Tenancy:
             )
         warnings = [BUDGET_WARNING] if grant_set & BUDGET_GRANTS else []
         return minted, warnings
+
+    async def set_notify_hook(
+        self, principal: Principal, endpoint_id: uuid.UUID, url: str | None
+    ) -> tuple[Endpoint, str | None]:
+        """Sets (a fresh secret, returned once) or clears an endpoint's notify hook."""
+        owner_id = require_human(principal)
+        secret = secrets.token_urlsafe(32) if url is not None else None
+        async with self._db.transaction() as conn:
+            endpoint = await tenancy_queries.set_endpoint_hook(
+                conn, endpoint_id, owner_id, url, secret
+            )
+        if endpoint is None:
+            raise errors.NotFound("endpoint not found")
+        return endpoint, secret
 
     async def list_credentials(
         self, principal: Principal, endpoint_id: uuid.UUID | None

@@ -9,15 +9,14 @@ governs them without any budget grant.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-from typing import Any
-
 import grpc
 from switchboard.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2
 from switchboard_server.db import Database
 
 from tests.support.admission import ingest, set_policy, window
 from tests.support.client import Client, Tenant, add_endpoint, auth
+from tests.support.databases import row_counts
+from tests.support.errors import expect_code
 
 Metadata = tuple[tuple[str, str], ...]
 TABLES = ("admission_policies", "policy_audit", "queues", "window_counters")
@@ -26,20 +25,6 @@ CLEAR = admin_pb2.GRANT_CLEAR_ADMISSION_POLICY
 BASIC_GRANTS = [admin_pb2.GRANT_INGEST, admin_pb2.GRANT_CLAIM, admin_pb2.GRANT_READ]
 DENIED = grpc.StatusCode.PERMISSION_DENIED
 NOT_FOUND = grpc.StatusCode.NOT_FOUND
-
-
-async def expect_code(call: Awaitable[Any], code: grpc.StatusCode) -> grpc.aio.AioRpcError:
-    try:
-        await call
-    except grpc.aio.AioRpcError as err:
-        assert err.code() == code, (err.code(), err.details())
-        return err
-    raise AssertionError(f"expected {code}, the call succeeded")
-
-
-async def row_counts(db: Database) -> dict[str, int]:
-    async with db.connection() as conn:
-        return {t: int(await conn.fetchval(f"SELECT count(*) FROM {t}")) for t in TABLES}
 
 
 def ref(name: str, endpoint_id: str = "") -> queue_pb2.QueueRef:
@@ -111,7 +96,7 @@ async def test_without_the_grant_an_agent_cannot_create_change_or_delete(
     only_set = (await vend(client, tenant.human, tenant.endpoint_id, [SET])).token
 
     # Create.
-    counts = await row_counts(db)
+    counts = await row_counts(db, TABLES)
     for token in (tenant.endpoint_token, only_clear):
         await expect_code(
             client.admission.SetPolicy(set_request("work"), metadata=auth(token)), DENIED
@@ -122,13 +107,13 @@ async def test_without_the_grant_an_agent_cannot_create_change_or_delete(
             ),
             DENIED,
         )
-    assert await row_counts(db) == counts
+    assert await row_counts(db, TABLES) == counts
 
     # Change and delete a policy the human set.
     original = await set_policy(
         client, tenant.human, "work", endpoint_id=tenant.endpoint_id, max_in_flight=2
     )
-    counts = await row_counts(db)
+    counts = await row_counts(db, TABLES)
     for token in (tenant.endpoint_token, only_clear):
         err = await expect_code(
             client.admission.SetPolicy(
@@ -145,7 +130,7 @@ async def test_without_the_grant_an_agent_cannot_create_change_or_delete(
             DENIED,
         )
         assert "clear_admission_policy" in (err.details() or "")
-    assert await row_counts(db) == counts
+    assert await row_counts(db, TABLES) == counts
     assert await get_policy(client, tenant.human, "work", tenant.endpoint_id) == original
     assert len(await audit_entries(client, tenant.human, "work", tenant.endpoint_id)) == 1
 
@@ -250,7 +235,7 @@ async def test_the_grants_reach_only_the_agents_own_endpoint(
     sibling_id, _ = await add_endpoint(client, tenant, "sibling")
     theirs = await set_policy(client, tenant.human, "work", endpoint_id=sibling_id, max_in_flight=2)
     agent = auth((await vend(client, tenant.human, tenant.endpoint_id, [SET, CLEAR])).token)
-    counts = await row_counts(db)
+    counts = await row_counts(db, TABLES)
 
     await expect_code(
         client.admission.SetPolicy(set_request("work", sibling_id, 100), metadata=agent),
@@ -273,7 +258,7 @@ async def test_the_grants_reach_only_the_agents_own_endpoint(
         ),
         NOT_FOUND,
     )
-    assert await row_counts(db) == counts
+    assert await row_counts(db, TABLES) == counts
     assert await get_policy(client, tenant.human, "work", sibling_id) == theirs
     # Its own queue of the same name is a different queue, with no policy yet.
     await expect_code(get_policy(client, agent, "work"), NOT_FOUND)

@@ -8,19 +8,20 @@ window's count), 4.6 (paused) and 6 (errors); ADR-0035 "The policy" and
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import grpc
 import pytest
-from google.protobuf import duration_pb2, timestamp_pb2
-from google.rpc import code_pb2, error_details_pb2, status_pb2
 from switchboard.v1 import admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
-from switchboard_server.db import Database, clock
+from switchboard_server.db import Database
 
 from tests.support.admission import ingest, set_policy, window
 from tests.support.client import OPERATOR_TOKEN, Client, Tenant, auth, make_tenant
+from tests.support.databases import db_now, row_counts, set_clock
+from tests.support.errors import deferral_of, expect_code, has_retry_info, violations
+from tests.support.protos import at, dur
 
 Metadata = tuple[tuple[str, str], ...]
 OP = auth(OPERATOR_TOKEN)
@@ -36,97 +37,8 @@ WEEK = admission_pb2.WINDOW_PERIOD_WEEK
 # --------------------------------------------------------------------------- helpers
 
 
-def at(ts: timestamp_pb2.Timestamp) -> datetime:
-    """An aware datetime from a Timestamp."""
-    return ts.ToDatetime(tzinfo=UTC)
-
-
-def dur(value: timedelta) -> duration_pb2.Duration:
-    d = duration_pb2.Duration()
-    d.FromTimedelta(value)
-    return d
-
-
 def qref(endpoint_id: str, name: str) -> queue_pb2.QueueRef:
     return queue_pb2.QueueRef(endpoint_id=endpoint_id, name=name)
-
-
-async def expect_code(call: Awaitable[Any], code: grpc.StatusCode) -> grpc.aio.AioRpcError:
-    try:
-        await call
-    except grpc.aio.AioRpcError as err:
-        assert err.code() == code, (err.code(), err.details())
-        return err
-    raise AssertionError(f"expected {code}, the call succeeded")
-
-
-def rich_status(err: grpc.aio.AioRpcError) -> status_pb2.Status:
-    """The google.rpc.Status from the call's trailing metadata."""
-    trailing: Any = err.trailing_metadata() or ()
-    for key, value in trailing:
-        if key == "grpc-status-details-bin":
-            assert isinstance(value, bytes)
-            return status_pb2.Status.FromString(value)
-    raise AssertionError(f"no grpc-status-details-bin in {err.trailing_metadata()!r}")
-
-
-def violations(err: grpc.aio.AioRpcError) -> dict[str, str]:
-    """field -> description of the BadRequest detail of an INVALID_ARGUMENT error."""
-    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (err.code(), err.details())
-    status = rich_status(err)
-    assert status.code == code_pb2.INVALID_ARGUMENT
-    found: dict[str, str] = {}
-    for detail in status.details:
-        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad = error_details_pb2.BadRequest()
-            assert detail.Unpack(bad)
-            for v in bad.field_violations:
-                assert v.field not in found, f"{v.field} reported twice"
-                assert v.description, f"{v.field} has no description"
-                found[v.field] = v.description
-    assert found, f"no BadRequest field violations in {status}"
-    return found
-
-
-def deferral_detail(err: grpc.aio.AioRpcError) -> admission_pb2.DeferralDetail:
-    """The DeferralDetail of a deferred Claim (and checks the ErrorInfo)."""
-    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, (err.code(), err.details())
-    status = rich_status(err)
-    infos = []
-    details = []
-    for d in status.details:
-        if d.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            d.Unpack(info)
-            infos.append(info)
-        elif d.Is(admission_pb2.DeferralDetail.DESCRIPTOR):
-            detail = admission_pb2.DeferralDetail()
-            d.Unpack(detail)
-            details.append(detail)
-    assert [(i.reason, i.domain) for i in infos] == [("DEFERRED", "switchboard")]
-    assert len(details) == 1
-    return details[0]
-
-
-def has_retry_info(err: grpc.aio.AioRpcError) -> bool:
-    return any(d.Is(error_details_pb2.RetryInfo.DESCRIPTOR) for d in rich_status(err).details)
-
-
-async def row_counts(db: Database) -> dict[str, int]:
-    async with db.connection() as conn:
-        return {t: int(await conn.fetchval(f"SELECT count(*) FROM {t}")) for t in TABLES}
-
-
-async def db_now(db: Database) -> datetime:
-    async with db.connection() as conn:
-        return await clock.now(conn)
-
-
-async def set_clock(db: Database, target: datetime) -> None:
-    """Points the shared clock at ``target`` (it keeps running from there)."""
-    async with db.connection() as conn:
-        real = await conn.fetchval("SELECT now()")
-        await clock.set_skew(conn, target - real)
 
 
 async def pin_mid_morning(db: Database) -> datetime:
@@ -406,7 +318,7 @@ async def test_invalid_policy_is_rejected_and_writes_nothing(
     existing = await set_policy(
         client, tenant.human, "work", endpoint_id=tenant.endpoint_id, max_in_flight=4
     )
-    counts = await row_counts(db)
+    counts = await row_counts(db, TABLES)
     for name in ("work", "fresh"):  # replacing a policy, and creating one (and its queue)
         policy = admission_pb2.AdmissionPolicy(queue=qref(tenant.endpoint_id, name))
         mutate(policy)
@@ -417,7 +329,7 @@ async def test_invalid_policy_is_rejected_and_writes_nothing(
             grpc.StatusCode.INVALID_ARGUMENT,
         )
         assert set(violations(err)) == {field}, (case, violations(err))
-    assert await row_counts(db) == counts
+    assert await row_counts(db, TABLES) == counts
     assert await get_policy(client, tenant.human, tenant.endpoint_id, "work") == existing
 
 
@@ -438,7 +350,7 @@ async def test_limits_at_their_bounds_are_accepted(client: Client, tenant: Tenan
 async def test_several_problems_are_reported_together(
     client: Client, tenant: Tenant, db: Database
 ) -> None:
-    counts = await row_counts(db)
+    counts = await row_counts(db, TABLES)
     policy = admission_pb2.AdmissionPolicy(
         queue=qref(tenant.endpoint_id, "bad name"), max_in_flight=-3
     )
@@ -449,7 +361,7 @@ async def test_several_problems_are_reported_together(
         grpc.StatusCode.INVALID_ARGUMENT,
     )
     assert {"policy.queue.name"} <= set(violations(err))
-    assert await row_counts(db) == counts
+    assert await row_counts(db, TABLES) == counts
 
 
 # --------------------------------------------------------------------------- pause
@@ -489,7 +401,7 @@ async def test_a_zero_limit_pauses_the_queue(
         client.dispatch.Claim(dispatch_pb2.ClaimRequest(todo_id=ids[0]), metadata=tenant.agent),
         grpc.StatusCode.RESOURCE_EXHAUSTED,
     )
-    detail = deferral_detail(err)
+    detail = deferral_of(err)
     assert detail.reason == PAUSED and not detail.exact
     assert not detail.HasField("next_eligible_at")
     assert detail.pending == 2
@@ -753,7 +665,7 @@ async def test_another_owner_cannot_reach_a_policy(
         client, tenant.human, "work", endpoint_id=tenant.endpoint_id, max_in_flight=2
     )
     other = await make_tenant(client, "globex")
-    counts = await row_counts(db)
+    counts = await row_counts(db, TABLES)
     absent_endpoint = str(uuid.uuid4())
 
     async def attempts(md: Metadata, endpoint_id: str) -> list[grpc.aio.AioRpcError]:
@@ -790,7 +702,7 @@ async def test_another_owner_cannot_reach_a_policy(
     absent = await attempts(other.human, absent_endpoint)
     assert [e.details() for e in foreign_human] == [e.details() for e in absent]
 
-    assert await row_counts(db) == counts
+    assert await row_counts(db, TABLES) == counts
     assert await get_policy(client, tenant.human, tenant.endpoint_id, "work") == mine
     assert len((await audit(client, tenant.human, tenant.endpoint_id, "work")).entries) == 1
 
@@ -799,7 +711,7 @@ async def test_the_operator_cannot_touch_policies(
     client: Client, tenant: Tenant, db: Database
 ) -> None:
     await set_policy(client, tenant.human, "work", endpoint_id=tenant.endpoint_id, max_in_flight=2)
-    counts = await row_counts(db)
+    counts = await row_counts(db, TABLES)
     ref = qref(tenant.endpoint_id, "work")
     denied = grpc.StatusCode.PERMISSION_DENIED
     await expect_code(
@@ -824,5 +736,5 @@ async def test_the_operator_cannot_touch_policies(
         ),
         denied,
     )
-    assert await row_counts(db) == counts
+    assert await row_counts(db, TABLES) == counts
     assert (await get_policy(client, tenant.human, tenant.endpoint_id, "work")).max_in_flight == 2

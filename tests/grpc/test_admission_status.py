@@ -9,23 +9,22 @@ across daylight-saving changes, and failing closed on an unknown stored zone.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Awaitable
 from datetime import UTC, datetime, timedelta
-from typing import Any
 from zoneinfo import ZoneInfo
 
 import grpc
 import pytest
-from google.protobuf import duration_pb2, timestamp_pb2
-from google.rpc import error_details_pb2, status_pb2
+from google.protobuf import timestamp_pb2
 from switchboard.v1 import admission_pb2, dispatch_pb2, todo_pb2
 from switchboard_server.admission import refresh_schedules
 from switchboard_server.config import Settings
-from switchboard_server.db import Database, clock
+from switchboard_server.db import Database
 
 from tests.support.admission import ingest, set_policy, window
 from tests.support.client import Client, Tenant
-from tests.support.databases import move_clock
+from tests.support.databases import db_now, move_clock, set_clock
+from tests.support.errors import Deferred, expect_code
+from tests.support.protos import at, dur
 
 Metadata = tuple[tuple[str, str], ...]
 
@@ -43,70 +42,6 @@ HOUR_LEASE = timedelta(hours=1)
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def at(ts: timestamp_pb2.Timestamp) -> datetime:
-    return ts.ToDatetime(tzinfo=UTC)
-
-
-def dur(value: timedelta) -> duration_pb2.Duration:
-    d = duration_pb2.Duration()
-    d.FromTimedelta(value)
-    return d
-
-
-async def expect_code(call: Awaitable[Any], code: grpc.StatusCode) -> grpc.aio.AioRpcError:
-    try:
-        await call
-    except grpc.aio.AioRpcError as err:
-        assert err.code() == code, (err.code(), err.details())
-        return err
-    raise AssertionError(f"expected {code}, the call succeeded")
-
-
-def rich_status(err: grpc.aio.AioRpcError) -> status_pb2.Status:
-    trailing: Any = err.trailing_metadata() or ()
-    for key, value in trailing:
-        if key == "grpc-status-details-bin":
-            assert isinstance(value, bytes)
-            return status_pb2.Status.FromString(value)
-    raise AssertionError(f"no grpc-status-details-bin in {err.trailing_metadata()!r}")
-
-
-class Deferred:
-    """The unpacked details of a deferred Claim."""
-
-    def __init__(self, err: grpc.aio.AioRpcError) -> None:
-        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, (err.code(), err.details())
-        status = rich_status(err)
-        assert status.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
-        self.infos: list[error_details_pb2.ErrorInfo] = []
-        self.details: list[admission_pb2.DeferralDetail] = []
-        self.retries: list[error_details_pb2.RetryInfo] = []
-        for any_detail in status.details:
-            if any_detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                info = error_details_pb2.ErrorInfo()
-                assert any_detail.Unpack(info)
-                self.infos.append(info)
-            elif any_detail.Is(admission_pb2.DeferralDetail.DESCRIPTOR):
-                detail = admission_pb2.DeferralDetail()
-                assert any_detail.Unpack(detail)
-                self.details.append(detail)
-            elif any_detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
-                retry = error_details_pb2.RetryInfo()
-                assert any_detail.Unpack(retry)
-                self.retries.append(retry)
-        assert [(i.reason, i.domain) for i in self.infos] == [("DEFERRED", "switchboard")]
-        assert len(self.details) == 1, status
-        assert len(self.retries) <= 1
-
-    @property
-    def detail(self) -> admission_pb2.DeferralDetail:
-        return self.details[0]
-
-    @property
-    def retry(self) -> error_details_pb2.RetryInfo | None:
-        return self.retries[0] if self.retries else None
 
 
 async def claim_deferred(client: Client, md: Metadata, todo_id: str) -> Deferred:
@@ -137,18 +72,6 @@ async def claim(
 async def get_todo(client: Client, md: Metadata, todo_id: str) -> todo_pb2.Todo:
     resp = await client.dispatch.GetTodo(dispatch_pb2.GetTodoRequest(todo_id=todo_id), metadata=md)
     return resp.todo
-
-
-async def db_now(db: Database) -> datetime:
-    async with db.connection() as conn:
-        return await clock.now(conn)
-
-
-async def set_clock(db: Database, target: datetime) -> None:
-    """Points the shared clock at ``target`` (backwards too); it keeps running from there."""
-    async with db.connection() as conn:
-        real = await conn.fetchval("SELECT now()")
-        await clock.set_skew(conn, target - real)
 
 
 async def units_charged(db: Database) -> int:

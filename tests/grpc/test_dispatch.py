@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from datetime import timedelta
+from typing import Any
 
 import grpc
 import pytest
-from google.protobuf import duration_pb2, timestamp_pb2
-from google.rpc import code_pb2, error_details_pb2, status_pb2
+from google.rpc import code_pb2, error_details_pb2
 from switchboard.v1 import dispatch_pb2, queue_pb2, todo_pb2
 from switchboard_server.config import Settings
-from switchboard_server.db import Database, clock
+from switchboard_server.db import Database
 from switchboard_server.loops import reap_once
 
 from tests.support.client import Client, Tenant, add_endpoint, auth
-from tests.support.databases import move_clock
+from tests.support.databases import db_now, move_clock
+from tests.support.errors import expect_code, rich_status
+from tests.support.protos import at, dur
 
 Metadata = tuple[tuple[str, str], ...]
 
@@ -37,46 +38,6 @@ FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def duration(value: timedelta) -> duration_pb2.Duration:
-    """A protobuf Duration."""
-    d = duration_pb2.Duration()
-    d.FromTimedelta(value)
-    return d
-
-
-def at(ts: timestamp_pb2.Timestamp) -> datetime:
-    """An aware datetime from a Timestamp."""
-    return ts.ToDatetime(tzinfo=UTC)
-
-
-async def db_now(db: Database) -> datetime:
-    """The shared clock (the one the server reads)."""
-    async with db.connection() as conn:
-        return await clock.now(conn)
-
-
-def rich_status(err: grpc.aio.AioRpcError) -> Any:
-    """The google.rpc.Status carried in the ``grpc-status-details-bin`` trailer, if any."""
-    trailers = cast(Iterable[tuple[str, str | bytes]], err.trailing_metadata() or ())
-    for key, value in trailers:
-        if key == "grpc-status-details-bin":
-            assert isinstance(value, bytes)
-            return status_pb2.Status.FromString(value)
-    return None
-
-
-async def rpc_error(call: Awaitable[object], code: grpc.StatusCode) -> grpc.aio.AioRpcError:
-    """Awaits a call that must fail with ``code`` and a matching google.rpc.Status."""
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await call
-    err = info.value
-    assert err.code() == code, err.details()
-    status = rich_status(err)
-    assert status is not None, "errors carry google.rpc.Status details"
-    assert status.code == code.value[0]
-    return err
 
 
 @dataclass
@@ -102,7 +63,7 @@ class Api:
         if max_attempts is not None:
             req.max_attempts = max_attempts
         if delay is not None:
-            req.delay.CopyFrom(duration(delay))
+            req.delay.CopyFrom(dur(delay))
         if dedup is not None:
             req.dedup.webhook_id, req.dedup.delivery_id = dedup
         return await self.client.dispatch.Ingest(req, metadata=self.md)
@@ -116,7 +77,7 @@ class Api:
     ) -> Awaitable[dispatch_pb2.ClaimNextResponse]:
         req = dispatch_pb2.ClaimNextRequest(queues=list(queues), claimant=claimant)
         if lease is not None:
-            req.lease_duration.CopyFrom(duration(lease))
+            req.lease_duration.CopyFrom(dur(lease))
         return self.client.dispatch.ClaimNext(req, metadata=self.md)
 
     def claim(
@@ -124,7 +85,7 @@ class Api:
     ) -> Awaitable[dispatch_pb2.ClaimResponse]:
         req = dispatch_pb2.ClaimRequest(todo_id=todo_id, claimant=claimant)
         if lease is not None:
-            req.lease_duration.CopyFrom(duration(lease))
+            req.lease_duration.CopyFrom(dur(lease))
         return self.client.dispatch.Claim(req, metadata=self.md)
 
     def heartbeat(
@@ -132,7 +93,7 @@ class Api:
     ) -> Awaitable[dispatch_pb2.HeartbeatResponse]:
         req = dispatch_pb2.HeartbeatRequest(todo_id=todo_id, lease_id=lease_id)
         if lease is not None:
-            req.lease_duration.CopyFrom(duration(lease))
+            req.lease_duration.CopyFrom(dur(lease))
         return self.client.dispatch.Heartbeat(req, metadata=self.md)
 
     def complete(self, todo_id: str, lease_id: str) -> Awaitable[dispatch_pb2.CompleteResponse]:
@@ -227,7 +188,7 @@ async def assert_lease_stale_on_every_call(api: Api, todo_id: str, lease_id: str
         ("Release", lambda: api.release(todo_id, lease_id)),
     ]
     for name, call in calls:
-        await rpc_error(call(), FAILED_PRECONDITION)
+        await expect_code(call(), FAILED_PRECONDITION)
         after = await api.get(todo_id)
         assert after == before, f"{name} with a stale lease changed the todo"
 
@@ -306,12 +267,12 @@ async def test_claim_next_on_an_empty_endpoint_answers_empty(api: Api) -> None:
 
 
 async def test_unknown_todo_is_not_found(api: Api) -> None:
-    await rpc_error(api.get("987654321"), grpc.StatusCode.NOT_FOUND)
-    await rpc_error(api.claim("987654321"), grpc.StatusCode.NOT_FOUND)
+    await expect_code(api.get("987654321"), grpc.StatusCode.NOT_FOUND)
+    await expect_code(api.claim("987654321"), grpc.StatusCode.NOT_FOUND)
 
 
 async def test_invalid_argument_carries_field_violations(api: Api) -> None:
-    err = await rpc_error(api.ingest(max_attempts=0), grpc.StatusCode.INVALID_ARGUMENT)
+    err = await expect_code(api.ingest(max_attempts=0), grpc.StatusCode.INVALID_ARGUMENT)
     status = rich_status(err)
     bad = [d for d in status.details if d.Is(error_details_pb2.BadRequest.DESCRIPTOR)]
     assert len(bad) == 1
@@ -368,7 +329,7 @@ async def test_delay_makes_a_todo_unclaimable_until_the_clock_passes_it(
     assert taken.todo.id == soon.id
     await api.complete(soon.id, taken.lease.lease_id)
     await assert_empty(api)
-    await rpc_error(api.claim(later.id), FAILED_PRECONDITION)
+    await expect_code(api.claim(later.id), FAILED_PRECONDITION)
     assert (await api.get(later.id)).todo.attempt == 0
 
     await move_clock(db, timedelta(minutes=59))
@@ -399,21 +360,21 @@ async def test_claim_specific_todo_by_state(api: Api, db: Database) -> None:
 
     # Claimed with a live lease: refused, nothing changes.
     before = await api.get(second.id)
-    await rpc_error(api.claim(second.id, claimant="thief"), FAILED_PRECONDITION)
+    await expect_code(api.claim(second.id, claimant="thief"), FAILED_PRECONDITION)
     assert await api.get(second.id) == before
 
     # Pending in backoff: refused, nothing changes.
     failed = await api.fail(second.id, got.lease.lease_id, error="transient")
     assert failed.todo.state == PENDING
     before = await api.get(second.id)
-    await rpc_error(api.claim(second.id), FAILED_PRECONDITION)
+    await expect_code(api.claim(second.id), FAILED_PRECONDITION)
     assert await api.get(second.id) == before
 
     # Done: refused.
     c = await api.claim(first.id)
     await api.complete(first.id, c.lease.lease_id)
     before = await api.get(first.id)
-    await rpc_error(api.claim(first.id), FAILED_PRECONDITION)
+    await expect_code(api.claim(first.id), FAILED_PRECONDITION)
     assert await api.get(first.id) == before
 
     # Dead: refused, even long after.
@@ -423,11 +384,11 @@ async def test_claim_specific_todo_by_state(api: Api, db: Database) -> None:
     await move_clock(db, timedelta(days=1))
     before = await api.get(third.id)
     assert before.todo.state == DEAD
-    await rpc_error(api.claim(third.id), FAILED_PRECONDITION)
+    await expect_code(api.claim(third.id), FAILED_PRECONDITION)
     assert await api.get(third.id) == before
 
     # Done stays refused after a day too.
-    await rpc_error(api.claim(first.id), FAILED_PRECONDITION)
+    await expect_code(api.claim(first.id), FAILED_PRECONDITION)
 
 
 async def test_claim_specific_takes_over_a_lapsed_lease(api: Api, db: Database) -> None:
@@ -466,7 +427,7 @@ async def test_fail_backs_off_then_the_todo_is_claimed_again(
     assert at(failed.next_retry_at) > await db_now(db)
 
     await assert_empty(api)
-    await rpc_error(api.claim(todo.id), FAILED_PRECONDITION)
+    await expect_code(api.claim(todo.id), FAILED_PRECONDITION)
     assert (await api.get(todo.id)).todo.attempt == 1
 
     await move_clock(db, settings.backoff_base + timedelta(seconds=1))
@@ -522,7 +483,7 @@ async def test_fail_until_max_attempts_dead_letters(api: Api, db: Database) -> N
         (3, "w3", FAILED, "boom 3"),
     ]
     await assert_empty(api)
-    await rpc_error(api.claim(todo.id), FAILED_PRECONDITION)
+    await expect_code(api.claim(todo.id), FAILED_PRECONDITION)
 
 
 # --------------------------------------------------------------------------- 5. release
@@ -649,7 +610,7 @@ async def test_lapsed_lease_without_attempts_left_is_dead_lettered_not_taken_ove
     assert [a.outcome for a in shown.attempts] == [LAPSED]
 
     await assert_empty(api)
-    await rpc_error(api.claim(todo.id), FAILED_PRECONDITION)
+    await expect_code(api.claim(todo.id), FAILED_PRECONDITION)
     await assert_lease_stale_on_every_call(api, todo.id, old.lease.lease_id)
     assert await reap_once(db) == 0
 
@@ -660,7 +621,7 @@ async def test_claim_of_a_lapsed_todo_without_attempts_left_dead_letters_it(
     todo = await api.add("work", max_attempts=1)
     old = await api.claim(todo.id, lease=timedelta(seconds=30))
     await move_clock(db, timedelta(minutes=1))
-    await rpc_error(api.claim(todo.id), FAILED_PRECONDITION)
+    await expect_code(api.claim(todo.id), FAILED_PRECONDITION)
     shown = await api.get(todo.id)
     assert shown.todo.state == DEAD
     assert shown.todo.attempt == 1
@@ -786,7 +747,7 @@ async def test_list_todos_filters_and_pages(api: Api, tenant: Tenant, client: Cl
     assert [t.id for t in await human.list_all(endpoint_id=tenant.endpoint_id)] == newest_first
 
     # A token that is not ours is an argument error.
-    await rpc_error(api.list_page(page_token="not-a-token"), grpc.StatusCode.INVALID_ARGUMENT)
+    await expect_code(api.list_page(page_token="not-a-token"), grpc.StatusCode.INVALID_ARGUMENT)
 
 
 # --------------------------------------------------------------------------- 10. races

@@ -23,10 +23,12 @@ import pytest
 from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from switchboard.v1 import admin_pb2, dispatch_pb2, queue_pb2, todo_pb2
+from switchboard.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
 from switchboard_server.db import Database
 
 from tests.support.client import OPERATOR_TOKEN, Client, Tenant, add_endpoint, auth, make_tenant
+from tests.support.databases import row_counts
+from tests.support.errors import expect_code, status_of
 
 OP = auth(OPERATOR_TOKEN)
 Metadata = tuple[tuple[str, str], ...]
@@ -36,32 +38,6 @@ ABSENT_TODO = str(2**62 + 12345)
 
 
 # --- helpers -------------------------------------------------------------------
-
-
-async def expect_code(call: Awaitable[Any], code: grpc.StatusCode) -> grpc.aio.AioRpcError:
-    try:
-        await call
-    except grpc.aio.AioRpcError as err:
-        assert err.code() == code, (err.code(), err.details())
-        return err
-    raise AssertionError(f"expected {code}, the call succeeded")
-
-
-def status_of(err: grpc.aio.AioRpcError) -> tuple[grpc.StatusCode, str | None, bytes | None]:
-    """Everything a caller can observe of an error: code, message and rich details."""
-    details = None
-    # grpc.aio yields (key, value) pairs; the stubs type them as _Metadatum.
-    trailing: Any = err.trailing_metadata() or ()
-    for key, value in trailing:
-        if key == "grpc-status-details-bin":
-            assert isinstance(value, bytes)
-            details = value
-    return err.code(), err.details(), details
-
-
-async def row_counts(db: Database) -> dict[str, int]:
-    async with db.connection() as conn:
-        return {t: int(await conn.fetchval(f"SELECT count(*) FROM {t}")) for t in TABLES}
 
 
 def ingest(name: str = "work", endpoint_id: str | None = None) -> dispatch_pb2.IngestRequest:
@@ -217,7 +193,7 @@ async def test_another_owners_ids_are_not_found_like_absent_ones(
     victim = await make_victim(client, a)
     # B has work of its own, so "empty" is not the only possible answer.
     await client.dispatch.Ingest(ingest("first"), metadata=b.agent)
-    before = await row_counts(db)
+    before = await row_counts(db, TABLES)
 
     foreign = Ids(
         todo=victim.claimed_id,
@@ -244,7 +220,7 @@ async def test_another_owners_ids_are_not_found_like_absent_ones(
         on_absent = await expect_code(probe(client, metadata, absent), grpc.StatusCode.NOT_FOUND)
         assert status_of(on_foreign) == status_of(on_absent), name
 
-    assert await row_counts(db) == before
+    assert await row_counts(db, TABLES) == before
     await assert_victim_untouched(client, db, victim)
 
 
@@ -258,7 +234,7 @@ async def test_endpoint_credential_cannot_reach_a_sibling_endpoint(
         dispatch_pb2.ClaimNextRequest(), metadata=auth(sibling_token)
     )
     pending = await client.dispatch.Ingest(ingest("second"), metadata=auth(sibling_token))
-    before = await row_counts(db)
+    before = await row_counts(db, TABLES)
     sibling = Ids(
         todo=claimed.todo.id,
         pending=pending.todo.id,
@@ -283,7 +259,7 @@ async def test_endpoint_credential_cannot_reach_a_sibling_endpoint(
             probe(client, tenant.agent, absent), grpc.StatusCode.NOT_FOUND
         )
         assert status_of(on_sibling) == status_of(on_absent), name
-    assert await row_counts(db) == before
+    assert await row_counts(db, TABLES) == before
     # The human of the owner reaches both endpoints.
     got = await client.dispatch.GetTodo(
         dispatch_pb2.GetTodoRequest(todo_id=claimed.todo.id), metadata=tenant.human
@@ -366,7 +342,7 @@ async def test_a_human_creates_humans_only_for_its_own_owner(client: Client, db:
 
 # --- authentication ------------------------------------------------------------------
 
-# Every unary RPC of both services, with a request that would be valid.
+# Every RPC of every service, with a request that would be valid.
 ALL_RPCS: dict[str, Callable[[Client, Metadata | None], Awaitable[Any]]] = {
     "Ingest": lambda c, m: c.dispatch.Ingest(ingest(), metadata=m),
     "Claim": lambda c, m: c.dispatch.Claim(dispatch_pb2.ClaimRequest(todo_id="1"), metadata=m),
@@ -413,16 +389,50 @@ ALL_RPCS: dict[str, Callable[[Client, Metadata | None], Awaitable[Any]]] = {
     "RevokeCredential": lambda c, m: c.admin.RevokeCredential(
         admin_pb2.RevokeCredentialRequest(credential_id=str(uuid.uuid4())), metadata=m
     ),
+    "SetNotifyHook": lambda c, m: c.admin.SetNotifyHook(
+        admin_pb2.SetNotifyHookRequest(endpoint_id=str(uuid.uuid4()), url="http://127.0.0.1:9/h"),
+        metadata=m,
+    ),
+    "ClearNotifyHook": lambda c, m: c.admin.ClearNotifyHook(
+        admin_pb2.ClearNotifyHookRequest(endpoint_id=str(uuid.uuid4())), metadata=m
+    ),
+    "GetPolicy": lambda c, m: c.admission.GetPolicy(
+        admission_pb2.GetPolicyRequest(queue=queue_pb2.QueueRef(name="work")), metadata=m
+    ),
+    "SetPolicy": lambda c, m: c.admission.SetPolicy(
+        admission_pb2.SetPolicyRequest(
+            policy=admission_pb2.AdmissionPolicy(
+                queue=queue_pb2.QueueRef(name="work"), max_in_flight=1
+            )
+        ),
+        metadata=m,
+    ),
+    "ClearPolicy": lambda c, m: c.admission.ClearPolicy(
+        admission_pb2.ClearPolicyRequest(queue=queue_pb2.QueueRef(name="work")), metadata=m
+    ),
+    "ListPolicyAudit": lambda c, m: c.admission.ListPolicyAudit(
+        admission_pb2.ListPolicyAuditRequest(queue=queue_pb2.QueueRef(name="work")), metadata=m
+    ),
+    # The one server stream: an auth failure ends it before any message.
+    "WatchReopen": lambda c, m: _first_doorbell(c, m),
 }
 
 
-def test_all_rpcs_covers_both_services() -> None:
+async def _first_doorbell(client: Client, metadata: Metadata | None) -> Any:
+    async for message in client.dispatch.WatchReopen(
+        dispatch_pb2.WatchReopenRequest(), metadata=metadata
+    ):
+        return message
+    return None
+
+
+def test_all_rpcs_covers_every_service() -> None:
     services = {
         dispatch_pb2.DESCRIPTOR.services_by_name["DispatchService"],
+        admission_pb2.DESCRIPTOR.services_by_name["AdmissionService"],
         admin_pb2.DESCRIPTOR.services_by_name["AdminService"],
     }
-    unary = {m.name for s in services for m in s.methods if not m.server_streaming}
-    assert set(ALL_RPCS) == unary
+    assert set(ALL_RPCS) == {m.name for s in services for m in s.methods}
 
 
 BAD_AUTHORIZATION: list[Metadata | None] = [
@@ -460,11 +470,11 @@ BAD_AUTHORIZATION: list[Metadata | None] = [
 async def test_bad_or_missing_token_is_unauthenticated_on_every_rpc(
     client: Client, db: Database, metadata: Metadata | None
 ) -> None:
-    before = await row_counts(db)
+    before = await row_counts(db, TABLES)
     for name, rpc in ALL_RPCS.items():
         err = await expect_code(rpc(client, metadata), grpc.StatusCode.UNAUTHENTICATED)
         assert err.details(), name
-    assert await row_counts(db) == before
+    assert await row_counts(db, TABLES) == before
 
 
 async def test_bearer_scheme_is_case_insensitive(client: Client) -> None:
@@ -489,11 +499,11 @@ async def test_revoked_endpoint_credential_stops_at_once(
     )
     assert revoked.credential.id == vended.credential.id
     assert revoked.credential.HasField("revoked_at")
-    before = await row_counts(db)
+    before = await row_counts(db, TABLES)
     for name, rpc in ALL_RPCS.items():
         err = await expect_code(rpc(client, token), grpc.StatusCode.UNAUTHENTICATED)
         assert err.details(), name
-    assert await row_counts(db) == before
+    assert await row_counts(db, TABLES) == before
     # Only that credential: the tenant's own basics credential still works.
     await client.dispatch.Ingest(ingest(), metadata=tenant.agent)
     listed = await client.admin.ListCredentials(
@@ -570,7 +580,7 @@ async def vend(
 async def test_read_only_credential(client: Client, tenant: Tenant, db: Database) -> None:
     todo = (await client.dispatch.Ingest(ingest(), metadata=tenant.agent)).todo
     reader = auth((await vend(client, tenant, [admin_pb2.GRANT_READ])).token)
-    before = await row_counts(db)
+    before = await row_counts(db, TABLES)
     await expect_code(
         client.dispatch.Ingest(ingest(), metadata=reader), grpc.StatusCode.PERMISSION_DENIED
     )
@@ -582,7 +592,7 @@ async def test_read_only_credential(client: Client, tenant: Tenant, db: Database
         client.dispatch.Claim(dispatch_pb2.ClaimRequest(todo_id=todo.id), metadata=reader),
         grpc.StatusCode.PERMISSION_DENIED,
     )
-    assert await row_counts(db) == before
+    assert await row_counts(db, TABLES) == before
     got = await client.dispatch.GetTodo(
         dispatch_pb2.GetTodoRequest(todo_id=todo.id), metadata=reader
     )
@@ -663,7 +673,7 @@ async def test_operator_manages_owners_but_not_tenant_data(
     assert me.owner_id == "" and me.endpoint_id == "" and list(me.grants) == []
 
     todo = (await client.dispatch.Ingest(ingest(), metadata=tenant.agent)).todo
-    before = await row_counts(db)
+    before = await row_counts(db, TABLES)
     denied: list[Awaitable[Any]] = [
         client.dispatch.Ingest(ingest(endpoint_id=tenant.endpoint_id), metadata=OP),
         client.dispatch.ClaimNext(
@@ -686,7 +696,7 @@ async def test_operator_manages_owners_but_not_tenant_data(
     ]
     for call in denied:
         await expect_code(call, grpc.StatusCode.PERMISSION_DENIED)
-    assert await row_counts(db) == before
+    assert await row_counts(db, TABLES) == before
 
 
 @pytest.mark.parametrize("who", ["human", "agent"])
@@ -694,7 +704,7 @@ async def test_only_the_operator_creates_and_lists_owners(
     client: Client, tenant: Tenant, db: Database, who: str
 ) -> None:
     metadata = tenant.human if who == "human" else tenant.agent
-    before = await row_counts(db)
+    before = await row_counts(db, TABLES)
     await expect_code(
         client.admin.CreateOwner(admin_pb2.CreateOwnerRequest(name="mine"), metadata=metadata),
         grpc.StatusCode.PERMISSION_DENIED,
@@ -703,7 +713,7 @@ async def test_only_the_operator_creates_and_lists_owners(
         client.admin.ListOwners(admin_pb2.ListOwnersRequest(), metadata=metadata),
         grpc.StatusCode.PERMISSION_DENIED,
     )
-    assert await row_counts(db) == before
+    assert await row_counts(db, TABLES) == before
 
 
 async def test_endpoint_credentials_cannot_administer(
@@ -722,7 +732,7 @@ async def test_endpoint_credentials_cannot_administer(
         ],
     )
     own_id = (await whoami(client, tenant.agent)).id
-    before = await row_counts(db)
+    before = await row_counts(db, TABLES)
     for metadata in (tenant.agent, auth(every.token)):
         denied: list[Awaitable[Any]] = [
             client.admin.CreateEndpoint(
@@ -753,7 +763,7 @@ async def test_endpoint_credentials_cannot_administer(
         ]
         for call in denied:
             await expect_code(call, grpc.StatusCode.PERMISSION_DENIED)
-    assert await row_counts(db) == before
+    assert await row_counts(db, TABLES) == before
     # Nothing was revoked.
     assert (await whoami(client, tenant.agent)).id == own_id
     assert (await whoami(client, auth(every.token))).id == every.credential.id
@@ -817,7 +827,7 @@ async def test_explicit_grants_without_budget_are_not_flagged(
 async def test_vend_without_grants_or_presets_is_invalid(
     client: Client, tenant: Tenant, db: Database
 ) -> None:
-    before = await row_counts(db)
+    before = await row_counts(db, TABLES)
     err = await expect_code(vend(client, tenant, []), grpc.StatusCode.INVALID_ARGUMENT)
     _, _, raw = status_of(err)
     assert raw is not None
@@ -825,7 +835,7 @@ async def test_vend_without_grants_or_presets_is_invalid(
     bad = error_details_pb2.BadRequest()
     assert status.details[0].Unpack(bad)
     assert [v.field for v in bad.field_violations] == ["grants"]
-    assert await row_counts(db) == before
+    assert await row_counts(db, TABLES) == before
 
 
 async def test_vended_credential_records_its_vendor(client: Client, tenant: Tenant) -> None:

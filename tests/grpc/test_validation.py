@@ -17,15 +17,15 @@ from typing import Any
 
 import grpc
 import pytest
-from google.protobuf import duration_pb2
-from google.rpc import code_pb2, error_details_pb2, status_pb2
 from switchboard.v1 import admin_pb2, dispatch_pb2, queue_pb2, todo_pb2
 from switchboard_server import app as server_app
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
 
 from tests.support.client import OPERATOR_TOKEN, Client, Tenant, auth, make_tenant
-from tests.support.databases import DatabaseFactory
+from tests.support.databases import DatabaseFactory, row_counts
+from tests.support.errors import expect_code, violations
+from tests.support.protos import dur
 
 OP = auth(OPERATOR_TOKEN)
 TABLES = ("owners", "humans", "endpoints", "credentials", "queues", "todos", "attempts")
@@ -35,55 +35,6 @@ Metadata = tuple[tuple[str, str], ...]
 
 
 # --- helpers -------------------------------------------------------------------
-
-
-def rich_status(err: grpc.aio.AioRpcError) -> status_pb2.Status:
-    """The google.rpc.Status from the call's trailing metadata."""
-    # grpc.aio yields (key, value) pairs; the stubs type them as _Metadatum.
-    trailing: Any = err.trailing_metadata() or ()
-    for key, value in trailing:
-        if key == "grpc-status-details-bin":
-            assert isinstance(value, bytes)
-            return status_pb2.Status.FromString(value)
-    raise AssertionError(f"no grpc-status-details-bin in {err.trailing_metadata()!r}")
-
-
-def violations(err: grpc.aio.AioRpcError) -> dict[str, str]:
-    """field -> description of the BadRequest detail of an INVALID_ARGUMENT error."""
-    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (err.code(), err.details())
-    status = rich_status(err)
-    assert status.code == code_pb2.INVALID_ARGUMENT
-    assert status.message == err.details()
-    found: dict[str, str] = {}
-    for detail in status.details:
-        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad = error_details_pb2.BadRequest()
-            assert detail.Unpack(bad)
-            for v in bad.field_violations:
-                assert v.field not in found, f"{v.field} reported twice"
-                assert v.description, f"{v.field} has no description"
-                found[v.field] = v.description
-    assert found, f"no BadRequest field violations in {status}"
-    return found
-
-
-async def row_counts(db: Database) -> dict[str, int]:
-    """Rows per table, to prove a refused call wrote nothing."""
-    async with db.connection() as conn:
-        return {t: int(await conn.fetchval(f"SELECT count(*) FROM {t}")) for t in TABLES}
-
-
-async def expect_code(call: Awaitable[Any], code: grpc.StatusCode) -> grpc.aio.AioRpcError:
-    try:
-        await call
-    except grpc.aio.AioRpcError as err:
-        assert err.code() == code, (err.code(), err.details())
-        return err
-    raise AssertionError(f"expected {code}, the call succeeded")
-
-
-def dur(seconds: int = 0, nanos: int = 0) -> duration_pb2.Duration:
-    return duration_pb2.Duration(seconds=seconds, nanos=nanos)
 
 
 @dataclass(frozen=True)
@@ -458,12 +409,12 @@ async def test_invalid_argument_names_fields_and_writes_nothing(
     world: World, shared_db: Database, call: Call, expected: set[str]
 ) -> None:
     db = shared_db
-    before = await row_counts(db)
+    before = await row_counts(db, TABLES)
     err = await expect_code(call(world), grpc.StatusCode.INVALID_ARGUMENT)
     assert set(violations(err)) == expected
     for field in expected:
         assert field in (err.details() or ""), "the message names each field"
-    assert await row_counts(db) == before
+    assert await row_counts(db, TABLES) == before
     # The todo the lease-bearing calls pointed at is untouched.
     got = await world.client.dispatch.GetTodo(
         dispatch_pb2.GetTodoRequest(todo_id=world.todo_id), metadata=world.agent
@@ -518,13 +469,13 @@ async def test_get_todo_max_id_is_not_found_not_invalid(world: World) -> None:
 
 async def test_duplicate_owner_name_already_exists(client: Client, db: Database) -> None:
     await client.admin.CreateOwner(admin_pb2.CreateOwnerRequest(name="acme"), metadata=OP)
-    before = await row_counts(db)
+    before = await row_counts(db, TABLES)
     for name in ("acme", "  acme  "):
         await expect_code(
             client.admin.CreateOwner(admin_pb2.CreateOwnerRequest(name=name), metadata=OP),
             grpc.StatusCode.ALREADY_EXISTS,
         )
-    assert await row_counts(db) == before
+    assert await row_counts(db, TABLES) == before
     owners = await client.admin.ListOwners(admin_pb2.ListOwnersRequest(), metadata=OP)
     assert [o.name for o in owners.owners] == ["acme"]
 
@@ -534,14 +485,14 @@ async def test_duplicate_endpoint_name_in_one_owner_already_exists(
 ) -> None:
     a = await make_tenant(client, "alpha", endpoint="agent")
     b = await make_tenant(client, "beta", endpoint="agent")  # same name, other owner: fine
-    before = await row_counts(db)
+    before = await row_counts(db, TABLES)
     await expect_code(
         client.admin.CreateEndpoint(
             admin_pb2.CreateEndpointRequest(name="agent"), metadata=a.human
         ),
         grpc.StatusCode.ALREADY_EXISTS,
     )
-    assert await row_counts(db) == before
+    assert await row_counts(db, TABLES) == before
     for t in (a, b):
         listed = await client.admin.ListEndpoints(
             admin_pb2.ListEndpointsRequest(), metadata=t.human
@@ -552,7 +503,7 @@ async def test_duplicate_endpoint_name_in_one_owner_already_exists(
 async def test_duplicate_human_name_already_exists_and_mints_nothing(
     client: Client, tenant: Tenant, db: Database
 ) -> None:
-    before = await row_counts(db)
+    before = await row_counts(db, TABLES)
     for metadata, owner_id in ((OP, tenant.owner_id), (tenant.human, "")):
         await expect_code(
             client.admin.CreateHuman(
@@ -561,15 +512,15 @@ async def test_duplicate_human_name_already_exists_and_mints_nothing(
             ),
             grpc.StatusCode.ALREADY_EXISTS,
         )
-    assert await row_counts(db) == before
+    assert await row_counts(db, TABLES) == before
 
 
 async def test_create_human_for_absent_owner_not_found(client: Client, db: Database) -> None:
-    before = await row_counts(db)
+    before = await row_counts(db, TABLES)
     await expect_code(
         client.admin.CreateHuman(
             admin_pb2.CreateHumanRequest(owner_id=str(uuid.uuid4()), name="h"), metadata=OP
         ),
         grpc.StatusCode.NOT_FOUND,
     )
-    assert await row_counts(db) == before
+    assert await row_counts(db, TABLES) == before

@@ -11,7 +11,8 @@ from __future__ import annotations
 import itertools
 import os
 import urllib.parse
-from datetime import timedelta
+from collections.abc import Iterable
+from datetime import datetime, timedelta
 
 import asyncpg
 from switchboard_server.db import Database, clock
@@ -76,3 +77,22 @@ async def move_clock(db: Database, by: timedelta) -> None:
     async with db.connection() as conn:
         current = await conn.fetchval("SELECT skew FROM clock_skew")
         await clock.set_skew(conn, current + by)
+
+
+async def db_now(db: Database) -> datetime:
+    """The shared clock (the one the server reads)."""
+    async with db.connection() as conn:
+        return await clock.now(conn)
+
+
+async def set_clock(db: Database, target: datetime) -> None:
+    """Points the shared clock at ``target`` (backwards too); it keeps running from there."""
+    async with db.connection() as conn:
+        real = await conn.fetchval("SELECT now()")
+        await clock.set_skew(conn, target - real)
+
+
+async def row_counts(db: Database, tables: Iterable[str]) -> dict[str, int]:
+    """Rows per table of ``tables``, to prove a refused call wrote nothing."""
+    async with db.connection() as conn:
+        return {t: int(await conn.fetchval(f"SELECT count(*) FROM {t}")) for t in tables}

@@ -40,8 +40,10 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
 class Database:
     """A pool of connections to one PostgreSQL database."""
 
-    def __init__(self, pool: asyncpg.Pool[Any]) -> None:
+    def __init__(self, pool: asyncpg.Pool[Any], dsn: str) -> None:
         self.pool = pool
+        #: Where the pool connects; for connections that live outside it (LISTEN).
+        self.dsn = dsn
 
     @classmethod
     async def connect(
@@ -70,7 +72,7 @@ class Database:
             )
         except _UNAVAILABLE as exc:
             raise errors.Unavailable(f"cannot connect to the database: {exc}") from exc
-        return cls(pool)
+        return cls(pool, dsn)
 
     async def close(self) -> None:
         """Closes every connection, waiting for those in use."""

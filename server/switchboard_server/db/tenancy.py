@@ -146,3 +146,15 @@ async def revoke_credential(
     """Revokes a credential of the owner (any, for ``owner_id=None``); ``None`` if absent."""
     rec = await conn.fetchrow(sql("credential_revoke"), credential_id, owner_id)
     return _credential(rec) if rec is not None else None
+
+
+async def set_endpoint_hook(
+    conn: Conn,
+    endpoint_id: uuid.UUID,
+    owner_id: uuid.UUID,
+    url: str | None,
+    secret: str | None,
+) -> Endpoint | None:
+    """Sets or clears an endpoint's notify hook; ``None`` if not the owner's endpoint."""
+    rec = await conn.fetchrow(sql("endpoint_set_hook"), endpoint_id, owner_id, url, secret)
+    return Endpoint(**dict(rec)) if rec is not None else None

@@ -131,3 +131,28 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         assert credential_id is not None
         revoked = await self._tenancy.revoke(current_principal(), credential_id)
         return admin_pb2.RevokeCredentialResponse(credential=convert.credential(revoked))
+
+    async def SetNotifyHook(
+        self, request: admin_pb2.SetNotifyHookRequest, context: Context
+    ) -> admin_pb2.SetNotifyHookResponse:
+        v = Violations()
+        endpoint_id = v.parse_uuid("endpoint_id", request.endpoint_id, required=True)
+        url = v.url("url", request.url)
+        v.check()
+        assert endpoint_id is not None
+        endpoint, secret = await self._tenancy.set_notify_hook(
+            current_principal(), endpoint_id, url
+        )
+        return admin_pb2.SetNotifyHookResponse(
+            endpoint=convert.endpoint(endpoint), secret=secret or ""
+        )
+
+    async def ClearNotifyHook(
+        self, request: admin_pb2.ClearNotifyHookRequest, context: Context
+    ) -> admin_pb2.ClearNotifyHookResponse:
+        v = Violations()
+        endpoint_id = v.parse_uuid("endpoint_id", request.endpoint_id, required=True)
+        v.check()
+        assert endpoint_id is not None
+        endpoint, _ = await self._tenancy.set_notify_hook(current_principal(), endpoint_id, None)
+        return admin_pb2.ClearNotifyHookResponse(endpoint=convert.endpoint(endpoint))

@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 
 from google.protobuf import timestamp_pb2
-from switchboard.v1 import admin_pb2, admission_pb2, queue_pb2, todo_pb2
+from switchboard.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
 
 from switchboard_server.admission import (
     AdmissionStatus,
@@ -16,6 +16,7 @@ from switchboard_server.admission import (
     Headroom,
     Policy,
 )
+from switchboard_server.doorbells import Doorbell
 from switchboard_server.model import (
     Attempt,
     AttemptOutcome,
@@ -174,6 +175,26 @@ def audit_entry(value: AuditEntry) -> admission_pb2.PolicyAuditEntry:
     )
 
 
+_CAUSE_TO_PROTO = {
+    "created": dispatch_pb2.DOORBELL_CAUSE_CREATED,
+    "attached": dispatch_pb2.DOORBELL_CAUSE_ATTACHED,
+    "heartbeat": dispatch_pb2.DOORBELL_CAUSE_HEARTBEAT,
+    "window_boundary": dispatch_pb2.DOORBELL_CAUSE_WINDOW_BOUNDARY,
+    "slot_freed": dispatch_pb2.DOORBELL_CAUSE_SLOT_FREED,
+    "policy_changed": dispatch_pb2.DOORBELL_CAUSE_POLICY_CHANGED,
+}
+
+
+def doorbell(value: Doorbell) -> dispatch_pb2.Doorbell:
+    """The wire form of a doorbell."""
+    return dispatch_pb2.Doorbell(
+        queue=queue_ref(value.endpoint_id, value.queue),
+        cause=_CAUSE_TO_PROTO.get(value.cause, dispatch_pb2.DOORBELL_CAUSE_UNSPECIFIED),
+        pending=value.pending,
+        at=timestamp(value.at),
+    )
+
+
 def todo(value: Todo, admission: AdmissionStatus | None = None) -> todo_pb2.Todo:
     """The wire form of a todo."""
     msg = todo_pb2.Todo(
@@ -235,12 +256,13 @@ def human(value: Human) -> admin_pb2.Human:
 
 
 def endpoint(value: Endpoint) -> admin_pb2.Endpoint:
-    """The wire form of an endpoint."""
+    """The wire form of an endpoint (never its hook secret)."""
     return admin_pb2.Endpoint(
         id=str(value.id),
         owner_id=str(value.owner_id),
         name=value.name,
         created_at=timestamp(value.created_at),
+        notify_url=value.notify_url or "",
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -9,6 +10,7 @@ import grpc
 from switchboard.v1 import dispatch_pb2, dispatch_pb2_grpc
 
 from switchboard_server import dispatch
+from switchboard_server.doorbells import DoorbellHub
 from switchboard_server.servicers import convert
 from switchboard_server.servicers.interceptor import current_principal
 from switchboard_server.servicers.validate import (
@@ -32,8 +34,9 @@ Context = grpc.aio.ServicerContext[Any, Any]
 class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
     """Translates DispatchService calls for the ``Dispatcher``."""
 
-    def __init__(self, dispatcher: dispatch.Dispatcher) -> None:
+    def __init__(self, dispatcher: dispatch.Dispatcher, hub: DoorbellHub) -> None:
         self._dispatcher = dispatcher
+        self._hub = hub
 
     async def Ingest(
         self, request: dispatch_pb2.IngestRequest, context: Context
@@ -220,3 +223,20 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
             todos=[convert.todo(v.todo, v.admission) for v in views],
             next_page_token=page_token_after(views[-1].todo.id) if more and views else "",
         )
+
+    async def WatchReopen(
+        self, request: dispatch_pb2.WatchReopenRequest, context: Context
+    ) -> AsyncIterator[dispatch_pb2.WatchReopenResponse]:
+        v = Violations()
+        endpoint_id = v.parse_uuid("endpoint_id", request.endpoint_id, required=False)
+        queues = v.queue_names("queues", request.queues)
+        v.check()
+        endpoint = await self._dispatcher.watchable_endpoint(current_principal(), endpoint_id)
+        subscription = await self._hub.subscribe(endpoint, queues)
+        # Headers now tell the client it is subscribed: no ring after this is missed.
+        await context.send_initial_metadata(())
+        try:
+            async for bell in subscription:
+                yield dispatch_pb2.WatchReopenResponse(doorbell=convert.doorbell(bell))
+        finally:
+            self._hub.unsubscribe(subscription)

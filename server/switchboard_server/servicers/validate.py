@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+import urllib.parse
 import uuid
 from collections.abc import Iterable
 from datetime import timedelta
@@ -22,6 +23,7 @@ MAX_CLAIMANT = 200
 MAX_ERROR = 4096
 MAX_NAME = 100
 MAX_LABEL = 200
+MAX_URL = 2048
 MAX_QUEUES_PER_CALL = 100
 MIN_LEASE = timedelta(seconds=1)
 MAX_LEASE = timedelta(hours=24)
@@ -125,6 +127,15 @@ class Violations:
         elif any(ord(c) < 32 or ord(c) == 127 for c in value):
             self.add(field, "must not contain control characters")
         return value.strip() if required else value
+
+    def url(self, field: str, value: str) -> str:
+        """An absolute http(s) URL."""
+        parsed = urllib.parse.urlsplit(value) if len(value) <= MAX_URL else None
+        if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname:
+            self.add(field, f"must be an http:// or https:// URL of at most {MAX_URL} characters")
+        elif any(ord(c) <= 32 or ord(c) == 127 for c in value):
+            self.add(field, "must not contain spaces or control characters")
+        return value
 
     def page_token(self, field: str, token: str) -> int | None:
         """The position inside a page token (``None`` for the first page)."""

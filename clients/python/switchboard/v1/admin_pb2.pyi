@@ -163,9 +163,12 @@ class Endpoint(_message.Message):
     OWNER_ID_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
+    NOTIFY_URL_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     owner_id: _builtins.str
     name: _builtins.str
+    notify_url: _builtins.str
+    """The notify hook URL, when one is set."""
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -175,10 +178,11 @@ class Endpoint(_message.Message):
         owner_id: _builtins.str = ...,
         name: _builtins.str = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
+        notify_url: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "id", b"id", "name", b"name", "owner_id", b"owner_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "id", b"id", "name", b"name", "notify_url", b"notify_url", "owner_id", b"owner_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -618,3 +622,91 @@ class RevokeCredentialResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RevokeCredentialResponse: _TypeAlias = RevokeCredentialResponse  # noqa: Y015
+
+@_typing.final
+class SetNotifyHookRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINT_ID_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
+    endpoint_id: _builtins.str
+    url: _builtins.str
+    """An http:// or https:// URL (at most 2048 characters)."""
+    def __init__(
+        self,
+        *,
+        endpoint_id: _builtins.str = ...,
+        url: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint_id", b"endpoint_id", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetNotifyHookRequest: _TypeAlias = SetNotifyHookRequest  # noqa: Y015
+
+@_typing.final
+class SetNotifyHookResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINT_FIELD_NUMBER: _builtins.int
+    SECRET_FIELD_NUMBER: _builtins.int
+    secret: _builtins.str
+    """The HMAC-SHA256 key for the X-Switchboard-Signature header. Shown once;
+    setting the hook again makes a new one.
+    """
+    @_builtins.property
+    def endpoint(self) -> Global___Endpoint: ...
+    def __init__(
+        self,
+        *,
+        endpoint: Global___Endpoint | None = ...,
+        secret: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint", "secret", b"secret"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetNotifyHookResponse: _TypeAlias = SetNotifyHookResponse  # noqa: Y015
+
+@_typing.final
+class ClearNotifyHookRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINT_ID_FIELD_NUMBER: _builtins.int
+    endpoint_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        endpoint_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint_id", b"endpoint_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClearNotifyHookRequest: _TypeAlias = ClearNotifyHookRequest  # noqa: Y015
+
+@_typing.final
+class ClearNotifyHookResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def endpoint(self) -> Global___Endpoint: ...
+    def __init__(
+        self,
+        *,
+        endpoint: Global___Endpoint | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClearNotifyHookResponse: _TypeAlias = ClearNotifyHookResponse  # noqa: Y015

@@ -80,6 +80,16 @@ class AdminServiceStub:
                 request_serializer=switchboard_dot_v1_dot_admin__pb2.RevokeCredentialRequest.SerializeToString,
                 response_deserializer=switchboard_dot_v1_dot_admin__pb2.RevokeCredentialResponse.FromString,
                 _registered_method=True)
+        self.SetNotifyHook = channel.unary_unary(
+                '/switchboard.v1.AdminService/SetNotifyHook',
+                request_serializer=switchboard_dot_v1_dot_admin__pb2.SetNotifyHookRequest.SerializeToString,
+                response_deserializer=switchboard_dot_v1_dot_admin__pb2.SetNotifyHookResponse.FromString,
+                _registered_method=True)
+        self.ClearNotifyHook = channel.unary_unary(
+                '/switchboard.v1.AdminService/ClearNotifyHook',
+                request_serializer=switchboard_dot_v1_dot_admin__pb2.ClearNotifyHookRequest.SerializeToString,
+                response_deserializer=switchboard_dot_v1_dot_admin__pb2.ClearNotifyHookResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -149,6 +159,21 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetNotifyHook(self, request, context):
+        """Sets the endpoint's notify hook: doorbells are also POSTed to this URL,
+        signed with an HMAC secret that is shown once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClearNotifyHook(self, request, context):
+        """Removes the endpoint's notify hook; undelivered notifications are dropped.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -196,6 +221,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.RevokeCredential,
                     request_deserializer=switchboard_dot_v1_dot_admin__pb2.RevokeCredentialRequest.FromString,
                     response_serializer=switchboard_dot_v1_dot_admin__pb2.RevokeCredentialResponse.SerializeToString,
+            ),
+            'SetNotifyHook': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetNotifyHook,
+                    request_deserializer=switchboard_dot_v1_dot_admin__pb2.SetNotifyHookRequest.FromString,
+                    response_serializer=switchboard_dot_v1_dot_admin__pb2.SetNotifyHookResponse.SerializeToString,
+            ),
+            'ClearNotifyHook': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClearNotifyHook,
+                    request_deserializer=switchboard_dot_v1_dot_admin__pb2.ClearNotifyHookRequest.FromString,
+                    response_serializer=switchboard_dot_v1_dot_admin__pb2.ClearNotifyHookResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -442,6 +477,60 @@ class AdminService:
             '/switchboard.v1.AdminService/RevokeCredential',
             switchboard_dot_v1_dot_admin__pb2.RevokeCredentialRequest.SerializeToString,
             switchboard_dot_v1_dot_admin__pb2.RevokeCredentialResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetNotifyHook(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchboard.v1.AdminService/SetNotifyHook',
+            switchboard_dot_v1_dot_admin__pb2.SetNotifyHookRequest.SerializeToString,
+            switchboard_dot_v1_dot_admin__pb2.SetNotifyHookResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClearNotifyHook(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchboard.v1.AdminService/ClearNotifyHook',
+            switchboard_dot_v1_dot_admin__pb2.ClearNotifyHookRequest.SerializeToString,
+            switchboard_dot_v1_dot_admin__pb2.ClearNotifyHookResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -51,6 +51,12 @@ class AdminServiceStub:
     """Lists credentials (never their secrets)."""
     RevokeCredential: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RevokeCredentialRequest, _admin_pb2.RevokeCredentialResponse]
     """Revokes a credential; it stops working at once."""
+    SetNotifyHook: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SetNotifyHookRequest, _admin_pb2.SetNotifyHookResponse]
+    """Sets the endpoint's notify hook: doorbells are also POSTed to this URL,
+    signed with an HMAC secret that is shown once.
+    """
+    ClearNotifyHook: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ClearNotifyHookRequest, _admin_pb2.ClearNotifyHookResponse]
+    """Removes the endpoint's notify hook; undelivered notifications are dropped."""
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -75,6 +81,12 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """Lists credentials (never their secrets)."""
     RevokeCredential: _aio.UnaryUnaryMultiCallable[_admin_pb2.RevokeCredentialRequest, _admin_pb2.RevokeCredentialResponse]  # type: ignore[assignment]
     """Revokes a credential; it stops working at once."""
+    SetNotifyHook: _aio.UnaryUnaryMultiCallable[_admin_pb2.SetNotifyHookRequest, _admin_pb2.SetNotifyHookResponse]  # type: ignore[assignment]
+    """Sets the endpoint's notify hook: doorbells are also POSTed to this URL,
+    signed with an HMAC secret that is shown once.
+    """
+    ClearNotifyHook: _aio.UnaryUnaryMultiCallable[_admin_pb2.ClearNotifyHookRequest, _admin_pb2.ClearNotifyHookResponse]  # type: ignore[assignment]
+    """Removes the endpoint's notify hook; undelivered notifications are dropped."""
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """Tenancy: owners, their humans and endpoints, and endpoint credentials."""
@@ -150,5 +162,23 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.RevokeCredentialResponse, _abc.Awaitable[_admin_pb2.RevokeCredentialResponse]]:
         """Revokes a credential; it stops working at once."""
+
+    @_abc_1.abstractmethod
+    def SetNotifyHook(
+        self,
+        request: _admin_pb2.SetNotifyHookRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.SetNotifyHookResponse, _abc.Awaitable[_admin_pb2.SetNotifyHookResponse]]:
+        """Sets the endpoint's notify hook: doorbells are also POSTed to this URL,
+        signed with an HMAC secret that is shown once.
+        """
+
+    @_abc_1.abstractmethod
+    def ClearNotifyHook(
+        self,
+        request: _admin_pb2.ClearNotifyHookRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ClearNotifyHookResponse, _abc.Awaitable[_admin_pb2.ClearNotifyHookResponse]]:
+        """Removes the endpoint's notify hook; undelivered notifications are dropped."""
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

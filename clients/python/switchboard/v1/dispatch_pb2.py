@@ -23,54 +23,63 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from switchboard.v1 import admission_pb2 as switchboard_dot_v1_dot_admission__pb2
 from switchboard.v1 import queue_pb2 as switchboard_dot_v1_dot_queue__pb2
 from switchboard.v1 import todo_pb2 as switchboard_dot_v1_dot_todo__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dswitchboard/v1/dispatch.proto\x12\x0eswitchboard.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1eswitchboard/v1/admission.proto\x1a\x1aswitchboard/v1/queue.proto\x1a\x19switchboard/v1/todo.proto\"\xde\x01\n\rIngestRequest\x12\'\n\x05queue\x18\x01 \x01(\x0b\x32\x18.switchboard.v1.QueueRef\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x03 \x01(\t\x12\'\n\x05\x64\x65\x64up\x18\x04 \x01(\x0b\x32\x18.switchboard.v1.DedupKey\x12\x19\n\x0cmax_attempts\x18\x05 \x01(\x05H\x00\x88\x01\x01\x12(\n\x05\x64\x65lay\x18\x06 \x01(\x0b\x32\x19.google.protobuf.DurationB\x0f\n\r_max_attempts\"J\n\x0eIngestResponse\x12\"\n\x04todo\x18\x01 \x01(\x0b\x32\x14.switchboard.v1.Todo\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x02 \x01(\x08\"d\n\x0c\x43laimRequest\x12\x0f\n\x07todo_id\x18\x01 \x01(\t\x12\x10\n\x08\x63laimant\x18\x02 \x01(\t\x12\x31\n\x0elease_duration\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xb6\x01\n\rClaimResponse\x12\"\n\x04todo\x18\x01 \x01(\x0b\x32\x14.switchboard.v1.Todo\x12$\n\x05lease\x18\x02 \x01(\x0b\x32\x15.switchboard.v1.Lease\x12*\n\x08headroom\x18\x03 \x01(\x0b\x32\x18.switchboard.v1.Headroom\x12/\n\x06policy\x18\x04 \x01(\x0b\x32\x1f.switchboard.v1.AdmissionPolicy\"|\n\x10\x43laimNextRequest\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\x0e\n\x06queues\x18\x02 \x03(\t\x12\x10\n\x08\x63laimant\x18\x03 \x01(\t\x12\x31\n\x0elease_duration\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xfa\x01\n\x11\x43laimNextResponse\x12\"\n\x04todo\x18\x01 \x01(\x0b\x32\x14.switchboard.v1.Todo\x12$\n\x05lease\x18\x02 \x01(\x0b\x32\x15.switchboard.v1.Lease\x12\r\n\x05\x65mpty\x18\x03 \x01(\x08\x12/\n\x08\x64\x65\x66\x65rred\x18\x04 \x03(\x0b\x32\x1d.switchboard.v1.DeferredQueue\x12*\n\x08headroom\x18\x05 \x01(\x0b\x32\x18.switchboard.v1.Headroom\x12/\n\x06policy\x18\x06 \x01(\x0b\x32\x1f.switchboard.v1.AdmissionPolicy\"h\n\x10HeartbeatRequest\x12\x0f\n\x07todo_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x31\n\x0elease_duration\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"9\n\x11HeartbeatResponse\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.switchboard.v1.Lease\"4\n\x0f\x43ompleteRequest\x12\x0f\n\x07todo_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\"6\n\x10\x43ompleteResponse\x12\"\n\x04todo\x18\x01 \x01(\x0b\x32\x14.switchboard.v1.Todo\"R\n\x0b\x46\x61ilRequest\x12\x0f\n\x07todo_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x11\n\tpermanent\x18\x04 \x01(\x08\"2\n\x0c\x46\x61ilResponse\x12\"\n\x04todo\x18\x01 \x01(\x0b\x32\x14.switchboard.v1.Todo\"3\n\x0eReleaseRequest\x12\x0f\n\x07todo_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\"5\n\x0fReleaseResponse\x12\"\n\x04todo\x18\x01 \x01(\x0b\x32\x14.switchboard.v1.Todo\"!\n\x0eGetTodoRequest\x12\x0f\n\x07todo_id\x18\x01 \x01(\t\"`\n\x0fGetTodoResponse\x12\"\n\x04todo\x18\x01 \x01(\x0b\x32\x14.switchboard.v1.Todo\x12)\n\x08\x61ttempts\x18\x02 \x03(\x0b\x32\x17.switchboard.v1.Attempt\"\x89\x01\n\x10ListTodosRequest\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\x0e\n\x06queues\x18\x02 \x03(\t\x12)\n\x06states\x18\x03 \x03(\x0e\x32\x19.switchboard.v1.TodoState\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"Q\n\x11ListTodosResponse\x12#\n\x05todos\x18\x01 \x03(\x0b\x32\x14.switchboard.v1.Todo\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xc0\x05\n\x0f\x44ispatchService\x12G\n\x06Ingest\x12\x1d.switchboard.v1.IngestRequest\x1a\x1e.switchboard.v1.IngestResponse\x12\x44\n\x05\x43laim\x12\x1c.switchboard.v1.ClaimRequest\x1a\x1d.switchboard.v1.ClaimResponse\x12P\n\tClaimNext\x12 .switchboard.v1.ClaimNextRequest\x1a!.switchboard.v1.ClaimNextResponse\x12P\n\tHeartbeat\x12 .switchboard.v1.HeartbeatRequest\x1a!.switchboard.v1.HeartbeatResponse\x12M\n\x08\x43omplete\x12\x1f.switchboard.v1.CompleteRequest\x1a .switchboard.v1.CompleteResponse\x12\x41\n\x04\x46\x61il\x12\x1b.switchboard.v1.FailRequest\x1a\x1c.switchboard.v1.FailResponse\x12J\n\x07Release\x12\x1e.switchboard.v1.ReleaseRequest\x1a\x1f.switchboard.v1.ReleaseResponse\x12J\n\x07GetTodo\x12\x1e.switchboard.v1.GetTodoRequest\x1a\x1f.switchboard.v1.GetTodoResponse\x12P\n\tListTodos\x12 .switchboard.v1.ListTodosRequest\x1a!.switchboard.v1.ListTodosResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dswitchboard/v1/dispatch.proto\x12\x0eswitchboard.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1eswitchboard/v1/admission.proto\x1a\x1aswitchboard/v1/queue.proto\x1a\x19switchboard/v1/todo.proto\"\xde\x01\n\rIngestRequest\x12\'\n\x05queue\x18\x01 \x01(\x0b\x32\x18.switchboard.v1.QueueRef\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x03 \x01(\t\x12\'\n\x05\x64\x65\x64up\x18\x04 \x01(\x0b\x32\x18.switchboard.v1.DedupKey\x12\x19\n\x0cmax_attempts\x18\x05 \x01(\x05H\x00\x88\x01\x01\x12(\n\x05\x64\x65lay\x18\x06 \x01(\x0b\x32\x19.google.protobuf.DurationB\x0f\n\r_max_attempts\"J\n\x0eIngestResponse\x12\"\n\x04todo\x18\x01 \x01(\x0b\x32\x14.switchboard.v1.Todo\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x02 \x01(\x08\"d\n\x0c\x43laimRequest\x12\x0f\n\x07todo_id\x18\x01 \x01(\t\x12\x10\n\x08\x63laimant\x18\x02 \x01(\t\x12\x31\n\x0elease_duration\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xb6\x01\n\rClaimResponse\x12\"\n\x04todo\x18\x01 \x01(\x0b\x32\x14.switchboard.v1.Todo\x12$\n\x05lease\x18\x02 \x01(\x0b\x32\x15.switchboard.v1.Lease\x12*\n\x08headroom\x18\x03 \x01(\x0b\x32\x18.switchboard.v1.Headroom\x12/\n\x06policy\x18\x04 \x01(\x0b\x32\x1f.switchboard.v1.AdmissionPolicy\"|\n\x10\x43laimNextRequest\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\x0e\n\x06queues\x18\x02 \x03(\t\x12\x10\n\x08\x63laimant\x18\x03 \x01(\t\x12\x31\n\x0elease_duration\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xfa\x01\n\x11\x43laimNextResponse\x12\"\n\x04todo\x18\x01 \x01(\x0b\x32\x14.switchboard.v1.Todo\x12$\n\x05lease\x18\x02 \x01(\x0b\x32\x15.switchboard.v1.Lease\x12\r\n\x05\x65mpty\x18\x03 \x01(\x08\x12/\n\x08\x64\x65\x66\x65rred\x18\x04 \x03(\x0b\x32\x1d.switchboard.v1.DeferredQueue\x12*\n\x08headroom\x18\x05 \x01(\x0b\x32\x18.switchboard.v1.Headroom\x12/\n\x06policy\x18\x06 \x01(\x0b\x32\x1f.switchboard.v1.AdmissionPolicy\"h\n\x10HeartbeatRequest\x12\x0f\n\x07todo_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x31\n\x0elease_duration\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"9\n\x11HeartbeatResponse\x12$\n\x05lease\x18\x01 \x01(\x0b\x32\x15.switchboard.v1.Lease\"4\n\x0f\x43ompleteRequest\x12\x0f\n\x07todo_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\"6\n\x10\x43ompleteResponse\x12\"\n\x04todo\x18\x01 \x01(\x0b\x32\x14.switchboard.v1.Todo\"R\n\x0b\x46\x61ilRequest\x12\x0f\n\x07todo_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x11\n\tpermanent\x18\x04 \x01(\x08\"2\n\x0c\x46\x61ilResponse\x12\"\n\x04todo\x18\x01 \x01(\x0b\x32\x14.switchboard.v1.Todo\"3\n\x0eReleaseRequest\x12\x0f\n\x07todo_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\"5\n\x0fReleaseResponse\x12\"\n\x04todo\x18\x01 \x01(\x0b\x32\x14.switchboard.v1.Todo\"!\n\x0eGetTodoRequest\x12\x0f\n\x07todo_id\x18\x01 \x01(\t\"`\n\x0fGetTodoResponse\x12\"\n\x04todo\x18\x01 \x01(\x0b\x32\x14.switchboard.v1.Todo\x12)\n\x08\x61ttempts\x18\x02 \x03(\x0b\x32\x17.switchboard.v1.Attempt\"\x89\x01\n\x10ListTodosRequest\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\x0e\n\x06queues\x18\x02 \x03(\t\x12)\n\x06states\x18\x03 \x03(\x0e\x32\x19.switchboard.v1.TodoState\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"Q\n\x11ListTodosResponse\x12#\n\x05todos\x18\x01 \x03(\x0b\x32\x14.switchboard.v1.Todo\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"9\n\x12WatchReopenRequest\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\x0e\n\x06queues\x18\x02 \x03(\t\"\x9a\x01\n\x08\x44oorbell\x12\'\n\x05queue\x18\x01 \x01(\x0b\x32\x18.switchboard.v1.QueueRef\x12,\n\x05\x63\x61use\x18\x02 \x01(\x0e\x32\x1d.switchboard.v1.DoorbellCause\x12\x0f\n\x07pending\x18\x03 \x01(\x03\x12&\n\x02\x61t\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"A\n\x13WatchReopenResponse\x12*\n\x08\x64oorbell\x18\x01 \x01(\x0b\x32\x18.switchboard.v1.Doorbell*\xec\x01\n\rDoorbellCause\x12\x1e\n\x1a\x44OORBELL_CAUSE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x44OORBELL_CAUSE_CREATED\x10\x01\x12\x1b\n\x17\x44OORBELL_CAUSE_ATTACHED\x10\x02\x12\x1c\n\x18\x44OORBELL_CAUSE_HEARTBEAT\x10\x03\x12\"\n\x1e\x44OORBELL_CAUSE_WINDOW_BOUNDARY\x10\x04\x12\x1d\n\x19\x44OORBELL_CAUSE_SLOT_FREED\x10\x05\x12!\n\x1d\x44OORBELL_CAUSE_POLICY_CHANGED\x10\x06\x32\x9a\x06\n\x0f\x44ispatchService\x12G\n\x06Ingest\x12\x1d.switchboard.v1.IngestRequest\x1a\x1e.switchboard.v1.IngestResponse\x12\x44\n\x05\x43laim\x12\x1c.switchboard.v1.ClaimRequest\x1a\x1d.switchboard.v1.ClaimResponse\x12P\n\tClaimNext\x12 .switchboard.v1.ClaimNextRequest\x1a!.switchboard.v1.ClaimNextResponse\x12P\n\tHeartbeat\x12 .switchboard.v1.HeartbeatRequest\x1a!.switchboard.v1.HeartbeatResponse\x12M\n\x08\x43omplete\x12\x1f.switchboard.v1.CompleteRequest\x1a .switchboard.v1.CompleteResponse\x12\x41\n\x04\x46\x61il\x12\x1b.switchboard.v1.FailRequest\x1a\x1c.switchboard.v1.FailResponse\x12J\n\x07Release\x12\x1e.switchboard.v1.ReleaseRequest\x1a\x1f.switchboard.v1.ReleaseResponse\x12J\n\x07GetTodo\x12\x1e.switchboard.v1.GetTodoRequest\x1a\x1f.switchboard.v1.GetTodoResponse\x12P\n\tListTodos\x12 .switchboard.v1.ListTodosRequest\x1a!.switchboard.v1.ListTodosResponse\x12X\n\x0bWatchReopen\x12\".switchboard.v1.WatchReopenRequest\x1a#.switchboard.v1.WatchReopenResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'switchboard.v1.dispatch_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_INGESTREQUEST']._serialized_start=169
-  _globals['_INGESTREQUEST']._serialized_end=391
-  _globals['_INGESTRESPONSE']._serialized_start=393
-  _globals['_INGESTRESPONSE']._serialized_end=467
-  _globals['_CLAIMREQUEST']._serialized_start=469
-  _globals['_CLAIMREQUEST']._serialized_end=569
-  _globals['_CLAIMRESPONSE']._serialized_start=572
-  _globals['_CLAIMRESPONSE']._serialized_end=754
-  _globals['_CLAIMNEXTREQUEST']._serialized_start=756
-  _globals['_CLAIMNEXTREQUEST']._serialized_end=880
-  _globals['_CLAIMNEXTRESPONSE']._serialized_start=883
-  _globals['_CLAIMNEXTRESPONSE']._serialized_end=1133
-  _globals['_HEARTBEATREQUEST']._serialized_start=1135
-  _globals['_HEARTBEATREQUEST']._serialized_end=1239
-  _globals['_HEARTBEATRESPONSE']._serialized_start=1241
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1298
-  _globals['_COMPLETEREQUEST']._serialized_start=1300
-  _globals['_COMPLETEREQUEST']._serialized_end=1352
-  _globals['_COMPLETERESPONSE']._serialized_start=1354
-  _globals['_COMPLETERESPONSE']._serialized_end=1408
-  _globals['_FAILREQUEST']._serialized_start=1410
-  _globals['_FAILREQUEST']._serialized_end=1492
-  _globals['_FAILRESPONSE']._serialized_start=1494
-  _globals['_FAILRESPONSE']._serialized_end=1544
-  _globals['_RELEASEREQUEST']._serialized_start=1546
-  _globals['_RELEASEREQUEST']._serialized_end=1597
-  _globals['_RELEASERESPONSE']._serialized_start=1599
-  _globals['_RELEASERESPONSE']._serialized_end=1652
-  _globals['_GETTODOREQUEST']._serialized_start=1654
-  _globals['_GETTODOREQUEST']._serialized_end=1687
-  _globals['_GETTODORESPONSE']._serialized_start=1689
-  _globals['_GETTODORESPONSE']._serialized_end=1785
-  _globals['_LISTTODOSREQUEST']._serialized_start=1788
-  _globals['_LISTTODOSREQUEST']._serialized_end=1925
-  _globals['_LISTTODOSRESPONSE']._serialized_start=1927
-  _globals['_LISTTODOSRESPONSE']._serialized_end=2008
-  _globals['_DISPATCHSERVICE']._serialized_start=2011
-  _globals['_DISPATCHSERVICE']._serialized_end=2715
+  _globals['_DOORBELLCAUSE']._serialized_start=2327
+  _globals['_DOORBELLCAUSE']._serialized_end=2563
+  _globals['_INGESTREQUEST']._serialized_start=202
+  _globals['_INGESTREQUEST']._serialized_end=424
+  _globals['_INGESTRESPONSE']._serialized_start=426
+  _globals['_INGESTRESPONSE']._serialized_end=500
+  _globals['_CLAIMREQUEST']._serialized_start=502
+  _globals['_CLAIMREQUEST']._serialized_end=602
+  _globals['_CLAIMRESPONSE']._serialized_start=605
+  _globals['_CLAIMRESPONSE']._serialized_end=787
+  _globals['_CLAIMNEXTREQUEST']._serialized_start=789
+  _globals['_CLAIMNEXTREQUEST']._serialized_end=913
+  _globals['_CLAIMNEXTRESPONSE']._serialized_start=916
+  _globals['_CLAIMNEXTRESPONSE']._serialized_end=1166
+  _globals['_HEARTBEATREQUEST']._serialized_start=1168
+  _globals['_HEARTBEATREQUEST']._serialized_end=1272
+  _globals['_HEARTBEATRESPONSE']._serialized_start=1274
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1331
+  _globals['_COMPLETEREQUEST']._serialized_start=1333
+  _globals['_COMPLETEREQUEST']._serialized_end=1385
+  _globals['_COMPLETERESPONSE']._serialized_start=1387
+  _globals['_COMPLETERESPONSE']._serialized_end=1441
+  _globals['_FAILREQUEST']._serialized_start=1443
+  _globals['_FAILREQUEST']._serialized_end=1525
+  _globals['_FAILRESPONSE']._serialized_start=1527
+  _globals['_FAILRESPONSE']._serialized_end=1577
+  _globals['_RELEASEREQUEST']._serialized_start=1579
+  _globals['_RELEASEREQUEST']._serialized_end=1630
+  _globals['_RELEASERESPONSE']._serialized_start=1632
+  _globals['_RELEASERESPONSE']._serialized_end=1685
+  _globals['_GETTODOREQUEST']._serialized_start=1687
+  _globals['_GETTODOREQUEST']._serialized_end=1720
+  _globals['_GETTODORESPONSE']._serialized_start=1722
+  _globals['_GETTODORESPONSE']._serialized_end=1818
+  _globals['_LISTTODOSREQUEST']._serialized_start=1821
+  _globals['_LISTTODOSREQUEST']._serialized_end=1958
+  _globals['_LISTTODOSRESPONSE']._serialized_start=1960
+  _globals['_LISTTODOSRESPONSE']._serialized_end=2041
+  _globals['_WATCHREOPENREQUEST']._serialized_start=2043
+  _globals['_WATCHREOPENREQUEST']._serialized_end=2100
+  _globals['_DOORBELL']._serialized_start=2103
+  _globals['_DOORBELL']._serialized_end=2257
+  _globals['_WATCHREOPENRESPONSE']._serialized_start=2259
+  _globals['_WATCHREOPENRESPONSE']._serialized_end=2324
+  _globals['_DISPATCHSERVICE']._serialized_start=2566
+  _globals['_DISPATCHSERVICE']._serialized_end=3360
 # @@protoc_insertion_point(module_scope)

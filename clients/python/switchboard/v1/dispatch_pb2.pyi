@@ -7,7 +7,9 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from switchboard.v1 import admission_pb2 as _admission_pb2
 from switchboard.v1 import queue_pb2 as _queue_pb2
 from switchboard.v1 import todo_pb2 as _todo_pb2
@@ -21,6 +23,44 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _DoorbellCause:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DoorbellCauseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DoorbellCause.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DOORBELL_CAUSE_UNSPECIFIED: _DoorbellCause.ValueType  # 0
+    DOORBELL_CAUSE_CREATED: _DoorbellCause.ValueType  # 1
+    """A todo was created in the queue."""
+    DOORBELL_CAUSE_ATTACHED: _DoorbellCause.ValueType  # 2
+    """The subscriber attached (or its server reconnected) while work waited."""
+    DOORBELL_CAUSE_HEARTBEAT: _DoorbellCause.ValueType  # 3
+    """Periodic reminder while work waits."""
+    DOORBELL_CAUSE_WINDOW_BOUNDARY: _DoorbellCause.ValueType  # 4
+    """A deferred queue reopened at a window boundary."""
+    DOORBELL_CAUSE_SLOT_FREED: _DoorbellCause.ValueType  # 5
+    """A deferred queue reopened because an in-flight slot freed."""
+    DOORBELL_CAUSE_POLICY_CHANGED: _DoorbellCause.ValueType  # 6
+    """A deferred queue reopened because its policy was raised or cleared."""
+
+class DoorbellCause(_DoorbellCause, metaclass=_DoorbellCauseEnumTypeWrapper):
+    """Why a doorbell rang."""
+
+DOORBELL_CAUSE_UNSPECIFIED: DoorbellCause.ValueType  # 0
+DOORBELL_CAUSE_CREATED: DoorbellCause.ValueType  # 1
+"""A todo was created in the queue."""
+DOORBELL_CAUSE_ATTACHED: DoorbellCause.ValueType  # 2
+"""The subscriber attached (or its server reconnected) while work waited."""
+DOORBELL_CAUSE_HEARTBEAT: DoorbellCause.ValueType  # 3
+"""Periodic reminder while work waits."""
+DOORBELL_CAUSE_WINDOW_BOUNDARY: DoorbellCause.ValueType  # 4
+"""A deferred queue reopened at a window boundary."""
+DOORBELL_CAUSE_SLOT_FREED: DoorbellCause.ValueType  # 5
+"""A deferred queue reopened because an in-flight slot freed."""
+DOORBELL_CAUSE_POLICY_CHANGED: DoorbellCause.ValueType  # 6
+"""A deferred queue reopened because its policy was raised or cleared."""
+Global___DoorbellCause: _TypeAlias = DoorbellCause  # noqa: Y015
 
 @_typing.final
 class IngestRequest(_message.Message):
@@ -533,3 +573,84 @@ class ListTodosResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListTodosResponse: _TypeAlias = ListTodosResponse  # noqa: Y015
+
+@_typing.final
+class WatchReopenRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINT_ID_FIELD_NUMBER: _builtins.int
+    QUEUES_FIELD_NUMBER: _builtins.int
+    endpoint_id: _builtins.str
+    """The endpoint to watch. An endpoint credential may leave it empty to mean
+    its own endpoint.
+    """
+    @_builtins.property
+    def queues(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Only these queues (all of the endpoint's when empty)."""
+
+    def __init__(
+        self,
+        *,
+        endpoint_id: _builtins.str = ...,
+        queues: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint_id", b"endpoint_id", "queues", b"queues"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchReopenRequest: _TypeAlias = WatchReopenRequest  # noqa: Y015
+
+@_typing.final
+class Doorbell(_message.Message):
+    """A queue has claimable pending work. A hint: claim to find out."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUE_FIELD_NUMBER: _builtins.int
+    CAUSE_FIELD_NUMBER: _builtins.int
+    PENDING_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    cause: Global___DoorbellCause.ValueType
+    pending: _builtins.int
+    """Pending todos in the queue when it rang."""
+    @_builtins.property
+    def queue(self) -> _queue_pb2.QueueRef: ...
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        queue: _queue_pb2.QueueRef | None = ...,
+        cause: Global___DoorbellCause.ValueType = ...,
+        pending: _builtins.int = ...,
+        at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "queue", b"queue"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "cause", b"cause", "pending", b"pending", "queue", b"queue"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Doorbell: _TypeAlias = Doorbell  # noqa: Y015
+
+@_typing.final
+class WatchReopenResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DOORBELL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def doorbell(self) -> Global___Doorbell: ...
+    def __init__(
+        self,
+        *,
+        doorbell: Global___Doorbell | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["doorbell", b"doorbell"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["doorbell", b"doorbell"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchReopenResponse: _TypeAlias = WatchReopenResponse  # noqa: Y015

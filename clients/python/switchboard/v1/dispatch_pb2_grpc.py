@@ -80,6 +80,11 @@ class DispatchServiceStub:
                 request_serializer=switchboard_dot_v1_dot_dispatch__pb2.ListTodosRequest.SerializeToString,
                 response_deserializer=switchboard_dot_v1_dot_dispatch__pb2.ListTodosResponse.FromString,
                 _registered_method=True)
+        self.WatchReopen = channel.unary_stream(
+                '/switchboard.v1.DispatchService/WatchReopen',
+                request_serializer=switchboard_dot_v1_dot_dispatch__pb2.WatchReopenRequest.SerializeToString,
+                response_deserializer=switchboard_dot_v1_dot_dispatch__pb2.WatchReopenResponse.FromString,
+                _registered_method=True)
 
 
 class DispatchServiceServicer:
@@ -152,6 +157,16 @@ class DispatchServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchReopen(self, request, context):
+        """Streams doorbells: a queue the caller watches has claimable pending work
+        (on creation, on attach, periodically while work waits, and once when a
+        deferred queue reopens). Never for a queue whose admission defers it.
+        The response headers arrive once the subscription is registered.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DispatchServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -199,6 +214,11 @@ def add_DispatchServiceServicer_to_server(servicer, server):
                     servicer.ListTodos,
                     request_deserializer=switchboard_dot_v1_dot_dispatch__pb2.ListTodosRequest.FromString,
                     response_serializer=switchboard_dot_v1_dot_dispatch__pb2.ListTodosResponse.SerializeToString,
+            ),
+            'WatchReopen': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchReopen,
+                    request_deserializer=switchboard_dot_v1_dot_dispatch__pb2.WatchReopenRequest.FromString,
+                    response_serializer=switchboard_dot_v1_dot_dispatch__pb2.WatchReopenResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -445,6 +465,33 @@ class DispatchService:
             '/switchboard.v1.DispatchService/ListTodos',
             switchboard_dot_v1_dot_dispatch__pb2.ListTodosRequest.SerializeToString,
             switchboard_dot_v1_dot_dispatch__pb2.ListTodosResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchReopen(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/switchboard.v1.DispatchService/WatchReopen',
+            switchboard_dot_v1_dot_dispatch__pb2.WatchReopenRequest.SerializeToString,
+            switchboard_dot_v1_dot_dispatch__pb2.WatchReopenResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -56,6 +56,12 @@ class DispatchServiceStub:
     """Reads one todo with its attempts."""
     ListTodos: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.ListTodosRequest, _dispatch_pb2.ListTodosResponse]
     """Lists todos of an endpoint, newest first, filtered and paged."""
+    WatchReopen: _grpc.UnaryStreamMultiCallable[_dispatch_pb2.WatchReopenRequest, _dispatch_pb2.WatchReopenResponse]
+    """Streams doorbells: a queue the caller watches has claimable pending work
+    (on creation, on attach, periodically while work waits, and once when a
+    deferred queue reopens). Never for a queue whose admission defers it.
+    The response headers arrive once the subscription is registered.
+    """
 
 @_typing.type_check_only
 class DispatchServiceAsyncStub(DispatchServiceStub):
@@ -85,6 +91,12 @@ class DispatchServiceAsyncStub(DispatchServiceStub):
     """Reads one todo with its attempts."""
     ListTodos: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.ListTodosRequest, _dispatch_pb2.ListTodosResponse]  # type: ignore[assignment]
     """Lists todos of an endpoint, newest first, filtered and paged."""
+    WatchReopen: _aio.UnaryStreamMultiCallable[_dispatch_pb2.WatchReopenRequest, _dispatch_pb2.WatchReopenResponse]  # type: ignore[assignment]
+    """Streams doorbells: a queue the caller watches has claimable pending work
+    (on creation, on attach, periodically while work waits, and once when a
+    deferred queue reopens). Never for a queue whose admission defers it.
+    The response headers arrive once the subscription is registered.
+    """
 
 class DispatchServiceServicer(metaclass=_abc_1.ABCMeta):
     """Hands todos to workers. Every call carries `authorization: Bearer <token>`."""
@@ -165,5 +177,17 @@ class DispatchServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_dispatch_pb2.ListTodosResponse, _abc.Awaitable[_dispatch_pb2.ListTodosResponse]]:
         """Lists todos of an endpoint, newest first, filtered and paged."""
+
+    @_abc_1.abstractmethod
+    def WatchReopen(
+        self,
+        request: _dispatch_pb2.WatchReopenRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_dispatch_pb2.WatchReopenResponse], _abc.AsyncIterator[_dispatch_pb2.WatchReopenResponse]]:
+        """Streams doorbells: a queue the caller watches has claimable pending work
+        (on creation, on attach, periodically while work waits, and once when a
+        deferred queue reopens). Never for a queue whose admission defers it.
+        The response headers arrive once the subscription is registered.
+        """
 
 def add_DispatchServiceServicer_to_server(servicer: DispatchServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

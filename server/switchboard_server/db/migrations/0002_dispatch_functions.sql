@@ -2,6 +2,15 @@
 -- round-trip from the server, and each statement inside takes a fresh
 -- READ COMMITTED snapshot.
 
+-- Called when ingest creates a todo. An extension point, empty here; the
+-- doorbell migration replaces it to ring the queue's doorbell.
+CREATE FUNCTION sb_on_created(p_todo todos, p_now timestamptz) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    NULL;
+END;
+$$;
+
 -- Ingest: resolve (or create) the queue, insert the todo, or return the
 -- existing one for a repeated dedup key.
 CREATE FUNCTION sb_ingest(
@@ -45,6 +54,7 @@ BEGIN
         ON CONFLICT ON CONSTRAINT todos_dedup_key DO NOTHING
         RETURNING * INTO v_row;
         IF FOUND THEN
+            PERFORM sb_on_created(v_row, v_now);
             RETURN QUERY SELECT false, v_row;
             RETURN;
         END IF;

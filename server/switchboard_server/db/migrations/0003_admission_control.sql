@@ -230,6 +230,17 @@ BEGIN
 END;
 $$;
 
+-- Called when a claim leaves queues deferred: their ids and deferrals (in the
+-- same order). An extension point, empty here; the doorbell migration
+-- replaces it to mark the queues' gates so that their reopen rings.
+CREATE FUNCTION sb_on_deferred(p_queue_ids bigint[], p_deferred jsonb, p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    NULL;
+END;
+$$;
+
 DROP FUNCTION sb_claim(bigint, uuid, uuid, text, interval);
 DROP FUNCTION sb_claim_next(uuid, uuid, text[], text, interval);
 
@@ -288,6 +299,7 @@ BEGIN
     END;
     SELECT count(*) INTO v_pending FROM todos t
      WHERE t.queue_id = v_row.queue_id AND t.state = 'pending';
+    PERFORM sb_on_deferred(ARRAY[v_row.queue_id], jsonb_build_array(v_detail), v_now);
     RETURN QUERY SELECT 'deferred'::text, v_row,
         jsonb_build_object('deferred', jsonb_build_array(
             v_detail || jsonb_build_object('pending', v_pending, 'now', v_now)));
@@ -472,6 +484,7 @@ BEGIN
     END LOOP;
     -- Nothing claimable: say which queues wait, and how much.
     IF jsonb_array_length(v_deferred) > 0 THEN
+        PERFORM sb_on_deferred(v_listed, v_deferred, v_now);
         SELECT jsonb_agg(d.value || jsonb_build_object('pending', (
                    SELECT count(*) FROM todos t JOIN queues q ON q.id = t.queue_id
                     WHERE q.endpoint_id = p_endpoint_id AND q.name = d.value->>'queue'

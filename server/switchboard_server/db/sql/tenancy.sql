@@ -17,13 +17,14 @@ SELECT EXISTS (SELECT 1 FROM owners WHERE id = $1) AS found;
 INSERT INTO humans (owner_id, name) VALUES ($1, $2) RETURNING id, owner_id, name, created_at;
 
 -- name: endpoint_create :one
-INSERT INTO endpoints (owner_id, name) VALUES ($1, $2) RETURNING id, owner_id, name, created_at;
+INSERT INTO endpoints (owner_id, name) VALUES ($1, $2)
+RETURNING id, owner_id, name, created_at, notify_url;
 
 -- name: endpoint_list :many
-SELECT id, owner_id, name, created_at FROM endpoints WHERE owner_id = $1 ORDER BY name;
+SELECT id, owner_id, name, created_at, notify_url FROM endpoints WHERE owner_id = $1 ORDER BY name;
 
 -- name: endpoint_get :one
-SELECT id, owner_id, name, created_at FROM endpoints WHERE id = $1 AND owner_id = $2;
+SELECT id, owner_id, name, created_at, notify_url FROM endpoints WHERE id = $1 AND owner_id = $2;
 
 -- name: credential_create :one
 INSERT INTO credentials (kind, token_hash, owner_id, human_id, endpoint_id,
@@ -47,3 +48,16 @@ UPDATE credentials SET revoked_at = coalesce(revoked_at, sb_now())
  WHERE id = $1 AND ($2::uuid IS NULL OR owner_id = $2)
 RETURNING id, kind, owner_id, human_id, endpoint_id, vended_by_human_id, grants, label,
           created_at, revoked_at;
+
+-- name: endpoint_set_hook :one
+-- Sets (or with NULLs clears) an endpoint's notify hook; clearing drops what
+-- was waiting to be sent.
+WITH updated AS (
+    UPDATE endpoints SET notify_url = $3, notify_secret = $4
+     WHERE id = $1 AND owner_id = $2
+    RETURNING id, owner_id, name, created_at, notify_url
+), dropped AS (
+    DELETE FROM hook_outbox o USING updated
+     WHERE o.endpoint_id = updated.id AND updated.notify_url IS NULL
+)
+SELECT * FROM updated;

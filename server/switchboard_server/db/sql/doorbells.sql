@@ -1,0 +1,12 @@
+-- name: doorbell_snapshot :many
+-- The queues of an endpoint ($1; only names $2 when not NULL) with claimable
+-- pending work that admission does not defer (deferred gates get marked).
+SELECT queue, pending, at FROM sb_doorbell_snapshot($1, $2);
+
+-- name: gate_reopen_sweep :many
+-- Reopens up to $1 due deferred gates that admit again, ringing each once.
+SELECT queue_id, cause, rang FROM sb_reopen_sweep($1);
+
+-- name: gate_recheck :exec
+-- A queue's policy changed: evaluate its deferred gate at the next sweep.
+UPDATE queue_gates SET next_check_at = sb_now() WHERE queue_id = $1 AND deferred;

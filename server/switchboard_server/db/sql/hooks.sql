@@ -1,0 +1,101 @@
+-- name: hook_take :many
+-- Leases up to $1 due deliveries for $2 (an interval) and returns them with
+-- the endpoint's URL and secret. Only the oldest row of each (endpoint,
+-- queue) is eligible, so a queue's notifications go out strictly in order;
+-- FOR UPDATE SKIP LOCKED plus the lease keep two replicas from sending the
+-- same row at once. The heads are found by skipping along the (endpoint_id,
+-- queue, id) index, one probe per queue, so a deep backlog costs nothing.
+-- Rows of an endpoint whose hook was cleared are left for hook_drop_cleared.
+WITH RECURSIVE heads AS (
+    (SELECT o.endpoint_id, o.queue, o.id FROM hook_outbox o
+      ORDER BY o.endpoint_id, o.queue, o.id LIMIT 1)
+    UNION ALL
+    SELECT nxt.endpoint_id, nxt.queue, nxt.id
+      FROM heads h
+     CROSS JOIN LATERAL (
+        SELECT o.endpoint_id, o.queue, o.id FROM hook_outbox o
+         WHERE (o.endpoint_id, o.queue) > (h.endpoint_id, h.queue)
+         ORDER BY o.endpoint_id, o.queue, o.id LIMIT 1
+     ) nxt
+), due AS (
+    SELECT o.id
+      FROM heads h
+      JOIN hook_outbox o ON o.id = h.id
+      JOIN endpoints e ON e.id = o.endpoint_id AND e.notify_url IS NOT NULL
+     WHERE o.next_attempt_at <= sb_now()
+       AND (o.lease_until IS NULL OR o.lease_until <= sb_now())
+     ORDER BY o.next_attempt_at, o.id
+     LIMIT $1
+       FOR UPDATE OF o SKIP LOCKED
+)
+UPDATE hook_outbox o
+   SET lease_until = sb_now() + $2::interval
+  FROM due, endpoints e
+ WHERE o.id = due.id AND e.id = o.endpoint_id AND e.notify_url IS NOT NULL
+RETURNING o.id, o.endpoint_id, o.queue, o.cause, o.pending, o.rung_at, o.attempts,
+          o.lease_until, e.notify_url, e.notify_secret;
+
+-- name: hook_delivered :exec
+-- The receiver acknowledged delivery $1: it is done.
+DELETE FROM hook_outbox WHERE id = $1;
+
+-- name: hook_failed :exec
+-- Delivery $1 failed with error $2: try again after $3 (an interval). Only
+-- while the lease $4 taken for it is still the row's (a replica that took
+-- it over after the lease lapsed owns it now).
+UPDATE hook_outbox
+   SET attempts = attempts + 1, last_error = $2, next_attempt_at = sb_now() + $3::interval,
+       lease_until = NULL
+ WHERE id = $1 AND lease_until = $4;
+
+-- name: hook_release :exec
+-- Hands delivery $1 back unsent (the process is stopping), if its lease $2 is
+-- still the row's, so that another replica need not wait for the lease to lapse.
+UPDATE hook_outbox SET lease_until = NULL WHERE id = $1 AND lease_until = $2;
+
+-- name: hook_over_cap :one
+-- Whether the whole outbox holds more than $1 rows (reads at most $1 + 1):
+-- only then can an endpoint be over the cap, so hook_trim is skipped.
+SELECT EXISTS (SELECT 1 FROM hook_outbox OFFSET $1) AS over;
+
+-- name: hook_trim :many
+-- Bounds the outbox: deletes the oldest rows of each endpoint beyond $1
+-- undelivered ones; returns how many were dropped per endpoint.
+WITH over AS (
+    SELECT endpoint_id FROM hook_outbox GROUP BY endpoint_id HAVING count(*) > $1
+), doomed AS (
+    SELECT old.id
+      FROM over
+     CROSS JOIN LATERAL (
+        SELECT o.id FROM hook_outbox o
+         WHERE o.endpoint_id = over.endpoint_id
+         ORDER BY o.id DESC
+        OFFSET $1
+     ) old
+), dropped AS (
+    DELETE FROM hook_outbox o USING doomed d
+     WHERE o.id = d.id
+    RETURNING o.endpoint_id
+)
+SELECT endpoint_id, count(*) AS dropped FROM dropped GROUP BY endpoint_id;
+
+-- name: hook_drop_cleared :one
+-- Deletes the rows of endpoints whose hook is cleared (a ring that raced
+-- ClearNotifyHook may have queued one after the clear deleted the rest).
+-- The outbox's endpoints are found by skipping along its index.
+WITH RECURSIVE outbox_endpoints AS (
+    (SELECT o.endpoint_id FROM hook_outbox o ORDER BY o.endpoint_id LIMIT 1)
+    UNION ALL
+    SELECT nxt.endpoint_id
+      FROM outbox_endpoints p
+     CROSS JOIN LATERAL (
+        SELECT o.endpoint_id FROM hook_outbox o
+         WHERE o.endpoint_id > p.endpoint_id
+         ORDER BY o.endpoint_id LIMIT 1
+     ) nxt
+), dropped AS (
+    DELETE FROM hook_outbox o USING outbox_endpoints x, endpoints e
+     WHERE e.id = x.endpoint_id AND e.notify_url IS NULL AND o.endpoint_id = x.endpoint_id
+    RETURNING o.id
+)
+SELECT count(*) AS dropped FROM dropped;

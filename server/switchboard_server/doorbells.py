@@ -1,0 +1,182 @@
+"""Doorbells: the fan-out from rings to ``WatchReopen`` subscribers.
+
+Rings are decided in PostgreSQL (``sb_ring``: creation and reopens, gated by
+admission) and travel to every replica by NOTIFY; each process keeps one
+LISTEN connection and fans rings out in memory to its own subscribers.
+Attach, heartbeat and reconnection rings come from a snapshot query, per
+endpoint, that holds back queues whose admission defers them.
+
+Delivery to a subscriber is bounded and coalesced: a subscription keeps at
+most one waiting doorbell per queue (the latest), so a slow reader never
+grows memory or slows the fan-out, the claim path or other subscribers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from switchboard_server.db import Database
+from switchboard_server.db import doorbells as doorbell_queries
+from switchboard_server.db.doorbells import Listener
+
+log = logging.getLogger(__name__)
+
+CAUSES = frozenset(
+    {"created", "attached", "heartbeat", "window_boundary", "slot_freed", "policy_changed"}
+)
+
+
+@dataclass(frozen=True)
+class Doorbell:
+    """A queue has claimable pending work."""
+
+    endpoint_id: uuid.UUID
+    queue: str
+    cause: str
+    pending: int
+    at: datetime
+
+
+class Subscription:
+    """One ``WatchReopen`` stream's view of the rings."""
+
+    def __init__(self, endpoint_id: uuid.UUID, queues: frozenset[str] | None) -> None:
+        self.endpoint_id = endpoint_id
+        self.queues = queues
+        self._waiting: dict[str, Doorbell] = {}
+        self._ready = asyncio.Event()
+        self._closed = False
+
+    def wants(self, queue: str) -> bool:
+        """Whether this subscription watches ``queue``."""
+        return self.queues is None or queue in self.queues
+
+    def offer(self, bell: Doorbell) -> None:
+        """Queues a doorbell for delivery, replacing one still waiting for the same queue."""
+        if self._closed or not self.wants(bell.queue):
+            return
+        self._waiting.pop(bell.queue, None)
+        self._waiting[bell.queue] = bell
+        self._ready.set()
+
+    def close(self) -> None:
+        """Ends the stream after what is waiting."""
+        self._closed = True
+        self._ready.set()
+
+    async def __aiter__(self) -> AsyncIterator[Doorbell]:
+        while True:
+            await self._ready.wait()
+            self._ready.clear()
+            batch = list(self._waiting.values())
+            self._waiting.clear()
+            for bell in batch:
+                yield bell
+            if self._closed:
+                return
+
+
+class DoorbellHub:
+    """Fans doorbells out to this process's subscribers."""
+
+    def __init__(self, db: Database, heartbeat: timedelta) -> None:
+        self._db = db
+        self.heartbeat = heartbeat
+        self._subs: dict[uuid.UUID, set[Subscription]] = defaultdict(set)
+        self.listener = Listener(db.dsn, self._on_payload, self._on_reconnect)
+
+    @property
+    def subscribers(self) -> int:
+        """Open subscriptions in this process."""
+        return sum(len(s) for s in self._subs.values())
+
+    async def subscribe(self, endpoint_id: uuid.UUID, queues: Iterable[str] | None) -> Subscription:
+        """Registers a subscriber, then rings ATTACHED for the work already waiting."""
+        sub = Subscription(endpoint_id, frozenset(queues) if queues else None)
+        self._subs[endpoint_id].add(sub)
+        await self._ring_snapshot(endpoint_id, "attached", [sub])
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        """Forgets a subscriber."""
+        subs = self._subs.get(sub.endpoint_id)
+        if subs is not None:
+            subs.discard(sub)
+            if not subs:
+                del self._subs[sub.endpoint_id]
+
+    def close(self) -> None:
+        """Ends every subscriber's stream (on shutdown)."""
+        for subs in self._subs.values():
+            for sub in subs:
+                sub.close()
+
+    async def heartbeat_once(self) -> int:
+        """Rings HEARTBEAT for every watched queue whose work still waits."""
+        rung = 0
+        for endpoint_id in list(self._subs):
+            rung += await self._ring_snapshot(endpoint_id, "heartbeat", None)
+        return rung
+
+    async def _on_reconnect(self) -> None:
+        # Rings may have been missed while the listener was down: re-ring
+        # what is waiting.
+        for endpoint_id in list(self._subs):
+            await self._ring_snapshot(endpoint_id, "attached", None)
+
+    async def _ring_snapshot(
+        self, endpoint_id: uuid.UUID, cause: str, only: list[Subscription] | None
+    ) -> int:
+        subs = only if only is not None else list(self._subs.get(endpoint_id, ()))
+        if not subs:
+            return 0
+        names: set[str] | None = set()
+        for sub in subs:
+            if sub.queues is None:
+                names = None
+                break
+            assert names is not None
+            names |= sub.queues
+        async with self._db.transaction() as conn:
+            waiting = await doorbell_queries.snapshot(
+                conn, endpoint_id, sorted(names) if names is not None else None
+            )
+        for item in waiting:
+            bell = Doorbell(endpoint_id, item.queue, cause, item.pending, item.at)
+            for sub in subs:
+                sub.offer(bell)
+        return len(waiting)
+
+    def _on_payload(self, payload: str) -> None:
+        try:
+            data = json.loads(payload)
+            bell = Doorbell(
+                uuid.UUID(data["endpoint_id"]),
+                str(data["queue"]),
+                str(data["cause"]),
+                int(data["pending"]),
+                datetime.fromisoformat(str(data["at"])),
+            )
+        except (ValueError, KeyError, TypeError):
+            log.error("ignoring a malformed doorbell payload", extra={"payload": payload[:200]})
+            return
+        for sub in list(self._subs.get(bell.endpoint_id, ())):
+            sub.offer(bell)
+
+
+async def reopen_once(db: Database, batch: int = 200) -> int:
+    """One pass of the reopen sweep; the number of gates reopened."""
+    total = 0
+    while True:
+        async with db.transaction() as conn:
+            reopened = await doorbell_queries.reopen_sweep(conn, batch)
+        total += len(reopened)
+        if len(reopened) < batch:
+            return total
