@@ -71,6 +71,7 @@ def settings(dsn: str, tmp_path: pathlib.Path) -> Settings:
         database_url=dsn,
         data_dir=tmp_path,
         listen="127.0.0.1:0",
+        http_listen="127.0.0.1:0",
         operator_token=OPERATOR_TOKEN,
         reaper_interval=timedelta(hours=1),
         retention_interval=timedelta(hours=1),

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import grpc
 import httpx
+from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
@@ -43,6 +44,7 @@ from switchboard_server.servicers.dispatch import DispatchServicer
 from switchboard_server.servicers.interceptor import ServiceInterceptor
 from switchboard_server.servicers.validate import MAX_PAYLOAD_BYTES
 from switchboard_server.tenancy import Tenancy
+from switchboard_server.web.server import WebDeps, start_http
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +102,15 @@ class App:
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
     #: The notify-hook HTTP client, closed once the loops have stopped.
     http: httpx.AsyncClient | None = None
+    #: The HTTP listener (metrics, board) and its bound port.
+    web: web.AppRunner | None = None
+    http_port: int = 0
+
+    @property
+    def http_address(self) -> str:
+        """``host:port`` of the HTTP listener (metrics, board)."""
+        host = self.settings.http_listen.rsplit(":", 1)[0]
+        return f"{host}:{self.http_port}"
 
     @property
     def address(self) -> str:
@@ -115,6 +126,8 @@ class App:
         await self.health.enter_graceful_shutdown()
         self.hub.close()  # ends WatchReopen streams, so draining does not wait on them
         await self.server.stop(grace)
+        if self.web is not None:
+            await self.web.cleanup()
         await self.supervisor.stop()
         if self.http is not None:
             await self.http.aclose()
@@ -129,58 +142,77 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
     db, embedded = await open_database(settings)
     supervisor = Supervisor()
     http = open_client(settings)
+    runner: web.AppRunner | None = None
     try:
         await run_migrations(db)
         hub = DoorbellHub(db, settings.doorbell_heartbeat)
         # Listen before serving, so that no subscriber can miss a ring.
         supervisor.run("doorbell-listener", hub.listener.run)
         await asyncio.wait_for(hub.listener.connected.wait(), 30)
-        server, health_servicer = _grpc_server(settings, db, hub)
+        deps = WebDeps(
+            db=db,
+            authenticator=Authenticator(db, settings.operator_token),
+            dispatcher=Dispatcher(
+                db,
+                DispatchSettings(
+                    default_lease=settings.default_lease,
+                    backoff_base=settings.backoff_base,
+                    backoff_cap=settings.backoff_cap,
+                    reaper_interval=settings.reaper_interval,
+                ),
+            ),
+            admission=AdmissionControl(db),
+        )
+        server, health_servicer = _grpc_server(deps, hub)
         port = server.add_insecure_port(settings.listen)
         if port == 0:
             raise OSError(f"cannot listen on {settings.listen}")
         await server.start()
         for name in ("", *SERVICE_NAMES):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        runner, http_port = await start_http(deps, settings.http_listen)
         _start_loops(supervisor, settings, db, hub, signals or LoopSignals(), http)
     except BaseException:
+        if runner is not None:
+            await runner.cleanup()
         await supervisor.stop()
         await http.aclose()
         await db.close()
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)
         raise
-    app = App(settings, db, server, port, supervisor, health_servicer, hub, embedded, http=http)
-    log.info("serving", extra={"grpc": app.address})
+    app = App(
+        settings,
+        db,
+        server,
+        port,
+        supervisor,
+        health_servicer,
+        hub,
+        embedded,
+        http=http,
+        web=runner,
+        http_port=http_port,
+    )
+    log.info("serving", extra={"grpc": app.address, "http": app.http_address})
     return app
 
 
-def _grpc_server(
-    settings: Settings, db: Database, hub: DoorbellHub
-) -> tuple[grpc.aio.Server, HealthServicer]:
+def _grpc_server(deps: WebDeps, hub: DoorbellHub) -> tuple[grpc.aio.Server, HealthServicer]:
     server = grpc.aio.server(
-        interceptors=[ServiceInterceptor(Authenticator(db, settings.operator_token))],
+        interceptors=[ServiceInterceptor(deps.authenticator)],
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ],
     )
-    dispatcher = Dispatcher(
-        db,
-        DispatchSettings(
-            default_lease=settings.default_lease,
-            backoff_base=settings.backoff_base,
-            backoff_cap=settings.backoff_cap,
-            reaper_interval=settings.reaper_interval,
-        ),
-    )
     dispatch_pb2_grpc.add_DispatchServiceServicer_to_server(
-        DispatchServicer(dispatcher, hub), server
+        DispatchServicer(deps.dispatcher, hub), server
     )
     admission_pb2_grpc.add_AdmissionServiceServicer_to_server(
-        AdmissionServicer(AdmissionControl(db)), server
+        AdmissionServicer(deps.admission), server
     )
-    admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(Tenancy(db)), server)
+    admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(Tenancy(deps.db)), server)
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

@@ -32,6 +32,7 @@ class Settings:
     database_url: str | None = None
     data_dir: pathlib.Path = field(default_factory=lambda: pathlib.Path(".switchboard"))
     listen: str = "127.0.0.1:50051"
+    http_listen: str = "127.0.0.1:8050"
     operator_token: str | None = None
     reaper_interval: timedelta = timedelta(seconds=5)
     retention_interval: timedelta = timedelta(seconds=60)
@@ -63,6 +64,7 @@ class Settings:
             database_url=env.get("SWITCHBOARD_DATABASE_URL") or None,
             data_dir=pathlib.Path(data_dir),
             listen=env.get("SWITCHBOARD_LISTEN") or "127.0.0.1:50051",
+            http_listen=env.get("SWITCHBOARD_HTTP_LISTEN") or "127.0.0.1:8050",
             operator_token=env.get("SWITCHBOARD_OPERATOR_TOKEN") or None,
             reaper_interval=_seconds(env, "SWITCHBOARD_REAPER_INTERVAL", 5),
             retention_interval=_seconds(env, "SWITCHBOARD_RETENTION_INTERVAL", 60),

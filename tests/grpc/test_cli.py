@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import sys
 
@@ -56,7 +57,7 @@ async def test_migrate_then_bootstrap_prints_a_working_operator_token(
 
     # The token works on a server over that database, without any env token.
     running = await server_app.start(
-        Settings(database_url=empty, listen="127.0.0.1:0", data_dir=settings.data_dir)
+        dataclasses.replace(settings, database_url=empty, operator_token=None)
     )
     client = Client(running.address)
     try:

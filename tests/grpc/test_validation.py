@@ -67,6 +67,7 @@ async def shared(
         database_url=dsn,
         data_dir=tmp_path_factory.mktemp("validation"),
         listen="127.0.0.1:0",
+        http_listen="127.0.0.1:0",
         operator_token=OPERATOR_TOKEN,
         reaper_interval=timedelta(hours=1),
         retention_interval=timedelta(hours=1),

@@ -38,6 +38,7 @@ class ServerProcess:
         child_env = {
             **os.environ,
             "SWITCHBOARD_LISTEN": "127.0.0.1:0",
+            "SWITCHBOARD_HTTP_LISTEN": "127.0.0.1:0",
             "SWITCHBOARD_OPERATOR_TOKEN": OPERATOR_TOKEN,
             **(env or {}),
         }

@@ -1,0 +1,1 @@
+"""The HTTP listener (``SWITCHBOARD_HTTP_LISTEN``): metrics and the board."""

@@ -1,0 +1,49 @@
+"""The HTTP listener: an aiohttp application on the server's event loop.
+
+Routes are added by the modules that own them (``metrics``, ``board``); this
+module only assembles and runs the application. The listener is loopback by
+default: the board signs people in with a human token, and /metrics is the
+operator's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from switchboard_server.admission import AdmissionControl
+from switchboard_server.auth import Authenticator
+from switchboard_server.db import Database
+from switchboard_server.dispatch import Dispatcher
+
+
+@dataclass(frozen=True)
+class WebDeps:
+    """What the HTTP routes may use: the same domain objects as the servicers."""
+
+    db: Database
+    authenticator: Authenticator
+    dispatcher: Dispatcher
+    admission: AdmissionControl
+
+
+def build_app(deps: WebDeps) -> web.Application:
+    """The aiohttp application with every route."""
+    app = web.Application()
+    app.router.add_get("/healthz", _healthz)
+    return app
+
+
+async def _healthz(_request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+async def start_http(deps: WebDeps, listen: str) -> tuple[web.AppRunner, int]:
+    """Starts serving ``build_app(deps)`` on ``host:port``; returns the runner and bound port."""
+    host, _, port = listen.rpartition(":")
+    runner = web.AppRunner(build_app(deps), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host.strip("[]") or "127.0.0.1", int(port))
+    await site.start()
+    return runner, int(runner.addresses[0][1])
