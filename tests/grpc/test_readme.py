@@ -24,8 +24,12 @@ def quickstart_script() -> str:
     """The quickstart's grpcurl block, then the admission worked example, as pasted."""
     blocks = re.findall(r"```sh\n(.*?)```", README.read_text(), flags=re.S)
     quickstart = next(b for b in blocks if "grpcurl -plaintext localhost:50051 list" in b)
-    example = next(b for b in blocks if "AdmissionService/SetPolicy" in b)
-    return f"{quickstart}\necho '=== admission example'\n{example}"
+    example = next(b for b in blocks if "AdmissionService/SetPolicy" in b and "call()" not in b)
+    walkthrough = next(b for b in blocks if "call()" in b)
+    return (
+        f"{quickstart}\necho '=== admission example'\n{example}\n"
+        f"echo '=== walkthrough'\n{walkthrough}"
+    )
 
 
 @pytest.mark.skipif(shutil.which("jq") is None, reason="the README's steps use jq")
@@ -58,7 +62,8 @@ async def test_readme_grpcurl_quickstart_works(dsn: str) -> None:
     text = out.decode()
     assert "switchboard.v1.DispatchService" in text and "switchboard.v1.AdminService" in text
     assert "grpc.health.v1.Health" in text
-    quickstart, example = text.split("=== admission example")
+    quickstart, rest = text.split("=== admission example")
+    example, walkthrough = rest.split("=== walkthrough")
     # The quickstart's last command's output is the completed todo.
     completed = json.loads(quickstart[quickstart.rindex('{\n  "todo"') :])
     assert completed["todo"]["state"] == "TODO_STATE_DONE"
@@ -66,6 +71,11 @@ async def test_readme_grpcurl_quickstart_works(dsn: str) -> None:
     policy = json.loads(example)["policy"]
     assert policy["max_claims_per_window"] == 100 and policy["max_in_flight"] == 5
     assert policy["window"]["time_zone"] == "America/Los_Angeles"
+    # Every RPC in the walkthrough answered (set -e stops at the first error),
+    # and the pause was visible to the agent.
+    assert '"deduplicated": true' in walkthrough
+    assert "DEFERRAL_REASON_PAUSED" in walkthrough
+    assert "POLICY_ACTION_SET" in walkthrough
 
 
 async def test_readme_python_client_example_works(dsn: str) -> None:
