@@ -176,12 +176,18 @@ def schedule(spec: WindowSpec, now: datetime, length: int = SCHEDULE_LENGTH) -> 
     return bounds
 
 
-def current_window_start(bounds: Sequence[datetime], now: datetime) -> datetime | None:
-    """The start of the stored window containing ``now``, if the schedule covers it."""
+def current_window(bounds: Sequence[datetime], now: datetime) -> tuple[datetime, datetime] | None:
+    """The stored window (start, end) containing ``now``, if the schedule covers it."""
     for start, end in itertools.pairwise(bounds):
         if start <= now < end:
-            return start
+            return start, end
     return None
+
+
+def current_window_start(bounds: Sequence[datetime], now: datetime) -> datetime | None:
+    """The start of the stored window containing ``now``, if the schedule covers it."""
+    window = current_window(bounds, now)
+    return window[0] if window else None
 
 
 def spec_of(row: PolicyRow) -> WindowSpec | None:
@@ -346,6 +352,19 @@ class AdmissionControl:
             raise errors.NotFound("no admission policy for this queue")
         return policy_of(row, endpoint, queue)
 
+    async def get_with_use(
+        self, principal: Principal, endpoint_id: uuid.UUID | None, queue: str
+    ) -> tuple[Policy, Headroom | None]:
+        """The active policy of a queue and its use now (``None`` when nothing evaluates)."""
+        scope, endpoint = policy_scope(principal, endpoint_id, None)
+        async with self._db.transaction() as conn:
+            queue_id = await admission_queries.queue_find(conn, endpoint, scope.owner_id, queue)
+            row = await admission_queries.get_active_policy(conn, queue_id) if queue_id else None
+            if queue_id is None or row is None:
+                raise errors.NotFound("no admission policy for this queue")
+            policy = policy_of(row, endpoint, queue)
+            return policy, await _use_now(conn, row, queue_id, policy)
+
     async def set(
         self, principal: Principal, endpoint_id: uuid.UUID | None, queue: str, limits: Limits
     ) -> Policy:
@@ -447,6 +466,29 @@ class AdmissionControl:
             )
             for r in rows
         ]
+
+
+async def _use_now(conn: Conn, row: PolicyRow, queue_id: int, policy: Policy) -> Headroom | None:
+    """The policy's use now, read as the claim path reads it (unlocked).
+
+    The window part comes from the stored schedule and counter (also while
+    paused); the in-flight part from the queue's evaluation, which counts
+    claimed todos unless paused or unavailable.
+    """
+    window_used = window_limit = resets_at = None
+    if row.max_claims_per_window is not None:
+        window = current_window(row.window_bounds, await clock.now(conn))
+        if window is not None:
+            window_used = await admission_queries.counter_units(conn, row.id, window[0])
+            window_limit, resets_at = row.max_claims_per_window, window[1]
+    in_flight_used = in_flight_limit = None
+    if row.max_in_flight is not None:
+        evaluated = (await admission_queries.queue_admissions(conn, [queue_id])).get(queue_id)
+        if evaluated is not None and evaluated.in_flight is not None:
+            in_flight_used, in_flight_limit = evaluated.in_flight, row.max_in_flight
+    if window_used is None and in_flight_used is None:
+        return None
+    return Headroom(window_used, window_limit, resets_at, in_flight_used, in_flight_limit, policy)
 
 
 async def _carry_count(conn: Conn, row: PolicyRow, now: datetime, new_start: datetime) -> None:

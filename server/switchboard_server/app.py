@@ -28,6 +28,7 @@ from switchboard.v1 import (
     dispatch_pb2_grpc,
 )
 
+from switchboard_server import tracing
 from switchboard_server.admission import AdmissionControl, refresh_schedules
 from switchboard_server.auth import Authenticator
 from switchboard_server.config import Settings
@@ -38,6 +39,7 @@ from switchboard_server.doorbells import DoorbellHub, reopen_once
 from switchboard_server.embedded_pg import EmbeddedPostgres
 from switchboard_server.hooks import deliver_once, open_client
 from switchboard_server.loops import LoopSignals, Supervisor, reap_once, retain_once
+from switchboard_server.metrics import Metrics
 from switchboard_server.servicers.admin import AdminServicer
 from switchboard_server.servicers.admission import AdmissionServicer
 from switchboard_server.servicers.dispatch import DispatchServicer
@@ -149,6 +151,7 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
         # Listen before serving, so that no subscriber can miss a ring.
         supervisor.run("doorbell-listener", hub.listener.run)
         await asyncio.wait_for(hub.listener.connected.wait(), 30)
+        metrics = Metrics(settings.metrics_queue_labels)
         deps = WebDeps(
             db=db,
             authenticator=Authenticator(db, settings.operator_token),
@@ -160,8 +163,10 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
                     backoff_cap=settings.backoff_cap,
                     reaper_interval=settings.reaper_interval,
                 ),
+                metrics,
             ),
             admission=AdmissionControl(db),
+            metrics=metrics,
         )
         server, health_servicer = _grpc_server(deps, hub)
         port = server.add_insecure_port(settings.listen)
@@ -171,7 +176,7 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
         for name in ("", *SERVICE_NAMES):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         runner, http_port = await start_http(deps, settings.http_listen)
-        _start_loops(supervisor, settings, db, hub, signals or LoopSignals(), http)
+        _start_loops(supervisor, settings, db, hub, signals or LoopSignals(), http, metrics)
     except BaseException:
         if runner is not None:
             await runner.cleanup()
@@ -200,7 +205,7 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
 
 def _grpc_server(deps: WebDeps, hub: DoorbellHub) -> tuple[grpc.aio.Server, HealthServicer]:
     server = grpc.aio.server(
-        interceptors=[ServiceInterceptor(deps.authenticator)],
+        interceptors=[ServiceInterceptor(deps.authenticator, deps.metrics)],
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -228,8 +233,11 @@ def _start_loops(
     hub: DoorbellHub,
     signals: LoopSignals,
     http: httpx.AsyncClient,
+    metrics: Metrics,
 ) -> None:
-    supervisor.every("reaper", settings.reaper_interval, lambda: reap_once(db), signals.reaped)
+    supervisor.every(
+        "reaper", settings.reaper_interval, lambda: reap_once(db, metrics), signals.reaped
+    )
     supervisor.every(
         "schedules", settings.schedule_interval, lambda: refresh_schedules(db), signals.scheduled
     )
@@ -248,6 +256,7 @@ def _start_loops(
 
 async def serve(settings: Settings) -> int:
     """Runs until SIGTERM or SIGINT (or a background loop dies); returns the exit code."""
+    tracing.configure()
     app = await start(settings)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

@@ -1,17 +1,22 @@
-"""The ``switchboard`` command: serve, migrate, admin bootstrap."""
+"""The ``switchboard`` command.
+
+``serve``, ``migrate`` and ``admin bootstrap`` work on the database directly
+(here); every other command talks gRPC to a server like any client
+(``cli_client`` and the modules it names).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import dataclasses
+import os
 import pathlib
 import sys
 from collections.abc import Sequence
 
-from switchboard_server import app, logs
+from switchboard_server import cli_admin, cli_client, cli_policy, cli_queues, cli_todos, logs
 from switchboard_server.config import Settings
-from switchboard_server.tenancy import bootstrap_operator
 
 EPILOG = """\
 examples:
@@ -19,6 +24,24 @@ examples:
   SWITCHBOARD_DATABASE_URL=postgresql://127.0.0.1/sb switchboard serve --listen 0.0.0.0:50051
   switchboard migrate
   switchboard admin bootstrap --label ops             # prints an operator token once
+
+  # over gRPC, like any client (token: --token, SWITCHBOARD_TOKEN or the config file)
+  switchboard admin owners create acme --token "$SWITCHBOARD_OPERATOR_TOKEN"
+  switchboard policy set investigations --endpoint $EP --max-claims-per-window 100 \\
+      --window day --zone America/Los_Angeles --max-in-flight 5
+  switchboard queues --endpoint $EP
+  switchboard todos list --endpoint $EP --state pending --json
+"""
+
+
+ADMIN_EPILOG = """\
+examples:
+  switchboard admin bootstrap --label ops             # database: prints an operator token once
+  switchboard admin owners create acme                # operator token
+  switchboard admin humans create ada --owner $OWNER  # operator token; prints a human token once
+  switchboard admin endpoints create triage-bot       # human token from here on
+  switchboard admin credentials vend --endpoint $EP --preset basics
+  switchboard admin hooks set https://example.org/sb --endpoint $EP
 """
 
 
@@ -35,6 +58,8 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 async def _migrate(settings: Settings) -> int:
+    from switchboard_server import app
+
     db, embedded = await app.open_database(settings)
     try:
         await app.run_migrations(db)
@@ -47,6 +72,9 @@ async def _migrate(settings: Settings) -> int:
 
 
 async def _bootstrap(settings: Settings, label: str) -> int:
+    from switchboard_server import app
+    from switchboard_server.tenancy import bootstrap_operator
+
     db, embedded = await app.open_database(settings)
     try:
         await app.run_migrations(db)
@@ -65,8 +93,9 @@ def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(
         prog="switchboard",
         description="Switchboard dispatch: a gRPC work queue over PostgreSQL.",
-        epilog=EPILOG,
+        epilog=EPILOG + "\n" + cli_client.CONNECTION_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[cli_client.global_options()],
     )
     sub = root.add_subparsers(dest="command", required=True)
 
@@ -82,19 +111,31 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--listen", help="gRPC host:port (env SWITCHBOARD_LISTEN)")
     migrate = sub.add_parser("migrate", help="apply pending schema migrations and exit")
     db_flags(migrate)
-    admin = sub.add_parser("admin", help="instance administration")
-    admin_sub = admin.add_subparsers(dest="admin_command", required=True)
+    admin = sub.add_parser(
+        "admin",
+        help="instance administration: bootstrap (database), owners, humans, endpoints, "
+        "credentials, hooks (gRPC)",
+        epilog=ADMIN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    admin_sub = admin.add_subparsers(dest="admin_command", required=True, metavar="COMMAND")
     bootstrap = admin_sub.add_parser(
         "bootstrap", help="create an instance operator credential and print its token once"
     )
     db_flags(bootstrap)
     bootstrap.add_argument("--label", default="bootstrap", help="a note stored with it")
+    cli_admin.add_admin_commands(admin_sub)
+    cli_policy.add_commands(sub)
+    cli_todos.add_commands(sub)
+    cli_queues.add_command(sub)
     return root
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``switchboard`` command."""
     args = parser().parse_args(argv)
+    if getattr(args, "run", None) is not None:
+        return cli_client.run(args, os.environ)
     try:
         settings = _settings(args)
     except ValueError as exc:
@@ -102,6 +143,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logs.configure(settings.log_level)
     if args.command == "serve":
+        # The server's modules load only for the commands that need them, so
+        # the client commands start quickly.
+        from switchboard_server import app
+
         return asyncio.run(app.serve(settings))
     if args.command == "migrate":
         return asyncio.run(_migrate(settings))

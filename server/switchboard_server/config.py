@@ -51,6 +51,8 @@ class Settings:
     #: Undelivered notify-hook rows kept per endpoint; the oldest beyond it are dropped.
     hook_outbox_cap: int = 10_000
     log_level: str = "INFO"
+    #: Distinct queue names a metric's ``queue`` label takes; the rest are ``__other__``.
+    metrics_queue_labels: int = 50
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -60,6 +62,11 @@ class Settings:
         pool = env.get("SWITCHBOARD_POOL_SIZE") or "20"
         if not pool.isdigit() or int(pool) < 2:
             raise ValueError(f"SWITCHBOARD_POOL_SIZE must be an integer >= 2, got {pool!r}")
+        queue_labels = env.get("SWITCHBOARD_METRICS_QUEUE_LABELS") or "50"
+        if not queue_labels.isdigit():
+            raise ValueError(
+                f"SWITCHBOARD_METRICS_QUEUE_LABELS must be an integer >= 0, got {queue_labels!r}"
+            )
         return cls(
             database_url=env.get("SWITCHBOARD_DATABASE_URL") or None,
             data_dir=pathlib.Path(data_dir),
@@ -81,4 +88,5 @@ class Settings:
             hook_timeout=_seconds(env, "SWITCHBOARD_HOOK_TIMEOUT", 5),
             hook_retry_cap=_seconds(env, "SWITCHBOARD_HOOK_RETRY_CAP", 300),
             log_level=(env.get("SWITCHBOARD_LOG_LEVEL") or "INFO").upper(),
+            metrics_queue_labels=int(queue_labels),
         )

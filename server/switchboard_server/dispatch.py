@@ -28,7 +28,16 @@ from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import tenancy as tenancy_queries
 from switchboard_server.db import todos as todo_queries
 from switchboard_server.db.database import Conn
-from switchboard_server.model import Attempt, Grant, Lease, Principal, Todo, TodoState
+from switchboard_server.metrics import Metrics
+from switchboard_server.model import (
+    Attempt,
+    AttemptOutcome,
+    Grant,
+    Lease,
+    Principal,
+    Todo,
+    TodoState,
+)
 
 
 @dataclass(frozen=True)
@@ -89,17 +98,34 @@ async def _require_endpoint(conn: Conn, principal: Principal, scope: Scope) -> N
         raise errors.NotFound("endpoint not found")
 
 
+def _charged(claimed: Claimed) -> bool:
+    """Whether a claim was charged a window unit (its policy has a window limit)."""
+    return claimed.headroom is not None and claimed.headroom.window_used is not None
+
+
 def _lease_of(todo: Todo) -> Lease:
     assert todo.lease_id is not None and todo.lease_expires_at is not None
     return Lease(todo.lease_id, todo.lease_expires_at)
 
 
 class Dispatcher:
-    """Dispatch operations on behalf of an authenticated principal."""
+    """Dispatch operations on behalf of an authenticated principal.
 
-    def __init__(self, db: Database, settings: DispatchSettings) -> None:
+    Claims, refusals, units charged and ended attempts are counted on
+    ``metrics``; each claim transaction is timed and traced.
+    """
+
+    def __init__(
+        self, db: Database, settings: DispatchSettings, metrics: Metrics | None = None
+    ) -> None:
         self._db = db
         self._settings = settings
+        self._metrics = metrics or Metrics()
+
+    @property
+    def settings(self) -> DispatchSettings:
+        """The tunables this dispatcher runs with."""
+        return self._settings
 
     async def ingest(self, principal: Principal, req: IngestRequest) -> tuple[Todo, bool]:
         """Creates a todo, or returns the existing one for a repeated dedup key."""
@@ -124,22 +150,32 @@ class Dispatcher:
     ) -> Claimed:
         """Claims one specific todo."""
         scope = require_tenant(principal, Grant.CLAIM)
-        async with self._db.transaction() as conn:
-            result = await todo_queries.claim(
-                conn,
-                todo_id=todo_id,
-                owner_id=scope.owner_id,
-                endpoint_id=scope.endpoint_id,
-                claimant=claimant,
-                lease=lease or self._settings.default_lease,
-            )
-        outcome, todo = result.outcome, result.todo
+        with self._metrics.claim_transaction("claim") as observed:
+            async with self._db.transaction() as conn:
+                result = await todo_queries.claim(
+                    conn,
+                    todo_id=todo_id,
+                    owner_id=scope.owner_id,
+                    endpoint_id=scope.endpoint_id,
+                    claimant=claimant,
+                    lease=lease or self._settings.default_lease,
+                )
+            outcome, todo = result.outcome, result.todo
+            claimed, deferrals = None, []
+            if outcome == "claimed" and todo is not None:
+                claimed = self._claimed(todo, result.admission)
+                observed.claimed(todo.queue, _charged(claimed))
+            elif outcome == "deferred" and todo is not None:
+                deferrals = self._deferrals(result.admission, todo.endpoint_id)
+                observed.refused(deferrals)
+            else:
+                observed.finished(outcome, todo.queue if todo else None)
         if outcome == "not_found" or todo is None:
             raise errors.NotFound("todo not found")
-        if outcome == "claimed":
-            return self._claimed(todo, result.admission)
-        if outcome == "deferred":
-            deferral = self._deferrals(result.admission, todo.endpoint_id)[0]
+        if claimed is not None:
+            return claimed
+        if deferrals:
+            deferral = deferrals[0]
             raise errors.Deferred(
                 f"the queue's admission policy defers this todo ({deferral.reason.value})",
                 deferral,
@@ -167,18 +203,23 @@ class Dispatcher:
         """
         scope = endpoint_scope(principal, Grant.CLAIM, endpoint_id)
         assert scope.endpoint_id is not None
-        async with self._db.transaction() as conn:
-            result = await todo_queries.claim_next(
-                conn,
-                owner_id=scope.owner_id,
-                endpoint_id=scope.endpoint_id,
-                queues=list(queues) or None,
-                claimant=claimant,
-                lease=lease or self._settings.default_lease,
-            )
-        if result.outcome == "claimed" and result.todo is not None:
-            return ClaimNextResult(self._claimed(result.todo, result.admission), [])
-        return ClaimNextResult(None, self._deferrals(result.admission, scope.endpoint_id))
+        with self._metrics.claim_transaction("claim_next") as observed:
+            async with self._db.transaction() as conn:
+                result = await todo_queries.claim_next(
+                    conn,
+                    owner_id=scope.owner_id,
+                    endpoint_id=scope.endpoint_id,
+                    queues=list(queues) or None,
+                    claimant=claimant,
+                    lease=lease or self._settings.default_lease,
+                )
+            if result.outcome == "claimed" and result.todo is not None:
+                claimed = self._claimed(result.todo, result.admission)
+                observed.claimed(claimed.todo.queue, _charged(claimed))
+                return ClaimNextResult(claimed, [])
+            deferrals = self._deferrals(result.admission, scope.endpoint_id)
+            observed.refused(deferrals)
+        return ClaimNextResult(None, deferrals)
 
     def _claimed(self, todo: Todo, admission: Mapping[str, Any]) -> Claimed:
         headroom = admission.get("headroom")
@@ -241,6 +282,8 @@ class Dispatcher:
                 owner_id=scope.owner_id,
                 endpoint_id=scope.endpoint_id,
             )
+        if todo is not None:
+            self._metrics.attempts_ended(AttemptOutcome.COMPLETED)
         return todo or await self._explain_refusal(scope, todo_id)
 
     async def fail(
@@ -267,6 +310,8 @@ class Dispatcher:
                 retry_delay=delay,
                 error=error,
             )
+        if todo is not None:
+            self._metrics.attempts_ended(AttemptOutcome.FAILED)
         return todo or await self._explain_refusal(scope, todo_id)
 
     async def release(self, principal: Principal, todo_id: int, lease_id: uuid.UUID) -> Todo:
@@ -280,6 +325,8 @@ class Dispatcher:
                 owner_id=scope.owner_id,
                 endpoint_id=scope.endpoint_id,
             )
+        if todo is not None:
+            self._metrics.attempts_ended(AttemptOutcome.RELEASED)
         return todo or await self._explain_refusal(scope, todo_id)
 
     async def get(self, principal: Principal, todo_id: int) -> tuple[TodoView, list[Attempt]]:

@@ -21,6 +21,8 @@ from typing import Any
 
 from switchboard_server.db import Database
 from switchboard_server.db import todos as todo_queries
+from switchboard_server.metrics import Metrics
+from switchboard_server.model import AttemptOutcome
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +44,17 @@ class LoopSignals:
     hooked: asyncio.Queue[int] | None = None
 
 
-async def reap_once(db: Database) -> int:
-    """Returns every lapsed lease to pending (or dead), in batches; the number reaped."""
+async def reap_once(db: Database, metrics: Metrics | None = None) -> int:
+    """Returns every lapsed lease to pending (or dead), in batches; the number reaped.
+
+    Each reaped lease is counted on ``metrics`` as a lapsed attempt.
+    """
     total = 0
     while True:
         async with db.transaction() as conn:
             reaped = await todo_queries.reap_lapsed(conn, batch=BATCH)
+        if metrics is not None:
+            metrics.attempts_ended(AttemptOutcome.LAPSED, len(reaped))
         total += len(reaped)
         if len(reaped) < BATCH:
             return total

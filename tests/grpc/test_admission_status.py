@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo
 import grpc
 import pytest
 from google.protobuf import timestamp_pb2
-from switchboard.v1 import admission_pb2, dispatch_pb2, todo_pb2
+from switchboard.v1 import admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
 from switchboard_server.admission import refresh_schedules
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
@@ -378,6 +378,57 @@ async def test_in_flight_only_headroom_has_no_window_part(client: Client, tenant
     free = await claim_next(client, tenant.agent, "free")
     assert not free.empty
     assert not free.HasField("headroom") and not free.HasField("policy")
+
+
+async def test_get_policy_reports_the_use_now_as_the_claim_path_counts_it(
+    client: Client, tenant: Tenant, db: Database
+) -> None:
+    await ingest(client, tenant.agent, "work", 3)
+    win, boundary = await far_day_window(db)
+
+    async def use(md: Metadata) -> admission_pb2.GetPolicyResponse:
+        return await client.admission.GetPolicy(
+            admission_pb2.GetPolicyRequest(
+                queue=queue_pb2.QueueRef(endpoint_id=tenant.endpoint_id, name="work")
+            ),
+            metadata=md,
+        )
+
+    async def policy(**limits: int) -> None:
+        await set_policy(
+            client, tenant.human, "work", endpoint_id=tenant.endpoint_id, win=win, **limits
+        )
+
+    await policy(max_in_flight=5, max_claims_per_window=4)
+    h = (await use(tenant.human)).headroom
+    assert (h.window_used, h.window_limit, h.window_remaining) == (0, 4, 4)
+    assert at(h.resets_at) == boundary
+    assert (h.in_flight_used, h.in_flight_limit) == (0, 5)
+
+    claimed = await claim_next(client, tenant.agent, "work")
+    await claim_next(client, tenant.agent, "work")
+    await client.dispatch.Complete(
+        dispatch_pb2.CompleteRequest(todo_id=claimed.todo.id, lease_id=claimed.lease.lease_id),
+        metadata=tenant.agent,
+    )
+    got = await use(tenant.agent)  # the agent reads the policy that governs it, and its use
+    h = got.headroom
+    assert (h.window_used, h.window_remaining, h.in_flight_used) == (2, 2, 1)
+    assert at(h.resets_at) == boundary
+
+    # Paused: the window's count still shows; in-flight is not evaluated.
+    await policy(max_in_flight=0, max_claims_per_window=4)
+    h = (await use(tenant.human)).headroom
+    assert (h.window_used, h.window_limit) == (2, 4)
+    assert not h.HasField("in_flight_limit")
+    # In-flight only: no window part.
+    await set_policy(client, tenant.human, "work", endpoint_id=tenant.endpoint_id, max_in_flight=3)
+    h = (await use(tenant.human)).headroom
+    assert (h.in_flight_used, h.in_flight_limit) == (1, 3)
+    assert not h.HasField("window_limit") and not h.HasField("resets_at")
+    # Paused with in-flight only: nothing to report.
+    await set_policy(client, tenant.human, "work", endpoint_id=tenant.endpoint_id, max_in_flight=0)
+    assert not (await use(tenant.human)).HasField("headroom")
 
 
 # --------------------------------------------------------------------------- GetTodo / ListTodos

@@ -55,6 +55,8 @@ class QueueAdmission:
     reason: str | None
     window_end: datetime | None
     earliest_expiry: datetime | None
+    #: Claimed todos; ``None`` without an in-flight limit, or when paused or unavailable.
+    in_flight: int | None = None
 
 
 def _policy(rec: Mapping[str, Any]) -> PolicyRow:
@@ -208,7 +210,7 @@ async def queue_admissions(conn: Conn, queue_ids: Sequence[int]) -> dict[int, Qu
     rows = await conn.fetch(sql("queue_admission_status"), list(queue_ids))
     return {
         r["queue_id"]: QueueAdmission(
-            r["queue_id"], r["reason"], r["window_end"], r["earliest_expiry"]
+            r["queue_id"], r["reason"], r["window_end"], r["earliest_expiry"], r["in_flight"]
         )
         for r in rows
     }

@@ -83,6 +83,11 @@ async def create_human(conn: Conn, owner_id: uuid.UUID, name: str) -> Human:
     return Human(**dict(rec))
 
 
+async def list_humans(conn: Conn, owner_id: uuid.UUID) -> list[Human]:
+    """An owner's humans, by name."""
+    return [Human(**dict(r)) for r in await conn.fetch(sql("human_list"), owner_id)]
+
+
 async def create_endpoint(conn: Conn, owner_id: uuid.UUID, name: str) -> Endpoint:
     """Creates an endpoint; ``AlreadyExists`` when the owner has one with that name."""
     try:

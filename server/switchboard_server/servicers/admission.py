@@ -61,8 +61,11 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
         v = Violations()
         endpoint_id, name = _queue(v, "queue", request.queue)
         v.check()
-        policy = await self._control.get(current_principal(), endpoint_id, name)
-        return admission_pb2.GetPolicyResponse(policy=convert.policy(policy))
+        policy, use = await self._control.get_with_use(current_principal(), endpoint_id, name)
+        response = admission_pb2.GetPolicyResponse(policy=convert.policy(policy))
+        if use is not None:
+            response.headroom.CopyFrom(convert.headroom(use))
+        return response
 
     async def SetPolicy(
         self, request: admission_pb2.SetPolicyRequest, context: Context

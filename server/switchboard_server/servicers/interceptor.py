@@ -1,10 +1,11 @@
-"""The one server interceptor: authentication and error mapping.
+"""The one server interceptor: authentication, error mapping and per-call telemetry.
 
 Every RPC of our services is wrapped so that the bearer token is resolved to a
 principal before the handler runs (available through ``current_principal``),
 and so that a ``SwitchboardError`` becomes its gRPC status with
 ``google.rpc.Status`` details, while anything unexpected becomes INTERNAL
-with a generic message (and is logged with its traceback).
+with a generic message (and is logged with its traceback). Each call also
+gets a request id, a span, metrics and a log line (``telemetry``).
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from grpc_status import rpc_status
 from switchboard_server import errors
 from switchboard_server.admission import Deferral
 from switchboard_server.auth import Authenticator
+from switchboard_server.metrics import Metrics
 from switchboard_server.model import Principal
 from switchboard_server.servicers import convert
+from switchboard_server.servicers.telemetry import RpcCall, observe_rpc
 
 log = logging.getLogger(__name__)
 
@@ -88,10 +91,11 @@ def _deferral_details(exc: errors.Deferred) -> list[Any]:
 
 
 class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    """Authenticates each call and maps errors to statuses."""
+    """Authenticates each call, maps errors to statuses, and observes each call."""
 
-    def __init__(self, authenticator: Authenticator) -> None:
+    def __init__(self, authenticator: Authenticator, metrics: Metrics | None = None) -> None:
         self._auth = authenticator
+        self._metrics = metrics
 
     async def intercept_service(
         self,
@@ -126,17 +130,19 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
 
     def _wrap_unary(self, behavior: Any, method: str) -> Any:
         async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            try:
-                await self._authenticate(context)
-                return await behavior(request, context)
-            except grpc.aio.AbortError:
-                raise
-            except errors.SwitchboardError as exc:
-                status = status_for(exc)
-                await context.abort(status.code, status.details, status.trailing_metadata)
-            except Exception:
-                log.exception("unexpected error", extra={"rpc": method})
-                await context.abort(grpc.StatusCode.INTERNAL, "internal error")
+            with observe_rpc(method, context, self._metrics) as call:
+                try:
+                    await self._authenticate(context)
+                    response = await behavior(request, context)
+                    context.set_trailing_metadata(call.trailing_metadata)
+                    return response
+                except grpc.aio.AbortError:
+                    raise
+                except errors.SwitchboardError as exc:
+                    await _abort(context, call, exc)
+                except Exception:
+                    log.exception("unexpected error", extra={"rpc": method})
+                    await _abort(context, call, None)
 
         return wrapped
 
@@ -144,17 +150,33 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         async def wrapped(
             request: Any, context: grpc.aio.ServicerContext[Any, Any]
         ) -> AsyncIterator[Any]:
-            try:
-                await self._authenticate(context)
-                async for item in behavior(request, context):
-                    yield item
-            except grpc.aio.AbortError:
-                raise
-            except errors.SwitchboardError as exc:
-                status = status_for(exc)
-                await context.abort(status.code, status.details, status.trailing_metadata)
-            except Exception:
-                log.exception("unexpected error", extra={"rpc": method})
-                await context.abort(grpc.StatusCode.INTERNAL, "internal error")
+            with observe_rpc(method, context, self._metrics) as call:
+                try:
+                    await self._authenticate(context)
+                    async for item in behavior(request, context):
+                        yield item
+                    context.set_trailing_metadata(call.trailing_metadata)
+                except grpc.aio.AbortError:
+                    raise
+                except errors.SwitchboardError as exc:
+                    await _abort(context, call, exc)
+                except Exception:
+                    log.exception("unexpected error", extra={"rpc": method})
+                    await _abort(context, call, None)
 
         return wrapped
+
+
+async def _abort(
+    context: grpc.aio.ServicerContext[Any, Any], call: RpcCall, exc: errors.SwitchboardError | None
+) -> None:
+    """Ends the call with ``exc``'s status (INTERNAL when ``None``) and the request id."""
+    if exc is None:
+        call.code = grpc.StatusCode.INTERNAL
+        await context.abort(call.code, "internal error", call.trailing_metadata)
+    else:
+        status = status_for(exc)
+        call.code = status.code
+        await context.abort(
+            status.code, status.details, (*status.trailing_metadata, *call.trailing_metadata)
+        )

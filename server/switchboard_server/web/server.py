@@ -8,7 +8,7 @@ operator's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -16,6 +16,9 @@ from switchboard_server.admission import AdmissionControl
 from switchboard_server.auth import Authenticator
 from switchboard_server.db import Database
 from switchboard_server.dispatch import Dispatcher
+from switchboard_server.metrics import Metrics
+from switchboard_server.web import metrics_route
+from switchboard_server.web.board import add_board
 
 
 @dataclass(frozen=True)
@@ -26,12 +29,16 @@ class WebDeps:
     authenticator: Authenticator
     dispatcher: Dispatcher
     admission: AdmissionControl
+    #: The process's metrics, shared with the dispatcher and the interceptor.
+    metrics: Metrics = field(default_factory=Metrics)
 
 
 def build_app(deps: WebDeps) -> web.Application:
     """The aiohttp application with every route."""
     app = web.Application()
     app.router.add_get("/healthz", _healthz)
+    add_board(app, deps)
+    metrics_route.add_routes(app, deps)
     return app
 
 

@@ -298,7 +298,7 @@ Global___DeferredQueue: _TypeAlias = DeferredQueue  # noqa: Y015
 
 @_typing.final
 class Headroom(_message.Message):
-    """What is left of a budget after a successful claim."""
+    """What is left of a budget: after a successful claim, or now (GetPolicy)."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -309,11 +309,13 @@ class Headroom(_message.Message):
     IN_FLIGHT_USED_FIELD_NUMBER: _builtins.int
     IN_FLIGHT_LIMIT_FIELD_NUMBER: _builtins.int
     window_used: _builtins.int
-    """Units charged in the current window, including this claim."""
+    """Units charged in the current window (on a claim response, including
+    this claim).
+    """
     window_limit: _builtins.int
     window_remaining: _builtins.int
     in_flight_used: _builtins.int
-    """Claimed todos of the queue, including this one."""
+    """Claimed todos of the queue (on a claim response, including this one)."""
     in_flight_limit: _builtins.int
     @_builtins.property
     def resets_at(self) -> _timestamp_pb2.Timestamp:
@@ -459,16 +461,26 @@ class GetPolicyResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     POLICY_FIELD_NUMBER: _builtins.int
+    HEADROOM_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def policy(self) -> Global___AdmissionPolicy: ...
+    @_builtins.property
+    def headroom(self) -> Global___Headroom:
+        """The budget's use now, as the claim path counts it: with a window limit,
+        the units charged in the current window and its end (resets_at); with an
+        in-flight limit, the claimed todos (not while paused). Parts that cannot
+        be evaluated are left unset, and the whole when none can.
+        """
+
     def __init__(
         self,
         *,
         policy: Global___AdmissionPolicy | None = ...,
+        headroom: Global___Headroom | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["headroom", b"headroom", "policy", b"policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["headroom", b"headroom", "policy", b"policy"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -86,6 +86,6 @@ SELECT id, action, actor_credential_id, actor_human_id, actor_endpoint_id, at, b
 -- The derived admission status of each given queue that has a policy
 -- (unlocked, failing closed to admission_unavailable).
 SELECT q.id AS queue_id, s.reason, (s.eval).window_end AS window_end,
-       (s.eval).earliest_expiry AS earliest_expiry
+       (s.eval).earliest_expiry AS earliest_expiry, (s.eval).in_flight AS in_flight
   FROM unnest($1::bigint[]) AS q (id)
   CROSS JOIN LATERAL sb_queue_admission(q.id, sb_now()) AS s;

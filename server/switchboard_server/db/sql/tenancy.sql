@@ -16,6 +16,10 @@ SELECT EXISTS (SELECT 1 FROM owners WHERE id = $1) AS found;
 -- name: human_create :one
 INSERT INTO humans (owner_id, name) VALUES ($1, $2) RETURNING id, owner_id, name, created_at;
 
+-- name: human_list :many
+-- An owner's humans, by name.
+SELECT id, owner_id, name, created_at FROM humans WHERE owner_id = $1 ORDER BY name, id;
+
 -- name: endpoint_create :one
 INSERT INTO endpoints (owner_id, name) VALUES ($1, $2)
 RETURNING id, owner_id, name, created_at, notify_url;

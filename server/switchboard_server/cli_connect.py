@@ -1,0 +1,215 @@
+"""Where the ``switchboard`` client commands connect, with which token, and how a
+gRPC error becomes a message and an exit code.
+
+Precedence for the server address and the token: the flag, then the
+environment (``SWITCHBOARD_SERVER``, ``SWITCHBOARD_TOKEN``), then the config
+file (``server`` and ``token`` keys; ``$SWITCHBOARD_CONFIG``, else
+``$XDG_CONFIG_HOME/switchboard/config.toml``, else
+``~/.config/switchboard/config.toml``), then the default address.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import cast
+
+import grpc
+from google.protobuf.message import DecodeError
+from google.rpc import error_details_pb2, status_pb2
+from switchboard.v1 import admin_pb2_grpc, admission_pb2, admission_pb2_grpc, dispatch_pb2_grpc
+
+DEFAULT_SERVER = "127.0.0.1:50051"
+DEFAULT_TIMEOUT = 30.0
+
+#: Exit codes: ok, a server-side error (incl. a server's INVALID_ARGUMENT),
+#: a usage error found before calling, unauthenticated or permission denied,
+#: not found.
+EXIT_OK, EXIT_SERVER, EXIT_USAGE, EXIT_AUTH, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
+
+_DETAILS_KEY = "grpc-status-details-bin"
+
+
+class UsageError(Exception):
+    """A problem found before any call (bad config file, bad flag combination): exit 2."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """The resolved server address and token, and where each came from."""
+
+    server: str
+    token: str | None
+    server_from: str
+    token_from: str | None
+
+
+def config_path(env: Mapping[str, str]) -> tuple[pathlib.Path, bool]:
+    """The config file's path, and whether it was named explicitly."""
+    if env.get("SWITCHBOARD_CONFIG"):
+        return pathlib.Path(env["SWITCHBOARD_CONFIG"]).expanduser(), True
+    base = env.get("XDG_CONFIG_HOME") or str(pathlib.Path("~/.config").expanduser())
+    return pathlib.Path(base) / "switchboard" / "config.toml", False
+
+
+def read_config(env: Mapping[str, str]) -> tuple[dict[str, str], pathlib.Path]:
+    """The config file's ``server`` and ``token`` (empty when there is no file)."""
+    path, explicit = config_path(env)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        if explicit:
+            raise UsageError(f"config file {path} (SWITCHBOARD_CONFIG) does not exist") from None
+        return {}, path
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"config file {path}: {exc}") from exc
+    found: dict[str, str] = {}
+    for key in ("server", "token"):
+        if key in data:
+            if not isinstance(data[key], str) or not data[key]:
+                raise UsageError(f"config file {path}: {key!r} must be a non-empty string")
+            found[key] = data[key]
+    return found, path
+
+
+def resolve(flag_server: str | None, flag_token: str | None, env: Mapping[str, str]) -> Target:
+    """Applies the precedence: flag > environment > config file > default."""
+    file, path = read_config(env)
+    server, server_from = DEFAULT_SERVER, "default"
+    token: str | None = None
+    token_from: str | None = None
+    for value, origin in (
+        (file.get("server"), str(path)),
+        (env.get("SWITCHBOARD_SERVER"), "SWITCHBOARD_SERVER"),
+        (flag_server, "--server"),
+    ):
+        if value:
+            server, server_from = value, origin
+    for value, origin in (
+        (file.get("token"), str(path)),
+        (env.get("SWITCHBOARD_TOKEN"), "SWITCHBOARD_TOKEN"),
+        (flag_token, "--token"),
+    ):
+        if value:
+            token, token_from = value, origin
+    return Target(server, token, server_from, token_from)
+
+
+class Connection:
+    """A channel to the server with a stub per service and the caller's token."""
+
+    def __init__(self, target: Target, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.target = target
+        self.timeout = timeout
+        self.channel = grpc.aio.insecure_channel(target.server)
+        self.dispatch: dispatch_pb2_grpc.DispatchServiceAsyncStub = (
+            dispatch_pb2_grpc.DispatchServiceStub(self.channel)
+        )
+        self.admin: admin_pb2_grpc.AdminServiceAsyncStub = admin_pb2_grpc.AdminServiceStub(
+            self.channel
+        )
+        self.admission: admission_pb2_grpc.AdmissionServiceAsyncStub = (
+            admission_pb2_grpc.AdmissionServiceStub(self.channel)
+        )
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """Call metadata: the bearer token, when there is one."""
+        if self.target.token is None:
+            return ()
+        return (("authorization", f"Bearer {self.target.token}"),)
+
+    async def __aenter__(self) -> Connection:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.channel.close(None)
+
+
+@dataclass(frozen=True)
+class CallError:
+    """What a failed call said, read from the richer error model."""
+
+    code: str
+    message: str
+    exit_code: int
+    field_violations: list[tuple[str, str]]
+    reasons: list[tuple[str, str]]
+    deferral: admission_pb2.DeferralDetail | None
+    retry_after_seconds: float | None
+    hints: list[str]
+
+
+def exit_code_of(code: grpc.StatusCode) -> int:
+    """The command's exit code for a gRPC status code."""
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        return EXIT_AUTH
+    if code is grpc.StatusCode.NOT_FOUND:
+        return EXIT_NOT_FOUND
+    return EXIT_SERVER
+
+
+def rich_status(err: grpc.aio.AioRpcError) -> status_pb2.Status | None:
+    """The google.rpc.Status in the error's trailers, if any."""
+    trailers = cast(Iterable[tuple[str, str | bytes]], err.trailing_metadata() or ())
+    for key, value in trailers:
+        if key == _DETAILS_KEY and isinstance(value, bytes):
+            try:
+                return status_pb2.Status.FromString(value)
+            except DecodeError:  # a malformed trailer is no reason to hide the error
+                return None
+    return None
+
+
+def call_error(err: grpc.aio.AioRpcError, target: Target) -> CallError:
+    """Reads the code, message and details (field violations, deferral, retry) of an error."""
+    code = err.code()
+    violations: list[tuple[str, str]] = []
+    reasons: list[tuple[str, str]] = []
+    deferral = None
+    retry = None
+    status = rich_status(err)
+    for detail in status.details if status is not None else ():
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            violations += [(v.field, v.description) for v in bad.field_violations]
+        elif detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            reasons.append((info.reason, info.domain))
+        elif detail.Is(admission_pb2.DeferralDetail.DESCRIPTOR):
+            deferral = admission_pb2.DeferralDetail()
+            detail.Unpack(deferral)
+        elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            info_retry = error_details_pb2.RetryInfo()
+            detail.Unpack(info_retry)
+            retry = info_retry.retry_delay.ToTimedelta().total_seconds()
+    hints = []
+    if code is grpc.StatusCode.UNAUTHENTICATED and target.token is None:
+        hints.append(
+            'no token given: pass --token, set SWITCHBOARD_TOKEN, or put token = "..." '
+            "in the config file"
+        )
+    elif code is grpc.StatusCode.UNAVAILABLE:
+        hints.append(f"is the server running at {target.server} (from {target.server_from})?")
+    elif code is grpc.StatusCode.DEADLINE_EXCEEDED:
+        hints.append("the server did not answer in time (see --timeout)")
+    return CallError(
+        code=code.name,
+        message=err.details() or "",
+        exit_code=exit_code_of(code),
+        field_violations=violations,
+        reasons=reasons,
+        deferral=deferral,
+        retry_after_seconds=retry,
+        hints=hints,
+    )

@@ -1,0 +1,252 @@
+"""``switchboard policy``: get, set, clear and audit a queue's admission policy
+over gRPC."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from switchboard.v1 import admission_pb2, queue_pb2
+
+from switchboard_server.cli_client import endpoint_flag, group, leaf
+from switchboard_server.cli_connect import EXIT_OK, Connection, UsageError
+from switchboard_server.cli_format import (
+    NONE,
+    Output,
+    fields,
+    policy_summary,
+    short,
+    table,
+    to_dict,
+    when,
+)
+
+if TYPE_CHECKING:
+    from switchboard_server.cli_client import Subparsers
+
+
+_PERIODS = {
+    "hour": admission_pb2.WINDOW_PERIOD_HOUR,
+    "day": admission_pb2.WINDOW_PERIOD_DAY,
+    "week": admission_pb2.WINDOW_PERIOD_WEEK,
+}
+_WEEKDAYS = {
+    "mon": admission_pb2.WEEKDAY_MONDAY,
+    "tue": admission_pb2.WEEKDAY_TUESDAY,
+    "wed": admission_pb2.WEEKDAY_WEDNESDAY,
+    "thu": admission_pb2.WEEKDAY_THURSDAY,
+    "fri": admission_pb2.WEEKDAY_FRIDAY,
+    "sat": admission_pb2.WEEKDAY_SATURDAY,
+    "sun": admission_pb2.WEEKDAY_SUNDAY,
+}
+
+
+def _queue(args: argparse.Namespace) -> queue_pb2.QueueRef:
+    return queue_pb2.QueueRef(endpoint_id=args.endpoint or "", name=args.queue)
+
+
+def _policy_fields(
+    policy: admission_pb2.AdmissionPolicy, headroom: admission_pb2.Headroom | None
+) -> str:
+    pairs = [
+        ("queue", policy.queue.name),
+        ("endpoint", policy.queue.endpoint_id),
+        ("limits", policy_summary(policy)),
+        ("updated at", when(policy.updated_at)),
+    ]
+    if headroom is not None and headroom.HasField("window_limit"):
+        pairs.append(
+            (
+                "window",
+                f"{headroom.window_used}/{headroom.window_limit} used, "
+                f"resets at {when(headroom.resets_at)}",
+            )
+        )
+    if headroom is not None and headroom.HasField("in_flight_limit"):
+        pairs.append(("in flight", f"{headroom.in_flight_used}/{headroom.in_flight_limit}"))
+    return fields(pairs)
+
+
+async def policy_get(conn: Connection, args: argparse.Namespace, out: Output) -> int:
+    """Shows a queue's policy and its use now."""
+    got = await conn.admission.GetPolicy(
+        admission_pb2.GetPolicyRequest(queue=_queue(args)),
+        metadata=conn.metadata,
+        timeout=conn.timeout,
+    )
+    if out.as_json:
+        out.message(got)
+    else:
+        out.line(_policy_fields(got.policy, got.headroom if got.HasField("headroom") else None))
+    return EXIT_OK
+
+
+def policy_request(args: argparse.Namespace) -> admission_pb2.AdmissionPolicy:
+    """The policy the flags describe (the whole policy: SetPolicy replaces)."""
+    if args.max_in_flight is None and args.max_claims_per_window is None:
+        raise UsageError("policy set: give --max-in-flight, --max-claims-per-window or both")
+    window_flags = [args.window, args.zone, args.start, args.weekday]
+    if args.max_claims_per_window is None and any(f is not None for f in window_flags):
+        raise UsageError(
+            "policy set: --window, --zone, --start and --weekday need --max-claims-per-window"
+        )
+    policy = admission_pb2.AdmissionPolicy(queue=_queue(args))
+    if args.max_in_flight is not None:
+        policy.max_in_flight = args.max_in_flight
+    if args.max_claims_per_window is not None:
+        policy.max_claims_per_window = args.max_claims_per_window
+        policy.window.CopyFrom(
+            admission_pb2.Window(
+                period=_PERIODS[args.window or "day"],
+                time_zone=args.zone or "UTC",
+                start=args.start or "00:00",
+                weekday=_WEEKDAYS[args.weekday]
+                if args.weekday
+                else admission_pb2.WEEKDAY_UNSPECIFIED,
+            )
+        )
+    return policy
+
+
+async def policy_set(conn: Connection, args: argparse.Namespace, out: Output) -> int:
+    """Creates or replaces a queue's policy."""
+    request = admission_pb2.SetPolicyRequest(policy=policy_request(args))
+    got = await conn.admission.SetPolicy(request, metadata=conn.metadata, timeout=conn.timeout)
+    if out.as_json:
+        out.message(got)
+    else:
+        out.line(_policy_fields(got.policy, None))
+    return EXIT_OK
+
+
+async def policy_clear(conn: Connection, args: argparse.Namespace, out: Output) -> int:
+    """Removes a queue's policy."""
+    got = await conn.admission.ClearPolicy(
+        admission_pb2.ClearPolicyRequest(queue=_queue(args)),
+        metadata=conn.metadata,
+        timeout=conn.timeout,
+    )
+    if out.as_json:
+        out.message(got)
+    else:
+        out.line(f"cleared the policy of queue {args.queue} (was: {policy_summary(got.policy)})")
+    return EXIT_OK
+
+
+def _actor(entry: admission_pb2.PolicyAuditEntry) -> str:
+    if entry.actor_endpoint_id:
+        return f"endpoint {entry.actor_endpoint_id} (vended by human {entry.actor_human_id})"
+    if entry.actor_human_id:
+        return f"human {entry.actor_human_id}"
+    return NONE
+
+
+async def policy_audit(conn: Connection, args: argparse.Namespace, out: Output) -> int:
+    """Lists a queue's policy changes, newest first."""
+    if args.limit < 1:
+        raise UsageError("policy audit: --limit must be at least 1")
+    entries: list[admission_pb2.PolicyAuditEntry] = []
+    token = ""
+    while len(entries) < args.limit:
+        page = await conn.admission.ListPolicyAudit(
+            admission_pb2.ListPolicyAuditRequest(
+                queue=_queue(args), page_size=min(args.limit - len(entries), 500), page_token=token
+            ),
+            metadata=conn.metadata,
+            timeout=conn.timeout,
+        )
+        entries += page.entries
+        token = page.next_page_token
+        if not token:
+            break
+    if out.as_json:
+        out.json({"entries": [to_dict(e) for e in entries]})
+        return EXIT_OK
+    rows = [
+        [
+            when(e.at),
+            short(admission_pb2.PolicyAction.Name(e.action), "POLICY_ACTION_"),
+            _actor(e),
+            policy_summary(e.before) if e.HasField("before") else NONE,
+            policy_summary(e.after) if e.HasField("after") else NONE,
+        ]
+        for e in entries
+    ]
+    out.line(table(["AT", "ACTION", "BY", "BEFORE", "AFTER"], rows))
+    return EXIT_OK
+
+
+POLICY_EXAMPLES = """\
+  switchboard policy get investigations --endpoint $EP
+  # at most 100 claims per Los Angeles day, at most 5 at once:
+  switchboard policy set investigations --endpoint $EP --max-claims-per-window 100 \\
+      --window day --zone America/Los_Angeles --start 00:00 --max-in-flight 5
+  switchboard policy set investigations --endpoint $EP --max-in-flight 0   # pause
+  switchboard policy clear investigations --endpoint $EP
+  switchboard policy audit investigations --endpoint $EP --json
+"""
+
+
+def add_commands(sub: Subparsers) -> None:
+    """Registers ``policy`` and its subcommands."""
+    policy = group(
+        sub,
+        "policy",
+        "read and change queues' admission policies",
+        POLICY_EXAMPLES,
+        "policy_command",
+    )
+
+    def queue_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("queue", help="queue name")
+        endpoint_flag(p)
+
+    queue_args(
+        leaf(
+            policy,
+            "get",
+            "show a queue's policy and its use now (window used, resets at, in flight)",
+            "  switchboard policy get investigations --endpoint $EP\n",
+            policy_get,
+        )
+    )
+    set_ = leaf(
+        policy,
+        "set",
+        "create or replace a queue's policy (the flags describe the whole policy)",
+        "  switchboard policy set investigations --endpoint $EP --max-claims-per-window 100 \\\n"
+        "      --window day --zone America/Los_Angeles --max-in-flight 5\n"
+        "  switchboard policy set reports --endpoint $EP --max-claims-per-window 10 \\\n"
+        "      --window week --weekday mon --start 09:00 --zone Europe/Paris\n"
+        "  switchboard policy set investigations --endpoint $EP --max-in-flight 0   # pause\n",
+        policy_set,
+    )
+    queue_args(set_)
+    set_.add_argument("--max-in-flight", type=int, metavar="N", help="most todos claimed at once")
+    set_.add_argument(
+        "--max-claims-per-window", type=int, metavar="N", help="most claims per window (0 pauses)"
+    )
+    set_.add_argument("--window", choices=sorted(_PERIODS), help="window length (default day)")
+    set_.add_argument("--zone", metavar="IANA", help="time zone of the window (default UTC)")
+    set_.add_argument("--start", metavar="HH:MM", help="local start of the window (default 00:00)")
+    set_.add_argument("--weekday", choices=list(_WEEKDAYS), help="first day of a week window")
+    queue_args(
+        leaf(
+            policy,
+            "clear",
+            "remove a queue's policy (audited; counters are kept)",
+            "  switchboard policy clear investigations --endpoint $EP\n",
+            policy_clear,
+        )
+    )
+    audit = leaf(
+        policy,
+        "audit",
+        "list a queue's policy changes, newest first: who, when, before, after",
+        "  switchboard policy audit investigations --endpoint $EP --limit 10\n",
+        policy_audit,
+    )
+    queue_args(audit)
+    audit.add_argument(
+        "--limit", type=int, default=50, metavar="N", help="most entries (default 50)"
+    )

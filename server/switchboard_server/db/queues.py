@@ -1,0 +1,46 @@
+"""Queries on queues as a whole: the per-queue overview the board shows."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+
+from switchboard_server.db.database import Conn
+from switchboard_server.db.queries import sql
+
+
+@dataclass(frozen=True)
+class QueueOverviewRow:
+    """One queue's counts, active policy, current window and derived admission."""
+
+    queue_id: int
+    endpoint_id: uuid.UUID
+    endpoint_name: str
+    name: str
+    pending: int
+    ready: int
+    claimed: int
+    policy_id: int | None
+    max_in_flight: int | None
+    max_claims_per_window: int | None
+    window_period: str | None
+    window_zone: str | None
+    window_start: str | None
+    window_weekday: int | None
+    policy_updated_at: datetime | None
+    window_started_at: datetime | None
+    window_ends_at: datetime | None
+    window_used: int | None
+    reason: str | None
+    eval_window_end: datetime | None
+    earliest_expiry: datetime | None
+    observed_at: datetime
+
+
+async def overview(
+    conn: Conn, owner_id: uuid.UUID, endpoint_id: uuid.UUID | None, name: str | None
+) -> list[QueueOverviewRow]:
+    """The owner's queues (optionally one endpoint's, one name), by endpoint then queue name."""
+    rows = await conn.fetch(sql("queue_overview"), owner_id, endpoint_id, name)
+    return [QueueOverviewRow(**dict(r)) for r in rows]

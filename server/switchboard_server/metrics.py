@@ -1,0 +1,307 @@
+"""Prometheus metrics (SPEC 7, ADR-0035 "Metrics without tenant labels").
+
+One ``Metrics`` object per server process, with its own registry (several
+servers may share a Python process in tests). It holds two kinds of series:
+
+* counters and histograms of what this process did (claims, refusals, units
+  charged, attempts, claim transactions, RPCs), per process: sum them over
+  replicas;
+* gauges derived from the database at scrape time (policies by status,
+  deferred and live todos), the same on every replica: do not sum them.
+
+No owner, endpoint or team label, ever. The ``queue`` label takes at most
+``queue_labels`` distinct names: counters keep the first names this process
+sees and count the rest as ``__other__``; database gauges keep the names with
+the largest values (ties by name) and fold the rest into ``__other__``, so
+every replica renders the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from switchboard_server import errors, tracing
+from switchboard_server.admission import Deferral, DeferralReason
+from switchboard_server.db import Database
+from switchboard_server.db import metrics as metric_queries
+from switchboard_server.model import AttemptOutcome
+
+log = logging.getLogger(__name__)
+
+# Counters are read as rates; their ``_created`` series only add noise.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+OTHER_QUEUE = "__other__"
+#: The statuses of ``switchboard_admission_policies``, every one always rendered.
+POLICY_STATUSES = ("admitting", *(r.value for r in DeferralReason), "cleared")
+#: Claim transactions take milliseconds; a budgeted one may wait for its policy lock.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+_PER_PROCESS = "Per process: sum over replicas."
+_SHARED = "Derived from the database at scrape time: the same on every replica (do not sum)."
+
+
+class QueueLabels:
+    """First come, first named: at most ``cap`` distinct queue names, then ``__other__``."""
+
+    def __init__(self, cap: int) -> None:
+        self._cap = cap
+        self._names: set[str] = set()
+
+    def __call__(self, queue: str) -> str:
+        if queue in self._names:
+            return queue
+        if len(self._names) < self._cap:
+            self._names.add(queue)
+            return queue
+        return OTHER_QUEUE
+
+
+def top_queues(totals: Mapping[str, float], cap: int) -> set[str]:
+    """The ``cap`` queue names with the largest totals (ties broken by name)."""
+    ranked = sorted(totals.items(), key=lambda item: (-item[1], item[0]))
+    return {name for name, _ in ranked[:cap]}
+
+
+def fold_queues(values: Mapping[tuple[str, str], float], cap: int) -> dict[tuple[str, str], float]:
+    """Folds ``(label, queue) -> value`` beyond the top ``cap`` queues into ``__other__``."""
+    totals: dict[str, float] = defaultdict(float)
+    for (_, queue), value in values.items():
+        totals[queue] += value
+    kept = top_queues(totals, cap)
+    folded: dict[tuple[str, str], float] = defaultdict(float)
+    for (label, queue), value in values.items():
+        folded[(label, queue if queue in kept else OTHER_QUEUE)] += value
+    return dict(folded)
+
+
+class Metrics:
+    """The process's metrics and the rendering of ``/metrics``."""
+
+    def __init__(self, queue_labels: int = 50) -> None:
+        self.registry = CollectorRegistry()
+        self.queue_labels = queue_labels
+        self._queue = QueueLabels(queue_labels)
+        r = self.registry
+        self.todos_claimed = Counter(
+            "switchboard_todos_claimed",
+            f"Claims committed (Claim, ClaimNext, takeovers of lapsed leases). {_PER_PROCESS}",
+            ["queue"],
+            registry=r,
+        )
+        self.todo_attempts = Counter(
+            "switchboard_todo_attempts",
+            "Attempts that ended, by outcome: completed, failed, released, or lapsed (a lease "
+            "that expired, found by the reaper or by a claim that dead-lettered it; a lapsed "
+            "lease taken over by a new claim is counted by todos_claimed only). "
+            f"{_PER_PROCESS}",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in AttemptOutcome:
+            if outcome is not AttemptOutcome.RUNNING:
+                self.todo_attempts.labels(outcome.value)
+        self.units_charged = Counter(
+            "switchboard_admission_units_charged",
+            "Window units charged by claims on queues with a window limit (one per claim, "
+            f"retries and takeovers included; never refunded). {_PER_PROCESS}",
+            ["queue"],
+            registry=r,
+        )
+        self.refusals = Counter(
+            "switchboard_admission_refusals",
+            "Claims an admission policy refused, by deferral reason: one per deferred queue in "
+            "a Claim or ClaimNext that claimed nothing (admission_unavailable counts the claims "
+            f"refused because the policy could not be evaluated). {_PER_PROCESS}",
+            ["reason", "queue"],
+            registry=r,
+        )
+        self.claim_duration = Histogram(
+            "switchboard_claim_duration_seconds",
+            "Duration of the claim transaction (Claim and ClaimNext), by outcome: claimed, "
+            "deferred, empty, not_found, not_claimable, dead_lettered or error. "
+            f"{_PER_PROCESS}",
+            ["outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.rpc_requests = Counter(
+            "switchboard_rpc_requests",
+            f"gRPC calls of the switchboard services handled, by method and status code. "
+            f"{_PER_PROCESS}",
+            ["method", "code"],
+            registry=r,
+        )
+        self.rpc_duration = Histogram(
+            "switchboard_rpc_duration_seconds",
+            "Duration of gRPC calls of the switchboard services, by method (for WatchReopen, "
+            f"the stream's lifetime). {_PER_PROCESS}",
+            ["method"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+
+    def queue_label(self, queue: str) -> str:
+        """The ``queue`` label value of a counter for ``queue`` (capped)."""
+        return self._queue(queue)
+
+    def claimed(self, queue: str, charged: bool) -> None:
+        """Counts a committed claim, and its window unit when one was charged."""
+        label = self.queue_label(queue)
+        self.todos_claimed.labels(label).inc()
+        if charged:
+            self.units_charged.labels(label).inc()
+
+    def refused(self, deferrals: Sequence[Deferral]) -> None:
+        """Counts the refusals of a claim that claimed nothing."""
+        for deferral in deferrals:
+            self.refusals.labels(deferral.reason.value, self.queue_label(deferral.queue)).inc()
+
+    def attempts_ended(self, outcome: AttemptOutcome, count: int = 1) -> None:
+        """Counts attempts that ended with ``outcome``."""
+        if count:
+            self.todo_attempts.labels(outcome.value).inc(count)
+
+    def rpc(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
+        """Counts and times one finished RPC."""
+        self.rpc_requests.labels(method, code.name).inc()
+        self.rpc_duration.labels(method).observe(seconds)
+
+    @contextlib.contextmanager
+    def claim_transaction(self, kind: str) -> Iterator[ClaimObservation]:
+        """Times and traces one claim transaction; the caller reports what it decided."""
+        observed = ClaimObservation(self)
+        with tracing.tracer.start_as_current_span(
+            "switchboard.claim_transaction",
+            attributes={tracing.ATTR_CLAIM_KIND: kind},
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            start = time.perf_counter()
+            try:
+                yield observed
+            except BaseException as exc:
+                span.set_attribute("error.type", type(exc).__name__)
+                raise
+            finally:
+                outcome = observed.outcome or "error"
+                self.claim_duration.labels(outcome).observe(time.perf_counter() - start)
+                span.set_attribute(tracing.ATTR_CLAIM_OUTCOME, outcome)
+                if observed.queue is not None:
+                    span.set_attribute(tracing.ATTR_QUEUE, observed.queue)
+                if observed.deferrals:
+                    span.set_attribute(
+                        tracing.ATTR_REFUSAL_REASON, observed.deferrals[0].reason.value
+                    )
+                    span.set_attribute(
+                        tracing.ATTR_DEFERRED_QUEUES, [d.queue for d in observed.deferrals]
+                    )
+                    span.set_attribute(
+                        tracing.ATTR_DEFERRED_REASONS,
+                        [d.reason.value for d in observed.deferrals],
+                    )
+
+    async def render(self, db: Database, accept: str | None) -> tuple[bytes, str]:
+        """The exposition for a scrape (format chosen from ``accept``) and its content type."""
+        families = await self._database_families(db)
+        encode, content_type = choose_encoder(accept or "")
+        return encode(_Scrape(self.registry, families)), content_type
+
+    async def _database_families(self, db: Database) -> list[Metric]:
+        try:
+            async with db.connection() as conn:
+                policies = await metric_queries.policy_statuses(conn)
+                live = await metric_queries.live_todos(conn)
+        except errors.Unavailable as exc:
+            log.warning(
+                "database gauges left out of this scrape", extra={"error": exc.message[:200]}
+            )
+            return []
+        by_status = dict.fromkeys(POLICY_STATUSES, 0)
+        deferred: dict[tuple[str, str], float] = defaultdict(float)
+        for row in policies:
+            by_status[row.status] = by_status.get(row.status, 0) + 1
+            if row.pending and row.status in _DEFERRAL_REASONS:
+                deferred[(row.status, row.queue)] += row.pending
+        policies_family = GaugeMetricFamily(
+            "switchboard_admission_policies",
+            "Admission policies by status: admitting, paused, window_exhausted, in_flight_full, "
+            f"admission_unavailable (cannot be evaluated) or cleared. {_SHARED}",
+            labels=["status"],
+        )
+        for status, count in by_status.items():
+            policies_family.add_metric([status], count)
+        deferred_family = GaugeMetricFamily(
+            "switchboard_deferred_todos",
+            "Pending todos in queues whose admission policy defers them now, by deferral reason "
+            f"and queue (the largest queues by name, the rest as __other__). {_SHARED}",
+            labels=["reason", "queue"],
+        )
+        for (reason, queue), value in sorted(fold_queues(deferred, self.queue_labels).items()):
+            deferred_family.add_metric([reason, queue], value)
+        todos_family = GaugeMetricFamily(
+            "switchboard_todos",
+            "Live todos by state (pending, claimed) and queue (the largest queues by name, the "
+            f"rest as __other__). {_SHARED}",
+            labels=["state", "queue"],
+        )
+        counts = {(row.state, row.queue): float(row.todos) for row in live}
+        for (state, queue), value in sorted(fold_queues(counts, self.queue_labels).items()):
+            todos_family.add_metric([state, queue], value)
+        return [policies_family, deferred_family, todos_family]
+
+
+_DEFERRAL_REASONS = frozenset(r.value for r in DeferralReason)
+
+
+@dataclass
+class ClaimObservation:
+    """What one claim transaction decided, reported by the dispatcher."""
+
+    metrics: Metrics
+    outcome: str | None = None
+    queue: str | None = None
+    deferrals: Sequence[Deferral] = ()
+
+    def claimed(self, queue: str, charged: bool) -> None:
+        """A claim committed (``charged``: a window unit was charged)."""
+        self.outcome, self.queue = "claimed", queue
+        self.metrics.claimed(queue, charged)
+
+    def refused(self, deferrals: Sequence[Deferral]) -> None:
+        """Nothing claimed: the outcome is ``deferred`` when a policy refused, else ``empty``."""
+        self.outcome = "deferred" if deferrals else "empty"
+        self.deferrals = deferrals
+        if deferrals:
+            self.queue = deferrals[0].queue
+        self.metrics.refused(deferrals)
+
+    def finished(self, outcome: str, queue: str | None = None) -> None:
+        """Any other outcome (``not_found``, ``not_claimable``, ``dead_lettered``)."""
+        self.outcome, self.queue = outcome, queue
+        if outcome == "dead_lettered":
+            self.metrics.attempts_ended(AttemptOutcome.LAPSED)
+
+
+class _Scrape(Collector):
+    """One scrape: the process's registry followed by the database gauges."""
+
+    def __init__(self, registry: CollectorRegistry, families: Iterable[Metric]) -> None:
+        self._registry = registry
+        self._families = list(families)
+
+    def collect(self) -> Iterable[Metric]:
+        yield from self._registry.collect()
+        yield from self._families

@@ -1,0 +1,552 @@
+"""The board: an owner's queues, budgets and deferred work, in the browser.
+
+ADR-0035 ("Legible"): deferred work stays pending and says why. The board
+lists every queue of the signed-in human's owner with its counts, window
+used / limit and reset time, in-flight used / limit and admission state;
+a queue's page lists its pending todos with their derived admission, edits
+the policy through ``AdmissionControl.set`` (the API's validation,
+authorization and audit) and shows the audit trail; a todo's page shows its
+attempts. Handlers hold no SQL: they call the same domain objects as the
+servicers (``Dispatcher``, ``AdmissionControl``) and ``Overview``.
+
+Only human tokens sign in. Sessions and CSRF are described in
+``web.sessions``; every POST must also come from the board's own origin.
+Another owner's queue or todo is 404, exactly like an absent one.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from multidict import MultiDictProxy
+
+from switchboard_server import errors
+from switchboard_server.admission import AuditEntry, DeferralReason, Limits, Policy
+from switchboard_server.model import Principal, PrincipalKind, TodoState
+from switchboard_server.overview import Names, Overview, QueueSummary
+from switchboard_server.web.sessions import COOKIE, COOKIE_PATH, Session, Sessions
+from switchboard_server.web.templating import (
+    WEEKDAYS,
+    Renderer,
+    load_static,
+    queue_url,
+    zone_names,
+)
+from switchboard_server.windows import WindowSpec, WindowSpecError
+
+if TYPE_CHECKING:
+    from switchboard_server.web.server import WebDeps
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+#: Todos per table on a queue's page, and audit entries shown.
+PAGE = 100
+AUDIT_PAGE = 50
+#: Payload bytes shown on a todo's page.
+PAYLOAD_PREVIEW = 64 * 1024
+_MAX_ID = 2**63 - 1
+
+POLICY_FIELDS = (
+    "max_in_flight",
+    "max_claims_per_window",
+    "window_period",
+    "window_zone",
+    "window_start",
+    "window_weekday",
+)
+LABELS = {
+    "max_in_flight": "Max in flight",
+    "max_claims_per_window": "Max claims per window",
+    "window_period": "Period",
+    "window_zone": "Time zone",
+    "window_start": "Start",
+    "window_weekday": "Weekday",
+}
+_NOTICES = {
+    "saved": "Policy saved.",
+    "cleared": "Policy cleared: the queue admits everything.",
+    "nopolicy": "There was no policy to clear.",
+}
+_SIGNIN_NOTICES = {
+    "signedout": "You are signed out.",
+    "expired": "Your session ended or its token is no longer valid. Sign in again.",
+}
+
+
+class _Redirect(Exception):
+    """Ends a request with a 303 to ``location`` (optionally dropping the cookie)."""
+
+    def __init__(self, location: str, *, clear_cookie: bool = False) -> None:
+        super().__init__(location)
+        self.location = location
+        self.clear_cookie = clear_cookie
+
+
+class _Refused(Exception):
+    """Ends a request with an error page."""
+
+    def __init__(self, status: int, heading: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.heading = heading
+        self.message = message
+
+
+@dataclass(frozen=True)
+class PayloadPreview:
+    """How a todo's payload is shown: text when it is UTF-8, else hex.
+
+    ``shown`` counts characters of text, or bytes of hex.
+    """
+
+    text: str
+    binary: bool
+    truncated: bool
+    shown: int
+
+
+def payload_preview(payload: bytes) -> PayloadPreview:
+    """The start of a payload: as text when it is UTF-8, else as hex."""
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError:
+        shown = payload[: PAYLOAD_PREVIEW // 4]
+        return PayloadPreview(shown.hex(" "), True, len(payload) > len(shown), len(shown))
+    return PayloadPreview(
+        text[:PAYLOAD_PREVIEW], False, len(text) > PAYLOAD_PREVIEW, min(len(text), PAYLOAD_PREVIEW)
+    )
+
+
+def parse_limits(values: Mapping[str, str]) -> tuple[Limits | None, dict[str, str]]:
+    """The limits a policy form asks for, or the problems with each field.
+
+    An empty limit is no limit. The window is read only with a
+    claims-per-window limit (it applies to nothing else). Ranges and "at
+    least one limit" are checked by ``Limits.validate`` in the domain.
+    """
+    problems: dict[str, str] = {}
+
+    def count(field: str) -> int | None:
+        raw = values.get(field, "")
+        if not raw:
+            return None
+        if not (raw.isascii() and raw.isdigit()) or len(raw) > 12:
+            problems[field] = "must be a whole number (0 pauses), or empty for no limit"
+            return None
+        return int(raw)
+
+    max_in_flight = count("max_in_flight")
+    max_claims = count("max_claims_per_window")
+    window = None
+    if values.get("max_claims_per_window"):
+        weekday_raw = values.get("window_weekday", "")
+        weekday = None
+        if weekday_raw:
+            if weekday_raw not in {"1", "2", "3", "4", "5", "6", "7"}:
+                problems["window_weekday"] = "choose a weekday"
+            else:
+                weekday = int(weekday_raw)
+        try:
+            window = WindowSpec.parse(
+                values.get("window_period", ""),
+                values.get("window_zone", ""),
+                values.get("window_start", ""),
+                weekday,
+            )
+        except WindowSpecError as exc:
+            problems.setdefault(f"window_{exc.field}", exc.message)
+    if problems:
+        return None, problems
+    return Limits(max_in_flight, max_claims, window), {}
+
+
+def form_field(violation_field: str) -> str:
+    """The form field of a domain ``FieldViolation`` (``_form`` when none fits)."""
+    name = violation_field.removeprefix("policy.")
+    name = {"window": "window_period", "window.time_zone": "window_zone"}.get(name, name)
+    name = name.replace("window.", "window_")
+    return name if name in POLICY_FIELDS else "_form"
+
+
+def policy_values(policy: Policy | None) -> dict[str, str]:
+    """A policy as the edit form's values (a UTC day window when it has none)."""
+    values = {
+        "max_in_flight": "",
+        "max_claims_per_window": "",
+        "window_period": "DAY",
+        "window_zone": "UTC",
+        "window_start": "00:00",
+        "window_weekday": "",
+    }
+    if policy is None:
+        return values
+    limits = policy.limits
+    if limits.max_in_flight is not None:
+        values["max_in_flight"] = str(limits.max_in_flight)
+    if limits.max_claims_per_window is not None:
+        values["max_claims_per_window"] = str(limits.max_claims_per_window)
+    if limits.window is not None:
+        values["window_period"] = limits.window.period.value
+        values["window_zone"] = limits.window.zone
+        values["window_start"] = limits.window.start.strftime("%H:%M")
+        values["window_weekday"] = str(limits.window.weekday or "")
+    return values
+
+
+def actor(entry: AuditEntry, names: Names) -> str:
+    """Who made an audited change: the human, and the endpoint when an agent did."""
+    human = (
+        names.humans.get(entry.actor_human_id, f"human {entry.actor_human_id}")
+        if entry.actor_human_id
+        else "unknown human"
+    )
+    if entry.actor_endpoint_id is not None:
+        endpoint = names.endpoints.get(entry.actor_endpoint_id, str(entry.actor_endpoint_id))
+        return f"agent on endpoint {endpoint} (vended by {human})"
+    return human
+
+
+def _text(form: MultiDictProxy[Any], key: str) -> str:
+    value = form.get(key)
+    return value if isinstance(value, str) else ""
+
+
+def _same_origin(request: web.Request) -> bool:
+    """Whether a POST comes from the board's own pages (a CSRF defence beside the token)."""
+    site = request.headers.get("Sec-Fetch-Site")
+    if site is not None and site not in ("same-origin", "none"):
+        return False
+    origin = request.headers.get("Origin")
+    return origin is None or origin == f"{request.scheme}://{request.host}"
+
+
+def _queue_params(request: web.Request) -> tuple[uuid.UUID, str]:
+    try:
+        endpoint_id = uuid.UUID(request.match_info["endpoint_id"])
+    except ValueError as exc:
+        raise errors.NotFound("queue not found") from exc
+    return endpoint_id, request.match_info["queue"]
+
+
+async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    if not request.path.startswith("/board"):
+        return
+    response.headers.setdefault(
+        "Content-Security-Policy",
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    )
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("X-Frame-Options", "DENY")
+    response.headers.setdefault("Referrer-Policy", "same-origin")
+    response.headers.setdefault("Cache-Control", "no-store")
+
+
+class Board:
+    """The board's handlers over the listener's domain objects."""
+
+    def __init__(self, deps: WebDeps) -> None:
+        self._deps = deps
+        self._sessions = Sessions()
+        self._static = load_static()
+        self._renderer = Renderer(self._static)
+        self._overview = Overview(deps.db, deps.dispatcher.settings.reaper_interval)
+        self._zones = zone_names()
+
+    # ------------------------------------------------------------------ plumbing
+
+    def guard(self, handler: Handler) -> Handler:
+        """Turns redirects, refusals and domain errors into responses."""
+
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            try:
+                return await handler(request)
+            except _Redirect as redirect:
+                response = web.Response(status=303, headers={"Location": redirect.location})
+                if redirect.clear_cookie:
+                    response.del_cookie(COOKIE, path=COOKIE_PATH)
+                return response
+            except _Refused as refused:
+                return self._error(request, refused.status, refused.heading, refused.message)
+            except errors.NotFound:
+                return self._error(
+                    request, 404, "Not found", "There is no such queue or todo among yours."
+                )
+            except errors.PermissionDenied as exc:
+                return self._error(request, 403, "Not allowed", exc.message)
+            except errors.Unavailable:
+                return self._error(
+                    request, 503, "Unavailable", "The database is unavailable; try again."
+                )
+
+        return guarded
+
+    def _html(self, template: str, status: int = 200, **context: Any) -> web.Response:
+        return web.Response(
+            text=self._renderer.render(template, **context),
+            status=status,
+            content_type="text/html",
+            charset="utf-8",
+        )
+
+    def _error(self, request: web.Request, status: int, heading: str, message: str) -> web.Response:
+        session = self._sessions.get(request.cookies.get(COOKIE))
+        return self._html("error.html", status, heading=heading, message=message, session=session)
+
+    async def _signed_in(self, request: web.Request) -> tuple[Session, Principal]:
+        """The session and its (re-authenticated) human; otherwise off to sign in."""
+        session_id = request.cookies.get(COOKIE)
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise _Redirect("/board/signin", clear_cookie=session_id is not None)
+        try:
+            principal = await self._deps.authenticator.authenticate(f"Bearer {session.token}")
+        except errors.Unauthenticated:
+            self._sessions.drop(session_id)
+            raise _Redirect("/board/signin?notice=expired", clear_cookie=True) from None
+        if principal.kind is not PrincipalKind.HUMAN:  # refused at sign-in; never stored
+            self._sessions.drop(session_id)
+            raise _Redirect("/board/signin", clear_cookie=True)
+        return session, principal
+
+    async def _form(self, request: web.Request, session: Session | None) -> MultiDictProxy[Any]:
+        """A POSTed form from the board's own origin carrying the session's CSRF token."""
+        if not _same_origin(request):
+            raise _Refused(403, "Refused", "Forms posted from another site are refused.")
+        form = await request.post()
+        if session is not None and not session.csrf_ok(_text(form, "csrf")):
+            raise _Refused(
+                403,
+                "Form expired",
+                "This form has expired or did not come from the board. Reload the page and "
+                "try again.",
+            )
+        return form
+
+    # ------------------------------------------------------------------ sign in and out
+
+    async def signin_form(self, request: web.Request) -> web.StreamResponse:
+        """The sign-in page (or the board, when already signed in)."""
+        if self._sessions.get(request.cookies.get(COOKIE)) is not None:
+            raise _Redirect("/board")
+        notice = _SIGNIN_NOTICES.get(request.query.get("notice", ""))
+        return self._html("signin.html", message=notice, error=False)
+
+    async def signin(self, request: web.Request) -> web.StreamResponse:
+        """Signs a human in with a token; refuses agent and operator tokens."""
+        form = await self._form(request, None)
+        token = _text(form, "token").strip()
+
+        def refuse(status: int, message: str) -> web.Response:
+            return self._html("signin.html", status, message=message, error=True)
+
+        if not token:
+            return refuse(400, "Enter a human token.")
+        try:
+            principal = await self._deps.authenticator.authenticate(f"Bearer {token}")
+        except errors.Unauthenticated:
+            return refuse(401, "That token is unknown or revoked.")
+        if principal.kind is PrincipalKind.ENDPOINT:
+            return refuse(
+                403,
+                "That is an agent (endpoint) token. Only a human token can sign in to the board.",
+            )
+        if principal.kind is not PrincipalKind.HUMAN or principal.human_id is None:
+            return refuse(
+                403, "That is the operator token. Only a human token can sign in to the board."
+            )
+        names = await self._overview.names(principal)
+        self._sessions.drop(request.cookies.get(COOKIE))  # a fresh id at every sign-in
+        session_id, _session = self._sessions.create(
+            token, names.humans.get(principal.human_id, "human")
+        )
+        response = web.Response(status=303, headers={"Location": "/board"})
+        response.set_cookie(
+            COOKIE,
+            session_id,
+            path=COOKIE_PATH,
+            httponly=True,
+            samesite="Strict",
+            secure=request.secure,
+        )
+        return response
+
+    async def signout(self, request: web.Request) -> web.StreamResponse:
+        """Ends the session."""
+        session_id = request.cookies.get(COOKIE)
+        session = self._sessions.get(session_id)
+        if session is not None:
+            await self._form(request, session)
+            self._sessions.drop(session_id)
+        raise _Redirect("/board/signin?notice=signedout", clear_cookie=True)
+
+    # ------------------------------------------------------------------ pages
+
+    async def index(self, request: web.Request) -> web.StreamResponse:
+        """Every queue of the owner."""
+        session, principal = await self._signed_in(request)
+        queues = await self._overview.queues(principal)
+        totals: Counter[DeferralReason] = Counter()
+        for q in queues:
+            if q.deferred and q.status is not None and q.status.reason is not None:
+                totals[q.status.reason] += q.deferred
+        return self._html(
+            "board.html",
+            session=session,
+            queues=queues,
+            deferred_by_reason=[(r.value, totals[r]) for r in DeferralReason if totals[r]],
+            observed_at=queues[0].observed_at if queues else None,
+        )
+
+    async def queue_page(self, request: web.Request) -> web.StreamResponse:
+        """One queue: its budget, pending todos, policy form and audit trail."""
+        session, principal = await self._signed_in(request)
+        endpoint_id, name = _queue_params(request)
+        summary = await self._overview.queue(principal, endpoint_id, name)
+        notice = _NOTICES.get(request.query.get("done", ""))
+        return await self._render_queue(request, session, principal, summary, notice=notice)
+
+    async def _render_queue(
+        self,
+        request: web.Request,
+        session: Session,
+        principal: Principal,
+        q: QueueSummary,
+        *,
+        values: Mapping[str, str] | None = None,
+        problems: Mapping[str, str] | None = None,
+        status: int = 200,
+        notice: str | None = None,
+    ) -> web.Response:
+        before_raw = request.query.get("before", "")
+        before = int(before_raw) if before_raw.isascii() and before_raw.isdigit() else None
+        if before is not None and before > _MAX_ID:
+            before = None
+        dispatcher = self._deps.dispatcher
+        pending, more_pending = await dispatcher.list(
+            principal, q.endpoint_id, [q.queue], [TodoState.PENDING], PAGE, before
+        )
+        claimed, more_claimed = await dispatcher.list(
+            principal, q.endpoint_id, [q.queue], [TodoState.CLAIMED], PAGE, None
+        )
+        audit = await self._deps.admission.audit(
+            principal, q.endpoint_id, q.queue, None, AUDIT_PAGE
+        )
+        names = await self._overview.names(principal)
+        return self._html(
+            "queue.html",
+            status,
+            session=session,
+            q=q,
+            observed_at=q.observed_at,
+            notice=notice,
+            pending=pending,
+            more_pending=more_pending,
+            before=before,
+            claimed=claimed,
+            more_claimed=more_claimed,
+            audit=audit,
+            who=lambda entry: actor(entry, names),
+            values=dict(values) if values is not None else policy_values(q.policy),
+            errors=dict(problems or {}),
+            labels=LABELS,
+            weekdays=list(enumerate(WEEKDAYS, start=1)),
+            zones=self._zones,
+        )
+
+    async def set_policy(self, request: web.Request) -> web.StreamResponse:
+        """Creates or replaces the queue's policy through ``AdmissionControl.set``."""
+        session, principal = await self._signed_in(request)
+        endpoint_id, name = _queue_params(request)
+        form = await self._form(request, session)
+        summary = await self._overview.queue(principal, endpoint_id, name)
+        values = {field: _text(form, field).strip() for field in POLICY_FIELDS}
+        limits, problems = parse_limits(values)
+        if limits is not None:
+            try:
+                await self._deps.admission.set(principal, endpoint_id, name, limits)
+            except errors.InvalidArgument as exc:
+                problems = {}
+                for violation in exc.violations:
+                    problems.setdefault(form_field(violation.field), violation.description)
+            else:
+                raise _Redirect(f"{queue_url(endpoint_id, name)}?done=saved")
+        return await self._render_queue(
+            request, session, principal, summary, values=values, problems=problems, status=400
+        )
+
+    async def clear_policy(self, request: web.Request) -> web.StreamResponse:
+        """Removes the queue's policy through ``AdmissionControl.clear``."""
+        session, principal = await self._signed_in(request)
+        endpoint_id, name = _queue_params(request)
+        await self._form(request, session)
+        await self._overview.queue(principal, endpoint_id, name)  # 404 unless the owner's
+        try:
+            await self._deps.admission.clear(principal, endpoint_id, name)
+        except errors.NotFound:
+            raise _Redirect(f"{queue_url(endpoint_id, name)}?done=nopolicy") from None
+        raise _Redirect(f"{queue_url(endpoint_id, name)}?done=cleared")
+
+    async def todo_page(self, request: web.Request) -> web.StreamResponse:
+        """One todo with its admission status and attempts."""
+        session, principal = await self._signed_in(request)
+        todo_id = int(request.match_info["todo_id"])
+        if todo_id > _MAX_ID:
+            raise errors.NotFound("todo not found")
+        view, attempts = await self._deps.dispatcher.get(principal, todo_id)
+        todo = view.todo
+        summary = await self._overview.queue(principal, todo.endpoint_id, todo.queue)
+        window = summary.policy.limits.window if summary.policy else None
+        return self._html(
+            "todo.html",
+            session=session,
+            view=view,
+            t=todo,
+            attempts=attempts,
+            endpoint_name=summary.endpoint_name,
+            zone=window.zone if window else "UTC",
+            payload=payload_preview(todo.payload),
+            observed_at=summary.observed_at,
+        )
+
+    async def static(self, request: web.Request) -> web.StreamResponse:
+        """The board's CSS and script."""
+        asset = self._static.get(request.match_info["name"])
+        if asset is None:
+            raise web.HTTPNotFound()
+        immutable = request.query.get("v") == asset.version
+        return web.Response(
+            body=asset.body,
+            content_type=asset.content_type,
+            headers={
+                "Cache-Control": "public, max-age=31536000, immutable" if immutable else "no-cache"
+            },
+        )
+
+
+async def _to_board(_request: web.Request) -> web.StreamResponse:
+    return web.Response(status=308, headers={"Location": "/board"})
+
+
+def add_board(app: web.Application, deps: WebDeps) -> None:
+    """Adds the board's routes (all under ``/board``) to the HTTP listener."""
+    board = Board(deps)
+    guard = board.guard
+    app.router.add_get("/board", guard(board.index))
+    app.router.add_get("/board/", _to_board)
+    app.router.add_get("/board/signin", guard(board.signin_form))
+    app.router.add_post("/board/signin", guard(board.signin))
+    app.router.add_post("/board/signout", guard(board.signout))
+    app.router.add_get("/board/queues/{endpoint_id}/{queue}", guard(board.queue_page))
+    app.router.add_post("/board/queues/{endpoint_id}/{queue}/policy", guard(board.set_policy))
+    app.router.add_post(
+        "/board/queues/{endpoint_id}/{queue}/policy/clear", guard(board.clear_policy)
+    )
+    app.router.add_get(r"/board/todos/{todo_id:\d+}", guard(board.todo_page))
+    app.router.add_get("/board/static/{name}", board.static)
+    app.on_response_prepare.append(_security_headers)

@@ -1,0 +1,276 @@
+"""``GET /metrics`` scraped over real HTTP after real claims, refusals and completions."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import aiohttp
+import pytest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from switchboard.v1 import admission_pb2, dispatch_pb2, queue_pb2
+from switchboard_server import app as server_app
+from switchboard_server.config import Settings
+from switchboard_server.db import Database
+from switchboard_server.loops import LoopSignals
+
+from tests.support.admission import ingest, set_policy
+from tests.support.client import Client, Tenant
+from tests.support.databases import move_clock
+
+#: Every label any switchboard metric may carry (``le`` is the histograms' own).
+ALLOWED_LABELS = {"queue", "reason", "status", "state", "outcome", "method", "code", "le"}
+CLAIM_NEXT = "switchboard.v1.DispatchService/ClaimNext"
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+async def scrape(app: server_app.App) -> tuple[dict[str, Metric], Samples]:
+    """Families by name and every sample by (name, labels)."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://{app.http_address}/metrics") as resp,
+    ):
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("text/plain")
+        text = await resp.text()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    samples: Samples = {}
+    for family in families.values():
+        for s in family.samples:
+            samples[(s.name, frozenset(s.labels.items()))] = s.value
+    return families, samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    """One sample's value, or None when the series is absent."""
+    return samples.get((name, frozenset(labels.items())))
+
+
+def series(samples: Samples, name: str) -> dict[frozenset[tuple[str, str]], float]:
+    """Every series of one sample name."""
+    return {labels: v for (n, labels), v in samples.items() if n == name}
+
+
+def assert_no_tenant_labels(families: dict[str, Metric]) -> None:
+    for family in families.values():
+        assert family.name.startswith("switchboard_"), family.name
+        for sample in family.samples:
+            assert set(sample.labels) <= ALLOWED_LABELS, (sample.name, sample.labels)
+
+
+async def claim_next(
+    client: Client, tenant: Tenant, *queues: str
+) -> dispatch_pb2.ClaimNextResponse:
+    return await client.dispatch.ClaimNext(
+        dispatch_pb2.ClaimNextRequest(queues=list(queues)), metadata=tenant.agent
+    )
+
+
+async def test_metrics_count_claims_refusals_units_and_attempts(
+    server: server_app.App, client: Client, tenant: Tenant
+) -> None:
+    await ingest(client, tenant.agent, "budgeted", 4)
+    await ingest(client, tenant.agent, "free", 1)
+    await set_policy(
+        client, tenant.human, "budgeted", endpoint_id=tenant.endpoint_id, max_claims_per_window=3
+    )
+    first = await claim_next(client, tenant, "budgeted")
+    second = await claim_next(client, tenant, "budgeted")
+    third = await claim_next(client, tenant, "budgeted")
+    refused = await claim_next(client, tenant, "budgeted")
+    assert first.todo.id and second.todo.id and third.todo.id and refused.empty
+    free = await claim_next(client, tenant, "free")
+    assert not free.HasField("headroom")
+    agent = tenant.agent
+    await client.dispatch.Complete(
+        dispatch_pb2.CompleteRequest(todo_id=free.todo.id, lease_id=free.lease.lease_id),
+        metadata=agent,
+    )
+    await client.dispatch.Fail(
+        dispatch_pb2.FailRequest(todo_id=first.todo.id, lease_id=first.lease.lease_id, error="x"),
+        metadata=agent,
+    )
+    await client.dispatch.Release(
+        dispatch_pb2.ReleaseRequest(todo_id=second.todo.id, lease_id=second.lease.lease_id),
+        metadata=agent,
+    )
+
+    families, samples = await scrape(server)
+    assert_no_tenant_labels(families)
+
+    claimed = "switchboard_todos_claimed_total"
+    assert value(samples, claimed, queue="budgeted") == 3
+    assert value(samples, claimed, queue="free") == 1
+    units = "switchboard_admission_units_charged_total"
+    assert series(samples, units) == {frozenset({("queue", "budgeted")}): 3}
+    refusals = "switchboard_admission_refusals_total"
+    assert series(samples, refusals) == {
+        frozenset({("reason", "window_exhausted"), ("queue", "budgeted")}): 1
+    }
+    attempts = "switchboard_todo_attempts_total"
+    assert {dict(k)["outcome"]: v for k, v in series(samples, attempts).items()} == {
+        "completed": 1,
+        "failed": 1,
+        "released": 1,
+        "lapsed": 0,
+    }
+    durations = "switchboard_claim_duration_seconds_count"
+    assert value(samples, durations, outcome="claimed") == 4
+    assert value(samples, durations, outcome="deferred") == 1
+    assert value(samples, "switchboard_rpc_requests_total", method=CLAIM_NEXT, code="OK") == 5
+    assert value(samples, "switchboard_rpc_duration_seconds_count", method=CLAIM_NEXT) == 5
+
+    # Database-derived gauges: one policy, window exhausted; the budgeted
+    # queue's pending todos (one never claimed, one released, one failed
+    # into its backoff) are deferred.
+    policies = series(samples, "switchboard_admission_policies")
+    assert {dict(k)["status"]: v for k, v in policies.items()} == {
+        "admitting": 0,
+        "paused": 0,
+        "window_exhausted": 1,
+        "in_flight_full": 0,
+        "admission_unavailable": 0,
+        "cleared": 0,
+    }
+    assert series(samples, "switchboard_deferred_todos") == {
+        frozenset({("reason", "window_exhausted"), ("queue", "budgeted")}): 3
+    }
+    assert series(samples, "switchboard_todos") == {
+        frozenset({("state", "pending"), ("queue", "budgeted")}): 3,
+        frozenset({("state", "claimed"), ("queue", "budgeted")}): 1,
+    }
+    for name in ("switchboard_admission_policies", "switchboard_deferred_todos"):
+        assert "same on every replica" in families[name].documentation
+    assert "Per process" in families["switchboard_todos_claimed"].documentation
+
+    # Clearing the policy: counted as cleared, nothing deferred any more.
+    await client.admission.ClearPolicy(
+        admission_pb2.ClearPolicyRequest(
+            queue=queue_pb2.QueueRef(endpoint_id=tenant.endpoint_id, name="budgeted")
+        ),
+        metadata=tenant.human,
+    )
+    _, samples = await scrape(server)
+    assert value(samples, "switchboard_admission_policies", status="cleared") == 1
+    assert value(samples, "switchboard_admission_policies", status="window_exhausted") == 0
+    assert series(samples, "switchboard_deferred_todos") == {}
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    """A queue-label cap of 3, a short lock timeout, and a fast reaper for lapses."""
+    return dataclasses.replace(
+        settings,
+        metrics_queue_labels=3,
+        lock_timeout=timedelta(milliseconds=200),
+        reaper_interval=timedelta(milliseconds=50),
+    )
+
+
+async def test_queue_label_is_capped_with_other(
+    server: server_app.App, client: Client, tenant: Tenant
+) -> None:
+    # Queue q<i> gets i + 1 todos; the queues are claimed from in order q1..q5.
+    for i in range(1, 6):
+        await ingest(client, tenant.agent, f"q{i}", i + 1)
+    for i in range(1, 6):
+        assert not (await claim_next(client, tenant, f"q{i}")).empty
+
+    families, samples = await scrape(server)
+    assert_no_tenant_labels(families)
+    # Counters: the first three names this process saw, then __other__.
+    claimed = series(samples, "switchboard_todos_claimed_total")
+    assert {dict(k)["queue"]: v for k, v in claimed.items()} == {
+        "q1": 1,
+        "q2": 1,
+        "q3": 1,
+        "__other__": 2,
+    }
+    # Database gauges: the three largest queues (the same on every replica),
+    # the rest folded into __other__.
+    todos = {
+        (dict(k)["state"], dict(k)["queue"]): v
+        for k, v in series(samples, "switchboard_todos").items()
+    }
+    assert todos == {
+        ("pending", "q3"): 3,
+        ("pending", "q4"): 4,
+        ("pending", "q5"): 5,
+        ("pending", "__other__"): 1 + 2,
+        ("claimed", "q3"): 1,
+        ("claimed", "q4"): 1,
+        ("claimed", "q5"): 1,
+        ("claimed", "__other__"): 2,
+    }
+    queues = {dict(k).get("queue") for (_, k) in samples} - {None}
+    assert queues <= {"q1", "q2", "q3", "q4", "q5", "__other__"}
+
+
+async def test_admission_unavailable_is_counted_and_gauges_fail_soft(
+    server: server_app.App, client: Client, tenant: Tenant, db: Database
+) -> None:
+    await ingest(client, tenant.agent, "budgeted", 1)
+    await set_policy(
+        client, tenant.human, "budgeted", endpoint_id=tenant.endpoint_id, max_in_flight=5
+    )
+    async with db.transaction() as locker:
+        await locker.execute("LOCK TABLE admission_policies IN ACCESS EXCLUSIVE MODE")
+        refused = await claim_next(client, tenant, "budgeted")
+        assert refused.empty
+        # The policy table cannot be read: the scrape still answers, with the
+        # process's counters and without the database gauges.
+        families, samples = await scrape(server)
+        assert "switchboard_admission_policies" not in families
+        assert "switchboard_todos_claimed" in families
+    refusals = "switchboard_admission_refusals_total"
+    assert value(samples, refusals, reason="admission_unavailable", queue="budgeted") == 1
+    _, samples = await scrape(server)
+    assert value(samples, "switchboard_admission_policies", status="admitting") == 1
+
+
+async def test_lapsed_attempts_are_counted_by_the_reaper(
+    server: server_app.App,
+    client: Client,
+    tenant: Tenant,
+    db: Database,
+    loop_signals: LoopSignals,
+) -> None:
+    await ingest(client, tenant.agent, "work", 1)
+    claimed = await claim_next(client, tenant, "work")
+    assert not claimed.empty
+    await move_clock(db, timedelta(minutes=10))
+    assert loop_signals.reaped is not None
+    while await asyncio.wait_for(loop_signals.reaped.get(), 10) == 0:
+        pass
+    _, samples = await scrape(server)
+    assert value(samples, "switchboard_todo_attempts_total", outcome="lapsed") == 1
+
+
+@pytest.fixture
+async def replica(settings: Settings) -> AsyncIterator[server_app.App]:
+    """A second server process over the same database."""
+    running = await server_app.start(settings)
+    yield running
+    await running.stop(grace=1)
+
+
+async def test_database_gauges_are_the_same_on_every_replica(
+    server: server_app.App, replica: server_app.App, client: Client, tenant: Tenant
+) -> None:
+    for i in range(5):
+        await ingest(client, tenant.agent, f"q{i}", 5 - i)
+    await set_policy(client, tenant.human, "q0", endpoint_id=tenant.endpoint_id, max_in_flight=0)
+    assert (await claim_next(client, tenant)).todo.queue != "q0"
+
+    gauges = ("switchboard_admission_policies", "switchboard_deferred_todos", "switchboard_todos")
+    (_, one), (_, two) = await asyncio.gather(scrape(server), scrape(replica))
+    for name in gauges:
+        assert series(one, name) == series(two, name), name
+    assert value(one, "switchboard_deferred_todos", reason="paused", queue="q0") == 5
+    # Counters are per process: the replica claimed nothing.
+    assert series(two, "switchboard_todos_claimed_total") == {}
+    assert sum(series(one, "switchboard_todos_claimed_total").values()) == 1
