@@ -33,6 +33,7 @@ from switchboard_server.admission import AdmissionControl, refresh_schedules
 from switchboard_server.auth import Authenticator
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
+from switchboard_server.db.listener import AUTH_CHANNEL, DOORBELL_CHANNEL, Listener
 from switchboard_server.db.migrate import migrate
 from switchboard_server.dispatch import Dispatcher, DispatchSettings
 from switchboard_server.doorbells import DoorbellHub, reopen_once
@@ -148,13 +149,24 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
     try:
         await run_migrations(db)
         hub = DoorbellHub(db, settings.doorbell_heartbeat)
+        authenticator = Authenticator(db, settings.operator_token)
+
+        async def on_reconnect() -> None:
+            authenticator.forget()  # revocations may have been missed
+            await hub.rering()  # and rings
+
+        listener = Listener(
+            db.dsn,
+            {DOORBELL_CHANNEL: hub.on_payload, AUTH_CHANNEL: authenticator.forget_payload},
+            on_reconnect,
+        )
         # Listen before serving, so that no subscriber can miss a ring.
-        supervisor.run("doorbell-listener", hub.listener.run)
-        await asyncio.wait_for(hub.listener.connected.wait(), 30)
+        supervisor.run("listener", listener.run)
+        await asyncio.wait_for(listener.connected.wait(), 30)
         metrics = Metrics(settings.metrics_queue_labels)
         deps = WebDeps(
             db=db,
-            authenticator=Authenticator(db, settings.operator_token),
+            authenticator=authenticator,
             dispatcher=Dispatcher(
                 db,
                 DispatchSettings(
@@ -217,7 +229,9 @@ def _grpc_server(deps: WebDeps, hub: DoorbellHub) -> tuple[grpc.aio.Server, Heal
     admission_pb2_grpc.add_AdmissionServiceServicer_to_server(
         AdmissionServicer(deps.admission), server
     )
-    admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(Tenancy(deps.db)), server)
+    admin_pb2_grpc.add_AdminServiceServicer_to_server(
+        AdminServicer(Tenancy(deps.db, on_revoked=deps.authenticator.forget)), server
+    )
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

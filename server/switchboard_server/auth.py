@@ -5,6 +5,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import time
+import uuid
+from datetime import timedelta
 
 from switchboard_server import errors
 from switchboard_server.db import Database, tenancy
@@ -42,11 +45,44 @@ OPERATOR_FROM_ENV = Principal(
 
 
 class Authenticator:
-    """Resolves the bearer token of a request to a principal."""
+    """Resolves the bearer token of a request to a principal.
 
-    def __init__(self, db: Database, operator_token: str | None) -> None:
+    Live credentials are cached for ``cache_ttl`` so that an RPC does not pay
+    a lookup. A revocation takes effect at once: the revoking process drops
+    the credential synchronously, and every replica hears it on the listener
+    (``forget_payload``); a replica whose listener reconnects drops its whole
+    cache. ``cache_ttl`` bounds staleness if a notification is ever lost.
+    """
+
+    #: More cached credentials than this and the cache starts over.
+    MAX_CACHED = 10_000
+
+    def __init__(
+        self,
+        db: Database,
+        operator_token: str | None,
+        cache_ttl: timedelta = timedelta(seconds=10),
+    ) -> None:
         self._db = db
         self._operator_hash = hash_token(operator_token) if operator_token else None
+        self._ttl = cache_ttl.total_seconds()
+        self._cache: dict[bytes, tuple[Principal, float]] = {}
+
+    def forget(self, credential_id: uuid.UUID | None = None) -> None:
+        """Drops a credential from the cache (every credential when ``None``)."""
+        if credential_id is None:
+            self._cache.clear()
+            return
+        for digest, (principal, _) in list(self._cache.items()):
+            if principal.credential_id == credential_id:
+                del self._cache[digest]
+
+    def forget_payload(self, payload: str) -> None:
+        """Handles a revocation heard on the listener (a credential id)."""
+        try:
+            self.forget(uuid.UUID(payload))
+        except ValueError:
+            self.forget()
 
     async def authenticate(self, authorization: str | None) -> Principal:
         """The principal for an ``authorization`` header value; ``Unauthenticated`` otherwise."""
@@ -59,8 +95,16 @@ class Authenticator:
         digest = hash_token(token)
         if self._operator_hash is not None and hmac.compare_digest(digest, self._operator_hash):
             return OPERATOR_FROM_ENV
+        cached = self._cache.get(digest)
+        now = time.monotonic()
+        if cached is not None and cached[1] > now:
+            return cached[0]
         async with self._db.connection() as conn:
             principal = await tenancy.authenticate(conn, digest)
         if principal is None:
+            self._cache.pop(digest, None)
             raise errors.Unauthenticated("unknown or revoked token")
+        if len(self._cache) >= self.MAX_CACHED:
+            self._cache.clear()
+        self._cache[digest] = (principal, now + self._ttl)
         return principal

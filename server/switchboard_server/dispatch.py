@@ -1,7 +1,10 @@
 """The dispatch core: ingest, claim, settle and read todos.
 
-This layer owns transaction boundaries: each operation is one short
-transaction (most are one statement or one PL/pgSQL call, so one round-trip).
+This layer owns transaction boundaries. Every state change is one statement
+(a named query or one PL/pgSQL call) run on its own, so the statement is the
+transaction: one round-trip, and a claim's policy lock is released by the
+commit that ends that statement, never held across a round-trip to this
+process. Reads that combine several statements use an explicit transaction.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ from switchboard_server.admission import (
     deferral_from_json,
     headroom_from_json,
 )
-from switchboard_server.backoff import retry_delay
 from switchboard_server.db import Database
 from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import tenancy as tenancy_queries
@@ -131,7 +133,7 @@ class Dispatcher:
         """Creates a todo, or returns the existing one for a repeated dedup key."""
         scope = endpoint_scope(principal, Grant.INGEST, req.endpoint_id)
         assert scope.endpoint_id is not None
-        async with self._db.transaction() as conn:
+        async with self._db.statement() as conn:
             return await todo_queries.ingest(
                 conn,
                 owner_id=scope.owner_id,
@@ -151,7 +153,7 @@ class Dispatcher:
         """Claims one specific todo."""
         scope = require_tenant(principal, Grant.CLAIM)
         with self._metrics.claim_transaction("claim") as observed:
-            async with self._db.transaction() as conn:
+            async with self._db.statement() as conn:
                 result = await todo_queries.claim(
                     conn,
                     todo_id=todo_id,
@@ -204,7 +206,7 @@ class Dispatcher:
         scope = endpoint_scope(principal, Grant.CLAIM, endpoint_id)
         assert scope.endpoint_id is not None
         with self._metrics.claim_transaction("claim_next") as observed:
-            async with self._db.transaction() as conn:
+            async with self._db.statement() as conn:
                 result = await todo_queries.claim_next(
                     conn,
                     owner_id=scope.owner_id,
@@ -257,7 +259,7 @@ class Dispatcher:
     ) -> Lease:
         """Extends a live lease."""
         scope = require_tenant(principal, Grant.CLAIM)
-        async with self._db.transaction() as conn:
+        async with self._db.statement() as conn:
             extended = await todo_queries.heartbeat(
                 conn,
                 todo_id=todo_id,
@@ -274,7 +276,7 @@ class Dispatcher:
     async def complete(self, principal: Principal, todo_id: int, lease_id: uuid.UUID) -> Todo:
         """Marks a claimed todo done."""
         scope = require_tenant(principal, Grant.CLAIM)
-        async with self._db.transaction() as conn:
+        async with self._db.statement() as conn:
             todo = await todo_queries.complete(
                 conn,
                 todo_id=todo_id,
@@ -291,15 +293,7 @@ class Dispatcher:
     ) -> Todo:
         """Records a failed attempt: pending after a backoff, or dead."""
         scope = require_tenant(principal, Grant.CLAIM)
-        async with self._db.transaction() as conn:
-            current = await todo_queries.get(
-                conn, todo_id=todo_id, owner_id=scope.owner_id, endpoint_id=scope.endpoint_id
-            )
-            delay = retry_delay(
-                max(current.attempt if current else 1, 1),
-                base=self._settings.backoff_base,
-                cap=self._settings.backoff_cap,
-            )
+        async with self._db.statement() as conn:
             todo = await todo_queries.fail(
                 conn,
                 todo_id=todo_id,
@@ -307,7 +301,8 @@ class Dispatcher:
                 owner_id=scope.owner_id,
                 endpoint_id=scope.endpoint_id,
                 permanent=permanent,
-                retry_delay=delay,
+                backoff_base=self._settings.backoff_base,
+                backoff_cap=self._settings.backoff_cap,
                 error=error,
             )
         if todo is not None:
@@ -317,7 +312,7 @@ class Dispatcher:
     async def release(self, principal: Principal, todo_id: int, lease_id: uuid.UUID) -> Todo:
         """Gives a claimed todo back at once."""
         scope = require_tenant(principal, Grant.CLAIM)
-        async with self._db.transaction() as conn:
+        async with self._db.statement() as conn:
             todo = await todo_queries.release(
                 conn,
                 todo_id=todo_id,

@@ -24,7 +24,6 @@ from datetime import datetime, timedelta
 
 from switchboard_server.db import Database
 from switchboard_server.db import doorbells as doorbell_queries
-from switchboard_server.db.doorbells import Listener
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +89,6 @@ class DoorbellHub:
         self._db = db
         self.heartbeat = heartbeat
         self._subs: dict[uuid.UUID, set[Subscription]] = defaultdict(set)
-        self.listener = Listener(db.dsn, self._on_payload, self._on_reconnect)
 
     @property
     def subscribers(self) -> int:
@@ -125,9 +123,9 @@ class DoorbellHub:
             rung += await self._ring_snapshot(endpoint_id, "heartbeat", None)
         return rung
 
-    async def _on_reconnect(self) -> None:
-        # Rings may have been missed while the listener was down: re-ring
-        # what is waiting.
+    async def rering(self) -> None:
+        """Re-rings what waits, for every subscriber (rings may have been missed while
+        this process's listener was disconnected)."""
         for endpoint_id in list(self._subs):
             await self._ring_snapshot(endpoint_id, "attached", None)
 
@@ -154,7 +152,8 @@ class DoorbellHub:
                 sub.offer(bell)
         return len(waiting)
 
-    def _on_payload(self, payload: str) -> None:
+    def on_payload(self, payload: str) -> None:
+        """Fans out one ring received on the doorbell channel."""
         try:
             data = json.loads(payload)
             bell = Doorbell(

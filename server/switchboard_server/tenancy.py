@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from switchboard_server import errors
@@ -40,10 +40,15 @@ class Minted:
 
 
 class Tenancy:
-    """Administration on behalf of an authenticated principal."""
+    """Administration on behalf of an authenticated principal.
 
-    def __init__(self, db: Database) -> None:
+    ``on_revoked`` is told each revoked credential id after the commit (the
+    authenticator drops it from its cache).
+    """
+
+    def __init__(self, db: Database, on_revoked: Callable[[uuid.UUID], None] | None = None) -> None:
         self._db = db
+        self._on_revoked = on_revoked
 
     async def create_owner(self, principal: Principal, name: str) -> Owner:
         """Creates an owner. Operator only."""
@@ -142,6 +147,8 @@ class Tenancy:
             revoked = await tenancy_queries.revoke_credential(conn, credential_id, owner_id)
         if revoked is None:
             raise errors.NotFound("credential not found")
+        if self._on_revoked is not None:
+            self._on_revoked(revoked.id)
         return revoked
 
 

@@ -102,7 +102,8 @@ async def fail(db: Database, scope: Scope, todo: Todo, *, permanent: bool) -> No
             owner_id=scope.owner_id,
             endpoint_id=scope.endpoint_id,
             permanent=permanent,
-            retry_delay=timedelta(seconds=10),
+            backoff_base=timedelta(seconds=10),
+            backoff_cap=timedelta(seconds=10),
             error="boom",
         )
     assert failed is not None

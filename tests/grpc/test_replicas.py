@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from collections.abc import AsyncIterator
 
 import asyncpg
+import grpc
 import pytest
-from switchboard.v1 import dispatch_pb2, queue_pb2
+from switchboard.v1 import admin_pb2, dispatch_pb2, queue_pb2
 from switchboard_server.db import Database
 from switchboard_server.db.migrate import available
 
-from tests.support.client import Client, Tenant, make_tenant
+from tests.support.client import Client, Tenant, auth, make_tenant
 from tests.support.databases import DatabaseFactory
 from tests.support.processes import ServerProcess
 
@@ -93,3 +95,37 @@ async def test_replicas_starting_together_on_an_empty_database_migrate_once(
         assert len(applied) == len(versions), "each migration is applied by exactly one replica"
     finally:
         assert await asyncio.gather(*(s.stop() for s in servers)) == [0, 0, 0]
+
+
+async def test_a_revocation_reaches_every_replicas_credential_cache(
+    replicas: list[ServerProcess],
+) -> None:
+    a, b = Client(replicas[0].address), Client(replicas[1].address)
+    try:
+        tenant = await make_tenant(a, "revoker")
+        vended = await a.admin.VendCredential(
+            admin_pb2.VendCredentialRequest(
+                endpoint_id=tenant.endpoint_id, presets=[admin_pb2.GRANT_PRESET_BASICS]
+            ),
+            metadata=tenant.human,
+        )
+        # Replica b authenticates (and caches) the credential.
+        await b.dispatch.ClaimNext(dispatch_pb2.ClaimNextRequest(), metadata=auth(vended.token))
+        await a.admin.RevokeCredential(
+            admin_pb2.RevokeCredentialRequest(credential_id=vended.credential.id),
+            metadata=tenant.human,
+        )
+        revoked_at = time.monotonic()
+        while True:
+            try:
+                await b.dispatch.ClaimNext(
+                    dispatch_pb2.ClaimNextRequest(), metadata=auth(vended.token)
+                )
+            except grpc.aio.AioRpcError as err:
+                assert err.code() == grpc.StatusCode.UNAUTHENTICATED
+                break
+            assert time.monotonic() - revoked_at < 2, "replica b still accepts a revoked token"
+            await asyncio.sleep(0.01)
+    finally:
+        await a.close()
+        await b.close()

@@ -86,6 +86,16 @@ class Database:
                 yield conn
 
     @contextlib.asynccontextmanager
+    async def statement(self) -> AsyncIterator[Conn]:
+        """A connection for ONE state-changing statement, which is its own transaction.
+
+        Same as ``connection()``; the name says why no ``BEGIN``/``COMMIT``
+        round-trips surround it: PostgreSQL commits the statement as it ends.
+        """
+        async with self.connection() as conn:
+            yield conn
+
+    @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Conn]:
         """A connection inside one transaction, committed when the block exits cleanly."""
         with translate_errors():

@@ -169,12 +169,24 @@ async def fail(
     owner_id: uuid.UUID,
     endpoint_id: uuid.UUID | None,
     permanent: bool,
-    retry_delay: timedelta,
+    backoff_base: timedelta,
+    backoff_cap: timedelta,
     error: str,
 ) -> Todo | None:
-    """Records a failed attempt; ``None`` when the lease is stale or the todo not in scope."""
+    """Records a failed attempt (backoff computed in SQL from the attempt number).
+
+    ``None`` when the lease is stale or the todo not in scope.
+    """
     rec = await conn.fetchrow(
-        sql("todo_fail"), todo_id, lease_id, owner_id, endpoint_id, permanent, retry_delay, error
+        sql("todo_fail"),
+        todo_id,
+        lease_id,
+        owner_id,
+        endpoint_id,
+        permanent,
+        backoff_base.total_seconds(),
+        error,
+        backoff_cap.total_seconds(),
     )
     return todo_from_record(rec) if rec is not None else None
 

@@ -47,11 +47,16 @@ SELECT id, kind, owner_id, human_id, endpoint_id, vended_by_human_id, grants, la
 
 -- name: credential_revoke :one
 -- Revokes a credential of the owner ($2; NULL for the operator, who may
--- revoke any). Revoking twice keeps the first revocation time.
-UPDATE credentials SET revoked_at = coalesce(revoked_at, sb_now())
- WHERE id = $1 AND ($2::uuid IS NULL OR owner_id = $2)
-RETURNING id, kind, owner_id, human_id, endpoint_id, vended_by_human_id, grants, label,
-          created_at, revoked_at;
+-- revoke any). Revoking twice keeps the first revocation time. Every
+-- replica hears the id on switchboard_auth and drops it from its cache.
+WITH revoked AS (
+    UPDATE credentials SET revoked_at = coalesce(revoked_at, sb_now())
+     WHERE id = $1 AND ($2::uuid IS NULL OR owner_id = $2)
+    RETURNING id, kind, owner_id, human_id, endpoint_id, vended_by_human_id, grants, label,
+              created_at, revoked_at
+)
+SELECT revoked.*, pg_notify('switchboard_auth', revoked.id::text) IS NULL AS notified
+  FROM revoked;
 
 -- name: endpoint_set_hook :one
 -- Sets (or with NULLs clears) an endpoint's notify hook; clearing drops what

@@ -34,14 +34,19 @@ WITH done AS (
 SELECT * FROM done;
 
 -- name: todo_fail :one
--- Records a failed attempt: pending after $6 of backoff, or dead when the
--- failure is permanent ($5) or no attempts are left.
+-- Records a failed attempt: pending after a backoff, or dead when the
+-- failure is permanent ($5) or no attempts are left. The backoff is
+-- $6 * 2^(attempt-1) seconds, capped at $8 seconds, times a jitter in
+-- [0.5, 1] (the formula of switchboard_server.backoff.retry_delay).
 WITH failed AS (
     UPDATE todos
        SET state = CASE WHEN $5::boolean OR attempt >= max_attempts
                         THEN 'dead' ELSE 'pending' END,
            next_retry_at = CASE WHEN $5::boolean OR attempt >= max_attempts
-                                THEN next_retry_at ELSE sb_now() + $6::interval END,
+                                THEN next_retry_at
+                                ELSE sb_now() + make_interval(secs => least(
+                                    $8::float8, $6::float8 * power(2, least(attempt - 1, 62)))
+                                    * (0.5 + 0.5 * random())) END,
            finished_at = CASE WHEN $5::boolean OR attempt >= max_attempts
                               THEN sb_now() END,
            lease_id = NULL, lease_expires_at = NULL,
