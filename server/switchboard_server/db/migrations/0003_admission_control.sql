@@ -241,8 +241,6 @@ BEGIN
 END;
 $$;
 
-DROP FUNCTION sb_claim(bigint, uuid, uuid, text, interval);
-DROP FUNCTION sb_claim_next(uuid, uuid, text[], text, interval);
 
 -- Claims one specific todo (FOR UPDATE: waits for a concurrent claimer).
 -- outcome: claimed | not_found | not_claimable | dead_lettered | deferred.
