@@ -69,6 +69,7 @@ class Database:
                     "application_name": "switchboard",
                     "lock_timeout": f"{int(lock_timeout.total_seconds() * 1000)}ms",
                 },
+                reset=_keep_session,
             )
         except _UNAVAILABLE as exc:
             raise errors.Unavailable(f"cannot connect to the database: {exc}") from exc
@@ -101,6 +102,18 @@ class Database:
         with translate_errors():
             async with self.pool.acquire() as conn, conn.transaction():
                 yield conn
+
+
+async def _keep_session(_conn: object) -> None:
+    """Releases a connection to the pool without asyncpg's reset query.
+
+    The default reset (``RESET ALL; UNLISTEN *; CLOSE ALL; ...``) costs a
+    round-trip on every release, that is on every RPC. Pooled connections
+    here never change session state: settings are fixed at connect time,
+    LISTEN has its own connection, and the migrator releases its advisory
+    lock itself. A connection released inside a transaction is still rolled
+    back by asyncpg before this runs.
+    """
 
 
 @contextlib.contextmanager

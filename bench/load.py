@@ -1,0 +1,274 @@
+"""The load generator: worker coroutines, and one timed measurement.
+
+A measurement starts ``workers`` coroutines, lets them run ``warmup``
+seconds, then counts what completes during ``duration`` seconds (per-call
+latencies of the calls that finish inside that window), then stops them;
+each worker finishes the claim it holds, so no lease is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+import uuid
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+import grpc
+from grpc_health.v1 import health_pb2
+from switchboard.v1 import dispatch_pb2
+
+from bench import sql
+from bench.api import Api, Tenant
+
+#: Called with a short live status while a measurement runs.
+Live = Callable[[str], None]
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of already sorted values (``q`` in 0..100)."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(1, min(len(sorted_values), round(q / 100 * len(sorted_values) + 0.5)))
+    return sorted_values[rank - 1]
+
+
+@dataclass
+class Meter:
+    """What the workers of one measurement count."""
+
+    measuring: bool = False
+    stopping: bool = False
+    ops: int = 0
+    warm_ops: int = 0
+    empty: int = 0
+    errors: int = 0
+    error_samples: list[str] = field(default_factory=list)
+    latencies: dict[str, list[float]] = field(default_factory=lambda: collections.defaultdict(list))
+    per_queue: collections.Counter[str] = field(default_factory=collections.Counter)
+
+    def done(self, queue: str = "", **seconds: float) -> None:
+        """One operation finished (a claim settled, a health check answered)."""
+        if not self.measuring:
+            self.warm_ops += 1
+            return
+        self.ops += 1
+        for name, value in seconds.items():
+            self.latencies[name].append(value)
+        if queue:
+            self.per_queue[queue] += 1
+
+    def nothing(self) -> None:
+        """A claim found nothing claimable."""
+        if self.measuring:
+            self.empty += 1
+
+    def error(self, exc: BaseException) -> None:
+        """A call failed (counted; the worker backs off briefly and goes on)."""
+        self.errors += 1
+        if len(self.error_samples) < 5:
+            self.error_samples.append(f"{type(exc).__name__}: {exc}"[:300])
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One measurement."""
+
+    ops: int
+    seconds: float
+    empty: int
+    errors: int
+    error_samples: list[str]
+    #: name -> {"p50", "p90", "p99", "max", "mean"} in milliseconds.
+    latency_ms: dict[str, dict[str, float]]
+    per_queue: dict[str, int]
+    #: CPU seconds per second of the window by process group (1.0 = one core
+    #: busy): the server, PostgreSQL (embedded only), this load generator.
+    cpu: dict[str, float]
+
+    @property
+    def rate(self) -> float:
+        """Operations per second."""
+        return self.ops / self.seconds if self.seconds > 0 else 0.0
+
+
+Worker = Callable[[int, Meter], Coroutine[Any, Any, None]]
+
+
+async def measure(
+    worker: Worker,
+    *,
+    workers: int,
+    warmup: float,
+    duration: float,
+    live: Live,
+    cpu: Callable[[], dict[str, float]] | None = None,
+) -> RunResult:
+    """Runs ``workers`` copies of ``worker``; counts the ``duration`` after ``warmup``."""
+    meter = Meter()
+    tasks = [asyncio.create_task(worker(i, meter)) for i in range(workers)]
+    try:
+        await _tick(warmup, lambda left: live(f"warming up {left:.0f}s"))
+        meter.measuring = True
+        cpu0 = cpu() if cpu else {}
+        started = time.perf_counter()
+        await _tick(
+            duration,
+            lambda left: live(
+                f"measuring {duration - left:.0f}/{duration:.0f}s, "
+                f"{meter.ops / max(time.perf_counter() - started, 1e-9):,.0f}/s"
+            ),
+        )
+        meter.measuring = False
+        seconds = time.perf_counter() - started
+        cpu1 = cpu() if cpu else {}
+    finally:
+        meter.stopping = True
+        done, pending = await asyncio.wait(tasks, timeout=60)
+        for task in pending:
+            task.cancel()
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                meter.error(task.exception())  # type: ignore[arg-type]
+    latency_ms = {}
+    for name, values in meter.latencies.items():
+        values.sort()
+        latency_ms[name] = {
+            "p50": percentile(values, 50) * 1000,
+            "p90": percentile(values, 90) * 1000,
+            "p99": percentile(values, 99) * 1000,
+            "max": values[-1] * 1000,
+            "mean": sum(values) / len(values) * 1000,
+        }
+    return RunResult(
+        ops=meter.ops,
+        seconds=seconds,
+        empty=meter.empty,
+        errors=meter.errors,
+        error_samples=meter.error_samples,
+        latency_ms=latency_ms,
+        per_queue=dict(meter.per_queue),
+        cpu={k: (cpu1[k] - cpu0[k]) / seconds for k in cpu0 if k in cpu1},
+    )
+
+
+async def _tick(seconds: float, update: Callable[[float], None]) -> None:
+    end = time.perf_counter() + seconds
+    while (left := end - time.perf_counter()) > 0:
+        update(left)
+        await asyncio.sleep(min(0.5, left))
+
+
+_BACKOFF = 0.02
+
+
+def grpc_claim_loop(api: Api, tenant: Tenant, *, settle: str) -> Worker:
+    """ClaimNext then Complete (or Release), through gRPC with the generated client."""
+    request = dispatch_pb2.ClaimNextRequest(claimant="bench")
+
+    async def work(i: int, meter: Meter) -> None:
+        stub = api.dispatch[i % len(api.dispatch)]
+        metadata = tenant.agent
+        while not meter.stopping:
+            t0 = time.perf_counter()
+            try:
+                claimed = await stub.ClaimNext(request, metadata=metadata)
+                t1 = time.perf_counter()
+                if claimed.empty:
+                    meter.nothing()
+                    await asyncio.sleep(_BACKOFF)
+                    continue
+                if settle == "complete":
+                    await stub.Complete(
+                        dispatch_pb2.CompleteRequest(
+                            todo_id=claimed.todo.id, lease_id=claimed.lease.lease_id
+                        ),
+                        metadata=metadata,
+                    )
+                else:
+                    await stub.Release(
+                        dispatch_pb2.ReleaseRequest(
+                            todo_id=claimed.todo.id, lease_id=claimed.lease.lease_id
+                        ),
+                        metadata=metadata,
+                    )
+                t2 = time.perf_counter()
+            except grpc.aio.AioRpcError as exc:
+                meter.error(exc)
+                await asyncio.sleep(_BACKOFF)
+                continue
+            meter.done(claimed.todo.queue.name, claim=t1 - t0, settle=t2 - t1, todo=t2 - t0)
+
+    return work
+
+
+def db_claim_loop(
+    pool: asyncpg.Pool[Any], tenant: Tenant, *, lease: timedelta = timedelta(minutes=5)
+) -> Worker:
+    """The DB ceiling: the server's claim and complete statements, straight from asyncpg.
+
+    Each named query is one statement, so each is issued on its own from a
+    pooled connection and PostgreSQL runs it as its own transaction: one
+    round-trip per claim and per completion (the "single-round-trip claim"),
+    the least any client can do for these transactions. A server that wraps
+    them in ``BEGIN``/``COMMIT`` pays two more round-trips each (and holds a
+    budgeted queue's policy lock across the ``COMMIT`` round-trip); that is
+    part of what the ratio to this ceiling measures. The pool is asyncpg's,
+    as the server's (it sends its reset query when a connection is
+    released). No authentication query, no gRPC, no server process.
+    """
+    owner_id: uuid.UUID = tenant.owner_id
+    endpoint_id: uuid.UUID = tenant.endpoint_id
+
+    async def work(i: int, meter: Meter) -> None:
+        claimant = "bench"
+        while not meter.stopping:
+            t0 = time.perf_counter()
+            try:
+                async with pool.acquire() as conn:
+                    rec = await conn.fetchrow(
+                        sql.CLAIM_NEXT, owner_id, endpoint_id, None, claimant, lease
+                    )
+                t1 = time.perf_counter()
+                if rec is None or rec["outcome"] != "claimed":
+                    meter.nothing()
+                    await asyncio.sleep(_BACKOFF)
+                    continue
+                todo = rec["todo"]
+                async with pool.acquire() as conn:
+                    done = await conn.fetchrow(
+                        sql.COMPLETE, todo["id"], todo["lease_id"], owner_id, endpoint_id
+                    )
+                t2 = time.perf_counter()
+                if done is None:
+                    raise RuntimeError(f"todo {todo['id']} was not completed")
+            except (asyncpg.PostgresError, RuntimeError, OSError) as exc:
+                meter.error(exc)
+                await asyncio.sleep(_BACKOFF)
+                continue
+            meter.done(str(todo["queue"]), claim=t1 - t0, settle=t2 - t1, todo=t2 - t0)
+
+    return work
+
+
+def health_loop(api: Api) -> Worker:
+    """The RPC ceiling: grpc.health.v1.Health/Check (no token, no database)."""
+    request = health_pb2.HealthCheckRequest(service="")
+
+    async def work(i: int, meter: Meter) -> None:
+        stub = api.health[i % len(api.health)]
+        while not meter.stopping:
+            t0 = time.perf_counter()
+            try:
+                await stub.Check(request)
+            except grpc.aio.AioRpcError as exc:
+                meter.error(exc)
+                await asyncio.sleep(_BACKOFF)
+                continue
+            meter.done(call=time.perf_counter() - t0)
+
+    return work

@@ -1,0 +1,196 @@
+"""Figures over runs, targets, the table, the JSON file and the README section."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import pathlib
+import platform
+import re
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+import grpc
+import psutil
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+README = ROOT / "README.md"
+README_BEGIN = "<!-- bench:latest:begin -->"
+README_END = "<!-- bench:latest:end -->"
+
+
+@dataclass
+class Series:
+    """One figure measured in each of several runs: reported as median (min-max)."""
+
+    values: list[float] = field(default_factory=list)
+
+    def add(self, value: float) -> None:
+        """Appends a run's value."""
+        self.values.append(value)
+
+    @property
+    def median(self) -> float:
+        """The median over runs (NaN when empty)."""
+        return statistics.median(self.values) if self.values else math.nan
+
+    def fmt(self, digits: int = 0, unit: str = "") -> str:
+        """``median (min-max) unit``; just the value for one run."""
+        if not self.values:
+            return "n/a"
+        med = _num(self.median, digits)
+        if len(self.values) > 1:
+            med += f" ({_num(min(self.values), digits)}-{_num(max(self.values), digits)})"
+        return f"{med} {unit}".rstrip()
+
+    def to_json(self) -> dict[str, Any]:
+        """Median, spread and every run's value."""
+        if not self.values:
+            return {"median": None, "min": None, "max": None, "runs": []}
+        return {
+            "median": _round(self.median),
+            "min": _round(min(self.values)),
+            "max": _round(max(self.values)),
+            "runs": [_round(v) for v in self.values],
+        }
+
+
+def _num(value: float, digits: int) -> str:
+    if math.isnan(value):
+        return "n/a"
+    return f"{value:,.{digits}f}"
+
+
+def _round(value: float) -> float | None:
+    if math.isnan(value):
+        return None
+    return float(f"{value:.4g}") if abs(value) < 1000 else round(value, 1)
+
+
+@dataclass
+class Target:
+    """One scenario's target and whether this run met it."""
+
+    scenario: str
+    measured: str
+    reference: str
+    ratio: float | None
+    target: str
+    passed: bool
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """As stored in the results file."""
+        return {
+            "scenario": self.scenario,
+            "measured": self.measured,
+            "reference": self.reference,
+            "ratio": None if self.ratio is None else round(self.ratio, 3),
+            "target": self.target,
+            "pass": self.passed,
+            "note": self.note,
+        }
+
+
+def table(targets: list[Target], ceilings: list[tuple[str, str]], header: str) -> str:
+    """The Markdown table of targets, preceded by the ceilings."""
+    lines = [header, "", "| ceiling | measured |", "|---|---|"]
+    lines += [f"| {name} | {value} |" for name, value in ceilings]
+    lines += [
+        "",
+        "| scenario | measured | reference | ratio | target | result |",
+        "|---|---|---|---|---|---|",
+    ]
+    for t in targets:
+        ratio = "" if t.ratio is None else f"{t.ratio:.3f}"
+        result = "pass" if t.passed else "**FAIL**"
+        note = f" ({t.note})" if t.note else ""
+        lines.append(
+            f"| {t.scenario} | {t.measured} | {t.reference} | {ratio} | {t.target} "
+            f"| {result}{note} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def git_commit() -> str:
+    """Short commit of HEAD; ``-dirty.<hash of the diff>`` when tracked files differ from it.
+
+    The README and ``bench/results`` are left out: the harness writes them.
+    """
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short=10", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        diff = subprocess.run(
+            # The harness itself rewrites the README's table and bench/results.
+            ["git", "diff", "HEAD", "--", ".", ":!README.md", ":!bench/results"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + (f"-dirty.{hashlib.sha1(diff).hexdigest()[:6]}" if diff else "")
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on."""
+    model = ""
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu_model": model or platform.processor(),
+        "logical_cpus": os.cpu_count(),
+        "physical_cores": psutil.cpu_count(logical=False),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "os": platform.platform(),
+        "python": sys.version.split()[0],
+        "grpcio": grpc.__version__,
+        "asyncpg": asyncpg.__version__,
+    }
+
+
+def write_results(report: dict[str, Any], markdown: str, quick: bool, readme: bool) -> pathlib.Path:
+    """Writes the JSON (and, for a full run, latest.md and the README section).
+
+    Quick runs go to ``bench/results/tmp/`` (ignored by git) and touch nothing else.
+    """
+    folder = RESULTS / "tmp" if quick else RESULTS
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = report["date"].replace(":", "").replace("-", "")[:15]
+    path = folder / f"{stamp}Z-{report['commit']}.json"
+    path.write_text(json.dumps(report, indent=1, sort_keys=False) + "\n")
+    if quick:
+        (folder / "latest.md").write_text(markdown)
+        return path
+    (folder / "latest.md").write_text(markdown)
+    if readme:
+        update_readme(markdown)
+    return path
+
+
+def update_readme(markdown: str) -> bool:
+    """Replaces the README's table between the bench markers; False when absent."""
+    text = README.read_text()
+    pattern = re.compile(re.escape(README_BEGIN) + r".*?" + re.escape(README_END), re.S)
+    if not pattern.search(text):
+        return False
+    replaced = pattern.sub(lambda _m: f"{README_BEGIN}\n{markdown}{README_END}", text, count=1)
+    README.write_text(replaced)
+    return True

@@ -1,0 +1,104 @@
+"""BENCH-ONLY SQL: seeding realistic tables, reading figures, the DB ceiling.
+
+The project rule "every SQL statement lives in ``db/sql``" is for the
+server. A benchmark needs a few statements the server must never run: bulk
+seeding with ``generate_series`` (a realistic table in seconds instead of a
+million RPCs), ``VACUUM ANALYZE`` after seeding, a clock read, and table
+statistics for the report. They live here and nowhere else, and are only
+ever run by the harness against its own throw-away database.
+
+The DB ceiling does not define statements of its own: it issues the
+server's named queries, read through ``switchboard_server.db.queries.sql``,
+so it measures exactly the transactions the server runs.
+"""
+
+from __future__ import annotations
+
+from switchboard_server.db.queries import sql
+
+# -- The server's own statements (the DB ceiling issues these verbatim). ----
+
+#: ``SELECT outcome, todo, admission FROM sb_claim_next($1..$5)``.
+CLAIM_NEXT = sql("todo_claim_next")
+#: Marks a claimed todo done under its lease.
+COMPLETE = sql("todo_complete")
+
+# -- Bench-only statements. ---------------------------------------------------
+
+#: A queue's id (queues are created through the API by ingesting one todo).
+QUEUE_ID = "SELECT id FROM queues WHERE endpoint_id = $1 AND name = $2"
+
+#: The database's clock, for the offset between it and this process's clock.
+CLOCK = "SELECT clock_timestamp()"
+
+#: ``server_version`` of the PostgreSQL in use.
+SERVER_VERSION = "SHOW server_version"
+
+# A payload of about 130 bytes of JSON, different per row.
+_PAYLOAD = (
+    'convert_to(\'{"seq":\' || g || \',"source":"bench","body":"\' '
+    "|| repeat('x', 96) || '\"}', 'UTF8')"
+)
+
+#: Done history: $2 todos of queue $1 that finished one attempt each, with
+#: their attempt rows; created from $3 every $4.
+SEED_HISTORY = f"""
+WITH q AS (
+    SELECT id, owner_id, endpoint_id, name FROM queues WHERE id = $1
+), ins AS (
+    INSERT INTO todos (queue_id, owner_id, endpoint_id, queue, state, payload, content_type,
+                       attempt, max_attempts, next_retry_at, claimant, created_at, updated_at,
+                       finished_at)
+    SELECT q.id, q.owner_id, q.endpoint_id, q.name, 'done', {_PAYLOAD}, 'application/json',
+           1, 5, t.at, 'seed-worker', t.at, t.at + interval '2 seconds',
+           t.at + interval '2 seconds'
+      FROM q
+     CROSS JOIN generate_series(1, $2::integer) AS g
+     CROSS JOIN LATERAL (SELECT $3::timestamptz + (g - 1) * $4::interval AS at) AS t
+    RETURNING id, queue_id, created_at, finished_at
+)
+INSERT INTO attempts (todo_id, number, queue_id, lease_id, claimant, claimed_at, outcome,
+                      finished_at)
+SELECT id, 1, queue_id, gen_random_uuid(), 'seed-worker', created_at, 'completed', finished_at
+  FROM ins
+"""
+
+#: A pending backlog: $2 todos spread round-robin over the queues $1 (so
+#: every queue's head is about as old as the others'), with max_attempts
+#: $3, eligible from $4 every $5 (all in the past).
+SEED_PENDING = f"""
+INSERT INTO todos (queue_id, owner_id, endpoint_id, queue, state, payload, content_type,
+                   attempt, max_attempts, next_retry_at, created_at, updated_at)
+SELECT q.id, q.owner_id, q.endpoint_id, q.name, 'pending', {_PAYLOAD}, 'application/json',
+       0, $3::integer, t.at, t.at, t.at
+  FROM generate_series(0, $2::integer - 1) AS g
+  JOIN queues q ON q.id = ($1::bigint[])[1 + g % cardinality($1::bigint[])]
+ CROSS JOIN LATERAL (SELECT $4::timestamptz + g * $5::interval AS at) AS t
+"""
+
+#: After seeding: fresh statistics and a visibility map, as a long-running
+#: installation has.
+VACUUM_ANALYZE = "VACUUM ANALYZE"
+
+#: Pending todos of a queue (a sanity check of the backlog depth).
+PENDING_COUNT = "SELECT count(*) FROM todos WHERE queue_id = $1 AND state = 'pending'"
+
+#: Whether a queue's doorbell gate is deferred (scenario 6 re-arms it).
+GATE_DEFERRED = "SELECT deferred FROM queue_gates WHERE queue_id = $1"
+
+#: Table figures for the report: rows, dead rows, vacuums.
+TABLE_STATS = """
+SELECT relname, n_live_tup, n_dead_tup, n_tup_upd, n_tup_hot_upd, vacuum_count,
+       autovacuum_count, autoanalyze_count, pg_total_relation_size(relid) AS total_bytes
+  FROM pg_stat_user_tables
+ WHERE relname IN ('todos', 'attempts', 'window_counters', 'admission_policies', 'queue_gates')
+ ORDER BY relname
+"""
+
+#: Index sizes and scans on the todos table.
+INDEX_STATS = """
+SELECT indexrelname, idx_scan, idx_tup_read, pg_relation_size(indexrelid) AS bytes
+  FROM pg_stat_user_indexes
+ WHERE relname = 'todos'
+ ORDER BY indexrelname
+"""
