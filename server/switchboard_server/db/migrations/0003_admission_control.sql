@@ -230,6 +230,16 @@ BEGIN
 END;
 $$;
 
+-- A deferral of the queue already known to hold (JSON, like sb_deferral_json),
+-- or NULL: lets ClaimNext leave out a queue without evaluating its policy.
+-- An extension point, empty here; the doorbell migration answers it from the
+-- queue's gate.
+CREATE FUNCTION sb_known_deferral(p_queue_id bigint, p_queue text, p_now timestamptz)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT NULL::jsonb
+$$;
+
 -- Called when a claim leaves queues deferred: their ids and deferrals (in the
 -- same order). An extension point, empty here; the doorbell migration
 -- replaces it to mark the queues' gates so that their reopen rings.
@@ -365,8 +375,10 @@ $$;
 -- Claims the oldest claimable todo among an endpoint's queues (all of them
 -- when p_queue_names is NULL).
 --  1. Each queue's head is found by its own index probe, unlocked.
---  2. Budgeted queues that an unlocked evaluation shows deferred are left
---     out (and reported), without taking their policy lock.
+--  2. Budgeted queues known to be deferred (sb_known_deferral: a window
+--     exhausted or a pause, unchanged since) or that an unlocked evaluation
+--     shows deferred are left out (and reported), without taking their
+--     policy lock.
 --  3. The rest are tried oldest head first; a budgeted queue through
 --     sb_try_budgeted_claim (policy lock under the row lock, fresh reads,
 --     claim and charge, or a rolled-back refusal and on to the next queue).
@@ -389,6 +401,7 @@ DECLARE
     v_try record;
     v_status record;
     v_deferred jsonb := '[]'::jsonb;
+    v_known jsonb;
     v_listed bigint[] := '{}';
     v_no_takeover bigint[] := '{}';
 BEGIN
@@ -422,14 +435,23 @@ BEGIN
             END IF;
             CONTINUE;
         END IF;
+        v_known := sb_known_deferral(v_queue.id, v_queue.name, v_now);
+        IF v_known IS NOT NULL THEN
+            v_deferred := v_deferred || v_known;
+            v_listed := v_listed || v_queue.id;
+            v_no_takeover := v_no_takeover || v_queue.id;
+            CONTINUE;
+        END IF;
         SELECT s.* INTO v_status FROM sb_queue_admission(v_queue.id, v_now) s;
         IF v_status.reason IS NOT NULL THEN
-            v_deferred := v_deferred
-                || sb_deferral_json(v_queue.name, v_status.reason, v_status.eval, NULL);
+            v_known := sb_deferral_json(v_queue.name, v_status.reason, v_status.eval, NULL);
+            v_deferred := v_deferred || v_known;
             v_listed := v_listed || v_queue.id;
             IF v_status.reason <> 'in_flight_full' THEN
                 v_no_takeover := v_no_takeover || v_queue.id;
             END IF;
+            -- Remember it, so the next ClaimNext need not evaluate it again.
+            PERFORM sb_on_deferred(ARRAY[v_queue.id], jsonb_build_array(v_known), v_now);
             CONTINUE;
         END IF;
         SELECT r.* INTO v_try FROM sb_try_budgeted_claim(

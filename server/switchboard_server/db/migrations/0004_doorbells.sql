@@ -253,3 +253,21 @@ BEGIN
     END IF;
 END;
 $$;
+
+-- ClaimNext may leave out a queue whose gate says it is deferred until a
+-- time still ahead for a reason that cannot lift before then: its window is
+-- exhausted (counts never go down within a window) or it is paused. A policy
+-- change makes the gate due at once (gate_recheck), so the gate never
+-- outlives the policy it was evaluated under. Reads only queue_gates: it
+-- works even when the policy table cannot be read.
+CREATE OR REPLACE FUNCTION sb_known_deferral(p_queue_id bigint, p_queue text, p_now timestamptz)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(
+        'queue', p_queue,
+        'reason', g.reason,
+        'window_end', CASE WHEN g.reason = 'window_exhausted' THEN g.next_check_at END)
+      FROM queue_gates g
+     WHERE g.queue_id = p_queue_id AND g.deferred AND g.next_check_at > p_now
+       AND g.reason IN ('window_exhausted', 'paused')
+$$;
