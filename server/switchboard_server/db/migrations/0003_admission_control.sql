@@ -240,6 +240,15 @@ LANGUAGE sql STABLE AS $$
     SELECT NULL::jsonb
 $$;
 
+-- Whether a queue's budget is worth an unlocked evaluation before its policy
+-- lock is taken: true here (always evaluate); the doorbell migration answers
+-- it from the queue's gate, so a queue last seen admitting goes straight to
+-- the locked check instead of being evaluated twice.
+CREATE FUNCTION sb_prefilter_wanted(p_queue_id bigint) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT true
+$$;
+
 -- Called when a claim leaves queues deferred: their ids and deferrals (in the
 -- same order). An extension point, empty here; the doorbell migration
 -- replaces it to mark the queues' gates so that their reopen rings.
@@ -377,8 +386,9 @@ $$;
 --  1. Each queue's head is found by its own index probe, unlocked.
 --  2. Budgeted queues known to be deferred (sb_known_deferral: a window
 --     exhausted or a pause, unchanged since) or that an unlocked evaluation
---     shows deferred are left out (and reported), without taking their
---     policy lock.
+--     shows deferred (made when sb_prefilter_wanted: the queue was last seen
+--     deferred) are left out (and reported), without taking their policy
+--     lock. Every deferral found is remembered on the queue's gate.
 --  3. The rest are tried oldest head first; a budgeted queue through
 --     sb_try_budgeted_claim (policy lock under the row lock, fresh reads,
 --     claim and charge, or a rolled-back refusal and on to the next queue).
@@ -402,6 +412,7 @@ DECLARE
     v_status record;
     v_deferred jsonb := '[]'::jsonb;
     v_known jsonb;
+    v_reason text;
     v_listed bigint[] := '{}';
     v_no_takeover bigint[] := '{}';
 BEGIN
@@ -442,12 +453,16 @@ BEGIN
             v_no_takeover := v_no_takeover || v_queue.id;
             CONTINUE;
         END IF;
-        SELECT s.* INTO v_status FROM sb_queue_admission(v_queue.id, v_now) s;
-        IF v_status.reason IS NOT NULL THEN
-            v_known := sb_deferral_json(v_queue.name, v_status.reason, v_status.eval, NULL);
+        v_reason := NULL;
+        IF sb_prefilter_wanted(v_queue.id) THEN
+            SELECT s.* INTO v_status FROM sb_queue_admission(v_queue.id, v_now) s;
+            v_reason := v_status.reason;
+        END IF;
+        IF v_reason IS NOT NULL THEN
+            v_known := sb_deferral_json(v_queue.name, v_reason, v_status.eval, NULL);
             v_deferred := v_deferred || v_known;
             v_listed := v_listed || v_queue.id;
-            IF v_status.reason <> 'in_flight_full' THEN
+            IF v_reason <> 'in_flight_full' THEN
                 v_no_takeover := v_no_takeover || v_queue.id;
             END IF;
             -- Remember it, so the next ClaimNext need not evaluate it again.
@@ -465,6 +480,7 @@ BEGIN
             IF v_try.admission->>'reason' <> 'in_flight_full' THEN
                 v_no_takeover := v_no_takeover || v_queue.id;
             END IF;
+            PERFORM sb_on_deferred(ARRAY[v_queue.id], jsonb_build_array(v_try.admission), v_now);
         END IF;
     END LOOP;
     -- Lapsed leases with attempts left, oldest expiry first.

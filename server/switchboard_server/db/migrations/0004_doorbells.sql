@@ -271,3 +271,12 @@ LANGUAGE sql STABLE AS $$
      WHERE g.queue_id = p_queue_id AND g.deferred AND g.next_check_at > p_now
        AND g.reason IN ('window_exhausted', 'paused')
 $$;
+
+-- A queue whose gate says it admits (or that has none) goes straight to the
+-- locked check: evaluating it unlocked first would only repeat that work.
+-- One last seen deferred is evaluated unlocked first, so that claimers do
+-- not queue on its policy lock just to be refused.
+CREATE OR REPLACE FUNCTION sb_prefilter_wanted(p_queue_id bigint) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM queue_gates g WHERE g.queue_id = p_queue_id AND g.deferred)
+$$;
