@@ -373,13 +373,9 @@ class Dispatcher:
         grant = Grant.CLAIM if Grant.CLAIM in principal.grants else Grant.READ
         scope = endpoint_scope(principal, grant, endpoint_id)
         assert scope.endpoint_id is not None
-        if principal.endpoint_id is None:
+        if principal.endpoint_id is None:  # a human names one of its owner's endpoints
             async with self._db.connection() as conn:
-                if (
-                    await tenancy_queries.get_endpoint(conn, scope.endpoint_id, scope.owner_id)
-                    is None
-                ):
-                    raise errors.NotFound("endpoint not found")
+                await _require_endpoint(conn, principal, scope)
         return scope.endpoint_id
 
     async def _explain_refusal(self, scope: Scope, todo_id: int) -> Todo:
