@@ -10,9 +10,10 @@ process. Reads that combine several statements use an explicit transaction.
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from switchboard_server import errors
@@ -35,8 +36,12 @@ from switchboard_server.model import (
     Attempt,
     AttemptOutcome,
     Grant,
+    ItemOutcome,
     Lease,
     Principal,
+    SettleAction,
+    Settled,
+    Settlement,
     Todo,
     TodoState,
 )
@@ -51,6 +56,9 @@ class DispatchSettings:
     backoff_cap: timedelta = timedelta(hours=1)
     #: Added to the earliest lease expiry in an in-flight deferral's hint.
     reaper_interval: timedelta = timedelta(seconds=5)
+    #: About how many bytes of todos one ClaimNext batch may carry (it always
+    #: carries at least one): keeps a batch's response within one message.
+    batch_bytes: int = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -77,9 +85,11 @@ class Claimed:
 
 @dataclass(frozen=True)
 class ClaimNextResult:
-    """A claim, or nothing claimable and the queues whose budgets defer their work."""
+    """The claimed todos (oldest first, all from one queue, each with the batch's
+    headroom), and the queues whose budgets defer their work: with nothing
+    claimed, every such queue; with a batch cut short by its budget, its queue."""
 
-    claimed: Claimed | None
+    claimed: list[Claimed]
     deferred: list[Deferral]
 
 
@@ -198,10 +208,13 @@ class Dispatcher:
         queues: Sequence[str],
         claimant: str,
         lease: timedelta | None,
+        max_todos: int = 1,
     ) -> ClaimNextResult:
-        """Claims the oldest claimable todo among the caller's queues, within their budgets.
+        """Claims up to ``max_todos`` of the oldest claimable todos of one of the
+        caller's queues, each admitted and charged under its budget.
 
-        When nothing is claimable, says which queues' budgets defer their work.
+        Says which queues' budgets defer work when nothing is claimable, and why
+        a batch was cut short.
         """
         scope = endpoint_scope(principal, Grant.CLAIM, endpoint_id)
         assert scope.endpoint_id is not None
@@ -214,14 +227,17 @@ class Dispatcher:
                     queues=list(queues) or None,
                     claimant=claimant,
                     lease=lease or self._settings.default_lease,
+                    max_todos=max_todos,
+                    max_bytes=self._settings.batch_bytes,
                 )
-            if result.outcome == "claimed" and result.todo is not None:
-                claimed = self._claimed(result.todo, result.admission)
-                observed.claimed(claimed.todo.queue, _charged(claimed))
-                return ClaimNextResult(claimed, [])
             deferrals = self._deferrals(result.admission, scope.endpoint_id)
+            if result.todos:
+                claimed = [self._claimed(todo, result.admission) for todo in result.todos]
+                observed.claimed(result.todos[0].queue, _charged(claimed[0]), len(claimed))
+                self._metrics.refused(deferrals)
+                return ClaimNextResult(claimed, deferrals)
             observed.refused(deferrals)
-        return ClaimNextResult(None, deferrals)
+        return ClaimNextResult([], deferrals)
 
     def _claimed(self, todo: Todo, admission: Mapping[str, Any]) -> Claimed:
         headroom = admission.get("headroom")
@@ -258,71 +274,81 @@ class Dispatcher:
         self, principal: Principal, todo_id: int, lease_id: uuid.UUID, lease: timedelta | None
     ) -> Lease:
         """Extends a live lease."""
+        ((outcome, expires_at),) = await self.heartbeat_many(
+            principal, [(todo_id, lease_id)], lease
+        )
+        if outcome is not ItemOutcome.APPLIED:
+            raise _refusal(outcome, None)
+        assert expires_at is not None
+        return Lease(lease_id, expires_at)
+
+    async def heartbeat_many(
+        self,
+        principal: Principal,
+        leases: Sequence[tuple[int, uuid.UUID]],
+        lease: timedelta | None,
+    ) -> list[tuple[ItemOutcome, datetime | None]]:
+        """Extends each live lease of (todo, lease) pairs, in one transaction:
+        per item, the outcome and the new expiry. Todo ids must be distinct."""
         scope = require_tenant(principal, Grant.CLAIM)
         async with self._db.statement() as conn:
-            extended = await todo_queries.heartbeat(
+            return await todo_queries.heartbeat_many(
                 conn,
-                todo_id=todo_id,
-                lease_id=lease_id,
+                leases=leases,
                 owner_id=scope.owner_id,
                 endpoint_id=scope.endpoint_id,
                 lease=lease or self._settings.default_lease,
             )
-        if extended is None:
-            await self._explain_refusal(scope, todo_id)
-            raise AssertionError("unreachable")
-        return Lease(*extended)
+
+    async def settle(
+        self, principal: Principal, settlements: Sequence[Settlement]
+    ) -> list[Settled]:
+        """Completes, fails or releases claimed todos in one transaction, each
+        applied or refused on its own. Todo ids must be distinct."""
+        scope = require_tenant(principal, Grant.CLAIM)
+        async with self._db.statement() as conn:
+            results = await todo_queries.settle(
+                conn,
+                settlements=settlements,
+                owner_id=scope.owner_id,
+                endpoint_id=scope.endpoint_id,
+                backoff_base=self._settings.backoff_base,
+                backoff_cap=self._settings.backoff_cap,
+            )
+        ended = Counter(
+            _ENDED[s.action]
+            for s, r in zip(settlements, results, strict=True)
+            if r.outcome is ItemOutcome.APPLIED
+        )
+        for outcome, count in ended.items():
+            self._metrics.attempts_ended(outcome, count)
+        return results
+
+    async def _settle_one(self, principal: Principal, settlement: Settlement) -> Todo:
+        (result,) = await self.settle(principal, [settlement])
+        if result.outcome is not ItemOutcome.APPLIED or result.todo is None:
+            raise _refusal(result.outcome, result.todo)
+        return result.todo
 
     async def complete(self, principal: Principal, todo_id: int, lease_id: uuid.UUID) -> Todo:
         """Marks a claimed todo done."""
-        scope = require_tenant(principal, Grant.CLAIM)
-        async with self._db.statement() as conn:
-            todo = await todo_queries.complete(
-                conn,
-                todo_id=todo_id,
-                lease_id=lease_id,
-                owner_id=scope.owner_id,
-                endpoint_id=scope.endpoint_id,
-            )
-        if todo is not None:
-            self._metrics.attempts_ended(AttemptOutcome.COMPLETED)
-        return todo or await self._explain_refusal(scope, todo_id)
+        return await self._settle_one(
+            principal, Settlement(todo_id, lease_id, SettleAction.COMPLETE)
+        )
 
     async def fail(
         self, principal: Principal, todo_id: int, lease_id: uuid.UUID, error: str, permanent: bool
     ) -> Todo:
         """Records a failed attempt: pending after a backoff, or dead."""
-        scope = require_tenant(principal, Grant.CLAIM)
-        async with self._db.statement() as conn:
-            todo = await todo_queries.fail(
-                conn,
-                todo_id=todo_id,
-                lease_id=lease_id,
-                owner_id=scope.owner_id,
-                endpoint_id=scope.endpoint_id,
-                permanent=permanent,
-                backoff_base=self._settings.backoff_base,
-                backoff_cap=self._settings.backoff_cap,
-                error=error,
-            )
-        if todo is not None:
-            self._metrics.attempts_ended(AttemptOutcome.FAILED)
-        return todo or await self._explain_refusal(scope, todo_id)
+        return await self._settle_one(
+            principal, Settlement(todo_id, lease_id, SettleAction.FAIL, error, permanent)
+        )
 
     async def release(self, principal: Principal, todo_id: int, lease_id: uuid.UUID) -> Todo:
         """Gives a claimed todo back at once."""
-        scope = require_tenant(principal, Grant.CLAIM)
-        async with self._db.statement() as conn:
-            todo = await todo_queries.release(
-                conn,
-                todo_id=todo_id,
-                lease_id=lease_id,
-                owner_id=scope.owner_id,
-                endpoint_id=scope.endpoint_id,
-            )
-        if todo is not None:
-            self._metrics.attempts_ended(AttemptOutcome.RELEASED)
-        return todo or await self._explain_refusal(scope, todo_id)
+        return await self._settle_one(
+            principal, Settlement(todo_id, lease_id, SettleAction.RELEASE)
+        )
 
     async def get(self, principal: Principal, todo_id: int) -> tuple[TodoView, list[Attempt]]:
         """One todo with its admission status and attempts."""
@@ -378,14 +404,27 @@ class Dispatcher:
                 await _require_endpoint(conn, principal, scope)
         return scope.endpoint_id
 
-    async def _explain_refusal(self, scope: Scope, todo_id: int) -> Todo:
-        """Raises the right error for a lease call that changed nothing."""
-        async with self._db.connection() as conn:
-            todo = await todo_queries.get(
-                conn, todo_id=todo_id, owner_id=scope.owner_id, endpoint_id=scope.endpoint_id
-            )
-        if todo is None:
-            raise errors.NotFound("todo not found")
-        if todo.state is TodoState.CLAIMED:
-            raise errors.StaleLease("the lease is stale: the todo was taken over by a later claim")
-        raise errors.StaleLease(f"the lease is stale: the todo is now {todo.state.value}")
+
+_ENDED = {
+    SettleAction.COMPLETE: AttemptOutcome.COMPLETED,
+    SettleAction.FAIL: AttemptOutcome.FAILED,
+    SettleAction.RELEASE: AttemptOutcome.RELEASED,
+}
+
+
+def refusal_message(outcome: ItemOutcome, todo: Todo | None) -> str:
+    """Why a lease call refused one todo, for people."""
+    if outcome is ItemOutcome.NOT_FOUND:
+        return "todo not found"
+    if outcome is ItemOutcome.STALE_LEASE:
+        return "the lease is stale: the todo was taken over by a later claim"
+    if todo is not None:
+        return f"the lease is stale: the todo is now {todo.state.value}"
+    return "the lease is stale: the todo is no longer claimed"
+
+
+def _refusal(outcome: ItemOutcome, todo: Todo | None) -> errors.SwitchboardError:
+    message = refusal_message(outcome, todo)
+    if outcome is ItemOutcome.NOT_FOUND:
+        return errors.NotFound(message)
+    return errors.StaleLease(message)

@@ -78,9 +78,15 @@ class InvalidArgument(SwitchboardError):
 
     code = grpc.StatusCode.INVALID_ARGUMENT
 
+    #: Violations reported; a batch can have hundreds, and the error travels
+    #: in trailing metadata, which clients cap (16 KiB by default in gRPC).
+    MAX_REPORTED = 20
+
     def __init__(self, violations: Sequence[FieldViolation]) -> None:
-        self.violations = tuple(violations)
+        self.violations = tuple(violations[: self.MAX_REPORTED])
         summary = "; ".join(f"{v.field}: {v.description}" for v in self.violations)
+        if len(violations) > self.MAX_REPORTED:
+            summary += f"; and {len(violations) - self.MAX_REPORTED} more"
         super().__init__(f"invalid request: {summary}" if summary else None)
 
     @classmethod

@@ -157,12 +157,12 @@ class Metrics:
         """The ``queue`` label value of a counter for ``queue`` (capped)."""
         return self._queue(queue)
 
-    def claimed(self, queue: str, charged: bool) -> None:
-        """Counts a committed claim, and its window unit when one was charged."""
+    def claimed(self, queue: str, charged: bool, count: int = 1) -> None:
+        """Counts ``count`` claimed todos, and their window units when charged."""
         label = self.queue_label(queue)
-        self.todos_claimed.labels(label).inc()
+        self.todos_claimed.labels(label).inc(count)
         if charged:
-            self.units_charged.labels(label).inc()
+            self.units_charged.labels(label).inc(count)
 
     def refused(self, deferrals: Sequence[Deferral]) -> None:
         """Counts the refusals of a claim that claimed nothing."""
@@ -275,10 +275,10 @@ class ClaimObservation:
     queue: str | None = None
     deferrals: Sequence[Deferral] = ()
 
-    def claimed(self, queue: str, charged: bool) -> None:
-        """A claim committed (``charged``: a window unit was charged)."""
+    def claimed(self, queue: str, charged: bool, count: int = 1) -> None:
+        """A claim of ``count`` todos committed (``charged``: a window unit each)."""
         self.outcome, self.queue = "claimed", queue
-        self.metrics.claimed(queue, charged)
+        self.metrics.claimed(queue, charged, count)
 
     def refused(self, deferrals: Sequence[Deferral]) -> None:
         """Nothing claimed: the outcome is ``deferred`` when a policy refused, else ``empty``."""

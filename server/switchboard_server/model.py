@@ -98,6 +98,45 @@ class Lease:
     expires_at: datetime
 
 
+class SettleAction(enum.Enum):
+    """How a claimed todo is settled."""
+
+    COMPLETE = "complete"
+    FAIL = "fail"
+    RELEASE = "release"
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """One todo to settle under its lease (``error`` and ``permanent`` for ``FAIL``)."""
+
+    todo_id: int
+    lease_id: uuid.UUID
+    action: SettleAction
+    error: str = ""
+    permanent: bool = False
+
+
+class ItemOutcome(enum.Enum):
+    """What a lease call did with one todo, as the database reports it."""
+
+    APPLIED = "applied"
+    #: The todo is claimed under another lease (taken over).
+    STALE_LEASE = "stale_lease"
+    #: The todo is no longer claimed.
+    NOT_CLAIMED = "not_claimed"
+    #: No such todo in the caller's scope.
+    NOT_FOUND = "not_found"
+
+
+@dataclass(frozen=True)
+class Settled:
+    """The outcome of one settlement and the todo after it (``None`` when not found)."""
+
+    outcome: ItemOutcome
+    todo: Todo | None
+
+
 @dataclass(frozen=True)
 class Owner:
     """A tenant."""

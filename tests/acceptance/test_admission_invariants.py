@@ -29,44 +29,12 @@ from google.protobuf import duration_pb2
 from switchboard.v1 import admission_pb2, dispatch_pb2
 from switchboard_server.db import Database
 
-from tests.support.admission import ingest, set_policy, window
+from tests.support.admission import CLAIM_OBSERVER, ingest, set_policy, window
 from tests.support.client import Client, Tenant, make_tenant
 from tests.support.databases import move_clock
 from tests.support.processes import ServerProcess
 
 pytestmark = pytest.mark.slow
-
-OBSERVER = """
-CREATE TABLE claim_observations (
-    todo_id bigint, attempt integer, claimed_at timestamptz,
-    in_flight bigint, max_in_flight integer, units integer, window_limit integer
-);
-CREATE FUNCTION observe_claim() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-    v_policy admission_policies;
-BEGIN
-    SELECT p.* INTO v_policy FROM admission_policies p
-      JOIN queues q ON q.policy_id = p.id WHERE q.id = NEW.queue_id AND p.active;
-    IF NOT FOUND THEN
-        RETURN NULL;
-    END IF;
-    INSERT INTO claim_observations
-    SELECT NEW.id, NEW.attempt, a.claimed_at,
-           (SELECT count(*) FROM todos t WHERE t.queue_id = NEW.queue_id AND t.state = 'claimed'),
-           v_policy.max_in_flight,
-           (SELECT c.units FROM window_counters c
-             WHERE c.policy_id = v_policy.id
-               AND c.window_start = date_trunc('hour', a.claimed_at)),
-           v_policy.max_claims_per_window
-      FROM attempts a WHERE a.todo_id = NEW.id AND a.number = NEW.attempt;
-    RETURN NULL;
-END;
-$$;
-CREATE CONSTRAINT TRIGGER observe_claim AFTER UPDATE OF attempt ON todos
-    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
-    WHEN (NEW.state = 'claimed' AND NEW.attempt > OLD.attempt)
-    EXECUTE FUNCTION observe_claim();
-"""
 
 ROUNDS = 25
 WORKERS = 12
@@ -134,7 +102,7 @@ async def test_admission_invariants_hold_under_concurrent_random_workload(
     dsn: str, db: Database
 ) -> None:
     async with db.connection() as conn:
-        await conn.execute(OBSERVER)
+        await conn.execute(CLAIM_OBSERVER)
     replicas = await asyncio.gather(ServerProcess.start(dsn), ServerProcess.start(dsn))
     setup = Client(replicas[0].address)
     clients = [Client(replicas[i % 2].address) for i in range(WORKERS)]

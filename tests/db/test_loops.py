@@ -16,9 +16,8 @@ from switchboard_server.config import Settings
 from switchboard_server.db import Database
 from switchboard_server.db import tenancy as tenancy_queries
 from switchboard_server.db import todos as todo_queries
-from switchboard_server.db.queries import sql
 from switchboard_server.loops import BATCH, LoopSignals, reap_once, retain_once
-from switchboard_server.model import Todo
+from switchboard_server.model import ItemOutcome, SettleAction, Settlement, Todo
 
 from tests.support.client import Client, Tenant
 from tests.support.databases import move_clock
@@ -79,34 +78,29 @@ async def claim(db: Database, scope: Scope, todo: Todo, lease: timedelta) -> Tod
     return result.todo
 
 
-async def complete(db: Database, scope: Scope, todo: Todo) -> None:
-    assert todo.lease_id is not None
+async def settle(db: Database, scope: Scope, settlement: Settlement) -> None:
     async with db.transaction() as conn:
-        done = await todo_queries.complete(
+        (settled,) = await todo_queries.settle(
             conn,
-            todo_id=todo.id,
-            lease_id=todo.lease_id,
+            settlements=[settlement],
             owner_id=scope.owner_id,
             endpoint_id=scope.endpoint_id,
+            backoff_base=timedelta(seconds=10),
+            backoff_cap=timedelta(seconds=10),
         )
-    assert done is not None
+    assert settled.outcome is ItemOutcome.APPLIED
+
+
+async def complete(db: Database, scope: Scope, todo: Todo) -> None:
+    assert todo.lease_id is not None
+    await settle(db, scope, Settlement(todo.id, todo.lease_id, SettleAction.COMPLETE))
 
 
 async def fail(db: Database, scope: Scope, todo: Todo, *, permanent: bool) -> None:
     assert todo.lease_id is not None
-    async with db.transaction() as conn:
-        failed = await todo_queries.fail(
-            conn,
-            todo_id=todo.id,
-            lease_id=todo.lease_id,
-            owner_id=scope.owner_id,
-            endpoint_id=scope.endpoint_id,
-            permanent=permanent,
-            backoff_base=timedelta(seconds=10),
-            backoff_cap=timedelta(seconds=10),
-            error="boom",
-        )
-    assert failed is not None
+    await settle(
+        db, scope, Settlement(todo.id, todo.lease_id, SettleAction.FAIL, "boom", permanent)
+    )
 
 
 async def bulk_claimed(
@@ -149,9 +143,13 @@ async def bulk_done(db: Database, scope: Scope, n: int, *, queue: str) -> list[i
     ids = await bulk_claimed(db, scope, n, queue=queue, max_attempts=5, lease=timedelta(hours=1))
     async with db.transaction() as conn:
         leases = await conn.fetch("SELECT id, lease_id FROM todos WHERE id = ANY ($1)", ids)
-        await conn.executemany(
-            sql("todo_complete"),
-            [(r["id"], r["lease_id"], scope.owner_id, scope.endpoint_id) for r in leases],
+        await todo_queries.settle(
+            conn,
+            settlements=[Settlement(r["id"], r["lease_id"], SettleAction.COMPLETE) for r in leases],
+            owner_id=scope.owner_id,
+            endpoint_id=scope.endpoint_id,
+            backoff_base=timedelta(seconds=10),
+            backoff_cap=timedelta(seconds=10),
         )
         done = await conn.fetchval(
             "SELECT count(*) FROM todos WHERE id = ANY ($1) AND state = 'done'", ids

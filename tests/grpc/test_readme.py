@@ -76,6 +76,8 @@ async def test_readme_grpcurl_quickstart_works(dsn: str) -> None:
     assert '"deduplicated": true' in walkthrough
     assert "DEFERRAL_REASON_PAUSED" in walkthrough
     assert "POLICY_ACTION_SET" in walkthrough
+    # The batch of three was extended and settled, each item applied.
+    assert walkthrough.count('"status": "BATCH_ITEM_STATUS_APPLIED"') == 6
 
 
 async def test_readme_python_client_example_works(dsn: str) -> None:

@@ -359,6 +359,22 @@ ALL_RPCS: dict[str, Callable[[Client, Metadata | None], Awaitable[Any]]] = {
     "Release": lambda c, m: c.dispatch.Release(
         dispatch_pb2.ReleaseRequest(todo_id="1", lease_id=str(uuid.uuid4())), metadata=m
     ),
+    "HeartbeatTodos": lambda c, m: c.dispatch.HeartbeatTodos(
+        dispatch_pb2.HeartbeatTodosRequest(
+            leases=[dispatch_pb2.LeaseRef(todo_id="1", lease_id=str(uuid.uuid4()))]
+        ),
+        metadata=m,
+    ),
+    "SettleTodos": lambda c, m: c.dispatch.SettleTodos(
+        dispatch_pb2.SettleTodosRequest(
+            settlements=[
+                dispatch_pb2.Settlement(
+                    todo_id="1", lease_id=str(uuid.uuid4()), complete=dispatch_pb2.CompleteAction()
+                )
+            ]
+        ),
+        metadata=m,
+    ),
     "GetTodo": lambda c, m: c.dispatch.GetTodo(
         dispatch_pb2.GetTodoRequest(todo_id="1"), metadata=m
     ),

@@ -6,6 +6,43 @@ from switchboard.v1 import admission_pb2, dispatch_pb2, queue_pb2
 
 from tests.support.client import Client
 
+#: A test-only deferred constraint trigger that records, at each claim's
+#: COMMIT (while the claim still holds its queue's policy lock, with fresh
+#: snapshots), the queue's in-flight count, the current window's units and the
+#: limits in force, in ``claim_observations``.
+CLAIM_OBSERVER = """
+CREATE TABLE claim_observations (
+    todo_id bigint, attempt integer, claimed_at timestamptz,
+    in_flight bigint, max_in_flight integer, units integer, window_limit integer
+);
+CREATE FUNCTION observe_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    v_policy admission_policies;
+BEGIN
+    SELECT p.* INTO v_policy FROM admission_policies p
+      JOIN queues q ON q.policy_id = p.id WHERE q.id = NEW.queue_id AND p.active;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO claim_observations
+    SELECT NEW.id, NEW.attempt, a.claimed_at,
+           (SELECT count(*) FROM todos t WHERE t.queue_id = NEW.queue_id AND t.state = 'claimed'),
+           v_policy.max_in_flight,
+           -- The latest window charged is the current one: none lies ahead.
+           (SELECT c.units FROM window_counters c
+             WHERE c.policy_id = v_policy.id AND c.window_start <= a.claimed_at
+             ORDER BY c.window_start DESC LIMIT 1),
+           v_policy.max_claims_per_window
+      FROM attempts a WHERE a.todo_id = NEW.id AND a.number = NEW.attempt;
+    RETURN NULL;
+END;
+$$;
+CREATE CONSTRAINT TRIGGER observe_claim AFTER UPDATE OF attempt ON todos
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+    WHEN (NEW.state = 'claimed' AND NEW.attempt > OLD.attempt)
+    EXECUTE FUNCTION observe_claim();
+"""
+
 
 def window(
     period: admission_pb2.WindowPeriod.ValueType = admission_pb2.WINDOW_PERIOD_DAY,

@@ -14,7 +14,15 @@ import asyncpg
 from switchboard_server import errors
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import sql
-from switchboard_server.model import Attempt, AttemptOutcome, Todo, TodoState
+from switchboard_server.model import (
+    Attempt,
+    AttemptOutcome,
+    ItemOutcome,
+    Settled,
+    Settlement,
+    Todo,
+    TodoState,
+)
 
 _NOT_FOUND_SQLSTATE = "SB404"
 
@@ -68,11 +76,11 @@ async def ingest(
 
 @dataclass(frozen=True)
 class ClaimOutcome:
-    """What a claim function reported.
+    """What ``sb_claim`` reported.
 
-    ``outcome`` is ``claimed``, ``empty``, ``deferred``, ``not_found``,
-    ``not_claimable`` or ``dead_lettered``; ``admission`` carries the
-    headroom of a budgeted claim or the deferred queues.
+    ``outcome`` is ``claimed``, ``deferred``, ``not_found``, ``not_claimable``
+    or ``dead_lettered``; ``admission`` carries the headroom of a budgeted
+    claim or the deferral.
     """
 
     outcome: str
@@ -104,6 +112,15 @@ async def claim(
     )
 
 
+@dataclass(frozen=True)
+class BatchOutcome:
+    """What ``sb_claim_next`` reported: the claimed todos (oldest first) and the
+    admission JSON (headroom of a budgeted batch, deferred queues)."""
+
+    todos: list[Todo]
+    admission: dict[str, Any]
+
+
 async def claim_next(
     conn: Conn,
     *,
@@ -112,8 +129,11 @@ async def claim_next(
     queues: Sequence[str] | None,
     claimant: str,
     lease: timedelta,
-) -> ClaimOutcome:
-    """Claims the oldest claimable todo of the endpoint's (given) queues, within budgets."""
+    max_todos: int,
+    max_bytes: int,
+) -> BatchOutcome:
+    """Claims up to ``max_todos`` of the oldest claimable todos of one of the
+    endpoint's (given) queues, within its budget."""
     try:
         rec = await conn.fetchrow(
             sql("todo_claim_next"),
@@ -122,12 +142,18 @@ async def claim_next(
             list(queues) if queues is not None else None,
             claimant,
             lease,
+            max_todos,
+            max_bytes,
         )
     except asyncpg.PostgresError as exc:
         if _not_found(exc):
             raise errors.NotFound("endpoint not found") from exc
         raise
-    return _claim_outcome(rec)
+    assert rec is not None
+    return BatchOutcome(
+        [todo_from_record(row) for row in rec["todos"]],
+        json.loads(rec["admission"]) if rec["admission"] else {},
+    )
 
 
 async def heartbeat(
@@ -148,60 +174,57 @@ async def heartbeat(
     return rec["lease_id"], rec["lease_expires_at"]
 
 
-async def complete(
+async def heartbeat_many(
     conn: Conn,
     *,
-    todo_id: int,
-    lease_id: uuid.UUID,
+    leases: Sequence[tuple[int, uuid.UUID]],
     owner_id: uuid.UUID,
     endpoint_id: uuid.UUID | None,
-) -> Todo | None:
-    """Marks a claimed todo done; ``None`` when the lease is stale or the todo not in scope."""
-    rec = await conn.fetchrow(sql("todo_complete"), todo_id, lease_id, owner_id, endpoint_id)
-    return todo_from_record(rec) if rec is not None else None
-
-
-async def fail(
-    conn: Conn,
-    *,
-    todo_id: int,
-    lease_id: uuid.UUID,
-    owner_id: uuid.UUID,
-    endpoint_id: uuid.UUID | None,
-    permanent: bool,
-    backoff_base: timedelta,
-    backoff_cap: timedelta,
-    error: str,
-) -> Todo | None:
-    """Records a failed attempt (backoff computed in SQL from the attempt number).
-
-    ``None`` when the lease is stale or the todo not in scope.
-    """
-    rec = await conn.fetchrow(
-        sql("todo_fail"),
-        todo_id,
-        lease_id,
+    lease: timedelta,
+) -> list[tuple[ItemOutcome, datetime | None]]:
+    """Extends each (todo, lease) that is live: per item, in order, the outcome
+    and the new expiry when applied. Todo ids must be distinct."""
+    rows = await conn.fetch(
+        sql("todo_heartbeat_many"),
         owner_id,
         endpoint_id,
-        permanent,
-        backoff_base.total_seconds(),
-        error,
-        backoff_cap.total_seconds(),
+        [todo_id for todo_id, _ in leases],
+        [lease_id for _, lease_id in leases],
+        lease,
     )
-    return todo_from_record(rec) if rec is not None else None
+    return [(ItemOutcome(r["outcome"]), r["lease_expires_at"]) for r in rows]
 
 
-async def release(
+async def settle(
     conn: Conn,
     *,
-    todo_id: int,
-    lease_id: uuid.UUID,
+    settlements: Sequence[Settlement],
     owner_id: uuid.UUID,
     endpoint_id: uuid.UUID | None,
-) -> Todo | None:
-    """Gives a claimed todo back; ``None`` when the lease is stale or the todo not in scope."""
-    rec = await conn.fetchrow(sql("todo_release"), todo_id, lease_id, owner_id, endpoint_id)
-    return todo_from_record(rec) if rec is not None else None
+    backoff_base: timedelta,
+    backoff_cap: timedelta,
+) -> list[Settled]:
+    """Completes, fails or releases claimed todos under their leases, each on
+    its own (see ``sb_settle``): per item, in order. Todo ids must be distinct."""
+    rows = await conn.fetch(
+        sql("todo_settle"),
+        owner_id,
+        endpoint_id,
+        [s.todo_id for s in settlements],
+        [s.lease_id for s in settlements],
+        [s.action.value for s in settlements],
+        [s.error for s in settlements],
+        [s.permanent for s in settlements],
+        backoff_base.total_seconds(),
+        backoff_cap.total_seconds(),
+    )
+    return [
+        Settled(
+            ItemOutcome(r["outcome"]),
+            todo_from_record(r["todo"]) if r["todo"] is not None else None,
+        )
+        for r in rows
+    ]
 
 
 async def get(

@@ -16,6 +16,7 @@ from switchboard_server.admission import (
     Headroom,
     Policy,
 )
+from switchboard_server.dispatch import refusal_message
 from switchboard_server.doorbells import Doorbell
 from switchboard_server.model import (
     Attempt,
@@ -24,9 +25,11 @@ from switchboard_server.model import (
     Endpoint,
     Grant,
     Human,
+    ItemOutcome,
     Lease,
     Owner,
     PrincipalKind,
+    Settled,
     Todo,
     TodoState,
 )
@@ -231,6 +234,26 @@ def attempt(value: Attempt) -> todo_pb2.Attempt:
         finished_at=timestamp(value.finished_at),
         error=value.error,
     )
+
+
+ITEM_OUTCOME = {
+    ItemOutcome.APPLIED: dispatch_pb2.BATCH_ITEM_STATUS_APPLIED,
+    ItemOutcome.STALE_LEASE: dispatch_pb2.BATCH_ITEM_STATUS_STALE_LEASE,
+    ItemOutcome.NOT_CLAIMED: dispatch_pb2.BATCH_ITEM_STATUS_NOT_CLAIMED,
+    ItemOutcome.NOT_FOUND: dispatch_pb2.BATCH_ITEM_STATUS_NOT_FOUND,
+}
+
+
+def settlement_result(todo_id: int, value: Settled) -> dispatch_pb2.SettlementResult:
+    """The wire form of what SettleTodos did with one todo."""
+    msg = dispatch_pb2.SettlementResult(todo_id=str(todo_id), status=ITEM_OUTCOME[value.outcome])
+    if value.todo is not None:
+        msg.state = TODO_STATE_TO_PROTO[value.todo.state]
+        if value.outcome is ItemOutcome.APPLIED and value.todo.state is TodoState.PENDING:
+            msg.next_retry_at.FromDatetime(value.todo.next_retry_at)
+    if value.outcome is not ItemOutcome.APPLIED:
+        msg.message = refusal_message(value.outcome, value.todo)
+    return msg
 
 
 def lease(value: Lease) -> todo_pb2.Lease:

@@ -11,6 +11,7 @@ from switchboard.v1 import dispatch_pb2, dispatch_pb2_grpc
 
 from switchboard_server import dispatch
 from switchboard_server.doorbells import DoorbellHub
+from switchboard_server.model import ItemOutcome, Lease, SettleAction, Settlement
 from switchboard_server.servicers import convert
 from switchboard_server.servicers.interceptor import current_principal
 from switchboard_server.servicers.validate import (
@@ -123,21 +124,28 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
             minimum=MIN_LEASE,
             maximum=MAX_LEASE,
         )
+        max_todos = v.batch_size("max_todos", request.max_todos)
         v.check()
         result = await self._dispatcher.claim_next(
-            current_principal(), endpoint_id, queues, claimant, lease
+            current_principal(), endpoint_id, queues, claimant, lease, max_todos
         )
-        claimed = result.claimed
-        if claimed is None:
-            return dispatch_pb2.ClaimNextResponse(
-                empty=True, deferred=[convert.deferred_queue(d) for d in result.deferred]
+        deferred = [convert.deferred_queue(d) for d in result.deferred]
+        if not result.claimed:
+            return dispatch_pb2.ClaimNextResponse(empty=True, deferred=deferred)
+        response = dispatch_pb2.ClaimNextResponse(deferred=deferred)
+        if max_todos == 1:
+            first = result.claimed[0]
+            response.todo.CopyFrom(convert.todo(first.todo))
+            response.lease.CopyFrom(convert.lease(first.lease))
+        else:
+            response.claimed.extend(
+                dispatch_pb2.ClaimedTodo(todo=convert.todo(c.todo), lease=convert.lease(c.lease))
+                for c in result.claimed
             )
-        response = dispatch_pb2.ClaimNextResponse(
-            todo=convert.todo(claimed.todo), lease=convert.lease(claimed.lease)
-        )
-        if claimed.headroom is not None:
-            response.headroom.CopyFrom(convert.headroom(claimed.headroom))
-            response.policy.CopyFrom(convert.policy(claimed.headroom.policy))
+        headroom = result.claimed[0].headroom
+        if headroom is not None:
+            response.headroom.CopyFrom(convert.headroom(headroom))
+            response.policy.CopyFrom(convert.policy(headroom.policy))
         return response
 
     async def Heartbeat(
@@ -156,6 +164,34 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
         v.check()
         extended = await self._dispatcher.heartbeat(current_principal(), todo_id, lease_id, lease)
         return dispatch_pb2.HeartbeatResponse(lease=convert.lease(extended))
+
+    async def HeartbeatTodos(
+        self, request: dispatch_pb2.HeartbeatTodosRequest, context: Context
+    ) -> dispatch_pb2.HeartbeatTodosResponse:
+        v = Violations()
+        refs = v.lease_refs("leases", request.leases)
+        lease = v.duration(
+            "lease_duration",
+            request.lease_duration,
+            request.HasField("lease_duration"),
+            minimum=MIN_LEASE,
+            maximum=MAX_LEASE,
+        )
+        v.check()
+        results = await self._dispatcher.heartbeat_many(current_principal(), refs, lease)
+        return dispatch_pb2.HeartbeatTodosResponse(
+            results=[
+                dispatch_pb2.HeartbeatResult(
+                    todo_id=str(todo_id),
+                    status=convert.ITEM_OUTCOME[outcome],
+                    lease=convert.lease(Lease(lease_id, expires_at)) if expires_at else None,
+                    message=""
+                    if outcome is ItemOutcome.APPLIED
+                    else dispatch.refusal_message(outcome, None),
+                )
+                for (todo_id, lease_id), (outcome, expires_at) in zip(refs, results, strict=True)
+            ]
+        )
 
     async def Complete(
         self, request: dispatch_pb2.CompleteRequest, context: Context
@@ -188,6 +224,36 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
         v.check()
         todo = await self._dispatcher.release(current_principal(), todo_id, lease_id)
         return dispatch_pb2.ReleaseResponse(todo=convert.todo(todo))
+
+    async def SettleTodos(
+        self, request: dispatch_pb2.SettleTodosRequest, context: Context
+    ) -> dispatch_pb2.SettleTodosResponse:
+        v = Violations()
+        refs = v.lease_refs("settlements", request.settlements)
+        settlements = []
+        items = zip(refs, request.settlements, strict=True)
+        for i, ((todo_id, lease_id), item) in enumerate(items):
+            action = item.WhichOneof("action")
+            if action is None:
+                v.add(f"settlements[{i}].action", "one of complete, fail or release is required")
+                continue
+            settlements.append(
+                Settlement(
+                    todo_id,
+                    lease_id,
+                    SettleAction(action),
+                    item.fail.error[:MAX_ERROR],
+                    item.fail.permanent,
+                )
+            )
+        v.check()
+        results = await self._dispatcher.settle(current_principal(), settlements)
+        return dispatch_pb2.SettleTodosResponse(
+            results=[
+                convert.settlement_result(s.todo_id, r)
+                for s, r in zip(settlements, results, strict=True)
+            ]
+        )
 
     async def GetTodo(
         self, request: dispatch_pb2.GetTodoRequest, context: Context

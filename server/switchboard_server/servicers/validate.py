@@ -8,8 +8,9 @@ import binascii
 import re
 import urllib.parse
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
+from typing import Protocol
 
 from google.protobuf import duration_pb2
 
@@ -33,6 +34,18 @@ DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 MAX_TODO_ID = 2**63 - 1
+#: Todos per ClaimNext, and items per HeartbeatTodos or SettleTodos call.
+MAX_BATCH = 500
+
+
+class LeaseItem(Protocol):
+    """A request item naming a claimed todo and its lease."""
+
+    @property
+    def todo_id(self) -> str: ...
+
+    @property
+    def lease_id(self) -> str: ...
 
 
 class Violations:
@@ -155,6 +168,28 @@ class Violations:
             self.add(field, "not a page token from this list")
             return None
         return int(value)
+
+    def batch_size(self, field: str, value: int) -> int:
+        """How many todos a ClaimNext may claim; 0 means 1."""
+        if value == 0:
+            return 1
+        if not 1 <= value <= MAX_BATCH:
+            self.add(field, f"must be between 1 and {MAX_BATCH}")
+        return value
+
+    def lease_refs(self, field: str, items: Sequence[LeaseItem]) -> list[tuple[int, uuid.UUID]]:
+        """1 to ``MAX_BATCH`` (todo id, lease id) pairs, each todo at most once."""
+        if not 1 <= len(items) <= MAX_BATCH:
+            self.add(field, f"must hold between 1 and {MAX_BATCH} items")
+        refs, seen = [], set()
+        for i, item in enumerate(items):
+            todo_id = self.todo_id(f"{field}[{i}].todo_id", item.todo_id)
+            lease_id = self.lease_id(f"{field}[{i}].lease_id", item.lease_id)
+            if todo_id and todo_id in seen:
+                self.add(f"{field}[{i}].todo_id", "names a todo already in this call")
+            seen.add(todo_id)
+            refs.append((todo_id, lease_id))
+        return refs
 
     def page_size(self, field: str, value: int) -> int:
         """A page size; 0 means the default."""

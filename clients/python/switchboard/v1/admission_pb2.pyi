@@ -262,7 +262,9 @@ Global___AdmissionStatus: _TypeAlias = AdmissionStatus  # noqa: Y015
 
 @_typing.final
 class DeferredQueue(_message.Message):
-    """A queue that had pending work but admitted nothing."""
+    """A queue that had pending work but admitted nothing (or, for a ClaimNext
+    batch, fewer todos than asked for).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -24,6 +24,36 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _BatchItemStatus:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _BatchItemStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_BatchItemStatus.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    BATCH_ITEM_STATUS_UNSPECIFIED: _BatchItemStatus.ValueType  # 0
+    BATCH_ITEM_STATUS_APPLIED: _BatchItemStatus.ValueType  # 1
+    """Done."""
+    BATCH_ITEM_STATUS_STALE_LEASE: _BatchItemStatus.ValueType  # 2
+    """Refused: the todo is claimed under another lease (taken over)."""
+    BATCH_ITEM_STATUS_NOT_CLAIMED: _BatchItemStatus.ValueType  # 3
+    """Refused: the todo is no longer claimed (settled, reaped or retried)."""
+    BATCH_ITEM_STATUS_NOT_FOUND: _BatchItemStatus.ValueType  # 4
+    """Refused: no such todo in the caller's scope."""
+
+class BatchItemStatus(_BatchItemStatus, metaclass=_BatchItemStatusEnumTypeWrapper):
+    """What happened to one item of a batch call."""
+
+BATCH_ITEM_STATUS_UNSPECIFIED: BatchItemStatus.ValueType  # 0
+BATCH_ITEM_STATUS_APPLIED: BatchItemStatus.ValueType  # 1
+"""Done."""
+BATCH_ITEM_STATUS_STALE_LEASE: BatchItemStatus.ValueType  # 2
+"""Refused: the todo is claimed under another lease (taken over)."""
+BATCH_ITEM_STATUS_NOT_CLAIMED: BatchItemStatus.ValueType  # 3
+"""Refused: the todo is no longer claimed (settled, reaped or retried)."""
+BATCH_ITEM_STATUS_NOT_FOUND: BatchItemStatus.ValueType  # 4
+"""Refused: no such todo in the caller's scope."""
+Global___BatchItemStatus: _TypeAlias = BatchItemStatus  # noqa: Y015
+
 class _DoorbellCause:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -204,11 +234,20 @@ class ClaimNextRequest(_message.Message):
     QUEUES_FIELD_NUMBER: _builtins.int
     CLAIMANT_FIELD_NUMBER: _builtins.int
     LEASE_DURATION_FIELD_NUMBER: _builtins.int
+    MAX_TODOS_FIELD_NUMBER: _builtins.int
     endpoint_id: _builtins.str
     """The endpoint whose queues to draw from. An endpoint credential may leave
     it empty to mean its own endpoint.
     """
     claimant: _builtins.str
+    max_todos: _builtins.int
+    """How many todos to claim at most: 0 means 1; at most 500. A batch comes
+    from one queue (the one a single claim would draw from), oldest first,
+    and stops short when that queue has no more claimable todos, when its
+    admission policy admits no more (the rest are left untouched and the
+    reason is in `deferred`), or at about 1 MiB of todos (always at least
+    one).
+    """
     @_builtins.property
     def queues(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """A subset of the endpoint's queues; empty means all of them."""
@@ -222,10 +261,11 @@ class ClaimNextRequest(_message.Message):
         queues: _abc.Iterable[_builtins.str] | None = ...,
         claimant: _builtins.str = ...,
         lease_duration: _duration_pb2.Duration | None = ...,
+        max_todos: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease_duration", b"lease_duration"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["claimant", b"claimant", "endpoint_id", b"endpoint_id", "lease_duration", b"lease_duration", "queues", b"queues"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claimant", b"claimant", "endpoint_id", b"endpoint_id", "lease_duration", b"lease_duration", "max_todos", b"max_todos", "queues", b"queues"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -241,27 +281,37 @@ class ClaimNextResponse(_message.Message):
     DEFERRED_FIELD_NUMBER: _builtins.int
     HEADROOM_FIELD_NUMBER: _builtins.int
     POLICY_FIELD_NUMBER: _builtins.int
+    CLAIMED_FIELD_NUMBER: _builtins.int
     empty: _builtins.bool
     """True when nothing was claimable."""
     @_builtins.property
     def todo(self) -> _todo_pb2.Todo:
-        """Set when a todo was claimed."""
+        """Set when a todo was claimed by a single-todo call (max_todos 0 or 1)."""
 
     @_builtins.property
     def lease(self) -> _todo_pb2.Lease: ...
     @_builtins.property
     def deferred(self) -> _containers.RepeatedCompositeFieldContainer[_admission_pb2.DeferredQueue]:
         """With empty: the queues whose pending work their admission policy
-        defers, with the reason and when to come back.
+        defers, with the reason and when to come back. With a batch that its
+        queue's policy cut short: that queue, and why.
         """
 
     @_builtins.property
     def headroom(self) -> _admission_pb2.Headroom:
-        """Set when the claimed todo's queue has an admission policy."""
+        """Set when the claimed todos' queue has an admission policy: the budget
+        left after the whole batch.
+        """
 
     @_builtins.property
     def policy(self) -> _admission_pb2.AdmissionPolicy:
-        """The policy that governs the claimed todo's queue, when it has one."""
+        """The policy that governs the claimed todos' queue, when it has one."""
+
+    @_builtins.property
+    def claimed(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClaimedTodo]:
+        """With max_todos above 1: every claimed todo with its lease, oldest first
+        (`todo` and `lease` are then unset, so no payload is sent twice).
+        """
 
     def __init__(
         self,
@@ -272,14 +322,41 @@ class ClaimNextResponse(_message.Message):
         deferred: _abc.Iterable[_admission_pb2.DeferredQueue] | None = ...,
         headroom: _admission_pb2.Headroom | None = ...,
         policy: _admission_pb2.AdmissionPolicy | None = ...,
+        claimed: _abc.Iterable[Global___ClaimedTodo] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["headroom", b"headroom", "lease", b"lease", "policy", b"policy", "todo", b"todo"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deferred", b"deferred", "empty", b"empty", "headroom", b"headroom", "lease", b"lease", "policy", b"policy", "todo", b"todo"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claimed", b"claimed", "deferred", b"deferred", "empty", b"empty", "headroom", b"headroom", "lease", b"lease", "policy", b"policy", "todo", b"todo"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ClaimNextResponse: _TypeAlias = ClaimNextResponse  # noqa: Y015
+
+@_typing.final
+class ClaimedTodo(_message.Message):
+    """A todo claimed by ClaimNext and the lease to settle it with."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TODO_FIELD_NUMBER: _builtins.int
+    LEASE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def todo(self) -> _todo_pb2.Todo: ...
+    @_builtins.property
+    def lease(self) -> _todo_pb2.Lease: ...
+    def __init__(
+        self,
+        *,
+        todo: _todo_pb2.Todo | None = ...,
+        lease: _todo_pb2.Lease | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "todo", b"todo"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "todo", b"todo"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClaimedTodo: _TypeAlias = ClaimedTodo  # noqa: Y015
 
 @_typing.final
 class HeartbeatRequest(_message.Message):
@@ -328,6 +405,112 @@ class HeartbeatResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___HeartbeatResponse: _TypeAlias = HeartbeatResponse  # noqa: Y015
+
+@_typing.final
+class LeaseRef(_message.Message):
+    """A claimed todo and the lease it is held under."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TODO_ID_FIELD_NUMBER: _builtins.int
+    LEASE_ID_FIELD_NUMBER: _builtins.int
+    todo_id: _builtins.str
+    lease_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        todo_id: _builtins.str = ...,
+        lease_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_id", b"lease_id", "todo_id", b"todo_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LeaseRef: _TypeAlias = LeaseRef  # noqa: Y015
+
+@_typing.final
+class HeartbeatTodosRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASES_FIELD_NUMBER: _builtins.int
+    LEASE_DURATION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def leases(self) -> _containers.RepeatedCompositeFieldContainer[Global___LeaseRef]:
+        """1 to 500 leases, each todo at most once."""
+
+    @_builtins.property
+    def lease_duration(self) -> _duration_pb2.Duration:
+        """New lease length from now for every item; defaults to 5 minutes."""
+
+    def __init__(
+        self,
+        *,
+        leases: _abc.Iterable[Global___LeaseRef] | None = ...,
+        lease_duration: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease_duration", b"lease_duration"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_duration", b"lease_duration", "leases", b"leases"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeartbeatTodosRequest: _TypeAlias = HeartbeatTodosRequest  # noqa: Y015
+
+@_typing.final
+class HeartbeatTodosResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeartbeatResult]:
+        """One per requested lease, in request order."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___HeartbeatResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeartbeatTodosResponse: _TypeAlias = HeartbeatTodosResponse  # noqa: Y015
+
+@_typing.final
+class HeartbeatResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TODO_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    LEASE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    todo_id: _builtins.str
+    status: Global___BatchItemStatus.ValueType
+    message: _builtins.str
+    """With a refusal: why, for people."""
+    @_builtins.property
+    def lease(self) -> _todo_pb2.Lease:
+        """With APPLIED: the extended lease."""
+
+    def __init__(
+        self,
+        *,
+        todo_id: _builtins.str = ...,
+        status: Global___BatchItemStatus.ValueType = ...,
+        lease: _todo_pb2.Lease | None = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "message", b"message", "status", b"status", "todo_id", b"todo_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeartbeatResult: _TypeAlias = HeartbeatResult  # noqa: Y015
 
 @_typing.final
 class CompleteRequest(_message.Message):
@@ -462,6 +645,192 @@ class ReleaseResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReleaseResponse: _TypeAlias = ReleaseResponse  # noqa: Y015
+
+@_typing.final
+class SettleTodosRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SETTLEMENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def settlements(self) -> _containers.RepeatedCompositeFieldContainer[Global___Settlement]:
+        """1 to 500 settlements, each todo at most once."""
+
+    def __init__(
+        self,
+        *,
+        settlements: _abc.Iterable[Global___Settlement] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["settlements", b"settlements"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SettleTodosRequest: _TypeAlias = SettleTodosRequest  # noqa: Y015
+
+@_typing.final
+class Settlement(_message.Message):
+    """How to settle one claimed todo."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TODO_ID_FIELD_NUMBER: _builtins.int
+    LEASE_ID_FIELD_NUMBER: _builtins.int
+    COMPLETE_FIELD_NUMBER: _builtins.int
+    FAIL_FIELD_NUMBER: _builtins.int
+    RELEASE_FIELD_NUMBER: _builtins.int
+    todo_id: _builtins.str
+    lease_id: _builtins.str
+    @_builtins.property
+    def complete(self) -> Global___CompleteAction:
+        """Mark it done (like Complete)."""
+
+    @_builtins.property
+    def fail(self) -> Global___FailAction:
+        """Record a failed attempt (like Fail)."""
+
+    @_builtins.property
+    def release(self) -> Global___ReleaseAction:
+        """Give it back at once (like Release)."""
+
+    def __init__(
+        self,
+        *,
+        todo_id: _builtins.str = ...,
+        lease_id: _builtins.str = ...,
+        complete: Global___CompleteAction | None = ...,
+        fail: Global___FailAction | None = ...,
+        release: Global___ReleaseAction | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "complete", b"complete", "fail", b"fail", "release", b"release"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "complete", b"complete", "fail", b"fail", "lease_id", b"lease_id", "release", b"release", "todo_id", b"todo_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_action: _TypeAlias = _typing.Literal["complete", "fail", "release"]  # noqa: Y015
+    _WhichOneofArgType_action: _TypeAlias = _typing.Literal["action", b"action"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_action) -> _WhichOneofReturnType_action | None: ...
+
+Global___Settlement: _TypeAlias = Settlement  # noqa: Y015
+
+@_typing.final
+class CompleteAction(_message.Message):
+    """Settles a todo as done."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompleteAction: _TypeAlias = CompleteAction  # noqa: Y015
+
+@_typing.final
+class FailAction(_message.Message):
+    """Settles a todo as a failed attempt."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERROR_FIELD_NUMBER: _builtins.int
+    PERMANENT_FIELD_NUMBER: _builtins.int
+    error: _builtins.str
+    """What went wrong (at most 4096 characters; longer is cut)."""
+    permanent: _builtins.bool
+    """Dead-letter now instead of retrying."""
+    def __init__(
+        self,
+        *,
+        error: _builtins.str = ...,
+        permanent: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "permanent", b"permanent"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FailAction: _TypeAlias = FailAction  # noqa: Y015
+
+@_typing.final
+class ReleaseAction(_message.Message):
+    """Gives a todo back."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseAction: _TypeAlias = ReleaseAction  # noqa: Y015
+
+@_typing.final
+class SettleTodosResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___SettlementResult]:
+        """One per settlement, in request order."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___SettlementResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SettleTodosResponse: _TypeAlias = SettleTodosResponse  # noqa: Y015
+
+@_typing.final
+class SettlementResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TODO_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    NEXT_RETRY_AT_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    todo_id: _builtins.str
+    status: Global___BatchItemStatus.ValueType
+    state: _todo_pb2.TodoState.ValueType
+    """The todo's state after this call (unset with NOT_FOUND)."""
+    message: _builtins.str
+    """With a refusal: why, for people."""
+    @_builtins.property
+    def next_retry_at(self) -> _timestamp_pb2.Timestamp:
+        """With a pending todo (a failed attempt to retry, or a release): when it
+        becomes claimable.
+        """
+
+    def __init__(
+        self,
+        *,
+        todo_id: _builtins.str = ...,
+        status: Global___BatchItemStatus.ValueType = ...,
+        state: _todo_pb2.TodoState.ValueType = ...,
+        next_retry_at: _timestamp_pb2.Timestamp | None = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["next_retry_at", b"next_retry_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "next_retry_at", b"next_retry_at", "state", b"state", "status", b"status", "todo_id", b"todo_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SettlementResult: _TypeAlias = SettlementResult  # noqa: Y015
 
 @_typing.final
 class GetTodoRequest(_message.Message):

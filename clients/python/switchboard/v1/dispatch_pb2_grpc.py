@@ -55,6 +55,11 @@ class DispatchServiceStub:
                 request_serializer=switchboard_dot_v1_dot_dispatch__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=switchboard_dot_v1_dot_dispatch__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
+        self.HeartbeatTodos = channel.unary_unary(
+                '/switchboard.v1.DispatchService/HeartbeatTodos',
+                request_serializer=switchboard_dot_v1_dot_dispatch__pb2.HeartbeatTodosRequest.SerializeToString,
+                response_deserializer=switchboard_dot_v1_dot_dispatch__pb2.HeartbeatTodosResponse.FromString,
+                _registered_method=True)
         self.Complete = channel.unary_unary(
                 '/switchboard.v1.DispatchService/Complete',
                 request_serializer=switchboard_dot_v1_dot_dispatch__pb2.CompleteRequest.SerializeToString,
@@ -69,6 +74,11 @@ class DispatchServiceStub:
                 '/switchboard.v1.DispatchService/Release',
                 request_serializer=switchboard_dot_v1_dot_dispatch__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=switchboard_dot_v1_dot_dispatch__pb2.ReleaseResponse.FromString,
+                _registered_method=True)
+        self.SettleTodos = channel.unary_unary(
+                '/switchboard.v1.DispatchService/SettleTodos',
+                request_serializer=switchboard_dot_v1_dot_dispatch__pb2.SettleTodosRequest.SerializeToString,
+                response_deserializer=switchboard_dot_v1_dot_dispatch__pb2.SettleTodosResponse.FromString,
                 _registered_method=True)
         self.GetTodo = channel.unary_unary(
                 '/switchboard.v1.DispatchService/GetTodo',
@@ -110,6 +120,8 @@ class DispatchServiceServicer:
     def ClaimNext(self, request, context):
         """Claims the oldest claimable todo among the caller's queues, skipping
         queues that admission defers (and saying which, when nothing is claimed).
+        With max_todos > 1, claims up to that many from one queue in one
+        transaction, each admitted and charged like a single claim.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -117,6 +129,13 @@ class DispatchServiceServicer:
 
     def Heartbeat(self, request, context):
         """Extends a lease.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def HeartbeatTodos(self, request, context):
+        """Extends many leases in one transaction; each item on its own.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -138,6 +157,14 @@ class DispatchServiceServicer:
 
     def Release(self, request, context):
         """Gives a claimed todo back at once, without an error.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SettleTodos(self, request, context):
+        """Completes, fails or releases many claimed todos in one transaction, each
+        item applied or refused on its own, with a result per item.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -190,6 +217,11 @@ def add_DispatchServiceServicer_to_server(servicer, server):
                     request_deserializer=switchboard_dot_v1_dot_dispatch__pb2.HeartbeatRequest.FromString,
                     response_serializer=switchboard_dot_v1_dot_dispatch__pb2.HeartbeatResponse.SerializeToString,
             ),
+            'HeartbeatTodos': grpc.unary_unary_rpc_method_handler(
+                    servicer.HeartbeatTodos,
+                    request_deserializer=switchboard_dot_v1_dot_dispatch__pb2.HeartbeatTodosRequest.FromString,
+                    response_serializer=switchboard_dot_v1_dot_dispatch__pb2.HeartbeatTodosResponse.SerializeToString,
+            ),
             'Complete': grpc.unary_unary_rpc_method_handler(
                     servicer.Complete,
                     request_deserializer=switchboard_dot_v1_dot_dispatch__pb2.CompleteRequest.FromString,
@@ -204,6 +236,11 @@ def add_DispatchServiceServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=switchboard_dot_v1_dot_dispatch__pb2.ReleaseRequest.FromString,
                     response_serializer=switchboard_dot_v1_dot_dispatch__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'SettleTodos': grpc.unary_unary_rpc_method_handler(
+                    servicer.SettleTodos,
+                    request_deserializer=switchboard_dot_v1_dot_dispatch__pb2.SettleTodosRequest.FromString,
+                    response_serializer=switchboard_dot_v1_dot_dispatch__pb2.SettleTodosResponse.SerializeToString,
             ),
             'GetTodo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTodo,
@@ -341,6 +378,33 @@ class DispatchService:
             _registered_method=True)
 
     @staticmethod
+    def HeartbeatTodos(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchboard.v1.DispatchService/HeartbeatTodos',
+            switchboard_dot_v1_dot_dispatch__pb2.HeartbeatTodosRequest.SerializeToString,
+            switchboard_dot_v1_dot_dispatch__pb2.HeartbeatTodosResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def Complete(request,
             target,
             options=(),
@@ -411,6 +475,33 @@ class DispatchService:
             '/switchboard.v1.DispatchService/Release',
             switchboard_dot_v1_dot_dispatch__pb2.ReleaseRequest.SerializeToString,
             switchboard_dot_v1_dot_dispatch__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SettleTodos(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchboard.v1.DispatchService/SettleTodos',
+            switchboard_dot_v1_dot_dispatch__pb2.SettleTodosRequest.SerializeToString,
+            switchboard_dot_v1_dot_dispatch__pb2.SettleTodosResponse.FromString,
             options,
             channel_credentials,
             insecure,

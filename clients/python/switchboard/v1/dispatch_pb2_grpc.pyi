@@ -43,15 +43,23 @@ class DispatchServiceStub:
     ClaimNext: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.ClaimNextRequest, _dispatch_pb2.ClaimNextResponse]
     """Claims the oldest claimable todo among the caller's queues, skipping
     queues that admission defers (and saying which, when nothing is claimed).
+    With max_todos > 1, claims up to that many from one queue in one
+    transaction, each admitted and charged like a single claim.
     """
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.HeartbeatRequest, _dispatch_pb2.HeartbeatResponse]
     """Extends a lease."""
+    HeartbeatTodos: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.HeartbeatTodosRequest, _dispatch_pb2.HeartbeatTodosResponse]
+    """Extends many leases in one transaction; each item on its own."""
     Complete: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.CompleteRequest, _dispatch_pb2.CompleteResponse]
     """Marks a claimed todo done."""
     Fail: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.FailRequest, _dispatch_pb2.FailResponse]
     """Records a failed attempt: back to pending after a backoff, or dead."""
     Release: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.ReleaseRequest, _dispatch_pb2.ReleaseResponse]
     """Gives a claimed todo back at once, without an error."""
+    SettleTodos: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.SettleTodosRequest, _dispatch_pb2.SettleTodosResponse]
+    """Completes, fails or releases many claimed todos in one transaction, each
+    item applied or refused on its own, with a result per item.
+    """
     GetTodo: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.GetTodoRequest, _dispatch_pb2.GetTodoResponse]
     """Reads one todo with its attempts."""
     ListTodos: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.ListTodosRequest, _dispatch_pb2.ListTodosResponse]
@@ -78,15 +86,23 @@ class DispatchServiceAsyncStub(DispatchServiceStub):
     ClaimNext: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.ClaimNextRequest, _dispatch_pb2.ClaimNextResponse]  # type: ignore[assignment]
     """Claims the oldest claimable todo among the caller's queues, skipping
     queues that admission defers (and saying which, when nothing is claimed).
+    With max_todos > 1, claims up to that many from one queue in one
+    transaction, each admitted and charged like a single claim.
     """
     Heartbeat: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.HeartbeatRequest, _dispatch_pb2.HeartbeatResponse]  # type: ignore[assignment]
     """Extends a lease."""
+    HeartbeatTodos: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.HeartbeatTodosRequest, _dispatch_pb2.HeartbeatTodosResponse]  # type: ignore[assignment]
+    """Extends many leases in one transaction; each item on its own."""
     Complete: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.CompleteRequest, _dispatch_pb2.CompleteResponse]  # type: ignore[assignment]
     """Marks a claimed todo done."""
     Fail: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.FailRequest, _dispatch_pb2.FailResponse]  # type: ignore[assignment]
     """Records a failed attempt: back to pending after a backoff, or dead."""
     Release: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.ReleaseRequest, _dispatch_pb2.ReleaseResponse]  # type: ignore[assignment]
     """Gives a claimed todo back at once, without an error."""
+    SettleTodos: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.SettleTodosRequest, _dispatch_pb2.SettleTodosResponse]  # type: ignore[assignment]
+    """Completes, fails or releases many claimed todos in one transaction, each
+    item applied or refused on its own, with a result per item.
+    """
     GetTodo: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.GetTodoRequest, _dispatch_pb2.GetTodoResponse]  # type: ignore[assignment]
     """Reads one todo with its attempts."""
     ListTodos: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.ListTodosRequest, _dispatch_pb2.ListTodosResponse]  # type: ignore[assignment]
@@ -128,6 +144,8 @@ class DispatchServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_dispatch_pb2.ClaimNextResponse, _abc.Awaitable[_dispatch_pb2.ClaimNextResponse]]:
         """Claims the oldest claimable todo among the caller's queues, skipping
         queues that admission defers (and saying which, when nothing is claimed).
+        With max_todos > 1, claims up to that many from one queue in one
+        transaction, each admitted and charged like a single claim.
         """
 
     @_abc_1.abstractmethod
@@ -137,6 +155,14 @@ class DispatchServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_dispatch_pb2.HeartbeatResponse, _abc.Awaitable[_dispatch_pb2.HeartbeatResponse]]:
         """Extends a lease."""
+
+    @_abc_1.abstractmethod
+    def HeartbeatTodos(
+        self,
+        request: _dispatch_pb2.HeartbeatTodosRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatch_pb2.HeartbeatTodosResponse, _abc.Awaitable[_dispatch_pb2.HeartbeatTodosResponse]]:
+        """Extends many leases in one transaction; each item on its own."""
 
     @_abc_1.abstractmethod
     def Complete(
@@ -161,6 +187,16 @@ class DispatchServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_dispatch_pb2.ReleaseResponse, _abc.Awaitable[_dispatch_pb2.ReleaseResponse]]:
         """Gives a claimed todo back at once, without an error."""
+
+    @_abc_1.abstractmethod
+    def SettleTodos(
+        self,
+        request: _dispatch_pb2.SettleTodosRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatch_pb2.SettleTodosResponse, _abc.Awaitable[_dispatch_pb2.SettleTodosResponse]]:
+        """Completes, fails or releases many claimed todos in one transaction, each
+        item applied or refused on its own, with a result per item.
+        """
 
     @_abc_1.abstractmethod
     def GetTodo(

@@ -7,8 +7,9 @@ SELECT deduplicated, todo FROM sb_ingest($1, $2, $3, $4, $5, $6, $7, $8, $9);
 SELECT outcome, todo, admission FROM sb_claim($1, $2, $3, $4, $5);
 
 -- name: todo_claim_next :one
--- Claims the oldest claimable todo among an endpoint's queues, within budgets.
-SELECT outcome, todo, admission FROM sb_claim_next($1, $2, $3, $4, $5);
+-- Claims up to $6 of the oldest claimable todos of one of an endpoint's
+-- queues (about $7 bytes at most), within budgets; see sb_claim_next.
+SELECT outcome, todos, admission FROM sb_claim_next($1, $2, $3, $4, $5, $6, $7);
 
 -- name: todo_heartbeat :one
 -- Extends a live lease; no row when the lease is stale or the todo not the caller's.
@@ -18,66 +19,14 @@ UPDATE todos
    AND owner_id = $3 AND ($4::uuid IS NULL OR endpoint_id = $4)
 RETURNING lease_id, lease_expires_at;
 
--- name: todo_complete :one
--- Marks a claimed todo done under its lease and closes its attempt.
-WITH done AS (
-    UPDATE todos
-       SET state = 'done', lease_id = NULL, lease_expires_at = NULL,
-           finished_at = sb_now(), updated_at = sb_now()
-     WHERE id = $1 AND lease_id = $2 AND state = 'claimed'
-       AND owner_id = $3 AND ($4::uuid IS NULL OR endpoint_id = $4)
-    RETURNING *
-), closed AS (
-    UPDATE attempts SET outcome = 'completed', finished_at = sb_now()
-      FROM done WHERE attempts.todo_id = done.id AND attempts.number = done.attempt
-)
-SELECT * FROM done;
+-- name: todo_heartbeat_many :many
+-- Extends many leases, each on its own; one row per item, in order.
+SELECT outcome, lease_expires_at FROM sb_heartbeat($1, $2, $3, $4, $5);
 
--- name: todo_fail :one
--- Records a failed attempt: pending after a backoff, or dead when the
--- failure is permanent ($5) or no attempts are left. The backoff is
--- $6 * 2^(attempt-1) seconds, capped at $8 seconds, times a jitter in
--- [0.5, 1] (the formula of switchboard_server.backoff.retry_delay).
-WITH failed AS (
-    UPDATE todos
-       SET state = CASE WHEN $5::boolean OR attempt >= max_attempts
-                        THEN 'dead' ELSE 'pending' END,
-           next_retry_at = CASE WHEN $5::boolean OR attempt >= max_attempts
-                                THEN next_retry_at
-                                ELSE sb_now() + make_interval(secs => least(
-                                    $8::float8, $6::float8 * power(2, least(attempt - 1, 62)))
-                                    * (0.5 + 0.5 * random())) END,
-           finished_at = CASE WHEN $5::boolean OR attempt >= max_attempts
-                              THEN sb_now() END,
-           lease_id = NULL, lease_expires_at = NULL,
-           last_error = $7, updated_at = sb_now()
-     WHERE id = $1 AND lease_id = $2 AND state = 'claimed'
-       AND owner_id = $3 AND ($4::uuid IS NULL OR endpoint_id = $4)
-    RETURNING *
-), closed AS (
-    UPDATE attempts SET outcome = 'failed', finished_at = sb_now(), error = $7
-      FROM failed WHERE attempts.todo_id = failed.id AND attempts.number = failed.attempt
-)
-SELECT * FROM failed;
-
--- name: todo_release :one
--- Gives a claimed todo back at once (dead when no attempts are left).
-WITH released AS (
-    UPDATE todos
-       SET state = CASE WHEN attempt >= max_attempts THEN 'dead' ELSE 'pending' END,
-           next_retry_at = sb_now(),
-           finished_at = CASE WHEN attempt >= max_attempts THEN sb_now() END,
-           last_error = CASE WHEN attempt >= max_attempts
-                             THEN 'released on the last attempt' ELSE last_error END,
-           lease_id = NULL, lease_expires_at = NULL, updated_at = sb_now()
-     WHERE id = $1 AND lease_id = $2 AND state = 'claimed'
-       AND owner_id = $3 AND ($4::uuid IS NULL OR endpoint_id = $4)
-    RETURNING *
-), closed AS (
-    UPDATE attempts SET outcome = 'released', finished_at = sb_now()
-      FROM released WHERE attempts.todo_id = released.id AND attempts.number = released.attempt
-)
-SELECT * FROM released;
+-- name: todo_settle :many
+-- Completes, fails or releases claimed todos under their leases, each on
+-- its own; one row per item, in order. See sb_settle.
+SELECT outcome, todo FROM sb_settle($1, $2, $3, $4, $5, $6, $7, $8, $9);
 
 -- name: todo_get :one
 -- One todo, if it is in the caller's scope.

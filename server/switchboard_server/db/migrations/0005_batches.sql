@@ -1,0 +1,484 @@
+-- Batches: ClaimNext for up to N todos of one queue, each admitted and
+-- charged one unit under that queue's one policy lock; settling and
+-- extending many leases in one transaction.
+--
+-- Locks taken on several todo rows that a call may have to wait for
+-- (settling, extending) are taken in id order, so two such calls never
+-- deadlock; claims only ever lock todos with SKIP LOCKED.
+
+-- Locks up to p_limit of a queue's oldest claimable pending todos (SKIP
+-- LOCKED) and returns their ids in claim order, stopping once the todos
+-- would pass p_max_bytes (at least one is always taken). A todo's size is
+-- its payload and error text plus 1 KiB for its other fields, so that a
+-- response carrying the batch fits in one message. Rows read past the cut
+-- stay locked, untouched, until the transaction ends.
+CREATE FUNCTION sb_lock_pending(
+    p_queue_id bigint, p_limit integer, p_max_bytes bigint, p_now timestamptz
+) RETURNS bigint[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ids bigint[] := '{}';
+    v_bytes bigint := 0;
+    v_row record;
+BEGIN
+    FOR v_row IN
+        SELECT t.id, octet_length(t.payload) + octet_length(t.last_error) + 1024 AS size
+          FROM todos t
+         WHERE t.queue_id = p_queue_id AND t.state = 'pending' AND t.next_retry_at <= p_now
+         ORDER BY t.next_retry_at, t.id
+         LIMIT p_limit
+           FOR UPDATE SKIP LOCKED
+    LOOP
+        EXIT WHEN cardinality(v_ids) > 0 AND v_bytes + v_row.size > p_max_bytes;
+        v_ids := v_ids || v_row.id;
+        v_bytes := v_bytes + v_row.size;
+    END LOOP;
+    RETURN v_ids;
+END;
+$$;
+
+-- Turns locked, claimable pending rows (ids in claim order) into claims:
+-- a new lease each, attempt + 1 and one attempt row each. The set-based
+-- form of sb_claim_row for pending rows; takeovers still use sb_claim_row.
+CREATE FUNCTION sb_claim_pending(
+    p_ids bigint[], p_claimant text, p_lease interval, p_now timestamptz
+) RETURNS todos[]
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan  -- as sb_settle
+AS $$
+DECLARE
+    v_claimed todos[];
+BEGIN
+    WITH claimed AS (
+        UPDATE todos t
+           SET state = 'claimed',
+               attempt = t.attempt + 1,
+               lease_id = gen_random_uuid(),
+               lease_expires_at = p_now + p_lease,
+               claimant = p_claimant,
+               updated_at = p_now
+         WHERE t.id = ANY (p_ids)
+        RETURNING t AS row
+    ), recorded AS (
+        INSERT INTO attempts (todo_id, number, queue_id, lease_id, claimant, claimed_at)
+        SELECT (c.row).id, (c.row).attempt, (c.row).queue_id, (c.row).lease_id, p_claimant, p_now
+          FROM claimed c
+    )
+    SELECT coalesce(array_agg(c.row ORDER BY array_position(p_ids, (c.row).id)), '{}')
+      INTO v_claimed
+      FROM claimed c;
+    RETURN v_claimed;
+END;
+$$;
+
+-- The headroom after a claim of p_charged todos, each charged one unit.
+CREATE FUNCTION sb_headroom_after(p admission_policies, v admission_eval, p_charged integer)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_object(
+        'window_used', CASE WHEN v.window_start IS NOT NULL THEN v.used + p_charged END,
+        'window_limit', p.max_claims_per_window,
+        'resets_at', v.window_end,
+        'in_flight_used', CASE WHEN p.max_in_flight IS NOT NULL
+                               THEN v.in_flight + p_charged END,
+        'in_flight_limit', p.max_in_flight,
+        'policy', sb_policy_json(p)
+    )
+$$;
+
+CREATE OR REPLACE FUNCTION sb_headroom(p admission_policies, v admission_eval) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT sb_headroom_after(p, v, 1)
+$$;
+
+-- The batch form of sb_admit_and_claim: locks the policy of the queue of
+-- the locked pending todos p_ids (in claim order), evaluates it with fresh
+-- reads, and claims and charges as many as the window's units and the free
+-- in-flight slots allow, or raises SB429 (refused; the reason is in the
+-- message) so the caller's subtransaction releases every lock. A batch cut
+-- short by the budget says why in admission.deferred; its other todos are
+-- left untouched. Lock order: the todo rows, then the policy.
+CREATE FUNCTION sb_admit_and_claim_batch(
+    p_ids bigint[],
+    p_queue text,
+    p_policy_id bigint,
+    p_claimant text,
+    p_lease interval,
+    p_now timestamptz,
+    OUT claimed todos[],
+    OUT admission jsonb
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_policy admission_policies;
+    v_eval admission_eval;
+    v_take integer;
+    v_reason text;
+BEGIN
+    -- Waits for the lock; the session's lock_timeout bounds the wait, and
+    -- running out of it refuses the claim (admission_unavailable).
+    SELECT * INTO v_policy FROM admission_policies p WHERE p.id = p_policy_id FOR UPDATE;
+    IF NOT FOUND OR NOT v_policy.active THEN
+        -- Cleared concurrently: no policy governs the queue any more.
+        claimed := sb_claim_pending(p_ids, p_claimant, p_lease, p_now);
+        RETURN;
+    END IF;
+    v_eval := sb_admission_eval(v_policy, NULL, p_now);
+    IF v_eval.reason IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_eval.reason USING ERRCODE = 'SB429',
+            DETAIL = sb_deferral_json(p_queue, v_eval.reason, v_eval, NULL)::text;
+    END IF;
+    v_take := least(
+        cardinality(p_ids),
+        v_policy.max_claims_per_window - v_eval.used,
+        v_policy.max_in_flight - v_eval.in_flight);
+    claimed := sb_claim_pending(p_ids[1:v_take], p_claimant, p_lease, p_now);
+    IF v_eval.window_start IS NOT NULL THEN
+        INSERT INTO window_counters AS c (policy_id, window_start, units)
+        VALUES (v_policy.id, v_eval.window_start, v_take)
+        ON CONFLICT (policy_id, window_start) DO UPDATE SET units = c.units + v_take;
+    END IF;
+    admission := jsonb_build_object('headroom', sb_headroom_after(v_policy, v_eval, v_take));
+    IF v_take < cardinality(p_ids) THEN
+        v_reason := CASE WHEN v_eval.used + v_take >= v_policy.max_claims_per_window
+                         THEN 'window_exhausted' ELSE 'in_flight_full' END;
+        v_eval.earliest_expiry := least(v_eval.earliest_expiry, p_now + p_lease);
+        admission := admission || jsonb_build_object(
+            'deferred', sb_deferral_json(p_queue, v_reason, v_eval, NULL));
+    END IF;
+END;
+$$;
+
+-- The batch form of sb_try_budgeted_claim: inside a subtransaction, lock up
+-- to p_limit of the queue's oldest pending todos (SKIP LOCKED), then admit
+-- and claim them (sb_admit_and_claim_batch). A refusal of the whole batch
+-- rolls the subtransaction back, releasing the todo and policy locks.
+-- outcome: claimed | none | deferred (admission is the deferral as JSON).
+-- (No variable of the policy's row type here, as in sb_queue_admission: an
+-- unreadable policy table must fail inside the handler, closed.)
+CREATE FUNCTION sb_try_budgeted_batch(
+    p_queue_id bigint,
+    p_queue text,
+    p_policy_id bigint,
+    p_limit integer,
+    p_max_bytes bigint,
+    p_claimant text,
+    p_lease interval,
+    p_now timestamptz,
+    OUT outcome text,
+    OUT claimed todos[],
+    OUT admission jsonb
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ids bigint[];
+    v_result record;
+    v_detail text;
+BEGIN
+    BEGIN
+        v_ids := sb_lock_pending(p_queue_id, p_limit, p_max_bytes, p_now);
+        IF cardinality(v_ids) = 0 THEN
+            outcome := 'none';
+            RETURN;
+        END IF;
+        SELECT a.* INTO v_result FROM sb_admit_and_claim_batch(
+            v_ids, p_queue, p_policy_id, p_claimant, p_lease, p_now) a;
+        outcome := 'claimed';
+        claimed := v_result.claimed;
+        admission := v_result.admission;
+    EXCEPTION
+        WHEN SQLSTATE 'SB429' THEN
+            GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
+            outcome := 'deferred';
+            admission := v_detail::jsonb;
+        WHEN OTHERS THEN
+            outcome := 'deferred';
+            admission := jsonb_build_object('queue', p_queue, 'reason', 'admission_unavailable');
+    END;
+END;
+$$;
+
+-- ClaimNext for up to p_max todos (at most about p_max_bytes of them), all
+-- from one queue. Walks the queues like the single-todo form of 0003 (head
+-- probes unlocked, known and prefiltered deferrals left out without their
+-- policy lock, budgeted queues through one subtransaction each) and claims
+-- a batch from the first queue that yields any; a lapsed lease is taken
+-- over one per call. The single-todo form stays for servers of the previous
+-- version during a rolling upgrade.
+-- outcome: claimed | empty. admission: {headroom, deferred: [the claimed
+-- queue's, when the budget cut the batch short]} or {deferred: [...]}.
+CREATE FUNCTION sb_claim_next(
+    p_owner_id uuid,
+    p_endpoint_id uuid,
+    p_queue_names text[],
+    p_claimant text,
+    p_lease interval,
+    p_max integer,
+    p_max_bytes bigint
+) RETURNS TABLE (outcome text, todos todos[], admission jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := sb_now();
+    v_queue record;
+    v_ids bigint[];
+    v_row todos;
+    v_try record;
+    v_status record;
+    v_deferred jsonb := '[]'::jsonb;
+    v_known jsonb;
+    v_reason text;
+    v_listed bigint[] := '{}';
+    v_no_takeover bigint[] := '{}';
+BEGIN
+    PERFORM 1 FROM endpoints e WHERE e.id = p_endpoint_id AND e.owner_id = p_owner_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'endpoint not found' USING ERRCODE = 'SB404';
+    END IF;
+    FOR v_queue IN
+        SELECT q.id, q.name, q.policy_id
+          FROM queues q
+          CROSS JOIN LATERAL (
+              SELECT t.next_retry_at, t.id FROM todos t
+               WHERE t.queue_id = q.id AND t.state = 'pending' AND t.next_retry_at <= v_now
+               ORDER BY t.next_retry_at, t.id
+               LIMIT 1
+          ) AS head
+         WHERE q.endpoint_id = p_endpoint_id
+           AND (p_queue_names IS NULL OR q.name = ANY (p_queue_names))
+         ORDER BY head.next_retry_at, head.id
+    LOOP
+        IF v_queue.policy_id IS NULL THEN
+            v_ids := sb_lock_pending(v_queue.id, p_max, p_max_bytes, v_now);
+            IF cardinality(v_ids) > 0 THEN
+                RETURN QUERY SELECT 'claimed'::text,
+                    sb_claim_pending(v_ids, p_claimant, p_lease, v_now), NULL::jsonb;
+                RETURN;
+            END IF;
+            CONTINUE;
+        END IF;
+        v_known := sb_known_deferral(v_queue.id, v_queue.name, v_now);
+        IF v_known IS NOT NULL THEN
+            v_deferred := v_deferred || v_known;
+            v_listed := v_listed || v_queue.id;
+            v_no_takeover := v_no_takeover || v_queue.id;
+            CONTINUE;
+        END IF;
+        v_reason := NULL;
+        IF sb_prefilter_wanted(v_queue.id) THEN
+            SELECT s.* INTO v_status FROM sb_queue_admission(v_queue.id, v_now) s;
+            v_reason := v_status.reason;
+        END IF;
+        IF v_reason IS NOT NULL THEN
+            v_known := sb_deferral_json(v_queue.name, v_reason, v_status.eval, NULL);
+            v_deferred := v_deferred || v_known;
+            v_listed := v_listed || v_queue.id;
+            IF v_reason <> 'in_flight_full' THEN
+                v_no_takeover := v_no_takeover || v_queue.id;
+            END IF;
+            -- Remember it, so the next ClaimNext need not evaluate it again.
+            PERFORM sb_on_deferred(ARRAY[v_queue.id], jsonb_build_array(v_known), v_now);
+            CONTINUE;
+        END IF;
+        SELECT r.* INTO v_try FROM sb_try_budgeted_batch(
+            v_queue.id, v_queue.name, v_queue.policy_id, p_max, p_max_bytes,
+            p_claimant, p_lease, v_now) r;
+        IF v_try.outcome = 'claimed' THEN
+            v_known := v_try.admission -> 'deferred';
+            IF v_known IS NOT NULL THEN
+                -- Cut short by the budget: the gate rings when the queue reopens.
+                PERFORM sb_on_deferred(ARRAY[v_queue.id], jsonb_build_array(v_known), v_now);
+                v_try.admission := v_try.admission || jsonb_build_object(
+                    'deferred', jsonb_build_array(v_known || jsonb_build_object(
+                        'pending', (SELECT count(*) FROM todos t
+                                     WHERE t.queue_id = v_queue.id AND t.state = 'pending'))));
+            END IF;
+            RETURN QUERY SELECT 'claimed'::text, v_try.claimed, v_try.admission;
+            RETURN;
+        ELSIF v_try.outcome = 'deferred' THEN
+            v_deferred := v_deferred || v_try.admission;
+            v_listed := v_listed || v_queue.id;
+            IF v_try.admission->>'reason' <> 'in_flight_full' THEN
+                v_no_takeover := v_no_takeover || v_queue.id;
+            END IF;
+            PERFORM sb_on_deferred(ARRAY[v_queue.id], jsonb_build_array(v_try.admission), v_now);
+        END IF;
+    END LOOP;
+    -- Lapsed leases with attempts left, oldest expiry first, one per call.
+    FOR v_queue IN
+        SELECT t.id AS todo_id, q.id, q.name, q.policy_id
+          FROM queues q
+          JOIN todos t ON t.queue_id = q.id
+         WHERE q.endpoint_id = p_endpoint_id
+           AND (p_queue_names IS NULL OR q.name = ANY (p_queue_names))
+           AND t.state = 'claimed' AND t.lease_expires_at <= v_now
+           AND t.attempt < t.max_attempts
+           AND NOT (q.id = ANY (v_no_takeover))
+         ORDER BY t.lease_expires_at, t.id
+         LIMIT 10
+    LOOP
+        IF v_queue.policy_id IS NULL THEN
+            SELECT * INTO v_row FROM todos t
+             WHERE t.id = v_queue.todo_id AND t.state = 'claimed' AND t.lease_expires_at <= v_now
+               FOR UPDATE SKIP LOCKED;
+            IF FOUND THEN
+                RETURN QUERY SELECT 'claimed'::text,
+                    ARRAY[sb_claim_row(v_row, p_claimant, p_lease, v_now)], NULL::jsonb;
+                RETURN;
+            END IF;
+            CONTINUE;
+        END IF;
+        SELECT r.* INTO v_try FROM sb_try_budgeted_claim(
+            v_queue.id, v_queue.name, v_queue.policy_id, v_queue.todo_id,
+            p_claimant, p_lease, v_now) r;
+        IF v_try.outcome = 'claimed' THEN
+            RETURN QUERY SELECT 'claimed'::text, ARRAY[v_try.claimed], v_try.admission;
+            RETURN;
+        ELSIF v_try.outcome = 'deferred' AND NOT (v_queue.id = ANY (v_listed)) THEN
+            v_deferred := v_deferred || v_try.admission;
+            v_listed := v_listed || v_queue.id;
+        END IF;
+    END LOOP;
+    -- Nothing claimable: say which queues wait, and how much.
+    IF jsonb_array_length(v_deferred) > 0 THEN
+        PERFORM sb_on_deferred(v_listed, v_deferred, v_now);
+        SELECT jsonb_agg(d.value || jsonb_build_object('pending', (
+                   SELECT count(*) FROM todos t JOIN queues q ON q.id = t.queue_id
+                    WHERE q.endpoint_id = p_endpoint_id AND q.name = d.value->>'queue'
+                      AND t.state = 'pending')))
+          INTO v_deferred
+          FROM jsonb_array_elements(v_deferred) AS d;
+    END IF;
+    RETURN QUERY SELECT 'empty'::text, '{}'::todos[], jsonb_build_object('deferred', v_deferred);
+END;
+$$;
+
+-- Settles claimed todos, each under its lease, in one transaction: p_actions
+-- are complete (done), fail (pending after a backoff of p_backoff_base *
+-- 2^(attempt-1) seconds capped at p_backoff_cap, times a jitter in [0.5, 1],
+-- or dead when permanent or out of attempts; the formula of
+-- switchboard_server.backoff.retry_delay) or release (pending at once, dead
+-- when out of attempts). Each item is applied or refused on its own; one
+-- row per item, in order: outcome (applied | stale_lease | not_claimed |
+-- not_found) and the todo after the call (NULL when not found). Ids must
+-- be distinct.
+CREATE FUNCTION sb_settle(
+    p_owner_id uuid,
+    p_endpoint_id uuid,
+    p_ids bigint[],
+    p_leases uuid[],
+    p_actions text[],
+    p_errors text[],
+    p_permanent boolean[],
+    p_backoff_base float8,
+    p_backoff_cap float8
+) RETURNS TABLE (outcome text, todo todos)
+LANGUAGE plpgsql
+-- Its statements' custom plans cost more to make (the planner cannot see
+-- into the arrays) than they save: measured, twice the time of a settle.
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_now timestamptz := sb_now();
+BEGIN
+    PERFORM 1 FROM todos t WHERE t.id = ANY (p_ids) ORDER BY t.id FOR UPDATE;
+    RETURN QUERY
+    WITH item AS (
+        SELECT i.* FROM unnest(p_ids, p_leases, p_actions, p_errors, p_permanent)
+                        WITH ORDINALITY AS i (id, lease_id, action, error, permanent, ord)
+    ), mine AS (
+        SELECT t.* FROM todos t
+         WHERE t.id = ANY (p_ids) AND t.owner_id = p_owner_id
+           AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+    ), target AS (
+        SELECT i.ord, i.action, i.error, m.id,
+               CASE WHEN i.action = 'complete' THEN 'done'
+                    WHEN (i.action = 'fail' AND i.permanent) OR m.attempt >= m.max_attempts
+                    THEN 'dead'
+                    ELSE 'pending' END AS new_state
+          FROM item i
+          JOIN mine m ON m.id = i.id AND m.lease_id = i.lease_id AND m.state = 'claimed'
+    ), settled AS (
+        UPDATE todos t
+           SET state = g.new_state,
+               next_retry_at = CASE
+                   WHEN g.action = 'release' THEN v_now
+                   WHEN g.action = 'fail' AND g.new_state = 'pending' THEN v_now + make_interval(
+                       secs => least(p_backoff_cap,
+                                     p_backoff_base * power(2, least(t.attempt - 1, 62)))
+                               * (0.5 + 0.5 * random()))
+                   ELSE t.next_retry_at END,
+               finished_at = CASE WHEN g.new_state = 'pending' THEN NULL ELSE v_now END,
+               last_error = CASE
+                   WHEN g.action = 'fail' THEN g.error
+                   WHEN g.action = 'release' AND g.new_state = 'dead'
+                   THEN 'released on the last attempt'
+                   ELSE t.last_error END,
+               lease_id = NULL, lease_expires_at = NULL, updated_at = v_now
+          FROM target g
+         WHERE t.id = g.id
+        RETURNING g.ord, g.action, g.error, t AS row
+    ), closed AS (
+        UPDATE attempts a
+           SET outcome = CASE s.action WHEN 'complete' THEN 'completed'
+                                       WHEN 'fail' THEN 'failed' ELSE 'released' END,
+               finished_at = v_now,
+               error = CASE WHEN s.action = 'fail' THEN s.error ELSE a.error END
+          FROM settled s
+         WHERE a.todo_id = (s.row).id AND a.number = (s.row).attempt
+    )
+    SELECT CASE WHEN s.ord IS NOT NULL THEN 'applied'
+                WHEN m.id IS NULL THEN 'not_found'
+                WHEN m.state = 'claimed' THEN 'stale_lease'
+                ELSE 'not_claimed' END,
+           CASE WHEN s.ord IS NOT NULL THEN s.row
+                WHEN m.id IS NOT NULL THEN m::todos END
+      FROM item i
+      LEFT JOIN settled s ON s.ord = i.ord
+      LEFT JOIN mine m ON m.id = i.id
+     ORDER BY i.ord;
+END;
+$$;
+
+-- Extends many leases in one transaction (rows locked in id order), each
+-- on its own. One row per item, in order: outcome (applied | stale_lease |
+-- not_claimed | not_found) and, when applied, the new expiry.
+CREATE FUNCTION sb_heartbeat(
+    p_owner_id uuid,
+    p_endpoint_id uuid,
+    p_ids bigint[],
+    p_leases uuid[],
+    p_lease interval
+) RETURNS TABLE (outcome text, lease_expires_at timestamptz)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan  -- as sb_settle
+AS $$
+DECLARE
+    v_now timestamptz := sb_now();
+BEGIN
+    PERFORM 1 FROM todos t WHERE t.id = ANY (p_ids) ORDER BY t.id FOR UPDATE;
+    RETURN QUERY
+    WITH item AS (
+        SELECT i.* FROM unnest(p_ids, p_leases) WITH ORDINALITY AS i (id, lease_id, ord)
+    ), mine AS (
+        SELECT t.id, t.state, t.lease_id FROM todos t
+         WHERE t.id = ANY (p_ids) AND t.owner_id = p_owner_id
+           AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+    ), extended AS (
+        UPDATE todos t
+           SET lease_expires_at = v_now + p_lease, updated_at = v_now
+          FROM item i
+          JOIN mine m ON m.id = i.id AND m.lease_id = i.lease_id AND m.state = 'claimed'
+         WHERE t.id = i.id
+        RETURNING i.ord, t.lease_expires_at
+    )
+    SELECT CASE WHEN e.ord IS NOT NULL THEN 'applied'
+                WHEN m.id IS NULL THEN 'not_found'
+                WHEN m.state = 'claimed' THEN 'stale_lease'
+                ELSE 'not_claimed' END,
+           e.lease_expires_at
+      FROM item i
+      LEFT JOIN extended e ON e.ord = i.ord
+      LEFT JOIN mine m ON m.id = i.id
+     ORDER BY i.ord;
+END;
+$$;
