@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -497,6 +497,392 @@ async def test_worker_options_are_checked(client: Client) -> None:
         Worker(client.channel, "t", no_op, claimant="w", lease=timedelta(milliseconds=500))
     default = Worker(client.channel, "t", no_op, claimant="w", lease=timedelta(seconds=30))
     assert default.heartbeat_every == timedelta(seconds=10)
+
+
+# --------------------------------------------------------------------------- batches
+
+
+class LoseFirstAnswer(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
+    """Lets the first call of ``method`` reach the server, then fails it with
+    UNAVAILABLE as if the answer had been lost on the way back."""
+
+    def __init__(self, method: str) -> None:
+        self.method = method
+        self.lost = 0
+
+    async def intercept_unary_unary(
+        self,
+        continuation: Callable[[grpc.aio.ClientCallDetails, Any], Any],
+        client_call_details: grpc.aio.ClientCallDetails,
+        request: Any,
+    ) -> Any:
+        response = await continuation(client_call_details, request)
+        # The method name is bytes at run time (str in the type stubs).
+        if f"/{self.method}" in str(client_call_details.method) and not self.lost:
+            self.lost += 1
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.UNAVAILABLE,
+                grpc.aio.Metadata(),
+                grpc.aio.Metadata(),
+                "the answer was lost",
+                None,
+            )
+        return response
+
+
+async def claimed_todos(client: Client, tenant: Tenant) -> list[str]:
+    """The ids of the endpoint's todos that are claimed now."""
+    resp = await client.dispatch.ListTodos(
+        dispatch_pb2.ListTodosRequest(states=[todo_pb2.TODO_STATE_CLAIMED]),
+        metadata=tenant.agent,
+    )
+    return [t.id for t in resp.todos]
+
+
+async def test_a_prefetching_worker_drains_a_queue_in_a_few_batches(
+    client: Client, tenant: Tenant
+) -> None:
+    ids = await ingest(client, tenant.agent, "work", 50)
+    seen: list[str] = []
+
+    async def handle(todo: Todo) -> None:
+        assert todo.state == todo_pb2.TODO_STATE_CLAIMED and todo.payload
+        seen.append(todo.id)
+
+    worker = worker_for(client, tenant, handle, prefetch=10)
+    assert worker.concurrency == 10
+    await asyncio.wait_for(worker.run(stop_when_idle=True), 30)
+
+    assert sorted(seen) == sorted(ids)  # each once
+    for todo_id in ids:
+        got = await get(client, tenant, todo_id)
+        assert got.todo.state == todo_pb2.TODO_STATE_DONE and got.todo.attempt == 1
+        assert [a.outcome for a in got.attempts] == [todo_pb2.ATTEMPT_OUTCOME_COMPLETED]
+    stats = worker.stats
+    assert (stats.claimed, stats.completed, stats.failed, stats.lost) == (50, 50, 0, 0)
+    # A claim only goes out with at least half of the 10 slots free, so each
+    # batch holds 5 to 10 todos: about 5 batches, then one empty answer.
+    assert 5 <= stats.batches <= 10, stats.rpc_calls
+    assert stats.rpc_calls["ClaimNext"] == stats.batches + 1
+    assert 1 <= stats.rpc_calls["SettleTodos"] <= 10, stats.rpc_calls
+    assert stats.rpc_calls["Complete"] == 0
+    assert worker.held == 0
+
+
+async def test_outcomes_of_a_batch_are_settled_together(
+    client: Client, tenant: Tenant, db: Database
+) -> None:
+    ids = await ingest(client, tenant.agent, "work", 5, max_attempts=5)
+
+    async def handle(todo: Todo) -> None:
+        if todo.payload == b"3":
+            raise RuntimeError("upstream said 503")
+        if todo.payload == b"4":
+            raise PermanentFailure("payload is not JSON")
+
+    worker = worker_for(client, tenant, handle, prefetch=5)
+    await asyncio.wait_for(worker.run(stop_when_idle=True), 20)
+
+    for todo_id in ids[:3]:
+        assert (await get(client, tenant, todo_id)).todo.state == todo_pb2.TODO_STATE_DONE
+    retried = (await get(client, tenant, ids[3])).todo
+    assert retried.state == todo_pb2.TODO_STATE_PENDING and retried.attempt == 1
+    assert retried.last_error == "RuntimeError: upstream said 503"
+    assert at(retried.next_retry_at) > await db_now(db)  # the server's backoff
+    dead = (await get(client, tenant, ids[4])).todo
+    assert dead.state == todo_pb2.TODO_STATE_DEAD
+    assert dead.last_error == "PermanentFailure: payload is not JSON"
+    stats = worker.stats
+    assert (stats.completed, stats.failed, stats.dead_lettered) == (3, 2, 1)
+    assert stats.rpc_calls["SettleTodos"] == 1  # every handler done: no reason to wait
+    assert stats.rpc_calls["Complete"] == stats.rpc_calls["Fail"] == 0
+
+
+async def test_the_worker_claims_no_more_than_it_has_handler_slots_for(
+    client: Client, tenant: Tenant
+) -> None:
+    ids = await ingest(client, tenant.agent, "work", 10)
+    gate = asyncio.Event()
+    running: set[str] = set()
+    most = 0
+
+    async def handle(todo: Todo) -> None:
+        nonlocal most
+        running.add(todo.id)
+        most = max(most, len(running))
+        try:
+            await gate.wait()
+        finally:
+            running.discard(todo.id)
+
+    worker = worker_for(client, tenant, handle, prefetch=2, concurrency=4)
+    task = asyncio.create_task(worker.run(stop_when_idle=True))
+    await eventually(lambda: len(running) == 4)
+    await asyncio.sleep(0.5)  # room for a wrong worker to claim more
+
+    assert worker.held == 4 and worker.stats.claimed == 4
+    assert worker.stats.rpc_calls["ClaimNext"] == 2  # two batches of two
+    assert len(await claimed_todos(client, tenant)) == 4
+    gate.set()
+    await asyncio.wait_for(task, 20)
+
+    assert most == 4
+    stats = worker.stats
+    assert (stats.claimed, stats.completed, stats.batches) == (10, 10, 5)
+    for todo_id in ids:
+        assert (await get(client, tenant, todo_id)).todo.state == todo_pb2.TODO_STATE_DONE
+
+
+async def test_the_leases_held_are_heartbeated_together(client: Client, tenant: Tenant) -> None:
+    ids = await ingest(client, tenant.agent, "slow", 3)
+    started: set[str] = set()
+    gate = asyncio.Event()
+
+    async def handle(todo: Todo) -> None:
+        started.add(todo.id)
+        await gate.wait()
+
+    worker = worker_for(client, tenant, handle, "slow", prefetch=3, lease=timedelta(seconds=2))
+    task = asyncio.create_task(worker.run(max_todos=3))
+    await eventually(lambda: len(started) == 3)
+    await asyncio.sleep(2.5)  # longer than the 2 s lease
+    # Without heartbeats the leases would have lapsed: a rival would take one over.
+    rival = await client.dispatch.ClaimNext(
+        dispatch_pb2.ClaimNextRequest(queues=["slow"], claimant="rival"), metadata=tenant.agent
+    )
+    assert rival.empty
+    gate.set()
+    await asyncio.wait_for(task, 10)
+
+    for todo_id in ids:
+        got = await get(client, tenant, todo_id)
+        assert got.todo.state == todo_pb2.TODO_STATE_DONE and got.todo.attempt == 1
+        assert len(got.attempts) == 1 and got.attempts[0].claimant == "test-worker"
+    stats = worker.stats
+    assert stats.rpc_calls["HeartbeatTodos"] >= 2  # due every 2/3 s for 2.5 s
+    assert stats.rpc_calls["Heartbeat"] == 0  # never one RPC per lease
+    assert stats.rpc_calls["SettleTodos"] == 1
+    assert (stats.completed, stats.lost) == (3, 0)
+
+
+async def test_a_stale_lease_in_a_batch_cancels_only_its_handler(
+    client: Client, tenant: Tenant, db: Database
+) -> None:
+    ids = await ingest(client, tenant.agent, "work", 3)
+    started: set[str] = set()
+    cancelled: set[str] = set()
+    gate = asyncio.Event()
+
+    async def handle(todo: Todo) -> None:
+        started.add(todo.id)
+        try:
+            await gate.wait()
+        except asyncio.CancelledError:
+            cancelled.add(todo.id)
+            raise
+
+    worker = worker_for(
+        client,
+        tenant,
+        handle,
+        prefetch=3,
+        lease=timedelta(seconds=10),
+        heartbeat_every=timedelta(seconds=1),
+    )
+    task = asyncio.create_task(worker.run(max_todos=3))
+    await eventually(lambda: len(started) == 3)
+    await move_clock(db, timedelta(minutes=1))  # every lease lapses on the server's clock
+    rival = await client.dispatch.ClaimNext(
+        dispatch_pb2.ClaimNextRequest(queues=["work"], claimant="rival"), metadata=tenant.agent
+    )
+    taken = rival.todo.id  # a takeover claims one lapsed lease per call
+    assert taken in ids and rival.todo.attempt == 2
+    # The next heartbeat finds that lease stale: only its handler is cancelled.
+    await eventually(lambda: taken in cancelled and worker.held == 2)
+    assert cancelled == {taken}
+    gate.set()
+    await asyncio.wait_for(task, 10)
+
+    got = await get(client, tenant, taken)
+    assert got.todo.state == todo_pb2.TODO_STATE_CLAIMED and got.todo.claimant == "rival"
+    for todo_id in set(ids) - {taken}:
+        got = await get(client, tenant, todo_id)
+        assert got.todo.state == todo_pb2.TODO_STATE_DONE and got.todo.attempt == 1
+    stats = worker.stats
+    assert (stats.lost, stats.completed, stats.released, stats.failed) == (1, 2, 0, 0)
+    assert stats.rpc_calls["HeartbeatTodos"] >= 1
+    assert stats.rpc_calls["Release"] == stats.rpc_calls["Complete"] == 0
+
+
+async def test_stop_settles_or_releases_every_todo_held(
+    client: Client, tenant: Tenant, server: server_app.App
+) -> None:
+    ids = await ingest(client, tenant.agent, "work", 6)
+    started: set[str] = set()
+    finished: set[str] = set()
+
+    async def handle(todo: Todo) -> None:
+        started.add(todo.id)
+        if todo.payload not in (b"0", b"1"):
+            await asyncio.sleep(60)
+        finished.add(todo.id)
+
+    worker = worker_for(
+        client,
+        tenant,
+        handle,
+        prefetch=4,
+        settle_batch=4,
+        settle_linger=timedelta(minutes=1),
+        shutdown_grace=timedelta(milliseconds=200),
+    )
+    task = asyncio.create_task(worker.run())
+    await eventually(lambda: len(started) == 4 and len(finished) == 2)
+    await asyncio.sleep(0.2)
+    # Two outcomes wait for their batch to fill (or the linger to end); they
+    # still count against the slots, so nothing more is claimed.
+    assert worker.stats.rpc_calls["SettleTodos"] == 0 and worker.stats.completed == 0
+    assert len(await claimed_todos(client, tenant)) == 4
+    assert worker.stats.rpc_calls["ClaimNext"] == 1
+    worker.stop()
+    await asyncio.wait_for(task, 10)
+
+    assert await claimed_todos(client, tenant) == []
+    for todo_id in ids[:2]:
+        assert (await get(client, tenant, todo_id)).todo.state == todo_pb2.TODO_STATE_DONE
+    for todo_id in ids[2:4]:
+        got = await get(client, tenant, todo_id)
+        assert got.todo.state == todo_pb2.TODO_STATE_PENDING and got.todo.attempt == 1
+        assert [a.outcome for a in got.attempts] == [todo_pb2.ATTEMPT_OUTCOME_RELEASED]
+    for todo_id in ids[4:]:
+        untouched = (await get(client, tenant, todo_id)).todo
+        assert untouched.state == todo_pb2.TODO_STATE_PENDING and untouched.attempt == 0
+    stats = worker.stats
+    assert (stats.claimed, stats.completed, stats.released, stats.lost) == (4, 2, 2, 0)
+    assert stats.unsettled == 0 and worker.held == 0
+    assert 1 <= stats.rpc_calls["SettleTodos"] <= 2
+    assert stats.rpc_calls["Complete"] == stats.rpc_calls["Release"] == 0
+    await eventually(lambda: server.hub.subscribers == 0)
+
+
+async def test_a_settle_call_applied_but_unanswered_counts_its_todos_once(
+    client: Client, tenant: Tenant, server: server_app.App
+) -> None:
+    ids = await ingest(client, tenant.agent, "work", 3)
+
+    async def handle(todo: Todo) -> None:
+        if todo.payload == b"2":
+            raise RuntimeError("upstream said 503")
+
+    lossy = LoseFirstAnswer("SettleTodos")
+    channel = grpc.aio.insecure_channel(
+        server.address, interceptors=[cast(grpc.aio.ClientInterceptor, lossy)]
+    )
+    try:
+        worker = Worker(
+            channel, tenant.endpoint_token, handle, queues=["work"], claimant="w", prefetch=3
+        )
+        await asyncio.wait_for(worker.run(stop_when_idle=True), 20)
+    finally:
+        await channel.close(None)
+
+    assert lossy.lost == 1
+    for todo_id in ids[:2]:
+        got = await get(client, tenant, todo_id)
+        assert got.todo.state == todo_pb2.TODO_STATE_DONE
+        assert [a.outcome for a in got.attempts] == [todo_pb2.ATTEMPT_OUTCOME_COMPLETED]
+    failed = await get(client, tenant, ids[2])
+    assert failed.todo.state == todo_pb2.TODO_STATE_PENDING
+    assert [a.outcome for a in failed.attempts] == [todo_pb2.ATTEMPT_OUTCOME_FAILED]
+    stats = worker.stats
+    # The retry finds the todos settled already: that is the first call's doing.
+    assert stats.rpc_calls["SettleTodos"] == 2
+    assert (stats.completed, stats.failed, stats.lost, stats.unsettled) == (2, 1, 0, 0)
+
+
+async def test_a_batch_cut_short_by_the_budget_is_a_deferral_and_the_worker_sleeps(
+    client: Client, tenant: Tenant, db: Database
+) -> None:
+    # The shared clock at noon UTC tomorrow: the DAY window's end is at least
+    # 36 hours away by the local clock, which this test never moves.
+    noon = (datetime.now(UTC) + timedelta(days=1)).replace(
+        hour=12, minute=0, second=0, microsecond=0
+    )
+    boundary = noon.replace(hour=0) + timedelta(days=1)
+    await set_clock(db, noon)
+    await set_policy(
+        client,
+        tenant.human,
+        "budgeted",
+        endpoint_id=tenant.endpoint_id,
+        max_claims_per_window=7,
+        win=window(admission_pb2.WINDOW_PERIOD_DAY, "UTC", "00:00"),
+    )
+    ids = await ingest(client, tenant.agent, "budgeted", 20)
+    seen: list[str] = []
+
+    async def handle(todo: Todo) -> None:
+        seen.append(todo.id)
+
+    worker = worker_for(client, tenant, handle, "budgeted", prefetch=50)
+    task = asyncio.create_task(worker.run())
+
+    # One claim of 7, cut short by the budget: the worker settles them and sleeps.
+    await eventually(lambda: worker.stats.completed == 7 and worker.stats.deferred_waits >= 1)
+    [deferred] = worker.last_deferred
+    assert deferred.queue.name == "budgeted"
+    assert deferred.reason == admission_pb2.DEFERRAL_REASON_WINDOW_EXHAUSTED
+    assert deferred.exact and at(deferred.next_eligible_at) == boundary
+    assert deferred.pending == 13
+    await asyncio.sleep(1.5)
+    stats = worker.stats
+    assert (stats.claimed, stats.batches, stats.cut_short) == (7, 1, 1)
+    assert stats.failed == stats.lost == 0  # a deferral is not a failure
+    # It sleeps: a claim after the first is only ever one a doorbell woke (the
+    # stream's ATTACHED ring may cross the first claim; its claim finds nothing).
+    claims = stats.rpc_calls["ClaimNext"]
+    assert claims == stats.deferred_waits <= 1 + stats.doorbells, stats
+    assert sorted(seen) == sorted(ids[:7]) and not task.done()
+    for todo_id in ids[7:]:
+        got = await get(client, tenant, todo_id)
+        assert got.todo.state == todo_pb2.TODO_STATE_PENDING and got.todo.attempt == 0
+
+    # The server's clock crosses the boundary; the reopen sweep rings the doorbell.
+    await move_clock(db, boundary - await db_now(db) + timedelta(seconds=1))
+    await eventually(lambda: worker.stats.completed == 14)
+    assert datetime.now(UTC) < boundary - timedelta(hours=12)  # woken by the doorbell
+    assert worker.last_doorbell is not None
+    assert worker.last_doorbell.cause == dispatch_pb2.DOORBELL_CAUSE_WINDOW_BOUNDARY
+    await eventually(lambda: worker.stats.cut_short == 2)
+    worker.stop()
+    await asyncio.wait_for(task, 10)
+    stats = worker.stats
+    assert (stats.claimed, stats.completed, stats.failed, stats.batches) == (14, 14, 0, 2)
+    assert claims < stats.rpc_calls["ClaimNext"] <= 1 + stats.doorbells, stats
+    assert sorted(seen) == sorted(ids[:14])
+
+
+async def test_batch_options_are_checked(client: Client) -> None:
+    def make(**kwargs: Any) -> Worker:
+        return Worker(client.channel, "t", no_op, claimant="w", **kwargs)
+
+    for prefetch in (0, 501):
+        with pytest.raises(ValueError, match="prefetch"):
+            make(prefetch=prefetch)
+    with pytest.raises(ValueError, match="concurrency"):
+        make(prefetch=10, concurrency=5)
+    with pytest.raises(ValueError, match="concurrency"):
+        make(concurrency=501)
+    with pytest.raises(ValueError, match="settle_batch"):
+        make(prefetch=10, settle_batch=0)
+    with pytest.raises(ValueError, match="settle_linger"):
+        make(settle_linger=timedelta(seconds=-1))
+    single = make()
+    assert (single.prefetch, single.concurrency, single.settle_batch) == (1, 1, 1)
+    batched = make(prefetch=10)
+    assert (batched.concurrency, batched.settle_batch) == (10, 5)
+    wide = make(prefetch=10, concurrency=50)
+    assert wide.settle_batch == 10
 
 
 # --------------------------------------------------------------------------- README
