@@ -13,7 +13,8 @@ import dataclasses
 import os
 import pathlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 from switchboard_server import cli_admin, cli_client, cli_policy, cli_queues, cli_todos, logs
 from switchboard_server.config import Settings
@@ -131,6 +132,17 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
+def _run_fast(main: Coroutine[Any, Any, int]) -> int:
+    """Runs the server on uvloop where it is installed: its sockets and callbacks
+    cost less CPU per call than the default loop's (asyncpg's writes most)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``switchboard`` command."""
     args = parser().parse_args(argv)
@@ -147,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the client commands start quickly.
         from switchboard_server import app
 
-        return asyncio.run(app.serve(settings))
+        return _run_fast(app.serve(settings))
     if args.command == "migrate":
         return asyncio.run(_migrate(settings))
     return asyncio.run(_bootstrap(settings, args.label))

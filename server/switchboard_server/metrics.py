@@ -26,6 +26,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import grpc
+from opentelemetry.trace import INVALID_SPAN, Span
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
@@ -183,12 +184,15 @@ class Metrics:
     def claim_transaction(self, kind: str) -> Iterator[ClaimObservation]:
         """Times and traces one claim transaction; the caller reports what it decided."""
         observed = ClaimObservation(self)
-        with tracing.tracer.start_as_current_span(
-            "switchboard.claim_transaction",
-            attributes={tracing.ATTR_CLAIM_KIND: kind},
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
+        span_scope: contextlib.AbstractContextManager[Span] = contextlib.nullcontext(INVALID_SPAN)
+        if tracing.enabled():
+            span_scope = tracing.tracer.start_as_current_span(
+                "switchboard.claim_transaction",
+                attributes={tracing.ATTR_CLAIM_KIND: kind},
+                record_exception=False,
+                set_status_on_exception=False,
+            )
+        with span_scope as span:
             start = time.perf_counter()
             try:
                 yield observed

@@ -46,6 +46,15 @@ _EXPORTERS = ("otlp", "console")
 _DEFAULT_SERVICE_NAME = "switchboard"
 
 
+def enabled() -> bool:
+    """Whether spans are recorded: a tracer provider is installed.
+
+    Callers skip building spans (and reading ``traceparent``) when not, which
+    the no-op tracer would only throw away, at a cost on every call.
+    """
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
 def exporters_from_env(env: Mapping[str, str]) -> list[str]:
     """The exporters the ``OTEL_*`` variables ask for; empty means tracing is off."""
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":

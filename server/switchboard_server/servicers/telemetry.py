@@ -28,7 +28,7 @@ from typing import Any
 
 import grpc
 from opentelemetry import propagate
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 
 from switchboard_server import logs, tracing
 from switchboard_server.metrics import Metrics
@@ -92,19 +92,22 @@ def observe_rpc(
     call = RpcCall(name, _request_id(metadata))
     token = logs.request_id.set(call.request_id)
     start = time.perf_counter()
-    with tracing.tracer.start_as_current_span(
-        name,
-        context=propagate.extract(metadata),
-        kind=SpanKind.SERVER,
-        attributes={
-            "rpc.system": "grpc",
-            "rpc.service": service,
-            "rpc.method": rpc_method,
-            tracing.ATTR_REQUEST_ID: call.request_id,
-        },
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as span:
+    span_scope: contextlib.AbstractContextManager[Span] = contextlib.nullcontext(INVALID_SPAN)
+    if tracing.enabled():
+        span_scope = tracing.tracer.start_as_current_span(
+            name,
+            context=propagate.extract(metadata),
+            kind=SpanKind.SERVER,
+            attributes={
+                "rpc.system": "grpc",
+                "rpc.service": service,
+                "rpc.method": rpc_method,
+                tracing.ATTR_REQUEST_ID: call.request_id,
+            },
+            record_exception=False,
+            set_status_on_exception=False,
+        )
+    with span_scope as span:
         try:
             yield call
             call.code = call.code or grpc.StatusCode.OK
@@ -123,15 +126,17 @@ def observe_rpc(
             if metrics is not None:
                 metrics.rpc(name, code, seconds)
             quiet = code is grpc.StatusCode.OK and service == _QUIET_SERVICE
-            log.log(
-                logging.DEBUG if quiet else logging.INFO,
-                "rpc",
-                extra={
-                    "request_id": call.request_id,
-                    "rpc": name,
-                    "code": code.name,
-                    "duration_ms": round(seconds * 1000, 3),
-                },
-            )
+            level = logging.DEBUG if quiet else logging.INFO
+            if log.isEnabledFor(level):
+                log.log(
+                    level,
+                    "rpc",
+                    extra={
+                        "request_id": call.request_id,
+                        "rpc": name,
+                        "code": code.name,
+                        "duration_ms": round(seconds * 1000, 3),
+                    },
+                )
             with contextlib.suppress(ValueError):  # finalized in another context
                 logs.request_id.reset(token)
