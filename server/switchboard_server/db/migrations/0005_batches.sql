@@ -201,9 +201,10 @@ $$;
 -- ClaimNext for up to p_max todos (at most about p_max_bytes of them), all
 -- from one queue. Walks the queues like the single-todo form of 0003 (head
 -- probes unlocked, known and prefiltered deferrals left out without their
--- policy lock, budgeted queues through one subtransaction each) and claims
--- a batch from the first queue that yields any; a lapsed lease is taken
--- over one per call. The single-todo form stays for servers of the previous
+-- policy lock, budgeted queues through one subtransaction each), except that
+-- the gates are read in the same query as the heads and the queues known to
+-- be deferred come last, and claims a batch from the first queue that yields
+-- any; a lapsed lease is taken over one per call. The single-todo form stays for servers of the previous
 -- version during a rolling upgrade.
 -- outcome: claimed | empty. admission: {headroom, deferred: [the claimed
 -- queue's, when the budget cut the batch short]} or {deferred: [...]}.
@@ -240,7 +241,7 @@ BEGIN
         RAISE EXCEPTION 'endpoint not found' USING ERRCODE = 'SB404';
     END IF;
     FOR v_queue IN
-        SELECT q.id, q.name, q.policy_id
+        SELECT q.id, q.name, q.policy_id, gate.known, gate.prefilter
           FROM queues q
           CROSS JOIN LATERAL (
               SELECT t.next_retry_at, t.id FROM todos t
@@ -248,9 +249,16 @@ BEGIN
                ORDER BY t.next_retry_at, t.id
                LIMIT 1
           ) AS head
+          CROSS JOIN LATERAL (
+              SELECT CASE WHEN q.policy_id IS NOT NULL
+                          THEN sb_known_deferral(q.id, q.name, v_now) END AS known,
+                     q.policy_id IS NOT NULL AND sb_prefilter_wanted(q.id) AS prefilter
+          ) AS gate
          WHERE q.endpoint_id = p_endpoint_id
            AND (p_queue_names IS NULL OR q.name = ANY (p_queue_names))
-         ORDER BY head.next_retry_at, head.id
+         -- Queues known to be deferred last: nothing in them can be claimed,
+         -- and they are only walked (to be listed) when nothing else is.
+         ORDER BY gate.known IS NOT NULL, head.next_retry_at, head.id
     LOOP
         IF v_queue.policy_id IS NULL THEN
             v_ids := sb_lock_pending(v_queue.id, p_max, p_max_bytes, v_now);
@@ -261,15 +269,14 @@ BEGIN
             END IF;
             CONTINUE;
         END IF;
-        v_known := sb_known_deferral(v_queue.id, v_queue.name, v_now);
-        IF v_known IS NOT NULL THEN
-            v_deferred := v_deferred || v_known;
+        IF v_queue.known IS NOT NULL THEN
+            v_deferred := v_deferred || v_queue.known;
             v_listed := v_listed || v_queue.id;
             v_no_takeover := v_no_takeover || v_queue.id;
             CONTINUE;
         END IF;
         v_reason := NULL;
-        IF sb_prefilter_wanted(v_queue.id) THEN
+        IF v_queue.prefilter THEN
             SELECT s.* INTO v_status FROM sb_queue_admission(v_queue.id, v_now) s;
             v_reason := v_status.reason;
         END IF;
