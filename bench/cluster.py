@@ -4,7 +4,9 @@ The bench database is always fresh: created on the PostgreSQL given by
 ``--database-url`` (a role that may ``CREATE DATABASE``), or on a private
 embedded PostgreSQL started in a temporary directory. The server runs as a
 separate process (``python -m switchboard_server serve``), migrates that
-database at start, and is stopped and the database dropped at the end.
+database at start, and is stopped and the database dropped at the end. A
+reference system (pgqueuer) gets a fresh database of its own beside it,
+dropped with it.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class Cluster:
         self.dsn = ""
         self.database = f"sb_bench_{int(time.time())}_{os.getpid()}"
         self.tmp = pathlib.Path(tempfile.mkdtemp(prefix="sb-bench-"))
+        self.others: list[str] = []
         self._embedded: EmbeddedPostgres | None = None
 
     @property
@@ -63,6 +66,20 @@ class Cluster:
         finally:
             await admin.close()
         self.dsn = with_database(self.admin_dsn, self.database)
+
+    async def create_database(self, suffix: str) -> str:
+        """Creates another fresh database, ``<bench database>_<suffix>``; its DSN.
+
+        It is dropped with the bench database.
+        """
+        name = f"{self.database}_{suffix}"
+        admin = await asyncpg.connect(self.admin_dsn)
+        try:
+            await admin.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await admin.close()
+        self.others.append(name)
+        return with_database(self.admin_dsn, name)
 
     def postgres_cpu_seconds(self) -> float | None:
         """CPU time of the embedded postmaster and its children (None with a given URL).
@@ -85,12 +102,13 @@ class Cluster:
             return None
 
     async def stop(self, keep: bool = False) -> None:
-        """Drops the database (unless ``keep``) and stops the embedded PostgreSQL."""
+        """Drops the databases (unless ``keep``) and stops the embedded PostgreSQL."""
         try:
             if self.dsn and not keep:
                 admin = await asyncpg.connect(self.admin_dsn)
                 try:
-                    await admin.execute(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
+                    for name in [*self.others, self.database]:
+                        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
                 finally:
                     await admin.close()
         finally:

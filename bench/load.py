@@ -3,7 +3,9 @@
 A measurement starts ``workers`` coroutines, lets them run ``warmup``
 seconds, then counts what completes during ``duration`` seconds (per-call
 latencies of the calls that finish inside that window), then stops them;
-each worker finishes the claim it holds, so no lease is left behind.
+each worker finishes the claim it holds, so no lease is left behind. A
+batched worker counts every todo of a settled batch, so rates are todos
+per second whatever the batch size.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import asyncpg
 import grpc
 from grpc_health.v1 import health_pb2
 from switchboard.v1 import dispatch_pb2
+from switchboard_server.dispatch import DispatchSettings
 
 from bench import sql
 from bench.api import Api, Tenant
@@ -44,23 +47,28 @@ class Meter:
     measuring: bool = False
     stopping: bool = False
     ops: int = 0
+    calls: int = 0
     warm_ops: int = 0
+    warm_calls: int = 0
     empty: int = 0
     errors: int = 0
     error_samples: list[str] = field(default_factory=list)
     latencies: dict[str, list[float]] = field(default_factory=lambda: collections.defaultdict(list))
     per_queue: collections.Counter[str] = field(default_factory=collections.Counter)
 
-    def done(self, queue: str = "", **seconds: float) -> None:
-        """One operation finished (a claim settled, a health check answered)."""
+    def done(self, queue: str = "", n: int = 1, **seconds: float) -> None:
+        """``n`` operations finished in one go (a claim or a batch of ``n`` settled,
+        a health check answered); the latencies are the go's."""
         if not self.measuring:
-            self.warm_ops += 1
+            self.warm_ops += n
+            self.warm_calls += 1
             return
-        self.ops += 1
+        self.ops += n
+        self.calls += 1
         for name, value in seconds.items():
             self.latencies[name].append(value)
         if queue:
-            self.per_queue[queue] += 1
+            self.per_queue[queue] += n
 
     def nothing(self) -> None:
         """A claim found nothing claimable."""
@@ -89,11 +97,18 @@ class RunResult:
     #: CPU seconds per second of the window by process group (1.0 = one core
     #: busy): the server, PostgreSQL (embedded only), this load generator.
     cpu: dict[str, float]
+    #: Goes counted (a batch of several todos is one go); 0 when not counted.
+    calls: int = 0
 
     @property
     def rate(self) -> float:
         """Operations per second."""
         return self.ops / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def per_call(self) -> float:
+        """Operations per go: a batched worker's mean batch (NaN when not counted)."""
+        return self.ops / self.calls if self.calls else float("nan")
 
 
 Worker = Callable[[int, Meter], Coroutine[Any, Any, None]]
@@ -107,22 +122,41 @@ async def measure(
     duration: float,
     live: Live,
     cpu: Callable[[], dict[str, float]] | None = None,
+    whole_goes: bool = False,
 ) -> RunResult:
-    """Runs ``workers`` copies of ``worker``; counts the ``duration`` after ``warmup``."""
+    """Runs ``workers`` copies of ``worker``; counts the ``duration`` after ``warmup``.
+
+    ``whole_goes``, for workers whose go (a batch) may outlast a short
+    warm-up or window: the warm-up goes on until the workers have finished
+    as many goes as there are workers (the burst of their first goes is
+    over), and the window until as many goes more finished in it, each for
+    at most ``max(10 s, 2 * duration)`` more. The rate is still what
+    finished over the window's actual length.
+    """
     meter = Meter()
     tasks = [asyncio.create_task(worker(i, meter)) for i in range(workers)]
+    patience = max(10.0, 2 * duration)
     try:
         await _tick(warmup, lambda left: live(f"warming up {left:.0f}s"))
+        if whole_goes:
+            await _until(
+                lambda: meter.warm_calls >= workers,
+                patience,
+                lambda: live(f"warming up: {meter.warm_calls}/{workers} goes"),
+            )
         meter.measuring = True
         cpu0 = cpu() if cpu else {}
         started = time.perf_counter()
-        await _tick(
-            duration,
-            lambda left: live(
+
+        def progress(left: float = 0) -> None:
+            live(
                 f"measuring {duration - left:.0f}/{duration:.0f}s, "
                 f"{meter.ops / max(time.perf_counter() - started, 1e-9):,.0f}/s"
-            ),
-        )
+            )
+
+        await _tick(duration, progress)
+        if whole_goes:
+            await _until(lambda: meter.calls >= workers, patience, progress)
         meter.measuring = False
         seconds = time.perf_counter() - started
         cpu1 = cpu() if cpu else {}
@@ -153,6 +187,7 @@ async def measure(
         latency_ms=latency_ms,
         per_queue=dict(meter.per_queue),
         cpu={k: (cpu1[k] - cpu0[k]) / seconds for k in cpu0 if k in cpu1},
+        calls=meter.calls,
     )
 
 
@@ -161,6 +196,14 @@ async def _tick(seconds: float, update: Callable[[float], None]) -> None:
     while (left := end - time.perf_counter()) > 0:
         update(left)
         await asyncio.sleep(min(0.5, left))
+
+
+async def _until(done: Callable[[], bool], seconds: float, update: Callable[[], None]) -> None:
+    """Waits until ``done()`` (checked every 10 ms), at most ``seconds``."""
+    end = time.perf_counter() + seconds
+    while not done() and time.perf_counter() < end:
+        update()
+        await asyncio.sleep(0.01)
 
 
 _BACKOFF = 0.02
@@ -206,23 +249,89 @@ def grpc_claim_loop(api: Api, tenant: Tenant, *, settle: str) -> Worker:
     return work
 
 
-def db_claim_loop(
-    pool: asyncpg.Pool[Any], tenant: Tenant, *, lease: timedelta = timedelta(minutes=5)
-) -> Worker:
-    """The DB ceiling: the server's claim and complete statements, straight from asyncpg.
+def grpc_batch_loop(api: Api, tenant: Tenant, *, batch: int) -> Worker:
+    """ClaimNext for up to ``batch`` todos, then one SettleTodos completing them all.
 
-    Each named query is one statement, so each is issued on its own from a
-    pooled connection and PostgreSQL runs it as its own transaction: one
-    round-trip per claim and per completion (the "single-round-trip claim"),
-    the least any client can do for these transactions. A server that wraps
-    them in ``BEGIN``/``COMMIT`` pays two more round-trips each (and holds a
-    budgeted queue's policy lock across the ``COMMIT`` round-trip); that is
-    part of what the ratio to this ceiling measures. The pool is asyncpg's,
-    as the server's (it sends its reset query when a connection is
-    released). No authentication query, no gRPC, no server process.
+    Counts every todo of the batch (the rate is todos per second); a batch
+    cut short by an emptying queue counts what it carried.
+    """
+    request = dispatch_pb2.ClaimNextRequest(claimant="bench", max_todos=batch)
+    complete = dispatch_pb2.CompleteAction()
+    applied = dispatch_pb2.BATCH_ITEM_STATUS_APPLIED
+
+    async def work(i: int, meter: Meter) -> None:
+        stub = api.dispatch[i % len(api.dispatch)]
+        metadata = tenant.agent
+        while not meter.stopping:
+            t0 = time.perf_counter()
+            try:
+                claimed = await stub.ClaimNext(request, metadata=metadata)
+                t1 = time.perf_counter()
+                if claimed.empty:
+                    meter.nothing()
+                    await asyncio.sleep(_BACKOFF)
+                    continue
+                held = [(c.todo, c.lease) for c in claimed.claimed] or [
+                    (claimed.todo, claimed.lease)
+                ]
+                settled = await stub.SettleTodos(
+                    dispatch_pb2.SettleTodosRequest(
+                        settlements=[
+                            dispatch_pb2.Settlement(
+                                todo_id=todo.id, lease_id=lease.lease_id, complete=complete
+                            )
+                            for todo, lease in held
+                        ]
+                    ),
+                    metadata=metadata,
+                )
+                t2 = time.perf_counter()
+            except grpc.aio.AioRpcError as exc:
+                meter.error(exc)
+                await asyncio.sleep(_BACKOFF)
+                continue
+            done = sum(1 for r in settled.results if r.status == applied)
+            if done != len(held):
+                meter.error(RuntimeError(f"{len(held) - done} of {len(held)} settlements refused"))
+            if done:
+                meter.done(
+                    held[0][0].queue.name, n=done, claim=t1 - t0, settle=t2 - t1, todo=t2 - t0
+                )
+
+    return work
+
+
+def db_claim_loop(
+    pool: asyncpg.Pool[Any],
+    tenant: Tenant,
+    *,
+    batch: int = 1,
+    lease: timedelta = timedelta(minutes=5),
+) -> Worker:
+    """The DB ceiling: the server's claim and settle statements, straight from asyncpg.
+
+    ``todo_claim_next`` for up to ``batch`` todos, then ``todo_settle``
+    completing all of them (``batch`` 1: the transactions of ClaimNext and
+    Complete; more: those of a batched ClaimNext and one SettleTodos), with
+    the server's default batch byte cap and backoff. Each named query is one
+    statement, so each is issued on its own from a pooled connection and
+    PostgreSQL runs it as its own transaction: one round-trip per claim and
+    per settle (the "single-round-trip claim"), the least any client can do
+    for these transactions. A server that wraps them in ``BEGIN``/``COMMIT``
+    pays two more round-trips each (and holds a budgeted queue's policy lock
+    across the ``COMMIT`` round-trip); that is part of what the ratio to this
+    ceiling measures. The pool is asyncpg's, released as the server's (no
+    reset query). No authentication query, no gRPC, no server process.
     """
     owner_id: uuid.UUID = tenant.owner_id
     endpoint_id: uuid.UUID = tenant.endpoint_id
+    settings = DispatchSettings()
+    max_bytes = settings.batch_bytes
+    backoff_base = settings.backoff_base.total_seconds()
+    backoff_cap = settings.backoff_cap.total_seconds()
+    actions = ["complete"] * batch
+    no_errors: list[str | None] = [None] * batch
+    not_permanent = [False] * batch
 
     async def work(i: int, meter: Meter) -> None:
         claimant = "bench"
@@ -231,26 +340,43 @@ def db_claim_loop(
             try:
                 async with pool.acquire() as conn:
                     rec = await conn.fetchrow(
-                        sql.CLAIM_NEXT, owner_id, endpoint_id, None, claimant, lease
+                        sql.CLAIM_NEXT,
+                        owner_id,
+                        endpoint_id,
+                        None,
+                        claimant,
+                        lease,
+                        batch,
+                        max_bytes,
                     )
                 t1 = time.perf_counter()
-                if rec is None or rec["outcome"] != "claimed":
+                if rec is None or rec["outcome"] != "claimed" or not rec["todos"]:
                     meter.nothing()
                     await asyncio.sleep(_BACKOFF)
                     continue
-                todo = rec["todo"]
+                todos = rec["todos"]
+                n = len(todos)
                 async with pool.acquire() as conn:
-                    done = await conn.fetchrow(
-                        sql.COMPLETE, todo["id"], todo["lease_id"], owner_id, endpoint_id
+                    rows = await conn.fetch(
+                        sql.SETTLE,
+                        owner_id,
+                        endpoint_id,
+                        [t["id"] for t in todos],
+                        [t["lease_id"] for t in todos],
+                        actions[:n],
+                        no_errors[:n],
+                        not_permanent[:n],
+                        backoff_base,
+                        backoff_cap,
                     )
                 t2 = time.perf_counter()
-                if done is None:
-                    raise RuntimeError(f"todo {todo['id']} was not completed")
+                if len(rows) != n or any(r["outcome"] != "applied" for r in rows):
+                    raise RuntimeError(f"settling {n} todos: {[r['outcome'] for r in rows][:5]}")
             except (asyncpg.PostgresError, RuntimeError, OSError) as exc:
                 meter.error(exc)
                 await asyncio.sleep(_BACKOFF)
                 continue
-            meter.done(str(todo["queue"]), claim=t1 - t0, settle=t2 - t1, todo=t2 - t0)
+            meter.done(str(todos[0]["queue"]), n=n, claim=t1 - t0, settle=t2 - t1, todo=t2 - t0)
 
     return work
 

@@ -99,10 +99,30 @@ class Target:
         }
 
 
-def table(targets: list[Target], ceilings: list[tuple[str, str]], header: str) -> str:
-    """The Markdown table of targets, preceded by the ceilings."""
+@dataclass
+class Section:
+    """A table of figures without a target: its column heads and rows."""
+
+    head: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+
+    def markdown(self) -> list[str]:
+        """The table's lines."""
+        lines = ["| " + " | ".join(self.head) + " |", "|" + "---|" * len(self.head)]
+        return lines + ["| " + " | ".join(row) + " |" for row in self.rows]
+
+
+def table(
+    targets: list[Target],
+    ceilings: list[tuple[str, str]],
+    header: str,
+    sections: list[Section] | None = None,
+) -> str:
+    """The Markdown table of targets, preceded by the ceilings and other sections."""
     lines = [header, "", "| ceiling | measured |", "|---|---|"]
     lines += [f"| {name} | {value} |" for name, value in ceilings]
+    for section in sections or []:
+        lines += ["", *section.markdown()]
     lines += [
         "",
         "| scenario | measured | reference | ratio | target | result |",

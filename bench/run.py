@@ -5,21 +5,29 @@ embedded one), a server process on it with default settings, seeds
 realistic tables, then measures each scenario end to end through gRPC with
 the generated client, and in the same run the two ceilings it stands on:
 
-* DB ceiling: the server's own claim and complete statements (its named
+* DB ceiling: the server's own claim and settle statements (its named
   queries) issued straight from asyncpg, each on its own (one statement,
   one transaction, one round-trip), 64 coroutines over a pool as large as
   the server's (``SWITCHBOARD_POOL_SIZE``, default 20): no gRPC, no
-  authentication query, no server process.
+  authentication query, no server process. Taken for single todos and for
+  each batch size of the batched scenarios (a claim of B, a B-item settle).
 * RPC ceiling: ``grpc.health.v1.Health/Check`` on the same server (no
   token, no database), 64 workers over the same channels.
+
+Beside them, a reference: pgqueuer, another PostgreSQL job queue, drains a
+deep backlog with one worker process on the same PostgreSQL, in a database
+of its own (``bench/pgq.py``), interleaved with the scenarios it is
+compared with.
 
 The load generator is this process (asyncio; 8 grpc.aio channels, each its
 own connection, shared by 64 worker coroutines); the server and PostgreSQL
 are other processes on the same machine. Throughput is completed work over
-a fixed window after a warm-up; latencies are per call. Each figure is the
-median of several runs (3; 1 with ``--quick``) with its spread (min-max),
-and the runs of the scenarios that are compared are interleaved, so a
-ratio compares figures taken minutes apart, not phases of the day.
+a fixed window after a warm-up (a shorter one for the batched scenarios,
+their DB ceilings and the pgqueuer drains); latencies are per call. Each
+figure is the median of several runs (3; 1 with ``--quick``) with its
+spread (min-max), and the runs of the scenarios that are compared are
+interleaved, so a ratio compares figures taken minutes apart, not phases of
+the day.
 
 Results: a table on stdout, ``bench/results/<date>-<commit>.json``,
 ``bench/results/latest.md``, and the README's Performance section (full
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import sys
 import time
@@ -40,9 +49,10 @@ from typing import Any
 import asyncpg
 from switchboard.v1 import admission_pb2
 from switchboard_server.config import Settings
+from switchboard_server.db.database import keep_session
 
 from bench import api as sb
-from bench import report, sql
+from bench import pgq, report, sql
 from bench.api import Api, Tenant
 from bench.cluster import Cluster, ServerProcess
 from bench.fanout import Subscribers
@@ -50,6 +60,7 @@ from bench.load import (
     RunResult,
     Worker,
     db_claim_loop,
+    grpc_batch_loop,
     grpc_claim_loop,
     health_loop,
     measure,
@@ -75,6 +86,20 @@ class Params:
     large_backlog: int
     per_queue: int
     reopens: int
+    #: Warm-up and window of each batched measurement and pgqueuer drain.
+    batch_warmup: float
+    batch_duration: float
+    #: Pending todos the main queue must hold before each batch size's pair
+    #: of batched measurements (the batched drains take many); when it holds
+    #: fewer, it is topped up to twice as many.
+    drain_reserve: int
+    #: Queued jobs of the pgqueuer reference's backlog.
+    pgq_backlog: int
+    #: Batch sizes of the batched scenarios 1-3 and their DB ceilings.
+    batches: tuple[int, ...] = (10, 100)
+    #: The pgqueuer entrypoint's concurrency limit when on: as high as the
+    #: main queue's never-binding in-flight limit.
+    pgq_limit: int = 10_000
     workers: int = 64
     channels: int = 8
     pool_size: int = Settings().pool_max_size
@@ -84,7 +109,7 @@ class Params:
 
     @classmethod
     def full(cls) -> Params:
-        """The default run: about 6 minutes on 2 cores."""
+        """The default run: about 9 minutes on 2 cores."""
         return cls(
             mode="full",
             runs=3,
@@ -96,22 +121,30 @@ class Params:
             large_backlog=1_000_000,
             per_queue=1_000,
             reopens=5,
+            batch_warmup=1,
+            batch_duration=4,
+            drain_reserve=150_000,
+            pgq_backlog=1_000_000,
         )
 
     @classmethod
     def quick(cls) -> Params:
-        """A smoke check: one short run of each, a 100k backlog instead of 1M."""
+        """A smoke check: one short run of each, backlogs of 100k and 30k instead of 1M."""
         return cls(
             mode="quick",
             runs=1,
-            warmup=1,
-            duration=3,
-            probe=2,
+            warmup=0.5,
+            duration=2,
+            probe=1,
             history=20_000,
             small_backlog=10_000,
             large_backlog=100_000,
             per_queue=200,
             reopens=2,
+            batch_warmup=0.3,
+            batch_duration=1,
+            drain_reserve=60_000,
+            pgq_backlog=30_000,
         )
 
 
@@ -186,6 +219,16 @@ class Bench:
         self.s: dict[str, Series] = {}
         self.notes: list[str] = []
         self.queue_ids: dict[tuple[str, str], int] = {}
+        self.pgq_dsn = ""
+        self.pgq_pool: asyncpg.Pool[Any] | None = None
+        self.pgq_variants = [
+            pgq.Variant("defaults", "its defaults (batch size 10, no limit)"),
+            pgq.Variant(
+                "limit",
+                f"entrypoint concurrency_limit {params.pgq_limit:,} (never binding)",
+                concurrency_limit=params.pgq_limit,
+            ),
+        ]
 
     # -- helpers ------------------------------------------------------------
 
@@ -203,24 +246,38 @@ class Bench:
         out["loadgen"] = own.user + own.system
         return out
 
-    async def run_load(self, label: str, worker: Worker, workers: int | None = None) -> RunResult:
-        """One measurement with the run's warm-up and duration; logs a progress line."""
+    async def run_load(
+        self, label: str, worker: Worker, workers: int | None = None, *, short: bool = False
+    ) -> RunResult:
+        """One measurement with the run's warm-up and duration; logs a progress line.
+
+        ``short``: a batched measurement, with their warm-up and duration,
+        each stretched to whole goes (see ``measure``).
+        """
         self.progress.step(label)
         result = await measure(
             worker,
             workers=workers or self.p.workers,
-            warmup=self.p.warmup,
-            duration=self.p.duration,
+            warmup=self.p.batch_warmup if short else self.p.warmup,
+            duration=self.p.batch_duration if short else self.p.duration,
             live=self.progress.live,
             cpu=self.cpu,
+            whole_goes=short,
         )
+        self.log_result(label, result)
+        return result
+
+    def log_result(self, label: str, result: RunResult, detail: str = "") -> None:
+        """Ends a measurement's progress line; notes its errors."""
         cpu = " ".join(f"{k} {v:.2f}" for k, v in result.cpu.items())
         extra = f", {result.errors} errors" if result.errors else ""
         extra += f", {result.empty} empty" if result.empty else ""
+        if result.calls and result.per_call > 1:
+            extra += f", {result.per_call:.1f} per batch"
+        extra += f", {detail}" if detail else ""
         self.progress.done(f"{result.rate:,.0f}/s{extra} (cores: {cpu})")
         if result.errors:
             self.notes.append(f"{label}: {result.errors} errors, e.g. {result.error_samples[:2]}")
-        return result
 
     def keep_cpu(self, name: str, result: RunResult) -> None:
         """Records a run's CPU split under ``name``."""
@@ -304,12 +361,19 @@ class Bench:
         await self.backlog_scale("10k", self.small, self.p.small_backlog)
         await self.seed_large()
         await self.backlog_scale("large", self.main, self.p.large_backlog)
+        await self.setup_pgqueuer()
         await self.drain_rounds()
         await asyncio.sleep(1)
         self.rss("after_drain")
         await self.many_queues()
         await self.fanout()
         self.figures["db_stats"] = await self.db_stats()
+
+    async def close(self) -> None:
+        """Closes what the run opened besides the server's (the pgqueuer pool)."""
+        if self.pgq_pool is not None:
+            await self.pgq_pool.close()
+            self.pgq_pool = None
 
     async def setup(self) -> None:
         """Tenants and queues through the API."""
@@ -397,8 +461,63 @@ class Bench:
                 f"p99 {probe.latency_ms['claim']['p99']:.1f} ms"
             )
 
+    async def setup_pgqueuer(self) -> None:
+        """The pgqueuer reference: its own database, its install step, its backlog.
+
+        Then VACUUM ANALYZE, as for Switchboard's tables. JIT is off in its
+        database: with an entrypoint's concurrency limit on, its dequeue
+        plan's cost estimate passes ``jit_above_cost`` and every dequeue then
+        spends about 150 ms compiling, which measures the planner, not the
+        queue (the embedded PostgreSQL has no JIT anyway).
+        """
+        n = self.p.pgq_backlog
+        version = pgq.version()
+        self.progress.step(f"pgqueuer {version}: its own database, install, {n:,} queued jobs")
+        started = time.monotonic()
+        self.pgq_dsn = await self.cluster.create_database("pgq")
+        conn = await asyncpg.connect(self.pgq_dsn)
+        try:
+            await conn.execute(sql.NO_JIT)
+            await pgq.install(conn)
+            await pgq.enqueue_backlog(conn, n, self.progress.live)
+            await conn.execute(sql.VACUUM_ANALYZE, timeout=900)
+            jit_available = bool(await conn.fetchval(sql.JIT_AVAILABLE))
+        finally:
+            await conn.close()
+        self.pgq_pool = await asyncpg.create_pool(
+            self.pgq_dsn,
+            min_size=1,
+            max_size=2,
+            server_settings={"application_name": "switchboard-bench"},
+        )
+        self.figures["pgq"] = {
+            "version": version,
+            "backlog": n,
+            "entrypoint": pgq.ENTRYPOINT,
+            "variants": {
+                v.key: {"concurrency_limit": v.concurrency_limit, "batch_size": v.batch_size or 10}
+                for v in self.pgq_variants
+            },
+            "jit_available_in_cluster": jit_available,
+            "jit_in_its_database": "off",
+        }
+        self.progress.done(f"{time.monotonic() - started:.1f}s")
+
+    async def keep_pending(self) -> None:
+        """Tops the main queue up when it holds fewer than a pair of batched drains may take."""
+        main_q = await self.queue_id(self.main, "work")
+        pending = int(await self.pool.fetchval(sql.PENDING_COUNT, main_q))
+        if pending < self.p.drain_reserve:
+            await self.seed_pending(
+                [main_q],
+                2 * self.p.drain_reserve - pending,
+                5,
+                f"main queue top-up from {pending:,}",
+            )
+            self.figures["main_queue_top_ups"] = self.figures.get("main_queue_top_ups", 0) + 1
+
     async def drain_rounds(self) -> None:
-        """Scenarios 1-3 and both ceilings, interleaved in rounds."""
+        """Scenarios 1-3 single and batched, their ceilings and pgqueuer's drains, in rounds."""
         n = self.p.runs
         for run in range(n):
             tag = f"run {run + 1}/{n}"
@@ -421,6 +540,7 @@ class Bench:
             self.series("s1.claim_p99_ms").add(s1.latency_ms["claim"]["p99"])
             self.series("s1.complete_p50_ms").add(s1.latency_ms["settle"]["p50"])
             self.keep_cpu("s1", s1)
+            await self.batched("s1", "ceiling.db", "1. unbudgeted drain", s1, tag)
 
             await sb.set_policy(
                 self.api,
@@ -448,10 +568,85 @@ class Bench:
             self.series("s2.claim_p50_ms").add(s2.latency_ms["claim"]["p50"])
             self.series("s2.claim_p99_ms").add(s2.latency_ms["claim"]["p99"])
             self.keep_cpu("s2", s2)
+            s2_batched = await self.batched(
+                "s2", "ceiling.db_budgeted", "2./3. never-binding policy", s2, tag
+            )
             await sb.clear_policy(self.api, self.main, "work")
             self.series("ratio.s1_vs_ceiling").add(s1.rate / min(db.rate, rpc.rate / 2))
             self.series("ratio.s2_vs_s1").add(s2.rate / s1.rate)
             self.series("ratio.s3_vs_db_budgeted").add(s2.rate / dbb.rate)
+
+            drains = await self.pgq_drains(run, tag)
+            big = max(self.p.batches)
+            self.series(f"ratio.s2.b{big}_vs_pgq_limit").add(
+                _ratio(s2_batched[big].rate, drains["limit"].rate)
+            )
+
+    async def batched(
+        self, name: str, ceiling: str, label: str, single: RunResult, tag: str
+    ) -> dict[int, RunResult]:
+        """A scenario batched (ClaimNext for B, one SettleTodos), and its DB ceiling, per B.
+
+        Ratios, per run: to the same scenario unbatched (``single``), and to
+        the DB ceiling for the same batch size taken just before.
+        """
+        out: dict[int, RunResult] = {}
+        for b in self.p.batches:
+            await self.keep_pending()
+            db = await self.run_load(
+                f"DB ceiling, {label.split(' ', 1)[1]}, claim {b}+settle {b}, {tag}",
+                db_claim_loop(self.pool, self.main, batch=b),
+                short=True,
+            )
+            self.series(f"{ceiling}.b{b}.todos_per_s").add(db.rate)
+            self.series(f"{ceiling}.b{b}.claim_p50_ms").add(_p50(db, "claim"))
+            self.keep_cpu(f"{ceiling}.b{b}", db)
+            result = await self.run_load(
+                f"{label}, batches of {b}, {tag}",
+                grpc_batch_loop(self.api, self.main, batch=b),
+                short=True,
+            )
+            self.series(f"{name}.b{b}.todos_per_s").add(result.rate)
+            self.series(f"{name}.b{b}.mean_batch").add(result.per_call)
+            self.series(f"{name}.b{b}.claim_p50_ms").add(_p50(result, "claim"))
+            self.series(f"{name}.b{b}.settle_p50_ms").add(_p50(result, "settle"))
+            self.keep_cpu(f"{name}.b{b}", result)
+            self.series(f"ratio.{name}.b{b}_vs_unbatched").add(_ratio(result.rate, single.rate))
+            self.series(f"ratio.{name}.b{b}_vs_db").add(_ratio(result.rate, db.rate))
+            out[b] = result
+        return out
+
+    async def pgq_drains(self, run: int, tag: str) -> dict[str, RunResult]:
+        """The pgqueuer reference: one timeboxed drain per variant."""
+        assert self.pgq_pool is not None
+        out: dict[str, RunResult] = {}
+        for variant in self.pgq_variants:
+            queued = int(await self.pgq_pool.fetchval(sql.PGQ_QUEUED))
+            if queued < self.p.pgq_backlog // 2:
+                self.progress.step(f"pgqueuer: topping the backlog up from {queued:,}")
+                await pgq.seed(
+                    self.pgq_pool, self.p.pgq_backlog - queued, queued, self.progress.live
+                )
+                self.progress.done("done")
+                self.figures["pgq"]["top_ups"] = self.figures["pgq"].get("top_ups", 0) + 1
+            label = f"pgqueuer, {variant.label}, {tag}"
+            self.progress.step(label)
+            drain = await pgq.measure_drain(
+                self.pgq_pool,
+                self.pgq_dsn,
+                variant,
+                self.cluster.tmp / "pgqueuer" / f"{variant.key}-{run + 1}.log",
+                warmup=self.p.batch_warmup,
+                duration=self.p.batch_duration,
+                live=self.progress.live,
+                cpu=self.cpu,
+            )
+            self.log_result(label, drain.result, f"at most {drain.max_picked} picked")
+            self.series(f"pgq.{variant.key}.jobs_per_s").add(drain.result.rate)
+            self.series(f"pgq.{variant.key}.max_picked").add(drain.max_picked)
+            self.keep_cpu(f"pgq.{variant.key}", drain.result)
+            out[variant.key] = drain.result
+        return out
 
     async def exhaust(self, names: list[str]) -> None:
         """Window-limits ``names`` to one claim a day and spends it where not yet spent."""
@@ -652,6 +847,25 @@ class Bench:
                 s2 >= 0.8 * dbb,
             )
         )
+        big = max(self.p.batches)
+        s2b = s[f"s2.b{big}.todos_per_s"].median
+        ref = s["pgq.limit.jobs_per_s"].median
+        picked = max(s["pgq.limit.max_picked"].values, default=0)
+        out.append(
+            Target(
+                f"2. Limits on, never binding, in batches of {big}, vs pgqueuer with its "
+                f"limit on, never binding",
+                s[f"s2.b{big}.todos_per_s"].fmt(0, "todos/s"),
+                f"pgqueuer {self.figures['pgq']['version']}, one worker, concurrency_limit "
+                f"{self.p.pgq_limit:,}: {s['pgq.limit.jobs_per_s'].fmt(0, 'jobs/s')}",
+                _ratio(s2b, ref),
+                "≥ 1.5",
+                ref > 0 and picked < self.p.pgq_limit and s2b >= 1.5 * ref,
+                f"our batches held {s[f's2.b{big}.mean_batch'].fmt(1)} todos on average; "
+                f"pgqueuer at its default batch size, 10, had at most {picked:.0f} jobs "
+                f"picked at once",
+            )
+        )
         pending = self.figures["s4_pending"]
         p10 = s["s4.10k.claim_p50_ms"].median
         pbig = s["s4.large.claim_p50_ms"].median
@@ -733,7 +947,7 @@ class Bench:
         """The ceiling rows of the table."""
         s = self.s
         w, pool = self.p.workers, self.p.pool_size
-        return [
+        rows = [
             (
                 f"DB: claim, complete from asyncpg, one statement each "
                 f"({w} coroutines, pool {pool}), no policy",
@@ -743,15 +957,88 @@ class Bench:
                 "DB: the same on the queue with a never-binding policy",
                 s["ceiling.db_budgeted.todos_per_s"].fmt(0, "todos/s"),
             ),
+        ]
+        for b in self.p.batches:
+            rows += [
+                (
+                    f"DB: batches of {b} (a claim of {b}, a {b}-item settle), no policy",
+                    s[f"ceiling.db.b{b}.todos_per_s"].fmt(0, "todos/s"),
+                ),
+                (
+                    f"DB: batches of {b}, never-binding policy",
+                    s[f"ceiling.db_budgeted.b{b}.todos_per_s"].fmt(0, "todos/s"),
+                ),
+            ]
+        rows.append(
             (
                 f"RPC: grpc.health.v1.Health/Check ({w} workers, {self.p.channels} channels)",
                 s["ceiling.rpc.calls_per_s"].fmt(0, "calls/s"),
-            ),
-        ]
+            )
+        )
+        return rows
+
+    def sections(self) -> list[report.Section]:
+        """The tables between the ceilings and the targets: batched drains, pgqueuer."""
+        s = self.s
+        batched = report.Section(
+            [
+                "batched drain: ClaimNext max_todos=B, then one SettleTodos completing the batch",
+                "B",
+                "measured",
+                "vs unbatched",
+                "vs DB ceiling, same B",
+            ]
+        )
+        for b in self.p.batches:
+            for name, ceiling, label in (
+                ("s1", "ceiling.db", "1. Unbudgeted drain"),
+                ("s2", "ceiling.db_budgeted", "2./3. Limits on, never binding, hot queue"),
+            ):
+                rate = s[f"{name}.b{b}.todos_per_s"]
+                single = s[f"{name}.todos_per_s"].median
+                db = s[f"{ceiling}.b{b}.todos_per_s"].median
+                batched.rows.append(
+                    [
+                        label,
+                        str(b),
+                        f"{rate.fmt(0, 'todos/s')} ({s[f'{name}.b{b}.mean_batch'].fmt(1)} a batch)",
+                        f"{_ratio(rate.median, single):.2f} (of {single:,.0f})",
+                        f"{_ratio(rate.median, db):.3f} (of {db:,.0f})",
+                    ]
+                )
+        info = self.figures["pgq"]
+        reference = report.Section(
+            [
+                f"reference: pgqueuer {info['version']}, one worker process, no-op entrypoint, "
+                f"{info['backlog']:,} jobs queued first, its own database",
+                "measured",
+                "jobs picked at once, at most",
+            ]
+        )
+        for variant in self.pgq_variants:
+            picked = s[f"pgq.{variant.key}.max_picked"].values
+            reference.rows.append(
+                [
+                    variant.label,
+                    s[f"pgq.{variant.key}.jobs_per_s"].fmt(0, "jobs/s"),
+                    f"{max(picked, default=0):.0f}",
+                ]
+            )
+        return [batched, reference]
 
 
 def _r(value: Any) -> Any:
     return round(value, 1) if isinstance(value, float) else value
+
+
+def _ratio(a: float, b: float) -> float:
+    """``a / b``; NaN when ``b`` is 0 or NaN."""
+    return a / b if b else math.nan
+
+
+def _p50(result: RunResult, name: str) -> float:
+    """A measurement's median latency of ``name`` calls, ms (NaN when none)."""
+    return result.latency_ms.get(name, {}).get("p50", math.nan)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -803,6 +1090,7 @@ async def _main(args: argparse.Namespace) -> int:
             cluster.dsn,
             min_size=params.pool_size,
             max_size=params.pool_size,
+            reset=keep_session,
             server_settings={
                 "application_name": "switchboard-bench",
                 "lock_timeout": f"{int(Settings().lock_timeout.total_seconds() * 1000)}ms",
@@ -810,7 +1098,10 @@ async def _main(args: argparse.Namespace) -> int:
         )
         assert pool is not None
         bench = Bench(params, api, pool, server, cluster, progress)
-        await bench.run()
+        try:
+            await bench.run()
+        finally:
+            await bench.close()
         server_errors = server.error_lines()
     finally:
         if api is not None:
@@ -834,12 +1125,13 @@ async def _main(args: argparse.Namespace) -> int:
         f"{started_at:%Y-%m-%d %H:%M} UTC, commit `{commit}`, {params.mode} run "
         f"(median of {params.runs} run{'s' if params.runs > 1 else ''}"
         f"{', min-max' if params.runs > 1 else ''}; {params.warmup:g} s warm-up + "
-        f"{params.duration:g} s each), {mach['cpu_model']} x {mach['logical_cpus']}, "
+        f"{params.duration:g} s each, batched and pgqueuer {params.batch_warmup:g} s + "
+        f"{params.batch_duration:g} s), {mach['cpu_model']} x {mach['logical_cpus']}, "
         f"PostgreSQL {bench.figures['postgres_version']}"
         f"{' (embedded)' if cluster.embedded else ''}, load average "
         f"{load_before[0]:.2f} before / {load_after[0]:.2f} after, {wall:.0f} s."
     )
-    markdown = report.table(targets, bench.ceilings(), header)
+    markdown = report.table(targets, bench.ceilings(), header, bench.sections())
     result = {
         "date": started_at.isoformat(timespec="seconds"),
         "commit": commit,
@@ -863,6 +1155,7 @@ async def _main(args: argparse.Namespace) -> int:
         "targets": [t.to_json() for t in targets],
         "figures": {name: series.to_json() for name, series in sorted(bench.s.items())},
         "other": bench.figures,
+        "databases": [cluster.database, *cluster.others],
         "notes": bench.notes,
     }
     path = report.write_results(result, markdown, params.mode == "quick", not args.no_readme)

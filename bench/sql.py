@@ -4,8 +4,9 @@ The project rule "every SQL statement lives in ``db/sql``" is for the
 server. A benchmark needs a few statements the server must never run: bulk
 seeding with ``generate_series`` (a realistic table in seconds instead of a
 million RPCs), ``VACUUM ANALYZE`` after seeding, a clock read, and table
-statistics for the report. They live here and nowhere else, and are only
-ever run by the harness against its own throw-away database.
+statistics for the report; and, for the pgqueuer reference, a bulk backlog
+in its tables and counts read from them. They live here and nowhere else,
+and are only ever run by the harness against its own throw-away databases.
 
 The DB ceiling does not define statements of its own: it issues the
 server's named queries, read through ``switchboard_server.db.queries.sql``,
@@ -18,10 +19,12 @@ from switchboard_server.db.queries import sql
 
 # -- The server's own statements (the DB ceiling issues these verbatim). ----
 
-#: ``SELECT outcome, todo, admission FROM sb_claim_next($1..$5)``.
+#: ``SELECT outcome, todos, admission FROM sb_claim_next($1..$7)``: up to $6
+#: todos (about $7 bytes at most) of one of the endpoint's queues.
 CLAIM_NEXT = sql("todo_claim_next")
-#: Marks a claimed todo done under its lease.
-COMPLETE = sql("todo_complete")
+#: ``SELECT outcome, todo FROM sb_settle($1..$9)``: completes, fails or
+#: releases claimed todos under their leases; one row per item, in order.
+SETTLE = sql("todo_settle")
 
 # -- Bench-only statements. ---------------------------------------------------
 
@@ -80,6 +83,14 @@ SELECT q.id, q.owner_id, q.endpoint_id, q.name, 'pending', {_PAYLOAD}, 'applicat
 #: installation has.
 VACUUM_ANALYZE = "VACUUM ANALYZE"
 
+#: Whether this PostgreSQL can JIT-compile at all.
+JIT_AVAILABLE = "SELECT pg_jit_available()"
+
+#: JIT off for the current database's new sessions (the pgqueuer reference's).
+NO_JIT = """
+DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET jit = off', current_database()); END $$
+"""
+
 #: Pending todos of a queue (a sanity check of the backlog depth).
 PENDING_COUNT = "SELECT count(*) FROM todos WHERE queue_id = $1 AND state = 'pending'"
 
@@ -101,4 +112,62 @@ SELECT indexrelname, idx_scan, idx_tup_read, pg_relation_size(indexrelid) AS byt
   FROM pg_stat_user_indexes
  WHERE relname = 'todos'
  ORDER BY indexrelname
+"""
+
+# -- The pgqueuer reference (its own database, pgqueuer's default names). ----
+
+#: pgqueuer's queue and log tables under its default settings (bench/pgq.py
+#: checks these against pgqueuer's own settings before it installs).
+PGQ_QUEUE_TABLE = "pgqueuer"
+PGQ_LOG_TABLE = "pgqueuer_log"
+
+#: A backlog in bulk, row for row what pgqueuer's ``Queries.enqueue`` writes
+#: for a job of priority 0 due now without dedupe key or headers: $1 jobs of
+#: entrypoint $2 carrying the bench payload (numbered from $3), each with its
+#: ``queued`` log row.
+PGQ_SEED = f"""
+WITH ins AS (
+    INSERT INTO pgqueuer (priority, entrypoint, payload, headers, status)
+    SELECT 0, $2::text, {_PAYLOAD}, 'null'::jsonb, 'queued'
+      FROM generate_series($3::integer, $3::integer + $1::integer - 1) AS g
+    RETURNING id, entrypoint, priority
+)
+INSERT INTO pgqueuer_log (job_id, status, entrypoint, priority)
+SELECT id, 'queued', entrypoint, priority FROM ins
+"""
+
+#: The distinct shapes of queued jobs, as pgqueuer reads them (1 when the
+#: bulk rows are like those its enqueue wrote).
+PGQ_SHAPES = """
+SELECT count(*) FROM (
+    SELECT DISTINCT priority, entrypoint, headers, attempts, queue_manager_id IS NULL,
+           slot IS NULL, dedupe_key IS NULL, execute_after <= now(), updated = created
+      FROM pgqueuer
+     WHERE status = 'queued'
+) AS shapes
+"""
+
+#: Queued jobs (the backlog's depth).
+PGQ_QUEUED = "SELECT count(*) FROM pgqueuer WHERE status = 'queued'"
+
+#: Jobs picked and not yet finished (what a concurrency limit counts).
+PGQ_PICKED = "SELECT count(*) FROM pgqueuer WHERE status = 'picked'"
+
+#: Jobs pgqueuer logged as done with success from $1 (inclusive) to $2
+#: (its log's ``created`` is the finishing transaction's start).
+PGQ_SUCCESSFUL = """
+SELECT count(*) FROM pgqueuer_log
+ WHERE status = 'successful' AND created >= $1 AND created < $2
+"""
+
+#: Whether any job finished with success since $1.
+PGQ_ANY_SUCCESSFUL = """
+SELECT EXISTS (SELECT 1 FROM pgqueuer_log WHERE status = 'successful' AND created >= $1)
+"""
+
+#: Jobs that ended otherwise (exception, failed, canceled) since $1: the no-op
+#: entrypoint never should.
+PGQ_UNSUCCESSFUL = """
+SELECT count(*) FROM pgqueuer_log
+ WHERE status IN ('exception', 'failed', 'canceled') AND created >= $1
 """

@@ -69,7 +69,7 @@ class Database:
                     "application_name": "switchboard",
                     "lock_timeout": f"{int(lock_timeout.total_seconds() * 1000)}ms",
                 },
-                reset=_keep_session,
+                reset=keep_session,
             )
         except _UNAVAILABLE as exc:
             raise errors.Unavailable(f"cannot connect to the database: {exc}") from exc
@@ -104,7 +104,7 @@ class Database:
                 yield conn
 
 
-async def _keep_session(_conn: object) -> None:
+async def keep_session(_conn: object) -> None:
     """Releases a connection to the pool without asyncpg's reset query.
 
     The default reset (``RESET ALL; UNLISTEN *; CLOSE ALL; ...``) costs a

@@ -1,0 +1,117 @@
+"""``python -m bench --quick``: the harness runs every scenario briefly and writes its JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pathlib
+import sys
+from typing import Any
+
+import asyncpg
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+async def run_quick(database_url: str) -> tuple[int, str, str]:
+    """Runs the quick bench on ``database_url``; exit code, stdout, stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench",
+        "--quick",
+        "--no-readme",
+        "--database-url",
+        database_url,
+        cwd=ROOT,
+        env={**os.environ, "GRPC_VERBOSITY": "ERROR"},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 300)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def median(figures: dict[str, Any], name: str) -> float:
+    """A figure's median (it must be there)."""
+    assert name in figures, f"{name} missing"
+    value = figures[name]["median"]
+    assert value is not None, f"{name} has no value"
+    return float(value)
+
+
+async def test_quick_bench_runs_every_scenario_and_writes_its_json(pg_admin_dsn: str) -> None:
+    code, out, err = await run_quick(pg_admin_dsn)
+    assert code == 0, err[-3000:]
+    line = next(x for x in err.splitlines() if x.startswith("results: "))
+    path = ROOT / line.removeprefix("results: ").strip()
+    assert path.parent == ROOT / "bench" / "results" / "tmp"
+    try:
+        result = json.loads(path.read_text())
+    finally:
+        path.unlink(missing_ok=True)
+
+    assert result["mode"] == "quick"
+    assert "| scenario |" in out
+    figures = result["figures"]
+    params = result["params"]
+    batches = params["batches"]
+    assert batches == [10, 100]
+
+    # Scenarios 1-3 and their ceilings, single and batched, each measured.
+    for name in (
+        "ceiling.db.todos_per_s",
+        "ceiling.db_budgeted.todos_per_s",
+        "ceiling.rpc.calls_per_s",
+        "s1.todos_per_s",
+        "s2.todos_per_s",
+    ):
+        assert median(figures, name) > 0
+    for b in batches:
+        for name in ("s1", "s2", "ceiling.db", "ceiling.db_budgeted"):
+            assert median(figures, f"{name}.b{b}.todos_per_s") > 0
+        for name in ("s1", "s2"):
+            # The queue is deep: every batch is full.
+            assert median(figures, f"{name}.b{b}.mean_batch") == b
+            assert median(figures, f"ratio.{name}.b{b}_vs_unbatched") > 0
+            assert median(figures, f"ratio.{name}.b{b}_vs_db") > 0
+
+    # The pgqueuer reference: both drains measured, the limit never reached.
+    assert result["other"]["pgq"]["version"] == "1.6.0"
+    for key in ("defaults", "limit"):
+        assert median(figures, f"pgq.{key}.jobs_per_s") > 0
+        assert f"pgq.{key}.cores.pgqueuer" in figures
+    assert median(figures, "pgq.limit.max_picked") < params["pgq_limit"]
+    assert median(figures, "ratio.s2.b100_vs_pgq_limit") > 0
+
+    # Every target is judged, the new one among them.
+    targets = {t["scenario"]: t for t in result["targets"]}
+    assert len(targets) == 9
+    assert all(isinstance(t["pass"], bool) for t in targets.values())
+    (versus,) = [t for s, t in targets.items() if "pgqueuer" in s]
+    assert versus["target"] == "≥ 1.5" and versus["ratio"] > 0
+
+    # No batched or pgqueuer measurement had errors.
+    assert not [n for n in result["notes"] if "batches of" in n or "pgqueuer" in n]
+
+    # Its databases, Switchboard's and pgqueuer's, were dropped.
+    assert len(result["databases"]) == 2
+    conn = await asyncpg.connect(pg_admin_dsn)
+    try:
+        left = await conn.fetchval(
+            "SELECT count(*) FROM pg_database WHERE datname = ANY($1::text[])",
+            result["databases"],
+        )
+    finally:
+        await conn.close()
+    assert left == 0
