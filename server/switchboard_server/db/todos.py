@@ -156,24 +156,6 @@ async def claim_next(
     )
 
 
-async def heartbeat(
-    conn: Conn,
-    *,
-    todo_id: int,
-    lease_id: uuid.UUID,
-    owner_id: uuid.UUID,
-    endpoint_id: uuid.UUID | None,
-    lease: timedelta,
-) -> tuple[uuid.UUID, datetime] | None:
-    """Extends a live lease; ``None`` when the lease is stale or the todo not in scope."""
-    rec = await conn.fetchrow(
-        sql("todo_heartbeat"), todo_id, lease_id, owner_id, endpoint_id, lease
-    )
-    if rec is None:
-        return None
-    return rec["lease_id"], rec["lease_expires_at"]
-
-
 async def heartbeat_many(
     conn: Conn,
     *,

@@ -10,45 +10,89 @@
 -- LOCKED) and returns their ids in claim order, stopping once the todos
 -- would pass p_max_bytes (at least one is always taken). A todo's size is
 -- its payload and error text plus 1 KiB for its other fields, so that a
--- response carrying the batch fits in one message. Rows read past the cut
+-- response carrying the batch fits in one message. Rows locked past the cut
 -- stay locked, untouched, until the transaction ends.
 CREATE FUNCTION sb_lock_pending(
     p_queue_id bigint, p_limit integer, p_max_bytes bigint, p_now timestamptz
 ) RETURNS bigint[]
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_ids bigint[] := '{}';
-    v_bytes bigint := 0;
-    v_row record;
+    v_ids bigint[];
 BEGIN
-    FOR v_row IN
-        SELECT t.id, octet_length(t.payload) + octet_length(t.last_error) + 1024 AS size
-          FROM todos t
-         WHERE t.queue_id = p_queue_id AND t.state = 'pending' AND t.next_retry_at <= p_now
-         ORDER BY t.next_retry_at, t.id
-         LIMIT p_limit
-           FOR UPDATE SKIP LOCKED
-    LOOP
-        EXIT WHEN cardinality(v_ids) > 0 AND v_bytes + v_row.size > p_max_bytes;
-        v_ids := v_ids || v_row.id;
-        v_bytes := v_bytes + v_row.size;
-    END LOOP;
+    SELECT coalesce(array_agg(c.id ORDER BY c.n), '{}') INTO v_ids
+      FROM (
+          SELECT l.id, row_number() OVER w AS n, sum(l.size) OVER w AS bytes
+            FROM (
+                SELECT t.id, t.next_retry_at,
+                       octet_length(t.payload) + octet_length(t.last_error) + 1024 AS size
+                  FROM todos t
+                 WHERE t.queue_id = p_queue_id AND t.state = 'pending'
+                   AND t.next_retry_at <= p_now
+                 ORDER BY t.next_retry_at, t.id
+                 LIMIT p_limit
+                   FOR UPDATE SKIP LOCKED
+            ) AS l
+          WINDOW w AS (ORDER BY l.next_retry_at, l.id)
+      ) AS c
+     WHERE c.n = 1 OR c.bytes <= p_max_bytes;
     RETURN v_ids;
 END;
 $$;
 
--- Turns locked, claimable pending rows (ids in claim order) into claims:
--- a new lease each, attempt + 1 and one attempt row each. The set-based
--- form of sb_claim_row for pending rows; takeovers still use sb_claim_row.
+-- Turns one locked, claimable pending todo into a claim: a new lease,
+-- attempt + 1 and one attempt row.
+CREATE FUNCTION sb_claim_id(
+    p_id bigint, p_claimant text, p_lease interval, p_now timestamptz
+) RETURNS todos
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_row todos;
+BEGIN
+    UPDATE todos t
+       SET state = 'claimed',
+           attempt = t.attempt + 1,
+           lease_id = gen_random_uuid(),
+           lease_expires_at = p_now + p_lease,
+           claimant = p_claimant,
+           updated_at = p_now
+     WHERE t.id = p_id
+    RETURNING t.* INTO v_row;
+    INSERT INTO attempts (todo_id, number, queue_id, lease_id, claimant, claimed_at)
+    VALUES (v_row.id, v_row.attempt, v_row.queue_id, v_row.lease_id, p_claimant, p_now);
+    RETURN v_row;
+END;
+$$;
+
+-- A takeover first closes the lapsed attempt (as in 0002), then claims.
+CREATE OR REPLACE FUNCTION sb_claim_row(
+    p_row todos,
+    p_claimant text,
+    p_lease interval,
+    p_now timestamptz
+) RETURNS todos
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_row.state = 'claimed' THEN
+        UPDATE attempts SET outcome = 'lapsed', finished_at = p_now
+         WHERE todo_id = p_row.id AND number = p_row.attempt;
+    END IF;
+    RETURN sb_claim_id(p_row.id, p_claimant, p_lease, p_now);
+END;
+$$;
+
+-- Turns locked, claimable pending todos (ids in claim order) into claims:
+-- sb_claim_id for one, and its set-based form for more (one statement for
+-- the whole batch; a single claim is cheaper through the plain statements).
 CREATE FUNCTION sb_claim_pending(
     p_ids bigint[], p_claimant text, p_lease interval, p_now timestamptz
 ) RETURNS todos[]
-LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan  -- as sb_settle
-AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
     v_claimed todos[];
 BEGIN
+    IF cardinality(p_ids) = 1 THEN
+        RETURN ARRAY[sb_claim_id(p_ids[1], p_claimant, p_lease, p_now)];
+    END IF;
     WITH claimed AS (
         UPDATE todos t
            SET state = 'claimed',
@@ -364,15 +408,27 @@ BEGIN
 END;
 $$;
 
+-- The state a claimed todo is settled into.
+CREATE FUNCTION sb_settled_state(
+    p_action text, p_permanent boolean, p_attempt integer, p_max_attempts integer
+) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_action = 'complete' THEN 'done'
+                WHEN (p_action = 'fail' AND p_permanent) OR p_attempt >= p_max_attempts
+                THEN 'dead'
+                ELSE 'pending' END
+$$;
+
 -- Settles claimed todos, each under its lease, in one transaction: p_actions
 -- are complete (done), fail (pending after a backoff of p_backoff_base *
 -- 2^(attempt-1) seconds capped at p_backoff_cap, times a jitter in [0.5, 1],
 -- or dead when permanent or out of attempts; the formula of
 -- switchboard_server.backoff.retry_delay) or release (pending at once, dead
 -- when out of attempts). Each item is applied or refused on its own; one
--- row per item, in order: outcome (applied | stale_lease | not_claimed |
--- not_found) and the todo after the call (NULL when not found). Ids must
--- be distinct.
+-- row per item (in no particular order; ord is its 1-based position):
+-- outcome (applied | stale_lease | not_claimed | not_found) and the todo
+-- after the call (NULL when not found). Ids must be distinct. The refused
+-- are looked up only when there are any.
 CREATE FUNCTION sb_settle(
     p_owner_id uuid,
     p_endpoint_id uuid,
@@ -383,52 +439,48 @@ CREATE FUNCTION sb_settle(
     p_permanent boolean[],
     p_backoff_base float8,
     p_backoff_cap float8
-) RETURNS TABLE (outcome text, todo todos)
+) RETURNS TABLE (ord bigint, outcome text, todo todos)
 LANGUAGE plpgsql
 -- Its statements' custom plans cost more to make (the planner cannot see
--- into the arrays) than they save: measured, twice the time of a settle.
+-- into the arrays) than they save.
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_now timestamptz := sb_now();
+    v_ords bigint[];
+    v_rows todos[];
 BEGIN
-    PERFORM 1 FROM todos t WHERE t.id = ANY (p_ids) ORDER BY t.id FOR UPDATE;
-    RETURN QUERY
-    WITH item AS (
-        SELECT i.* FROM unnest(p_ids, p_leases, p_actions, p_errors, p_permanent)
-                        WITH ORDINALITY AS i (id, lease_id, action, error, permanent, ord)
-    ), mine AS (
-        SELECT t.* FROM todos t
-         WHERE t.id = ANY (p_ids) AND t.owner_id = p_owner_id
-           AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
-    ), target AS (
-        SELECT i.ord, i.action, i.error, m.id,
-               CASE WHEN i.action = 'complete' THEN 'done'
-                    WHEN (i.action = 'fail' AND i.permanent) OR m.attempt >= m.max_attempts
-                    THEN 'dead'
-                    ELSE 'pending' END AS new_state
-          FROM item i
-          JOIN mine m ON m.id = i.id AND m.lease_id = i.lease_id AND m.state = 'claimed'
-    ), settled AS (
+    IF cardinality(p_ids) > 1 THEN
+        PERFORM 1 FROM todos t WHERE t.id = ANY (p_ids) ORDER BY t.id FOR UPDATE;
+    END IF;
+    WITH settled AS (
         UPDATE todos t
-           SET state = g.new_state,
+           SET state = sb_settled_state(i.action, i.permanent, t.attempt, t.max_attempts),
                next_retry_at = CASE
-                   WHEN g.action = 'release' THEN v_now
-                   WHEN g.action = 'fail' AND g.new_state = 'pending' THEN v_now + make_interval(
+                   WHEN i.action = 'release' THEN v_now
+                   WHEN i.action = 'fail' AND sb_settled_state(
+                            i.action, i.permanent, t.attempt, t.max_attempts) = 'pending'
+                   THEN v_now + make_interval(
                        secs => least(p_backoff_cap,
                                      p_backoff_base * power(2, least(t.attempt - 1, 62)))
                                * (0.5 + 0.5 * random()))
                    ELSE t.next_retry_at END,
-               finished_at = CASE WHEN g.new_state = 'pending' THEN NULL ELSE v_now END,
+               finished_at = CASE
+                   WHEN sb_settled_state(i.action, i.permanent, t.attempt, t.max_attempts)
+                        = 'pending' THEN NULL
+                   ELSE v_now END,
                last_error = CASE
-                   WHEN g.action = 'fail' THEN g.error
-                   WHEN g.action = 'release' AND g.new_state = 'dead'
+                   WHEN i.action = 'fail' THEN i.error
+                   WHEN i.action = 'release' AND t.attempt >= t.max_attempts
                    THEN 'released on the last attempt'
                    ELSE t.last_error END,
                lease_id = NULL, lease_expires_at = NULL, updated_at = v_now
-          FROM target g
-         WHERE t.id = g.id
-        RETURNING g.ord, g.action, g.error, t AS row
+          FROM unnest(p_ids, p_leases, p_actions, p_errors, p_permanent)
+               WITH ORDINALITY AS i (id, lease_id, action, error, permanent, ord)
+         WHERE t.id = i.id AND t.lease_id = i.lease_id AND t.state = 'claimed'
+           AND t.owner_id = p_owner_id
+           AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+        RETURNING i.ord, i.action, i.error, t AS row
     ), closed AS (
         UPDATE attempts a
            SET outcome = CASE s.action WHEN 'complete' THEN 'completed'
@@ -438,59 +490,70 @@ BEGIN
           FROM settled s
          WHERE a.todo_id = (s.row).id AND a.number = (s.row).attempt
     )
-    SELECT CASE WHEN s.ord IS NOT NULL THEN 'applied'
-                WHEN m.id IS NULL THEN 'not_found'
-                WHEN m.state = 'claimed' THEN 'stale_lease'
-                ELSE 'not_claimed' END,
-           CASE WHEN s.ord IS NOT NULL THEN s.row
-                WHEN m.id IS NOT NULL THEN m::todos END
-      FROM item i
-      LEFT JOIN settled s ON s.ord = i.ord
-      LEFT JOIN mine m ON m.id = i.id
-     ORDER BY i.ord;
+    SELECT coalesce(array_agg(s.ord), '{}'), coalesce(array_agg(s.row), '{}')
+      INTO v_ords, v_rows
+      FROM settled s;
+    RETURN QUERY SELECT v_ords[k], 'applied'::text, v_rows[k]
+                   FROM generate_subscripts(v_ords, 1) AS k;
+    IF cardinality(v_ords) < cardinality(p_ids) THEN
+        RETURN QUERY
+        SELECT i.ord,
+               CASE WHEN t.id IS NULL THEN 'not_found'
+                    WHEN t.state = 'claimed' THEN 'stale_lease'
+                    ELSE 'not_claimed' END,
+               t
+          FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
+          LEFT JOIN todos t ON t.id = i.id AND t.owner_id = p_owner_id
+                           AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+         WHERE i.ord <> ALL (v_ords);
+    END IF;
 END;
 $$;
 
 -- Extends many leases in one transaction (rows locked in id order), each
--- on its own. One row per item, in order: outcome (applied | stale_lease |
--- not_claimed | not_found) and, when applied, the new expiry.
+-- on its own. One row per item (in no particular order; ord is its 1-based
+-- position): outcome (applied | stale_lease | not_claimed | not_found) and,
+-- when applied, the new expiry.
 CREATE FUNCTION sb_heartbeat(
     p_owner_id uuid,
     p_endpoint_id uuid,
     p_ids bigint[],
     p_leases uuid[],
     p_lease interval
-) RETURNS TABLE (outcome text, lease_expires_at timestamptz)
+) RETURNS TABLE (ord bigint, outcome text, lease_expires_at timestamptz)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan  -- as sb_settle
 AS $$
 DECLARE
     v_now timestamptz := sb_now();
+    v_ords bigint[];
 BEGIN
-    PERFORM 1 FROM todos t WHERE t.id = ANY (p_ids) ORDER BY t.id FOR UPDATE;
-    RETURN QUERY
-    WITH item AS (
-        SELECT i.* FROM unnest(p_ids, p_leases) WITH ORDINALITY AS i (id, lease_id, ord)
-    ), mine AS (
-        SELECT t.id, t.state, t.lease_id FROM todos t
-         WHERE t.id = ANY (p_ids) AND t.owner_id = p_owner_id
-           AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
-    ), extended AS (
+    IF cardinality(p_ids) > 1 THEN
+        PERFORM 1 FROM todos t WHERE t.id = ANY (p_ids) ORDER BY t.id FOR UPDATE;
+    END IF;
+    WITH extended AS (
         UPDATE todos t
            SET lease_expires_at = v_now + p_lease, updated_at = v_now
-          FROM item i
-          JOIN mine m ON m.id = i.id AND m.lease_id = i.lease_id AND m.state = 'claimed'
-         WHERE t.id = i.id
-        RETURNING i.ord, t.lease_expires_at
+          FROM unnest(p_ids, p_leases) WITH ORDINALITY AS i (id, lease_id, ord)
+         WHERE t.id = i.id AND t.lease_id = i.lease_id AND t.state = 'claimed'
+           AND t.owner_id = p_owner_id
+           AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+        RETURNING i.ord
     )
-    SELECT CASE WHEN e.ord IS NOT NULL THEN 'applied'
-                WHEN m.id IS NULL THEN 'not_found'
-                WHEN m.state = 'claimed' THEN 'stale_lease'
-                ELSE 'not_claimed' END,
-           e.lease_expires_at
-      FROM item i
-      LEFT JOIN extended e ON e.ord = i.ord
-      LEFT JOIN mine m ON m.id = i.id
-     ORDER BY i.ord;
+    SELECT coalesce(array_agg(e.ord), '{}') INTO v_ords FROM extended e;
+    RETURN QUERY SELECT o.ord, 'applied'::text, v_now + p_lease
+                   FROM unnest(v_ords) AS o (ord);
+    IF cardinality(v_ords) < cardinality(p_ids) THEN
+        RETURN QUERY
+        SELECT i.ord,
+               CASE WHEN t.id IS NULL THEN 'not_found'
+                    WHEN t.state = 'claimed' THEN 'stale_lease'
+                    ELSE 'not_claimed' END,
+               NULL::timestamptz
+          FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
+          LEFT JOIN todos t ON t.id = i.id AND t.owner_id = p_owner_id
+                           AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+         WHERE i.ord <> ALL (v_ords);
+    END IF;
 END;
 $$;

@@ -11,22 +11,14 @@ SELECT outcome, todo, admission FROM sb_claim($1, $2, $3, $4, $5);
 -- queues (about $7 bytes at most), within budgets; see sb_claim_next.
 SELECT outcome, todos, admission FROM sb_claim_next($1, $2, $3, $4, $5, $6, $7);
 
--- name: todo_heartbeat :one
--- Extends a live lease; no row when the lease is stale or the todo not the caller's.
-UPDATE todos
-   SET lease_expires_at = sb_now() + $5::interval, updated_at = sb_now()
- WHERE id = $1 AND lease_id = $2 AND state = 'claimed'
-   AND owner_id = $3 AND ($4::uuid IS NULL OR endpoint_id = $4)
-RETURNING lease_id, lease_expires_at;
-
 -- name: todo_heartbeat_many :many
 -- Extends many leases, each on its own; one row per item, in order.
-SELECT outcome, lease_expires_at FROM sb_heartbeat($1, $2, $3, $4, $5);
+SELECT outcome, lease_expires_at FROM sb_heartbeat($1, $2, $3, $4, $5) ORDER BY ord;
 
 -- name: todo_settle :many
 -- Completes, fails or releases claimed todos under their leases, each on
 -- its own; one row per item, in order. See sb_settle.
-SELECT outcome, todo FROM sb_settle($1, $2, $3, $4, $5, $6, $7, $8, $9);
+SELECT outcome, todo FROM sb_settle($1, $2, $3, $4, $5, $6, $7, $8, $9) ORDER BY ord;
 
 -- name: todo_get :one
 -- One todo, if it is in the caller's scope.
