@@ -246,8 +246,8 @@ $$;
 -- from one queue. Walks the queues like the single-todo form of 0003 (head
 -- probes unlocked, known and prefiltered deferrals left out without their
 -- policy lock, budgeted queues through one subtransaction each), except that
--- the gates are read in the same query as the heads and the queues known to
--- be deferred come last, and claims a batch from the first queue that yields
+-- the gates are read in the same query as the heads and the queues last seen
+-- deferred come last, and claims a batch from the first queue that yields
 -- any; a lapsed lease is taken over one per call. The single-todo form stays for servers of the previous
 -- version during a rolling upgrade.
 -- outcome: claimed | empty. admission: {headroom, deferred: [the claimed
@@ -285,7 +285,7 @@ BEGIN
         RAISE EXCEPTION 'endpoint not found' USING ERRCODE = 'SB404';
     END IF;
     FOR v_queue IN
-        SELECT q.id, q.name, q.policy_id, gate.known, gate.prefilter
+        SELECT q.id, q.name, q.policy_id, coalesce(g.deferred, false) AS gate_deferred
           FROM queues q
           CROSS JOIN LATERAL (
               SELECT t.next_retry_at, t.id FROM todos t
@@ -293,16 +293,12 @@ BEGIN
                ORDER BY t.next_retry_at, t.id
                LIMIT 1
           ) AS head
-          CROSS JOIN LATERAL (
-              SELECT CASE WHEN q.policy_id IS NOT NULL
-                          THEN sb_known_deferral(q.id, q.name, v_now) END AS known,
-                     q.policy_id IS NOT NULL AND sb_prefilter_wanted(q.id) AS prefilter
-          ) AS gate
+          LEFT JOIN queue_gates g ON g.queue_id = q.id AND q.policy_id IS NOT NULL
          WHERE q.endpoint_id = p_endpoint_id
            AND (p_queue_names IS NULL OR q.name = ANY (p_queue_names))
-         -- Queues known to be deferred last: nothing in them can be claimed,
-         -- and they are only walked (to be listed) when nothing else is.
-         ORDER BY gate.known IS NOT NULL, head.next_retry_at, head.id
+         -- Queues last seen deferred last: most of them cannot be claimed
+         -- from, and only they need the closer look below.
+         ORDER BY coalesce(g.deferred, false), head.next_retry_at, head.id
     LOOP
         IF v_queue.policy_id IS NULL THEN
             v_ids := sb_lock_pending(v_queue.id, p_max, p_max_bytes, v_now);
@@ -313,14 +309,18 @@ BEGIN
             END IF;
             CONTINUE;
         END IF;
-        IF v_queue.known IS NOT NULL THEN
-            v_deferred := v_deferred || v_queue.known;
+        -- A gate not deferred means no known deferral and no prefilter
+        -- (sb_known_deferral and sb_prefilter_wanted both read the gate).
+        v_known := CASE WHEN v_queue.gate_deferred
+                        THEN sb_known_deferral(v_queue.id, v_queue.name, v_now) END;
+        IF v_known IS NOT NULL THEN
+            v_deferred := v_deferred || v_known;
             v_listed := v_listed || v_queue.id;
             v_no_takeover := v_no_takeover || v_queue.id;
             CONTINUE;
         END IF;
         v_reason := NULL;
-        IF v_queue.prefilter THEN
+        IF v_queue.gate_deferred AND sb_prefilter_wanted(v_queue.id) THEN
             SELECT s.* INTO v_status FROM sb_queue_admission(v_queue.id, v_now) s;
             v_reason := v_status.reason;
         END IF;
