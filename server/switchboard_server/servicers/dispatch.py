@@ -22,9 +22,7 @@ from switchboard_server.servicers.validate import (
     MAX_DEDUP_PART,
     MAX_DELAY,
     MAX_ERROR,
-    MAX_LEASE,
     MAX_PAYLOAD_BYTES,
-    MIN_LEASE,
     Violations,
     page_token_after,
 )
@@ -93,13 +91,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
         v = Violations()
         todo_id = v.todo_id("todo_id", request.todo_id)
         claimant = v.text("claimant", request.claimant, maximum=MAX_CLAIMANT)
-        lease = v.duration(
-            "lease_duration",
-            request.lease_duration,
-            request.HasField("lease_duration"),
-            minimum=MIN_LEASE,
-            maximum=MAX_LEASE,
-        )
+        lease = v.lease(request)
         v.check()
         claimed = await self._dispatcher.claim(current_principal(), todo_id, claimant, lease)
         response = dispatch_pb2.ClaimResponse(
@@ -117,13 +109,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
         endpoint_id = v.parse_uuid("endpoint_id", request.endpoint_id, required=False)
         queues = v.queue_names("queues", request.queues)
         claimant = v.text("claimant", request.claimant, maximum=MAX_CLAIMANT)
-        lease = v.duration(
-            "lease_duration",
-            request.lease_duration,
-            request.HasField("lease_duration"),
-            minimum=MIN_LEASE,
-            maximum=MAX_LEASE,
-        )
+        lease = v.lease(request)
         max_todos = v.batch_size("max_todos", request.max_todos)
         v.check()
         result = await self._dispatcher.claim_next(
@@ -154,13 +140,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
         v = Violations()
         todo_id = v.todo_id("todo_id", request.todo_id)
         lease_id = v.lease_id("lease_id", request.lease_id)
-        lease = v.duration(
-            "lease_duration",
-            request.lease_duration,
-            request.HasField("lease_duration"),
-            minimum=MIN_LEASE,
-            maximum=MAX_LEASE,
-        )
+        lease = v.lease(request)
         v.check()
         extended = await self._dispatcher.heartbeat(current_principal(), todo_id, lease_id, lease)
         return dispatch_pb2.HeartbeatResponse(lease=convert.lease(extended))
@@ -170,13 +150,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
     ) -> dispatch_pb2.HeartbeatTodosResponse:
         v = Violations()
         refs = v.lease_refs("leases", request.leases)
-        lease = v.duration(
-            "lease_duration",
-            request.lease_duration,
-            request.HasField("lease_duration"),
-            minimum=MIN_LEASE,
-            maximum=MAX_LEASE,
-        )
+        lease = v.lease(request)
         v.check()
         results = await self._dispatcher.heartbeat_many(current_principal(), refs, lease)
         return dispatch_pb2.HeartbeatTodosResponse(

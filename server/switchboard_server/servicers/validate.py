@@ -10,7 +10,7 @@ import urllib.parse
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
-from typing import Protocol
+from typing import Literal, Protocol
 
 from google.protobuf import duration_pb2
 
@@ -46,6 +46,15 @@ class LeaseItem(Protocol):
 
     @property
     def lease_id(self) -> str: ...
+
+
+class LeaseRequest(Protocol):
+    """A request with an optional lease length."""
+
+    @property
+    def lease_duration(self) -> duration_pb2.Duration: ...
+
+    def HasField(self, field_name: Literal["lease_duration"]) -> bool: ...
 
 
 class Violations:
@@ -130,6 +139,16 @@ class Violations:
             self.add(field, f"must be between {minimum} and {maximum}")
             return None
         return delta
+
+    def lease(self, request: LeaseRequest) -> timedelta | None:
+        """A request's optional ``lease_duration`` (``MIN_LEASE`` to ``MAX_LEASE``)."""
+        return self.duration(
+            "lease_duration",
+            request.lease_duration,
+            request.HasField("lease_duration"),
+            minimum=MIN_LEASE,
+            maximum=MAX_LEASE,
+        )
 
     def text(self, field: str, value: str, *, maximum: int, required: bool = False) -> str:
         """Free text with a length bound and no control characters."""

@@ -248,8 +248,7 @@ $$;
 -- policy lock, budgeted queues through one subtransaction each), except that
 -- the gates are read in the same query as the heads and the queues last seen
 -- deferred come last, and claims a batch from the first queue that yields
--- any; a lapsed lease is taken over one per call. The single-todo form stays for servers of the previous
--- version during a rolling upgrade.
+-- any; a lapsed lease is taken over one per call.
 -- outcome: claimed | empty. admission: {headroom, deferred: [the claimed
 -- queue's, when the budget cut the batch short]} or {deferred: [...]}.
 CREATE FUNCTION sb_claim_next(
@@ -406,6 +405,21 @@ BEGIN
     END IF;
     RETURN QUERY SELECT 'empty'::text, '{}'::todos[], jsonb_build_object('deferred', v_deferred);
 END;
+$$;
+
+-- The single-todo form of 0003, kept for servers of the previous version
+-- during a rolling upgrade, now answered by the form above: one claim path.
+CREATE OR REPLACE FUNCTION sb_claim_next(
+    p_owner_id uuid,
+    p_endpoint_id uuid,
+    p_queue_names text[],
+    p_claimant text,
+    p_lease interval
+) RETURNS TABLE (outcome text, todo todos, admission jsonb)
+LANGUAGE sql AS $$
+    SELECT c.outcome, c.todos[1], c.admission
+      FROM sb_claim_next(p_owner_id, p_endpoint_id, p_queue_names, p_claimant, p_lease,
+                         1, 1048576) AS c
 $$;
 
 -- The state a claimed todo is settled into.
