@@ -334,7 +334,7 @@ def db_claim_loop(
     not_permanent = [False] * batch
 
     async def work(i: int, meter: Meter) -> None:
-        claimant = "bench"
+        claimants = ["bench"]
         while not meter.stopping:
             t0 = time.perf_counter()
             try:
@@ -344,7 +344,7 @@ def db_claim_loop(
                         owner_id,
                         endpoint_id,
                         None,
-                        claimant,
+                        claimants,
                         lease,
                         batch,
                         max_bytes,

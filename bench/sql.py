@@ -19,8 +19,9 @@ from switchboard_server.db.queries import sql
 
 # -- The server's own statements (the DB ceiling issues these verbatim). ----
 
-#: ``SELECT outcome, todos, admission FROM sb_claim_next($1..$7)``: up to $6
-#: todos (about $7 bytes at most) of one of the endpoint's queues.
+#: ``SELECT outcome, todos, admission FROM sb_claim_next_for($1..$7)``: up to
+#: $6 todos (about $7 bytes at most) of one of the endpoint's queues, claimed
+#: by the claimants $4 (one for all, or one each).
 CLAIM_NEXT = sql("todo_claim_next")
 #: ``SELECT outcome, todo FROM sb_settle($1..$9)``: completes, fails or
 #: releases claimed todos under their leases; one row per item, in order.

@@ -174,6 +174,7 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
                     backoff_base=settings.backoff_base,
                     backoff_cap=settings.backoff_cap,
                     reaper_interval=settings.reaper_interval,
+                    combine_max=settings.combine_max,
                 ),
                 metrics,
             ),

@@ -53,6 +53,8 @@ class Settings:
     log_level: str = "INFO"
     #: Distinct queue names a metric's ``queue`` label takes; the rest are ``__other__``.
     metrics_queue_labels: int = 50
+    #: At most how many concurrent single-todo calls one transaction serves; 1: none combined.
+    combine_max: int = 100
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -66,6 +68,11 @@ class Settings:
         if not queue_labels.isdigit():
             raise ValueError(
                 f"SWITCHBOARD_METRICS_QUEUE_LABELS must be an integer >= 0, got {queue_labels!r}"
+            )
+        combine = env.get("SWITCHBOARD_COMBINE_MAX") or "100"
+        if not combine.isdigit() or not 1 <= int(combine) <= 500:
+            raise ValueError(
+                f"SWITCHBOARD_COMBINE_MAX must be an integer from 1 to 500, got {combine!r}"
             )
         return cls(
             database_url=env.get("SWITCHBOARD_DATABASE_URL") or None,
@@ -89,4 +96,5 @@ class Settings:
             hook_retry_cap=_seconds(env, "SWITCHBOARD_HOOK_RETRY_CAP", 300),
             log_level=(env.get("SWITCHBOARD_LOG_LEVEL") or "INFO").upper(),
             metrics_queue_labels=int(queue_labels),
+            combine_max=int(combine),
         )

@@ -9,10 +9,12 @@ process. Reads that combine several statements use an explicit transaction.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -26,6 +28,7 @@ from switchboard_server.admission import (
     deferral_from_json,
     headroom_from_json,
 )
+from switchboard_server.combining import AGAIN, Again, Combiner
 from switchboard_server.db import Database
 from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import tenancy as tenancy_queries
@@ -46,6 +49,8 @@ from switchboard_server.model import (
     TodoState,
 )
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class DispatchSettings:
@@ -59,6 +64,29 @@ class DispatchSettings:
     #: About how many bytes of todos one ClaimNext batch may carry (it always
     #: carries at least one): keeps a batch's response within one message.
     batch_bytes: int = 1024 * 1024
+    #: At most how many concurrent single-todo calls of one endpoint one
+    #: transaction serves (ClaimNext with the same queues and lease; Complete,
+    #: Fail, Release); 1 gives each call a transaction of its own.
+    combine_max: int = 100
+
+
+@dataclass(frozen=True)
+class _Caller:
+    """Whose calls one transaction may serve together: one endpoint (or a
+    human's owner-wide scope)."""
+
+    owner_id: uuid.UUID
+    endpoint_id: uuid.UUID | None
+
+
+@dataclass(frozen=True)
+class _ClaimFor:
+    """ClaimNext calls that one claim transaction may serve together."""
+
+    owner_id: uuid.UUID
+    endpoint_id: uuid.UUID
+    queues: tuple[str, ...]
+    lease: timedelta
 
 
 @dataclass(frozen=True)
@@ -115,6 +143,23 @@ def _charged(claimed: Claimed) -> bool:
     return claimed.headroom is not None and claimed.headroom.window_used is not None
 
 
+def _nth_claim(claimed: Claimed, later: int) -> Claimed:
+    """A claim of a combined transaction with the headroom just after it (the
+    transaction reports the headroom after its last claim, ``later`` claims on)."""
+    headroom = claimed.headroom
+    if headroom is None or later == 0:
+        return claimed
+    window_used, in_flight_used = headroom.window_used, headroom.in_flight_used
+    return replace(
+        claimed,
+        headroom=replace(
+            headroom,
+            window_used=None if window_used is None else window_used - later,
+            in_flight_used=None if in_flight_used is None else in_flight_used - later,
+        ),
+    )
+
+
 def _lease_of(todo: Todo) -> Lease:
     assert todo.lease_id is not None and todo.lease_expires_at is not None
     return Lease(todo.lease_id, todo.lease_expires_at)
@@ -133,6 +178,13 @@ class Dispatcher:
         self._db = db
         self._settings = settings
         self._metrics = metrics or Metrics()
+        self._claims: Combiner[_ClaimFor, str, ClaimNextResult] = Combiner(
+            self._claim_each, max_batch=settings.combine_max, orphaned=self._release_orphan
+        )
+        self._settles: Combiner[_Caller, Settlement, Settled] = Combiner(
+            self._settle_each, max_batch=settings.combine_max
+        )
+        self._releasing: set[asyncio.Task[None]] = set()
 
     @property
     def settings(self) -> DispatchSettings:
@@ -214,30 +266,85 @@ class Dispatcher:
         caller's queues, each admitted and charged under its budget.
 
         Says which queues' budgets defer work when nothing is claimable, and why
-        a batch was cut short.
+        a batch was cut short. Concurrent single-todo calls of one endpoint (same
+        queues and lease) share a transaction (``combine_max``), each claiming
+        its own todo under its own claimant.
         """
         scope = endpoint_scope(principal, Grant.CLAIM, endpoint_id)
         assert scope.endpoint_id is not None
+        key = _ClaimFor(
+            scope.owner_id, scope.endpoint_id, tuple(queues), lease or self._settings.default_lease
+        )
+        if max_todos == 1 and self._settings.combine_max > 1:
+            return await self._claims.submit(key, claimant)
+        result = await self._claim(key, [claimant], max_todos)
+        if result.claimed:
+            self._metrics.refused(result.deferred)  # the budget cut the batch short
+        return result
+
+    async def _claim(
+        self, key: _ClaimFor, claimants: Sequence[str], max_todos: int
+    ) -> ClaimNextResult:
+        """One claim transaction: up to ``max_todos`` todos, the i-th for
+        ``claimants[i]`` (all for a single claimant)."""
         with self._metrics.claim_transaction("claim_next") as observed:
             async with self._db.statement() as conn:
                 result = await todo_queries.claim_next(
                     conn,
-                    owner_id=scope.owner_id,
-                    endpoint_id=scope.endpoint_id,
-                    queues=list(queues) or None,
-                    claimant=claimant,
-                    lease=lease or self._settings.default_lease,
+                    owner_id=key.owner_id,
+                    endpoint_id=key.endpoint_id,
+                    queues=list(key.queues) or None,
+                    claimants=claimants,
+                    lease=key.lease,
                     max_todos=max_todos,
                     max_bytes=self._settings.batch_bytes,
                 )
-            deferrals = self._deferrals(result.admission, scope.endpoint_id)
+            deferrals = self._deferrals(result.admission, key.endpoint_id)
             if result.todos:
                 claimed = [self._claimed(todo, result.admission) for todo in result.todos]
                 observed.claimed(result.todos[0].queue, _charged(claimed[0]), len(claimed))
-                self._metrics.refused(deferrals)
                 return ClaimNextResult(claimed, deferrals)
-            observed.refused(deferrals)
+            observed.refused(deferrals, len(claimants))
         return ClaimNextResult([], deferrals)
+
+    async def _claim_each(
+        self, key: _ClaimFor, claimants: list[str]
+    ) -> list[ClaimNextResult | Again]:
+        """Combined single-todo calls: a todo for each of the first callers; with
+        nothing claimable, every caller's answer; the others go again (the
+        todos left may be in another of their queues)."""
+        result = await self._claim(key, claimants, len(claimants))
+        if not result.claimed:
+            return [result] * len(claimants)
+        count = len(result.claimed)
+        served: list[ClaimNextResult | Again] = [
+            ClaimNextResult([_nth_claim(claimed, count - 1 - i)], [])
+            for i, claimed in enumerate(result.claimed)
+        ]
+        return served + [AGAIN] * (len(claimants) - count)
+
+    def _release_orphan(self, key: _ClaimFor, claimant: str, result: ClaimNextResult) -> None:
+        """Gives back at once a todo claimed for a caller that went away."""
+        settlements = [
+            Settlement(c.todo.id, c.lease.lease_id, SettleAction.RELEASE) for c in result.claimed
+        ]
+        if not settlements:
+            return
+        log.info(
+            "claim released: its caller went away",
+            extra={"todo_id": settlements[0].todo_id, "claimant": claimant},
+        )
+        task = asyncio.create_task(
+            self._release(_Caller(key.owner_id, key.endpoint_id), settlements)
+        )
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+
+    async def _release(self, caller: _Caller, settlements: Sequence[Settlement]) -> None:
+        try:
+            await self._settle(caller, settlements)
+        except Exception:
+            log.warning("an orphaned claim was not released: its lease will lapse", exc_info=True)
 
     def _claimed(self, todo: Todo, admission: Mapping[str, Any]) -> Claimed:
         headroom = admission.get("headroom")
@@ -306,12 +413,15 @@ class Dispatcher:
         """Completes, fails or releases claimed todos in one transaction, each
         applied or refused on its own. Todo ids must be distinct."""
         scope = require_tenant(principal, Grant.CLAIM)
+        return await self._settle(_Caller(scope.owner_id, scope.endpoint_id), settlements)
+
+    async def _settle(self, caller: _Caller, settlements: Sequence[Settlement]) -> list[Settled]:
         async with self._db.statement() as conn:
             results = await todo_queries.settle(
                 conn,
                 settlements=settlements,
-                owner_id=scope.owner_id,
-                endpoint_id=scope.endpoint_id,
+                owner_id=caller.owner_id,
+                endpoint_id=caller.endpoint_id,
                 backoff_base=self._settings.backoff_base,
                 backoff_cap=self._settings.backoff_cap,
             )
@@ -324,8 +434,27 @@ class Dispatcher:
             self._metrics.attempts_ended(outcome, count)
         return results
 
+    async def _settle_each(
+        self, caller: _Caller, settlements: list[Settlement]
+    ) -> list[Settled | Again]:
+        """Combined single settles: one transaction for the first of each todo;
+        a second call for the same todo goes again, after the first."""
+        seen: set[int] = set()
+        repeated: list[bool] = []
+        for settlement in settlements:
+            repeated.append(settlement.todo_id in seen)
+            seen.add(settlement.todo_id)
+        first = [s for s, again in zip(settlements, repeated, strict=True) if not again]
+        results = iter(await self._settle(caller, first))
+        return [AGAIN if again else next(results) for again in repeated]
+
     async def _settle_one(self, principal: Principal, settlement: Settlement) -> Todo:
-        (result,) = await self.settle(principal, [settlement])
+        scope = require_tenant(principal, Grant.CLAIM)
+        caller = _Caller(scope.owner_id, scope.endpoint_id)
+        if self._settings.combine_max > 1:
+            result = await self._settles.submit(caller, settlement)
+        else:
+            (result,) = await self._settle(caller, [settlement])
         if result.outcome is not ItemOutcome.APPLIED or result.todo is None:
             raise _refusal(result.outcome, result.todo)
         return result.todo

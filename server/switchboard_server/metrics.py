@@ -165,10 +165,12 @@ class Metrics:
         if charged:
             self.units_charged.labels(label).inc(count)
 
-    def refused(self, deferrals: Sequence[Deferral]) -> None:
-        """Counts the refusals of a claim that claimed nothing."""
+    def refused(self, deferrals: Sequence[Deferral], callers: int = 1) -> None:
+        """Counts the refusals of a claim that claimed nothing, for each of its callers."""
         for deferral in deferrals:
-            self.refusals.labels(deferral.reason.value, self.queue_label(deferral.queue)).inc()
+            self.refusals.labels(deferral.reason.value, self.queue_label(deferral.queue)).inc(
+                callers
+            )
 
     def attempts_ended(self, outcome: AttemptOutcome, count: int = 1) -> None:
         """Counts attempts that ended with ``outcome``."""
@@ -284,13 +286,14 @@ class ClaimObservation:
         self.outcome, self.queue = "claimed", queue
         self.metrics.claimed(queue, charged, count)
 
-    def refused(self, deferrals: Sequence[Deferral]) -> None:
-        """Nothing claimed: the outcome is ``deferred`` when a policy refused, else ``empty``."""
+    def refused(self, deferrals: Sequence[Deferral], callers: int = 1) -> None:
+        """Nothing claimed (for ``callers`` combined calls): the outcome is
+        ``deferred`` when a policy refused, else ``empty``."""
         self.outcome = "deferred" if deferrals else "empty"
         self.deferrals = deferrals
         if deferrals:
             self.queue = deferrals[0].queue
-        self.metrics.refused(deferrals)
+        self.metrics.refused(deferrals, callers)
 
     def finished(self, outcome: str, queue: str | None = None) -> None:
         """Any other outcome (``not_found``, ``not_claimable``, ``dead_lettered``)."""

@@ -127,20 +127,21 @@ async def claim_next(
     owner_id: uuid.UUID,
     endpoint_id: uuid.UUID,
     queues: Sequence[str] | None,
-    claimant: str,
+    claimants: Sequence[str],
     lease: timedelta,
     max_todos: int,
     max_bytes: int,
 ) -> BatchOutcome:
     """Claims up to ``max_todos`` of the oldest claimable todos of one of the
-    endpoint's (given) queues, within its budget."""
+    endpoint's (given) queues, within its budget: the i-th for ``claimants[i]``,
+    or all for a single claimant."""
     try:
         rec = await conn.fetchrow(
             sql("todo_claim_next"),
             owner_id,
             endpoint_id,
             list(queues) if queues is not None else None,
-            claimant,
+            list(claimants),
             lease,
             max_todos,
             max_bytes,

@@ -8,8 +8,9 @@ SELECT outcome, todo, admission FROM sb_claim($1, $2, $3, $4, $5);
 
 -- name: todo_claim_next :one
 -- Claims up to $6 of the oldest claimable todos of one of an endpoint's
--- queues (about $7 bytes at most), within budgets; see sb_claim_next.
-SELECT outcome, todos, admission FROM sb_claim_next($1, $2, $3, $4, $5, $6, $7);
+-- queues (about $7 bytes at most), within budgets, the i-th for claimant
+-- $4[i] (or all for $4[1]); see sb_claim_next_for.
+SELECT outcome, todos, admission FROM sb_claim_next_for($1, $2, $3, $4, $5, $6, $7);
 
 -- name: todo_heartbeat_many :many
 -- Extends many leases, each on its own; one row per item, in order.

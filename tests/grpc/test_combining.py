@@ -1,0 +1,227 @@
+"""Concurrent single-todo calls of one endpoint share transactions (combining.py).
+
+Each test makes the calls pile up behind a lock held from another session,
+so that they are combined whatever the machine's speed; ``now()`` is the
+transaction's start, so the distinct ``claimed_at`` (``finished_at``) of the
+attempts count the claim (settle) transactions. What is combined must still be
+exact: each todo claimed once, under the claimant of the call that got it, a
+budget never passed, each refusal counted, a repeated settle refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+from switchboard.v1 import admission_pb2, dispatch_pb2
+from switchboard_server import app as server_app
+from switchboard_server.config import Settings
+from switchboard_server.db import Database
+from switchboard_server.db.database import Conn
+
+from tests.grpc.test_metrics import scrape, value
+from tests.support.admission import ingest, set_policy
+from tests.support.client import Client, Tenant
+
+
+@contextlib.asynccontextmanager
+async def held(db: Database, lock: str, *args: object) -> AsyncIterator[Conn]:
+    """Holds a lock (a locking statement) in an open transaction of another session."""
+    async with db.connection() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            await conn.execute(lock, *args)
+            yield conn
+        finally:
+            await tx.rollback()
+
+
+async def until_waiting_on_lock(db: Database) -> None:
+    """Waits until some session waits on a lock (the first transaction is blocked)."""
+    async with db.connection() as conn:
+        for _ in range(500):
+            if await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            ):
+                return
+            await asyncio.sleep(0.01)
+    raise AssertionError("no session ever waited on the lock")
+
+
+async def claim_one(
+    client: Client, tenant: Tenant, claimant: str
+) -> dispatch_pb2.ClaimNextResponse:
+    return await client.dispatch.ClaimNext(
+        dispatch_pb2.ClaimNextRequest(queues=["work"], claimant=claimant), metadata=tenant.agent
+    )
+
+
+async def policy_id(db: Database, queue: str) -> int:
+    async with db.connection() as conn:
+        found = await conn.fetchval("SELECT policy_id FROM queues WHERE name = $1", queue)
+    assert found is not None
+    return int(found)
+
+
+async def test_concurrent_claims_share_transactions_each_todo_under_its_callers_claimant(
+    server: server_app.App, client: Client, tenant: Tenant, db: Database
+) -> None:
+    await ingest(client, tenant.agent, "work", 60)
+    await set_policy(
+        client, tenant.human, "work", endpoint_id=tenant.endpoint_id, max_claims_per_window=40
+    )
+    lock = "SELECT 1 FROM admission_policies WHERE id = $1 FOR UPDATE"
+    async with held(db, lock, await policy_id(db, "work")):
+        calls = [asyncio.create_task(claim_one(client, tenant, f"worker-{i}")) for i in range(60)]
+        await until_waiting_on_lock(db)
+        await asyncio.sleep(0.5)  # the other 59 calls arrive and wait for the next batch
+    responses = await asyncio.gather(*calls)
+
+    got = {f"worker-{i}": r for i, r in enumerate(responses) if not r.empty}
+    assert len(got) == 40  # the window's 40 units, no more
+    assert len({r.todo.id for r in got.values()}) == 40
+    for claimant, response in got.items():
+        assert response.todo.claimant == claimant
+        assert response.headroom.window_limit == 40
+    # Each claim's headroom is the budget just after it, as if claimed one by one.
+    assert sorted(r.headroom.window_used for r in got.values()) == list(range(1, 41))
+    refused = [r for r in responses if r.empty]
+    assert len(refused) == 20
+    assert all(
+        [d.reason for d in r.deferred] == [admission_pb2.DEFERRAL_REASON_WINDOW_EXHAUSTED]
+        for r in refused
+    )
+    async with db.connection() as conn:
+        rows = await conn.fetch(
+            "SELECT t.id::text AS id, t.claimant, a.claimant AS attempt_claimant, a.claimed_at"
+            " FROM todos t JOIN attempts a ON a.todo_id = t.id WHERE t.state = 'claimed'"
+        )
+        units = await conn.fetchval("SELECT sum(units) FROM window_counters")
+    assert units == 40
+    by_id = {r.todo.id: claimant for claimant, r in got.items()}
+    assert {row["id"]: row["claimant"] for row in rows} == by_id
+    assert all(row["claimant"] == row["attempt_claimant"] for row in rows)
+    # The first claim alone, the 59 behind the lock in one more: 39 claimed.
+    assert len({row["claimed_at"] for row in rows}) <= 3
+    _, samples = await scrape(server)
+    assert (
+        value(
+            samples,
+            "switchboard_admission_refusals_total",
+            reason="window_exhausted",
+            queue="work",
+        )
+        == 20.0
+    )  # one per refused call, though fewer transactions refused them
+
+
+async def test_concurrent_completes_share_a_transaction_and_a_repeat_is_refused(
+    client: Client, tenant: Tenant, db: Database
+) -> None:
+    await ingest(client, tenant.agent, "work", 30)
+    batch = await client.dispatch.ClaimNext(
+        dispatch_pb2.ClaimNextRequest(queues=["work"], claimant="w", max_todos=30),
+        metadata=tenant.agent,
+    )
+    claimed = list(batch.claimed)
+    assert len(claimed) == 30
+    first = claimed[0]
+
+    async def complete(c: dispatch_pb2.ClaimedTodo) -> grpc.StatusCode:
+        try:
+            await client.dispatch.Complete(
+                dispatch_pb2.CompleteRequest(todo_id=c.todo.id, lease_id=c.lease.lease_id),
+                metadata=tenant.agent,
+            )
+        except grpc.aio.AioRpcError as err:
+            return err.code()
+        return grpc.StatusCode.OK
+
+    lock = "SELECT 1 FROM todos WHERE id = $1 FOR UPDATE"
+    async with held(db, lock, int(first.todo.id)):
+        calls = [asyncio.create_task(complete(c)) for c in [first, *claimed]]
+        await until_waiting_on_lock(db)
+        await asyncio.sleep(0.5)
+    codes = await asyncio.gather(*calls)
+
+    assert sorted(c.name for c in codes[:2]) == ["FAILED_PRECONDITION", "OK"]  # the repeat
+    assert set(codes[2:]) == {grpc.StatusCode.OK}
+    async with db.connection() as conn:
+        states = await conn.fetch("SELECT DISTINCT state FROM todos")
+        finished = await conn.fetchval(
+            "SELECT count(DISTINCT finished_at) FROM attempts WHERE outcome = 'completed'"
+        )
+        completed = await conn.fetchval("SELECT count(*) FROM attempts WHERE outcome = 'completed'")
+    assert [r["state"] for r in states] == ["done"]
+    assert completed == 30
+    assert finished <= 3  # the first, the rest that waited behind it, the repeat
+
+
+async def test_a_claim_whose_caller_went_away_is_released_at_once(
+    client: Client, tenant: Tenant, db: Database
+) -> None:
+    (todo_id,) = await ingest(client, tenant.agent, "work", 1)
+    await set_policy(
+        client, tenant.human, "work", endpoint_id=tenant.endpoint_id, max_claims_per_window=5
+    )
+    lock = "SELECT 1 FROM admission_policies WHERE id = $1 FOR UPDATE"
+    async with held(db, lock, await policy_id(db, "work")):
+        with pytest.raises(grpc.aio.AioRpcError) as gone:
+            await client.dispatch.ClaimNext(
+                dispatch_pb2.ClaimNextRequest(queues=["work"], claimant="impatient"),
+                metadata=tenant.agent,
+                timeout=0.3,
+            )
+        assert gone.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    # The claim committed after its caller left: it is given back, not left to lapse.
+    async with db.connection() as conn:
+        for _ in range(500):
+            outcome = await conn.fetchval(
+                "SELECT outcome FROM attempts WHERE todo_id = $1", int(todo_id)
+            )
+            if outcome not in (None, "running"):
+                break
+            await asyncio.sleep(0.01)
+        state = await conn.fetchval("SELECT state FROM todos WHERE id = $1", int(todo_id))
+    assert (outcome, state) == ("released", "pending")
+    again = await claim_one(client, tenant, "patient")
+    assert again.todo.id == todo_id and again.todo.attempt == 2
+
+
+async def test_combining_off_gives_each_claim_a_transaction(
+    settings: Settings, tenant: Tenant, client: Client, db: Database
+) -> None:
+    app = await server_app.start(dataclasses.replace(settings, combine_max=1))
+    own = Client(app.address)
+    try:
+        await ingest(own, tenant.agent, "work", 10)
+        await set_policy(
+            own, tenant.human, "work", endpoint_id=tenant.endpoint_id, max_claims_per_window=10
+        )
+        lock = "SELECT 1 FROM admission_policies WHERE id = $1 FOR UPDATE"
+        async with held(db, lock, await policy_id(db, "work")):
+            calls = [asyncio.create_task(claim_one(own, tenant, f"w{i}")) for i in range(10)]
+            await until_waiting_on_lock(db)
+            await asyncio.sleep(0.3)
+        responses = await asyncio.gather(*calls)
+    finally:
+        await own.close()
+        await app.stop(grace=1)
+    assert all(r.todo.claimant == f"w{i}" for i, r in enumerate(responses))
+    async with db.connection() as conn:
+        transactions = await conn.fetchval("SELECT count(DISTINCT claimed_at) FROM attempts")
+    assert transactions == 10
+
+
+def test_combine_max_is_read_from_the_environment() -> None:
+    assert Settings.from_env({}).combine_max == 100
+    assert Settings.from_env({"SWITCHBOARD_COMBINE_MAX": "1"}).combine_max == 1
+    for bad in ("0", "501", "x"):
+        with pytest.raises(ValueError, match="SWITCHBOARD_COMBINE_MAX"):
+            Settings.from_env({"SWITCHBOARD_COMBINE_MAX": bad})
