@@ -521,6 +521,7 @@ class Bench:
         n = self.p.runs
         for run in range(n):
             tag = f"run {run + 1}/{n}"
+            await self.keep_pending()
             db = await self.run_load(
                 f"DB ceiling, unbudgeted claim+complete, {tag}", db_claim_loop(self.pool, self.main)
             )
@@ -554,6 +555,7 @@ class Bench:
             if not check.HasField("headroom"):
                 raise RuntimeError("the main queue's policy is not in force (no headroom)")
             await sb.complete(self.api, self.main, check)
+            await self.keep_pending()
             dbb = await self.run_load(
                 f"DB ceiling, budgeted claim+complete, {tag}", db_claim_loop(self.pool, self.main)
             )
