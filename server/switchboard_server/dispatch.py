@@ -301,7 +301,9 @@ class Dispatcher:
                 )
             deferrals = self._deferrals(result.admission, key.endpoint_id)
             if result.todos:
-                claimed = [self._claimed(todo, result.admission) for todo in result.todos]
+                # One queue, one headroom: read once for the whole batch.
+                headroom = self._claimed(result.todos[0], result.admission).headroom
+                claimed = [Claimed(todo, _lease_of(todo), headroom) for todo in result.todos]
                 observed.claimed(result.todos[0].queue, _charged(claimed[0]), len(claimed))
                 return ClaimNextResult(claimed, deferrals)
             observed.refused(deferrals, len(claimants))
