@@ -156,9 +156,14 @@ class ServerProcess:
 
     @classmethod
     async def start(
-        cls, dsn: str, data_dir: pathlib.Path, ready_within: float = 60
+        cls,
+        dsn: str,
+        data_dir: pathlib.Path,
+        ready_within: float = 60,
+        settings: dict[str, str] | None = None,
     ) -> ServerProcess:
-        """Starts a server and waits until it logs that it serves."""
+        """Starts a server and waits until it logs that it serves; ``settings``:
+        ``SWITCHBOARD_*`` variables that depart from the defaults."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SWITCHBOARD_", "OTEL_"))}
         ours = {
             "SWITCHBOARD_DATABASE_URL": dsn,
@@ -166,6 +171,7 @@ class ServerProcess:
             "SWITCHBOARD_LISTEN": "127.0.0.1:0",
             "SWITCHBOARD_HTTP_LISTEN": "127.0.0.1:0",
             "SWITCHBOARD_OPERATOR_TOKEN": "sbo_bench-" + secrets.token_urlsafe(24),
+            **(settings or {}),
         }
         log_path = data_dir / "server.log"
         with _create(log_path) as log_file:

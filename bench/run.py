@@ -532,10 +532,7 @@ class Bench:
             self.series("ceiling.rpc.calls_per_s").add(rpc.rate)
             self.series("ceiling.rpc.p50_ms").add(rpc.latency_ms["call"]["p50"])
             self.keep_cpu("ceiling.rpc", rpc)
-            s1 = await self.run_load(
-                f"1. unbudgeted drain, {tag}",
-                grpc_claim_loop(self.api, self.main, settle="complete"),
-            )
+            s1 = await self.drain("s1", f"1. unbudgeted drain, {tag}")
             self.series("s1.todos_per_s").add(s1.rate)
             self.series("s1.claim_p50_ms").add(s1.latency_ms["claim"]["p50"])
             self.series("s1.claim_p99_ms").add(s1.latency_ms["claim"]["p99"])
@@ -551,21 +548,18 @@ class Bench:
                 max_claims_per_window=1_000_000_000,
                 window_start=self.window_start,
             )
+            await self.keep_pending()
             check = await sb.claim_next(self.api, self.main)
             if not check.HasField("headroom"):
                 raise RuntimeError("the main queue's policy is not in force (no headroom)")
             await sb.complete(self.api, self.main, check)
-            await self.keep_pending()
             dbb = await self.run_load(
                 f"DB ceiling, budgeted claim+complete, {tag}", db_claim_loop(self.pool, self.main)
             )
             self.series("ceiling.db_budgeted.todos_per_s").add(dbb.rate)
             self.series("ceiling.db_budgeted.claim_p50_ms").add(dbb.latency_ms["claim"]["p50"])
             self.keep_cpu("ceiling.db_budgeted", dbb)
-            s2 = await self.run_load(
-                f"2./3. never-binding policy, hot queue, {tag}",
-                grpc_claim_loop(self.api, self.main, settle="complete"),
-            )
+            s2 = await self.drain("s2", f"2./3. never-binding policy, hot queue, {tag}")
             self.series("s2.todos_per_s").add(s2.rate)
             self.series("s2.claim_p50_ms").add(s2.latency_ms["claim"]["p50"])
             self.series("s2.claim_p99_ms").add(s2.latency_ms["claim"]["p99"])
@@ -583,6 +577,22 @@ class Bench:
             self.series(f"ratio.s2.b{big}_vs_pgq_limit").add(
                 _ratio(s2_batched[big].rate, drains["limit"].rate)
             )
+
+    async def drain(self, name: str, label: str) -> RunResult:
+        """ClaimNext then Complete on the main queue (scenarios 1 and 2/3), and
+        how many claims each claim transaction made: the server combines
+        concurrent single-todo calls, and the claims of one transaction share
+        its start time."""
+        main_q = await self.queue_id(self.main, "work")
+        start: datetime = await self.pool.fetchval(sql.CLOCK)
+        result = await self.run_load(label, grpc_claim_loop(self.api, self.main, settle="complete"))
+        end: datetime = await self.pool.fetchval(sql.CLOCK)
+        rec = await self.pool.fetchrow(sql.CLAIM_TRANSACTIONS, main_q, start, end)
+        assert rec is not None
+        self.series(f"{name}.claims_per_transaction").add(
+            rec["claims"] / max(rec["transactions"], 1)
+        )
+        return result
 
     async def batched(
         self, name: str, ceiling: str, label: str, single: RunResult, tag: str
@@ -825,6 +835,7 @@ class Bench:
                 s1 / ref1,
                 "≥ 0.5",
                 s1 >= 0.5 * ref1,
+                _combined(s["s1.claims_per_transaction"]),
             )
         )
         s2 = s["s2.todos_per_s"].median
@@ -836,6 +847,7 @@ class Bench:
                 s2 / s1,
                 "≥ 0.8",
                 s2 >= 0.8 * s1,
+                _combined(s["s2.claims_per_transaction"]),
             )
         )
         dbb = s["ceiling.db_budgeted.todos_per_s"].median
@@ -847,6 +859,7 @@ class Bench:
                 s2 / dbb,
                 "≥ 0.8",
                 s2 >= 0.8 * dbb,
+                _combined(s["s2.claims_per_transaction"]),
             )
         )
         big = max(self.p.batches)
@@ -1033,6 +1046,21 @@ def _r(value: Any) -> Any:
     return round(value, 1) if isinstance(value, float) else value
 
 
+def _server_settings(args: argparse.Namespace) -> dict[str, str]:
+    """The server's settings that depart from its defaults, as asked on the command line."""
+    if args.combine_max is None:
+        return {}
+    return {"SWITCHBOARD_COMBINE_MAX": str(args.combine_max)}
+
+
+def _combined(claims_per_transaction: report.Series) -> str:
+    """The note on how many claims the server's claim transactions combined."""
+    return (
+        f"{claims_per_transaction.fmt(1)} claims per claim transaction: the server combines "
+        "concurrent single-todo calls"
+    )
+
+
 def _ratio(a: float, b: float) -> float:
     """``a / b``; NaN when ``b`` is 0 or NaN."""
     return a / b if b else math.nan
@@ -1062,6 +1090,13 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--keep", action="store_true", help="keep the database (for diagnosis)")
     p.add_argument(
+        "--combine-max",
+        type=int,
+        metavar="N",
+        help="run the server with SWITCHBOARD_COMBINE_MAX=N (1: no combining); the README "
+        "table is left alone",
+    )
+    p.add_argument(
         "--strict", action="store_true", help="exit with status 1 when a target is missed"
     )
     return p
@@ -1084,7 +1119,9 @@ async def _main(args: argparse.Namespace) -> int:
         await cluster.start()
         progress.done(f"database {cluster.database}")
         progress.step("starting the server (it applies the migrations)")
-        server = await ServerProcess.start(cluster.dsn, cluster.tmp / "server")
+        server = await ServerProcess.start(
+            cluster.dsn, cluster.tmp / "server", settings=_server_settings(args)
+        )
         progress.done(f"pid {server.pid} on {server.address}")
         api = Api(server.address, params.channels)
         await api.ready()
@@ -1130,7 +1167,9 @@ async def _main(args: argparse.Namespace) -> int:
         f"{params.duration:g} s each, batched and pgqueuer {params.batch_warmup:g} s + "
         f"{params.batch_duration:g} s), {mach['cpu_model']} x {mach['logical_cpus']}, "
         f"PostgreSQL {bench.figures['postgres_version']}"
-        f"{' (embedded)' if cluster.embedded else ''}, load average "
+        f"{' (embedded)' if cluster.embedded else ''}, "
+        + "".join(f"server with {k}={v}, " for k, v in _server_settings(args).items())
+        + "load average "
         f"{load_before[0]:.2f} before / {load_after[0]:.2f} after, {wall:.0f} s."
     )
     markdown = report.table(targets, bench.ceilings(), header, bench.sections())
@@ -1150,6 +1189,7 @@ async def _main(args: argparse.Namespace) -> int:
         "server": {
             "settings": "defaults (every SWITCHBOARD_* and OTEL_* unset but the database, "
             "listeners and operator token)",
+            "departures": _server_settings(args),
             "pool_size": params.pool_size,
             "error_log_lines": len(server_errors),
             "error_log_samples": [line[:300] for line in server_errors[:3]],
@@ -1160,7 +1200,8 @@ async def _main(args: argparse.Namespace) -> int:
         "databases": [cluster.database, *cluster.others],
         "notes": bench.notes,
     }
-    path = report.write_results(result, markdown, params.mode == "quick", not args.no_readme)
+    readme = not args.no_readme and not _server_settings(args)
+    path = report.write_results(result, markdown, params.mode == "quick", readme)
     print(markdown)
     print(f"results: {path.relative_to(report.ROOT)}", file=sys.stderr)
     failed = [t for t in targets if not t.passed]

@@ -35,6 +35,13 @@ QUEUE_ID = "SELECT id FROM queues WHERE endpoint_id = $1 AND name = $2"
 #: The database's clock, for the offset between it and this process's clock.
 CLOCK = "SELECT clock_timestamp()"
 
+#: Claims of queue $1 made from $2 to $3 (database clock), and the claim
+#: transactions that made them: a transaction's claims share its start time.
+CLAIM_TRANSACTIONS = """
+SELECT count(*) AS claims, count(DISTINCT claimed_at) AS transactions
+  FROM attempts WHERE queue_id = $1 AND claimed_at >= $2 AND claimed_at < $3
+"""
+
 #: ``server_version`` of the PostgreSQL in use.
 SERVER_VERSION = "SHOW server_version"
 
