@@ -5,6 +5,8 @@ This layer owns transaction boundaries. Every state change is one statement
 transaction: one round-trip, and a claim's policy lock is released by the
 commit that ends that statement, never held across a round-trip to this
 process. Reads that combine several statements use an explicit transaction.
+Concurrent single-todo claims, heartbeats and settles of one endpoint share
+such a statement (``combining.Combiner``): one transaction serves them all.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ import asyncio
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from switchboard_server import errors
 from switchboard_server.access import Scope, endpoint_scope, require_tenant
@@ -65,8 +67,8 @@ class DispatchSettings:
     #: carries at least one): keeps a batch's response within one message.
     batch_bytes: int = 1024 * 1024
     #: At most how many concurrent single-todo calls of one endpoint one
-    #: transaction serves (ClaimNext with the same queues and lease; Complete,
-    #: Fail, Release); 1 gives each call a transaction of its own.
+    #: transaction serves (ClaimNext with the same queues and lease, Heartbeat
+    #: with the same lease, Complete, Fail, Release); 1: a transaction each.
     combine_max: int = 100
 
 
@@ -77,6 +79,19 @@ class _Caller:
 
     owner_id: uuid.UUID
     endpoint_id: uuid.UUID | None
+
+
+@dataclass(frozen=True)
+class _ExtendFor:
+    """Heartbeats that one transaction may serve together."""
+
+    owner_id: uuid.UUID
+    endpoint_id: uuid.UUID | None
+    lease: timedelta
+
+
+#: A heartbeat's outcome and, when applied, the lease's new expiry.
+Extended = tuple[ItemOutcome, datetime | None]
 
 
 @dataclass(frozen=True)
@@ -183,6 +198,9 @@ class Dispatcher:
         )
         self._settles: Combiner[_Caller, Settlement, Settled] = Combiner(
             self._settle_each, max_batch=settings.combine_max
+        )
+        self._heartbeats: Combiner[_ExtendFor, tuple[int, uuid.UUID], Extended] = Combiner(
+            self._extend_each, max_batch=settings.combine_max
         )
         self._releasing: set[asyncio.Task[None]] = set()
 
@@ -382,10 +400,14 @@ class Dispatcher:
     async def heartbeat(
         self, principal: Principal, todo_id: int, lease_id: uuid.UUID, lease: timedelta | None
     ) -> Lease:
-        """Extends a live lease."""
-        ((outcome, expires_at),) = await self.heartbeat_many(
-            principal, [(todo_id, lease_id)], lease
-        )
+        """Extends a live lease (concurrent calls of one endpoint, for the same
+        lease length, share a transaction)."""
+        scope = require_tenant(principal, Grant.CLAIM)
+        key = _ExtendFor(scope.owner_id, scope.endpoint_id, lease or self._settings.default_lease)
+        if self._settings.combine_max > 1:
+            outcome, expires_at = await self._heartbeats.submit(key, (todo_id, lease_id))
+        else:
+            ((outcome, expires_at),) = await self._extend(key, [(todo_id, lease_id)])
         if outcome is not ItemOutcome.APPLIED:
             raise _refusal(outcome, None)
         assert expires_at is not None
@@ -396,18 +418,31 @@ class Dispatcher:
         principal: Principal,
         leases: Sequence[tuple[int, uuid.UUID]],
         lease: timedelta | None,
-    ) -> list[tuple[ItemOutcome, datetime | None]]:
+    ) -> list[Extended]:
         """Extends each live lease of (todo, lease) pairs, in one transaction:
         per item, the outcome and the new expiry. Todo ids must be distinct."""
         scope = require_tenant(principal, Grant.CLAIM)
+        key = _ExtendFor(scope.owner_id, scope.endpoint_id, lease or self._settings.default_lease)
+        return await self._extend(key, leases)
+
+    async def _extend(
+        self, key: _ExtendFor, leases: Sequence[tuple[int, uuid.UUID]]
+    ) -> list[Extended]:
         async with self._db.statement() as conn:
             return await todo_queries.heartbeat_many(
                 conn,
                 leases=leases,
-                owner_id=scope.owner_id,
-                endpoint_id=scope.endpoint_id,
-                lease=lease or self._settings.default_lease,
+                owner_id=key.owner_id,
+                endpoint_id=key.endpoint_id,
+                lease=key.lease,
             )
+
+    async def _extend_each(
+        self, key: _ExtendFor, leases: list[tuple[int, uuid.UUID]]
+    ) -> list[Extended | Again]:
+        return await _once_per_todo(
+            leases, lambda ref: ref[0], lambda firsts: self._extend(key, firsts)
+        )
 
     async def settle(
         self, principal: Principal, settlements: Sequence[Settlement]
@@ -439,16 +474,9 @@ class Dispatcher:
     async def _settle_each(
         self, caller: _Caller, settlements: list[Settlement]
     ) -> list[Settled | Again]:
-        """Combined single settles: one transaction for the first of each todo;
-        a second call for the same todo goes again, after the first."""
-        seen: set[int] = set()
-        repeated: list[bool] = []
-        for settlement in settlements:
-            repeated.append(settlement.todo_id in seen)
-            seen.add(settlement.todo_id)
-        first = [s for s, again in zip(settlements, repeated, strict=True) if not again]
-        results = iter(await self._settle(caller, first))
-        return [AGAIN if again else next(results) for again in repeated]
+        return await _once_per_todo(
+            settlements, lambda s: s.todo_id, lambda firsts: self._settle(caller, firsts)
+        )
 
     async def _settle_one(self, principal: Principal, settlement: Settlement) -> Todo:
         scope = require_tenant(principal, Grant.CLAIM)
@@ -534,6 +562,26 @@ class Dispatcher:
             async with self._db.connection() as conn:
                 await _require_endpoint(conn, principal, scope)
         return scope.endpoint_id
+
+
+_Item = TypeVar("_Item")
+_Result = TypeVar("_Result")
+
+
+async def _once_per_todo(
+    items: list[_Item],
+    todo_id: Callable[[_Item], int],
+    run: Callable[[list[_Item]], Awaitable[list[_Result]]],
+) -> list[_Result | Again]:
+    """Combined lease calls: one transaction for the first call on each todo
+    (a statement takes each todo once); a repeat goes again, after it."""
+    seen: set[int] = set()
+    repeated: list[bool] = []
+    for item in items:
+        repeated.append(todo_id(item) in seen)
+        seen.add(todo_id(item))
+    results = iter(await run([i for i, again in zip(items, repeated, strict=True) if not again]))
+    return [AGAIN if again else next(results) for again in repeated]
 
 
 _ENDED = {

@@ -163,6 +163,38 @@ async def test_concurrent_completes_share_a_transaction_and_a_repeat_is_refused(
     assert finished <= 3  # the first, the rest that waited behind it, the repeat
 
 
+async def test_concurrent_heartbeats_share_a_transaction(
+    client: Client, tenant: Tenant, db: Database
+) -> None:
+    await ingest(client, tenant.agent, "work", 20)
+    batch = await client.dispatch.ClaimNext(
+        dispatch_pb2.ClaimNextRequest(queues=["work"], claimant="w", max_todos=20),
+        metadata=tenant.agent,
+    )
+    claimed = list(batch.claimed)
+    first = claimed[0]
+
+    async def heartbeat(c: dispatch_pb2.ClaimedTodo) -> dispatch_pb2.HeartbeatResponse:
+        return await client.dispatch.Heartbeat(
+            dispatch_pb2.HeartbeatRequest(todo_id=c.todo.id, lease_id=c.lease.lease_id),
+            metadata=tenant.agent,
+        )
+
+    lock = "SELECT 1 FROM todos WHERE id = $1 FOR UPDATE"
+    async with held(db, lock, int(first.todo.id)):
+        calls = [asyncio.create_task(heartbeat(c)) for c in [first, *claimed]]
+        await until_waiting_on_lock(db)
+        await asyncio.sleep(0.5)
+    extended = await asyncio.gather(*calls)  # the repeat too: a lease may be extended twice
+
+    assert [r.lease.lease_id for r in extended] == [c.lease.lease_id for c in [first, *claimed]]
+    async with db.connection() as conn:
+        expiries = await conn.fetchval("SELECT count(DISTINCT lease_expires_at) FROM todos")
+        claimed_leases = await conn.fetch("SELECT lease_id FROM todos WHERE state = 'claimed'")
+    assert len(claimed_leases) == 20
+    assert expiries <= 3  # the first, the rest that waited behind it, the repeat
+
+
 async def test_a_claim_whose_caller_went_away_is_released_at_once(
     client: Client, tenant: Tenant, db: Database
 ) -> None:
