@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from typing import Any, TypeVar
 
 import grpc
 import pytest
@@ -26,6 +27,10 @@ from switchboard_server.db.database import Conn
 from tests.grpc.test_metrics import scrape, value
 from tests.support.admission import ingest, set_policy
 from tests.support.client import Client, Tenant
+
+POLICY_LOCK = "SELECT 1 FROM admission_policies WHERE id = $1 FOR UPDATE"
+TODO_LOCK = "SELECT 1 FROM todos WHERE id = $1 FOR UPDATE"
+T = TypeVar("T")
 
 
 @contextlib.asynccontextmanager
@@ -54,6 +59,29 @@ async def until_waiting_on_lock(db: Database) -> None:
     raise AssertionError("no session ever waited on the lock")
 
 
+async def behind_a_lock(
+    db: Database, lock: str, arg: int, calls: Sequence[Coroutine[Any, Any, T]]
+) -> list[T]:
+    """Starts ``calls`` while a lock (``lock`` with ``arg``) is held, so that the
+    first transaction waits on it and the other calls arrive behind it; their answers."""
+    async with held(db, lock, arg):
+        tasks = [asyncio.create_task(call) for call in calls]
+        await until_waiting_on_lock(db)
+        await asyncio.sleep(0.5)
+    return list(await asyncio.gather(*tasks))
+
+
+async def claimed_batch(client: Client, tenant: Tenant, n: int) -> list[dispatch_pb2.ClaimedTodo]:
+    """``n`` todos ingested and claimed in one batch."""
+    await ingest(client, tenant.agent, "work", n)
+    batch = await client.dispatch.ClaimNext(
+        dispatch_pb2.ClaimNextRequest(queues=["work"], claimant="w", max_todos=n),
+        metadata=tenant.agent,
+    )
+    assert len(batch.claimed) == n
+    return list(batch.claimed)
+
+
 async def claim_one(
     client: Client, tenant: Tenant, claimant: str
 ) -> dispatch_pb2.ClaimNextResponse:
@@ -76,12 +104,12 @@ async def test_concurrent_claims_share_transactions_each_todo_under_its_callers_
     await set_policy(
         client, tenant.human, "work", endpoint_id=tenant.endpoint_id, max_claims_per_window=40
     )
-    lock = "SELECT 1 FROM admission_policies WHERE id = $1 FOR UPDATE"
-    async with held(db, lock, await policy_id(db, "work")):
-        calls = [asyncio.create_task(claim_one(client, tenant, f"worker-{i}")) for i in range(60)]
-        await until_waiting_on_lock(db)
-        await asyncio.sleep(0.5)  # the other 59 calls arrive and wait for the next batch
-    responses = await asyncio.gather(*calls)
+    responses = await behind_a_lock(
+        db,
+        POLICY_LOCK,
+        await policy_id(db, "work"),
+        [claim_one(client, tenant, f"worker-{i}") for i in range(60)],
+    )
 
     got = {f"worker-{i}": r for i, r in enumerate(responses) if not r.empty}
     assert len(got) == 40  # the window's 40 units, no more
@@ -124,13 +152,7 @@ async def test_concurrent_claims_share_transactions_each_todo_under_its_callers_
 async def test_concurrent_completes_share_a_transaction_and_a_repeat_is_refused(
     client: Client, tenant: Tenant, db: Database
 ) -> None:
-    await ingest(client, tenant.agent, "work", 30)
-    batch = await client.dispatch.ClaimNext(
-        dispatch_pb2.ClaimNextRequest(queues=["work"], claimant="w", max_todos=30),
-        metadata=tenant.agent,
-    )
-    claimed = list(batch.claimed)
-    assert len(claimed) == 30
+    claimed = await claimed_batch(client, tenant, 30)
     first = claimed[0]
 
     async def complete(c: dispatch_pb2.ClaimedTodo) -> grpc.StatusCode:
@@ -143,12 +165,9 @@ async def test_concurrent_completes_share_a_transaction_and_a_repeat_is_refused(
             return err.code()
         return grpc.StatusCode.OK
 
-    lock = "SELECT 1 FROM todos WHERE id = $1 FOR UPDATE"
-    async with held(db, lock, int(first.todo.id)):
-        calls = [asyncio.create_task(complete(c)) for c in [first, *claimed]]
-        await until_waiting_on_lock(db)
-        await asyncio.sleep(0.5)
-    codes = await asyncio.gather(*calls)
+    codes = await behind_a_lock(
+        db, TODO_LOCK, int(first.todo.id), [complete(c) for c in [first, *claimed]]
+    )
 
     assert sorted(c.name for c in codes[:2]) == ["FAILED_PRECONDITION", "OK"]  # the repeat
     assert set(codes[2:]) == {grpc.StatusCode.OK}
@@ -166,12 +185,7 @@ async def test_concurrent_completes_share_a_transaction_and_a_repeat_is_refused(
 async def test_concurrent_heartbeats_share_a_transaction(
     client: Client, tenant: Tenant, db: Database
 ) -> None:
-    await ingest(client, tenant.agent, "work", 20)
-    batch = await client.dispatch.ClaimNext(
-        dispatch_pb2.ClaimNextRequest(queues=["work"], claimant="w", max_todos=20),
-        metadata=tenant.agent,
-    )
-    claimed = list(batch.claimed)
+    claimed = await claimed_batch(client, tenant, 20)
     first = claimed[0]
 
     async def heartbeat(c: dispatch_pb2.ClaimedTodo) -> dispatch_pb2.HeartbeatResponse:
@@ -180,12 +194,9 @@ async def test_concurrent_heartbeats_share_a_transaction(
             metadata=tenant.agent,
         )
 
-    lock = "SELECT 1 FROM todos WHERE id = $1 FOR UPDATE"
-    async with held(db, lock, int(first.todo.id)):
-        calls = [asyncio.create_task(heartbeat(c)) for c in [first, *claimed]]
-        await until_waiting_on_lock(db)
-        await asyncio.sleep(0.5)
-    extended = await asyncio.gather(*calls)  # the repeat too: a lease may be extended twice
+    extended = await behind_a_lock(
+        db, TODO_LOCK, int(first.todo.id), [heartbeat(c) for c in [first, *claimed]]
+    )  # the repeat too: a lease may be extended twice
 
     assert [r.lease.lease_id for r in extended] == [c.lease.lease_id for c in [first, *claimed]]
     async with db.connection() as conn:
@@ -202,8 +213,7 @@ async def test_a_claim_whose_caller_went_away_is_released_at_once(
     await set_policy(
         client, tenant.human, "work", endpoint_id=tenant.endpoint_id, max_claims_per_window=5
     )
-    lock = "SELECT 1 FROM admission_policies WHERE id = $1 FOR UPDATE"
-    async with held(db, lock, await policy_id(db, "work")):
+    async with held(db, POLICY_LOCK, await policy_id(db, "work")):
         with pytest.raises(grpc.aio.AioRpcError) as gone:
             await client.dispatch.ClaimNext(
                 dispatch_pb2.ClaimNextRequest(queues=["work"], claimant="impatient"),
@@ -236,12 +246,12 @@ async def test_combining_off_gives_each_claim_a_transaction(
         await set_policy(
             own, tenant.human, "work", endpoint_id=tenant.endpoint_id, max_claims_per_window=10
         )
-        lock = "SELECT 1 FROM admission_policies WHERE id = $1 FOR UPDATE"
-        async with held(db, lock, await policy_id(db, "work")):
-            calls = [asyncio.create_task(claim_one(own, tenant, f"w{i}")) for i in range(10)]
-            await until_waiting_on_lock(db)
-            await asyncio.sleep(0.3)
-        responses = await asyncio.gather(*calls)
+        responses = await behind_a_lock(
+            db,
+            POLICY_LOCK,
+            await policy_id(db, "work"),
+            [claim_one(own, tenant, f"w{i}") for i in range(10)],
+        )
     finally:
         await own.close()
         await app.stop(grace=1)
