@@ -18,13 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import logging
 from collections import deque
 from collections.abc import Callable, Coroutine, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Generic, TypeVar
-
-log = logging.getLogger(__name__)
 
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
