@@ -1046,6 +1046,13 @@ def _r(value: Any) -> Any:
     return round(value, 1) if isinstance(value, float) else value
 
 
+def _combine_max(value: str) -> int:
+    """``--combine-max``: what the server accepts for SWITCHBOARD_COMBINE_MAX."""
+    if not value.isdigit() or not 1 <= int(value) <= 500:
+        raise argparse.ArgumentTypeError(f"must be an integer from 1 to 500, got {value!r}")
+    return int(value)
+
+
 def _server_settings(args: argparse.Namespace) -> dict[str, str]:
     """The server's settings that depart from its defaults, as asked on the command line."""
     if args.combine_max is None:
@@ -1091,7 +1098,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", action="store_true", help="keep the database (for diagnosis)")
     p.add_argument(
         "--combine-max",
-        type=int,
+        type=_combine_max,
         metavar="N",
         help="run the server with SWITCHBOARD_COMBINE_MAX=N (1: no combining); the README "
         "table is left alone",
