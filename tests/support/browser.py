@@ -15,11 +15,11 @@ import shutil
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
-from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.wait import WebDriverWait
 
 CHROMIUM = "/usr/bin/chromium"
@@ -120,7 +120,7 @@ class Browser:
         def click_and_wait() -> None:
             old = self._find("html")
             self._find(css).click()
-            WebDriverWait(self.driver, 15).until(expected_conditions.staleness_of(old))
+            WebDriverWait(self.driver, 15).until(lambda _: _left_the_document(old))
             WebDriverWait(self.driver, 15).until(
                 lambda d: d.execute_script("return document.readyState") == "complete"
             )
@@ -149,3 +149,20 @@ class Browser:
             return png
 
         return await asyncio.to_thread(shoot)
+
+
+def _left_the_document(element: WebElement) -> bool:
+    """Whether a page's element is gone (the next page has replaced it).
+
+    Mid-navigation chromedriver may say so as an "unknown error" ("Node with
+    given id does not belong to the document") instead of a stale reference.
+    """
+    try:
+        element.is_enabled()
+    except StaleElementReferenceException:
+        return True
+    except WebDriverException as exc:
+        if "does not belong to the document" in str(exc):
+            return True
+        raise
+    return False
