@@ -224,12 +224,18 @@ class ServerProcess:
 
     async def stop(self, kill_after: float = 20) -> int:
         """SIGTERM, wait (SIGKILL after ``kill_after`` seconds); returns the exit code."""
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.proc.wait(), kill_after)
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
-        assert self.proc.returncode is not None
-        return self.proc.returncode
+        return await terminate(self.proc, kill_after)
+
+
+async def terminate(proc: asyncio.subprocess.Process, kill_after: float) -> int:
+    """SIGTERM, wait (SIGKILL after ``kill_after`` seconds); returns the exit code."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):  # it may have just exited
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), kill_after)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode

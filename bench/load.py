@@ -14,10 +14,10 @@ import asyncio
 import collections
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 import grpc
@@ -26,7 +26,10 @@ from switchboard.v1 import dispatch_pb2
 from switchboard_server.dispatch import DispatchSettings
 
 from bench import sql
-from bench.api import Api, Tenant
+from bench.api import Api, Metadata, Tenant
+
+if TYPE_CHECKING:  # the async stub class exists only in the generated .pyi
+    from switchboard.v1.dispatch_pb2_grpc import DispatchServiceAsyncStub
 
 #: Called with a short live status while a measurement runs.
 Live = Callable[[str], None]
@@ -209,13 +212,21 @@ async def _until(done: Callable[[], bool], seconds: float, update: Callable[[], 
 _BACKOFF = 0.02
 
 
-def grpc_claim_loop(api: Api, tenant: Tenant, *, settle: str) -> Worker:
-    """ClaimNext then Complete (or Release), through gRPC with the generated client."""
-    request = dispatch_pb2.ClaimNextRequest(claimant="bench")
+#: Settles what one ClaimNext answered; returns the queue and how many todos it finished.
+Settle = Callable[
+    ["DispatchServiceAsyncStub", Metadata, dispatch_pb2.ClaimNextResponse, Meter],
+    Awaitable[tuple[str, int]],
+]
+
+
+def _claim_then(api: Api, tenant: Tenant, max_todos: int, settle: Settle) -> Worker:
+    """ClaimNext (for up to ``max_todos``, as claimant ``bench-<worker>``), then
+    ``settle`` what it answered, through gRPC with the generated client."""
 
     async def work(i: int, meter: Meter) -> None:
         stub = api.dispatch[i % len(api.dispatch)]
         metadata = tenant.agent
+        request = dispatch_pb2.ClaimNextRequest(claimant=f"bench-{i}", max_todos=max_todos)
         while not meter.stopping:
             t0 = time.perf_counter()
             try:
@@ -225,28 +236,41 @@ def grpc_claim_loop(api: Api, tenant: Tenant, *, settle: str) -> Worker:
                     meter.nothing()
                     await asyncio.sleep(_BACKOFF)
                     continue
-                if settle == "complete":
-                    await stub.Complete(
-                        dispatch_pb2.CompleteRequest(
-                            todo_id=claimed.todo.id, lease_id=claimed.lease.lease_id
-                        ),
-                        metadata=metadata,
-                    )
-                else:
-                    await stub.Release(
-                        dispatch_pb2.ReleaseRequest(
-                            todo_id=claimed.todo.id, lease_id=claimed.lease.lease_id
-                        ),
-                        metadata=metadata,
-                    )
+                queue, done = await settle(stub, metadata, claimed, meter)
                 t2 = time.perf_counter()
             except grpc.aio.AioRpcError as exc:
                 meter.error(exc)
                 await asyncio.sleep(_BACKOFF)
                 continue
-            meter.done(claimed.todo.queue.name, claim=t1 - t0, settle=t2 - t1, todo=t2 - t0)
+            if done:
+                meter.done(queue, n=done, claim=t1 - t0, settle=t2 - t1, todo=t2 - t0)
 
     return work
+
+
+def grpc_claim_loop(api: Api, tenant: Tenant, *, settle: str) -> Worker:
+    """ClaimNext then Complete (or Release), through gRPC with the generated client."""
+
+    async def one(
+        stub: DispatchServiceAsyncStub,
+        metadata: Metadata,
+        claimed: dispatch_pb2.ClaimNextResponse,
+        meter: Meter,
+    ) -> tuple[str, int]:
+        todo_id, lease_id = claimed.todo.id, claimed.lease.lease_id
+        if settle == "complete":
+            await stub.Complete(
+                dispatch_pb2.CompleteRequest(todo_id=todo_id, lease_id=lease_id),
+                metadata=metadata,
+            )
+        else:
+            await stub.Release(
+                dispatch_pb2.ReleaseRequest(todo_id=todo_id, lease_id=lease_id),
+                metadata=metadata,
+            )
+        return claimed.todo.queue.name, 1
+
+    return _claim_then(api, tenant, 1, one)
 
 
 def grpc_batch_loop(api: Api, tenant: Tenant, *, batch: int) -> Worker:
@@ -255,50 +279,33 @@ def grpc_batch_loop(api: Api, tenant: Tenant, *, batch: int) -> Worker:
     Counts every todo of the batch (the rate is todos per second); a batch
     cut short by an emptying queue counts what it carried.
     """
-    request = dispatch_pb2.ClaimNextRequest(claimant="bench", max_todos=batch)
     complete = dispatch_pb2.CompleteAction()
     applied = dispatch_pb2.BATCH_ITEM_STATUS_APPLIED
 
-    async def work(i: int, meter: Meter) -> None:
-        stub = api.dispatch[i % len(api.dispatch)]
-        metadata = tenant.agent
-        while not meter.stopping:
-            t0 = time.perf_counter()
-            try:
-                claimed = await stub.ClaimNext(request, metadata=metadata)
-                t1 = time.perf_counter()
-                if claimed.empty:
-                    meter.nothing()
-                    await asyncio.sleep(_BACKOFF)
-                    continue
-                held = [(c.todo, c.lease) for c in claimed.claimed] or [
-                    (claimed.todo, claimed.lease)
+    async def all_of(
+        stub: DispatchServiceAsyncStub,
+        metadata: Metadata,
+        claimed: dispatch_pb2.ClaimNextResponse,
+        meter: Meter,
+    ) -> tuple[str, int]:
+        held = [(c.todo, c.lease) for c in claimed.claimed] or [(claimed.todo, claimed.lease)]
+        settled = await stub.SettleTodos(
+            dispatch_pb2.SettleTodosRequest(
+                settlements=[
+                    dispatch_pb2.Settlement(
+                        todo_id=todo.id, lease_id=lease.lease_id, complete=complete
+                    )
+                    for todo, lease in held
                 ]
-                settled = await stub.SettleTodos(
-                    dispatch_pb2.SettleTodosRequest(
-                        settlements=[
-                            dispatch_pb2.Settlement(
-                                todo_id=todo.id, lease_id=lease.lease_id, complete=complete
-                            )
-                            for todo, lease in held
-                        ]
-                    ),
-                    metadata=metadata,
-                )
-                t2 = time.perf_counter()
-            except grpc.aio.AioRpcError as exc:
-                meter.error(exc)
-                await asyncio.sleep(_BACKOFF)
-                continue
-            done = sum(1 for r in settled.results if r.status == applied)
-            if done != len(held):
-                meter.error(RuntimeError(f"{len(held) - done} of {len(held)} settlements refused"))
-            if done:
-                meter.done(
-                    held[0][0].queue.name, n=done, claim=t1 - t0, settle=t2 - t1, todo=t2 - t0
-                )
+            ),
+            metadata=metadata,
+        )
+        done = sum(1 for r in settled.results if r.status == applied)
+        if done != len(held):
+            meter.error(RuntimeError(f"{len(held) - done} of {len(held)} settlements refused"))
+        return held[0][0].queue.name, done
 
-    return work
+    return _claim_then(api, tenant, batch, all_of)
 
 
 def db_claim_loop(

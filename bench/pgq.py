@@ -22,7 +22,6 @@ concurrency limit is seen not to bind.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.metadata
 import os
 import signal
@@ -41,6 +40,7 @@ from pgqueuer.db import AsyncpgDriver
 from pgqueuer.domain.settings import db_settings
 
 from bench import sql
+from bench.cluster import terminate
 from bench.load import Live, RunResult
 from bench.pgq_worker import BATCH_ENV, DSN_ENV, LIMIT_ENV
 from bench.pgq_worker import ENTRYPOINT as ENTRYPOINT
@@ -185,16 +185,7 @@ class WorkerProcess:
 
     async def stop(self, kill_after: float = 20) -> int:
         """SIGTERM (pgqueuer finishes its jobs and flushes its buffers), wait, SIGKILL late."""
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.proc.wait(), kill_after)
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
-        assert self.proc.returncode is not None
-        return self.proc.returncode
+        return await terminate(self.proc, kill_after)
 
 
 async def measure_drain(

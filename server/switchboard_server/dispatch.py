@@ -175,6 +175,15 @@ def _nth_claim(claimed: Claimed, later: int) -> Claimed:
     )
 
 
+def _claims(todos: Sequence[Todo], admission: Mapping[str, Any]) -> list[Claimed]:
+    """Todos one claim transaction claimed (all of one queue), each with the
+    transaction's headroom, read once."""
+    data = admission.get("headroom")
+    first = todos[0]
+    headroom = headroom_from_json(data, first.endpoint_id, first.queue) if data else None
+    return [Claimed(todo, _lease_of(todo), headroom) for todo in todos]
+
+
 def _lease_of(todo: Todo) -> Lease:
     assert todo.lease_id is not None and todo.lease_expires_at is not None
     return Lease(todo.lease_id, todo.lease_expires_at)
@@ -245,7 +254,7 @@ class Dispatcher:
             outcome, todo = result.outcome, result.todo
             claimed, deferrals = None, []
             if outcome == "claimed" and todo is not None:
-                claimed = self._claimed(todo, result.admission)
+                (claimed,) = _claims([todo], result.admission)
                 observed.claimed(todo.queue, _charged(claimed))
             elif outcome == "deferred" and todo is not None:
                 deferrals = self._deferrals(result.admission, todo.endpoint_id)
@@ -319,9 +328,7 @@ class Dispatcher:
                 )
             deferrals = self._deferrals(result.admission, key.endpoint_id)
             if result.todos:
-                # One queue, one headroom: read once for the whole batch.
-                headroom = self._claimed(result.todos[0], result.admission).headroom
-                claimed = [Claimed(todo, _lease_of(todo), headroom) for todo in result.todos]
+                claimed = _claims(result.todos, result.admission)
                 observed.claimed(result.todos[0].queue, _charged(claimed[0]), len(claimed))
                 return ClaimNextResult(claimed, deferrals)
             observed.refused(deferrals, len(claimants))
@@ -365,14 +372,6 @@ class Dispatcher:
             await self._settle(caller, settlements)
         except Exception:
             log.warning("an orphaned claim was not released: its lease will lapse", exc_info=True)
-
-    def _claimed(self, todo: Todo, admission: Mapping[str, Any]) -> Claimed:
-        headroom = admission.get("headroom")
-        return Claimed(
-            todo,
-            _lease_of(todo),
-            headroom_from_json(headroom, todo.endpoint_id, todo.queue) if headroom else None,
-        )
 
     def _deferrals(self, admission: Mapping[str, Any], endpoint_id: uuid.UUID) -> list[Deferral]:
         return [

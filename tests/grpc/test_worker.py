@@ -254,26 +254,34 @@ async def test_an_idle_worker_waits_for_the_doorbell_instead_of_polling(
     assert worker.stats.deferred_waits == 0
 
 
-async def test_the_worker_drains_a_budgeted_queue_across_a_window_boundary_on_the_doorbell(
-    client: Client, tenant: Tenant, db: Database
-) -> None:
-    """The SPEC's worker test: deferred, it waits; the boundary's doorbell wakes it."""
-    # Put the shared clock at noon UTC tomorrow: the DAY window's end is then at
-    # least 36 hours away by the local clock, which this test never moves.
+async def budgeted_at_noon(
+    client: Client, tenant: Tenant, db: Database, *, window_limit: int, todos: int
+) -> tuple[datetime, list[str]]:
+    """Queue "budgeted" with ``window_limit`` claims a UTC day and ``todos`` todos,
+    the shared clock at noon UTC tomorrow (the DAY window's end is then at least
+    36 hours away by the local clock, which these tests never move): the
+    window's end and the todos' ids."""
     noon = (datetime.now(UTC) + timedelta(days=1)).replace(
         hour=12, minute=0, second=0, microsecond=0
     )
-    boundary = noon.replace(hour=0) + timedelta(days=1)
     await set_clock(db, noon)
     await set_policy(
         client,
         tenant.human,
         "budgeted",
         endpoint_id=tenant.endpoint_id,
-        max_claims_per_window=3,
+        max_claims_per_window=window_limit,
         win=window(admission_pb2.WINDOW_PERIOD_DAY, "UTC", "00:00"),
     )
-    ids = await ingest(client, tenant.agent, "budgeted", 6)
+    ids = await ingest(client, tenant.agent, "budgeted", todos)
+    return noon.replace(hour=0) + timedelta(days=1), ids
+
+
+async def test_the_worker_drains_a_budgeted_queue_across_a_window_boundary_on_the_doorbell(
+    client: Client, tenant: Tenant, db: Database
+) -> None:
+    """The SPEC's worker test: deferred, it waits; the boundary's doorbell wakes it."""
+    boundary, ids = await budgeted_at_noon(client, tenant, db, window_limit=3, todos=6)
     seen: list[str] = []
 
     async def handle(todo: Todo) -> None:
@@ -803,22 +811,7 @@ async def test_a_settle_call_applied_but_unanswered_counts_its_todos_once(
 async def test_a_batch_cut_short_by_the_budget_is_a_deferral_and_the_worker_sleeps(
     client: Client, tenant: Tenant, db: Database
 ) -> None:
-    # The shared clock at noon UTC tomorrow: the DAY window's end is at least
-    # 36 hours away by the local clock, which this test never moves.
-    noon = (datetime.now(UTC) + timedelta(days=1)).replace(
-        hour=12, minute=0, second=0, microsecond=0
-    )
-    boundary = noon.replace(hour=0) + timedelta(days=1)
-    await set_clock(db, noon)
-    await set_policy(
-        client,
-        tenant.human,
-        "budgeted",
-        endpoint_id=tenant.endpoint_id,
-        max_claims_per_window=7,
-        win=window(admission_pb2.WINDOW_PERIOD_DAY, "UTC", "00:00"),
-    )
-    ids = await ingest(client, tenant.agent, "budgeted", 20)
+    boundary, ids = await budgeted_at_noon(client, tenant, db, window_limit=7, todos=20)
     seen: list[str] = []
 
     async def handle(todo: Todo) -> None:

@@ -910,14 +910,7 @@ class Worker:
                 return True
             except grpc.aio.AioRpcError as err:
                 if err.code() in _LEASE_LOST_CODES:
-                    held.lost = True
-                    self.stats.lost += 1
-                    log.warning(
-                        "%s of todo %s refused: the lease is stale (%s)",
-                        name,
-                        held.todo_id,
-                        err.details(),
-                    )
+                    self._settlement_refused(held, name, err.details() or "")
                     return False
                 remaining = held.expires - time.monotonic()
                 if err.code() not in TRANSIENT_CODES or remaining <= 0:
@@ -995,11 +988,12 @@ class Worker:
             log.info("todo %s was settled by an earlier try of the same call", held.todo_id)
             self._count(s)
             return
+        self._settlement_refused(
+            held, action, result.message if result is not None else "missing from the answer"
+        )
+
+    def _settlement_refused(self, held: _Held, action: str, why: str) -> None:
+        """A settlement refused for a stale lease: the todo is lost, never retried."""
         held.lost = True
         self.stats.lost += 1
-        log.warning(
-            "%s of todo %s refused: the lease is stale (%s)",
-            action,
-            held.todo_id,
-            result.message if result is not None else "missing from the answer",
-        )
+        log.warning("%s of todo %s refused: the lease is stale (%s)", action, held.todo_id, why)
