@@ -40,5 +40,6 @@ async def reopen_sweep(conn: Conn, batch: int) -> list[tuple[int, str, bool]]:
 
 
 async def recheck_gate(conn: Conn, queue_id: int) -> None:
-    """Makes a deferred gate due at once (its policy changed)."""
+    """A queue's policy changed: its deferred gate is due at once, or marked if
+    the new policy defers the queue (so that it rings when it reopens)."""
     await conn.execute(sql("gate_recheck"), queue_id)

@@ -8,5 +8,6 @@ SELECT queue, pending, at FROM sb_doorbell_snapshot($1, $2);
 SELECT queue_id, cause, rang FROM sb_reopen_sweep($1);
 
 -- name: gate_recheck :exec
--- A queue's policy changed: evaluate its deferred gate at the next sweep.
-UPDATE queue_gates SET next_check_at = sb_now() WHERE queue_id = $1 AND deferred;
+-- A queue's policy changed (in this transaction): evaluate its deferred gate
+-- at the next sweep, or mark the gate if the new policy defers the queue.
+SELECT sb_gate_policy_changed($1);

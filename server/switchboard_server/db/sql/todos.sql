@@ -47,7 +47,8 @@ SELECT id, queue_id, owner_id, endpoint_id, queue, state, ''::bytea AS payload, 
 
 -- name: todo_reap_lapsed :many
 -- Returns up to $1 lapsed leases to pending (dead when no attempts are
--- left). SKIP LOCKED makes concurrent reapers on several replicas safe.
+-- left), freeing their queues' in-flight slots. SKIP LOCKED makes
+-- concurrent reapers on several replicas safe.
 WITH lapsed AS (
     SELECT id FROM todos
      WHERE state = 'claimed' AND lease_expires_at <= sb_now()
@@ -67,8 +68,11 @@ WITH lapsed AS (
 ), closed AS (
     UPDATE attempts SET outcome = 'lapsed', finished_at = sb_now()
       FROM reaped WHERE attempts.todo_id = reaped.id AND attempts.number = reaped.attempt
+), freed AS (
+    -- The reaped todos' in-flight slots are free: their gates ring SLOT_FREED.
+    SELECT sb_gates_slot_freed(array_agg(DISTINCT queue_id), sb_now()) FROM reaped
 )
-SELECT id, state, queue_id FROM reaped;
+SELECT reaped.id, reaped.state, reaped.queue_id FROM reaped, freed;
 
 -- name: todo_delete_finished :many
 -- Deletes up to $2 done or dead todos (and, by cascade, their attempts)
