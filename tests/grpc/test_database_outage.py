@@ -28,6 +28,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from switchboard.v1 import dispatch_pb2, queue_pb2, todo_pb2
 from switchboard_server import app as server_app
 from switchboard_server.config import Settings
+from switchboard_server.db import Database
+from switchboard_server.health import DatabaseHealth, Readiness
 
 from tests.support.client import Client, Tenant, make_tenant
 from tests.support.processes import ServerProcess
@@ -93,6 +95,22 @@ async def test_claim_of_a_row_held_past_the_lock_timeout_is_aborted_not_internal
         await holder.close()
         await client.close()
         await server.stop(grace=1)
+
+
+async def test_health_never_flips_back_once_shutting_down(db: Database) -> None:
+    readiness = Readiness()
+    published: list[bool] = []
+
+    async def publish(serving: bool) -> None:
+        published.append(serving)
+
+    monitor = DatabaseHealth(db, readiness, publish, timedelta(milliseconds=50))
+    assert await monitor.check_once()
+    assert published == [], "only changes are published"
+    readiness.shutdown()
+    assert await monitor.check_once()  # the database answers, but the process is stopping
+    assert published == []
+    assert not readiness.serving and readiness.reason == "shutting down"
 
 
 # --- PostgreSQL restarted under load ------------------------------------------------------

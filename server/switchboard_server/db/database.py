@@ -224,7 +224,10 @@ def _discard_if_broken(conn: Conn) -> Iterator[None]:
             translated(exc.__cause__) if exc.__cause__ is not None else None
         )
         if unavailable is not None and not isinstance(unavailable, errors.Aborted):
-            conn.terminate()
+            # A connection that already closed was handed back by asyncpg
+            # itself; its proxy then refuses every call, this one too.
+            with contextlib.suppress(asyncpg.InterfaceError):
+                conn.terminate()
         raise
 
 
