@@ -258,6 +258,9 @@ async def test_postgres_restarted_under_load(cluster: ThrowawayPostgres) -> None
             await asyncio.to_thread(cluster.stop, "fast")
             await wait_until(lambda: watch.seen[-1] == NOT_SERVING, 10, "health NOT_SERVING")
             assert await healthz(server.http_address) == 503
+            for name in server_app.SERVICE_NAMES:
+                reply = await watch.stub.Check(health_pb2.HealthCheckRequest(service=name))
+                assert reply.status == NOT_SERVING, name
             seen_failures = sum(load.failures.values())
             await wait_until(
                 at_least(lambda: sum(load.failures.values()), seen_failures + 10),
