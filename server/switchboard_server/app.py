@@ -1,8 +1,9 @@
 """Assembles and runs one server process.
 
-Start-up order: database (embedded when no URL is given), migrations (under
-an advisory lock), gRPC server with health and reflection, background loops.
-Shutdown reverses it: health NOT_SERVING, stop accepting and drain RPCs with a
+Start-up order: database (embedded when no URL is given; waited for with
+backoff up to ``SWITCHBOARD_START_TIMEOUT``), migrations (under an advisory
+lock), gRPC server with health and reflection, the database health loop,
+background loops. Shutdown reverses it: health NOT_SERVING, stop accepting and drain RPCs with a
 grace period, stop loops, close the pool, stop the embedded database.
 """
 
@@ -28,7 +29,7 @@ from switchboard.v1 import (
     dispatch_pb2_grpc,
 )
 
-from switchboard_server import tracing
+from switchboard_server import errors, tracing
 from switchboard_server.admission import AdmissionControl, refresh_schedules
 from switchboard_server.auth import Authenticator
 from switchboard_server.config import Settings
@@ -38,6 +39,7 @@ from switchboard_server.db.migrate import migrate
 from switchboard_server.dispatch import Dispatcher, DispatchSettings
 from switchboard_server.doorbells import DoorbellHub, reopen_once
 from switchboard_server.embedded_pg import EmbeddedPostgres
+from switchboard_server.health import DatabaseHealth, Readiness, grpc_publisher
 from switchboard_server.hooks import deliver_once, open_client
 from switchboard_server.loops import LoopSignals, Supervisor, reap_once, retain_once
 from switchboard_server.metrics import Metrics
@@ -61,8 +63,18 @@ SERVICE_NAMES = (
 MAX_MESSAGE_BYTES = MAX_PAYLOAD_BYTES + 64 * 1024
 
 
+#: Start-up retries: the first delay, and the most any one delay grows to.
+START_RETRY_FIRST = 0.1
+START_RETRY_CAP = 5.0
+
+
 async def open_database(settings: Settings) -> tuple[Database, EmbeddedPostgres | None]:
-    """Connects to ``database_url``, or starts the embedded PostgreSQL first."""
+    """Connects to ``database_url``, or starts the embedded PostgreSQL first.
+
+    A database that does not answer yet is retried with exponential backoff
+    (one log line per attempt) for up to ``settings.start_timeout``; then
+    ``errors.Unavailable``.
+    """
     embedded = None
     dsn = settings.database_url
     if dsn is None:
@@ -70,14 +82,44 @@ async def open_database(settings: Settings) -> tuple[Database, EmbeddedPostgres 
         dsn = await asyncio.to_thread(embedded.start)
         log.info("embedded postgres started", extra={"data_dir": str(settings.data_dir)})
     try:
-        db = await Database.connect(
-            dsn, max_size=settings.pool_max_size, lock_timeout=settings.lock_timeout
-        )
+        db = await _connect_with_retry(dsn, settings)
     except BaseException:
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)
         raise
     return db, embedded
+
+
+async def _connect_with_retry(dsn: str, settings: Settings) -> Database:
+    loop = asyncio.get_running_loop()
+    budget = settings.start_timeout.total_seconds()
+    deadline = loop.time() + budget
+    delay = START_RETRY_FIRST
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return await Database.connect(
+                dsn, max_size=settings.pool_max_size, lock_timeout=settings.lock_timeout
+            )
+        except errors.Unavailable as exc:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise errors.Unavailable(
+                    f"the database did not answer within {budget:g} s "
+                    f"(SWITCHBOARD_START_TIMEOUT), {attempt} attempts; last: {exc.message}"
+                ) from exc
+            wait = min(delay, left)
+            log.warning(
+                "database not ready; retrying",
+                extra={
+                    "attempt": attempt,
+                    "error": exc.message[:300],
+                    "retry_in_s": round(wait, 2),
+                },
+            )
+            await asyncio.sleep(wait)
+            delay = min(delay * 2, START_RETRY_CAP)
 
 
 async def run_migrations(db: Database) -> None:
@@ -102,6 +144,8 @@ class App:
     health: HealthServicer
     hub: DoorbellHub
     embedded: EmbeddedPostgres | None = None
+    #: What the health endpoints report (the database answers; not shutting down).
+    readiness: Readiness = field(default_factory=Readiness)
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
     #: The notify-hook HTTP client, closed once the loops have stopped.
     http: httpx.AsyncClient | None = None
@@ -126,6 +170,7 @@ class App:
         if self.stopped.is_set():
             return
         self.stopped.set()
+        self.readiness.shutdown()
         await self.health.enter_graceful_shutdown()
         self.hub.close()  # ends WatchReopen streams, so draining does not wait on them
         await self.server.stop(grace)
@@ -164,6 +209,7 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
         supervisor.run("listener", listener.run)
         await asyncio.wait_for(listener.connected.wait(), 30)
         metrics = Metrics(settings.metrics_queue_labels)
+        readiness = Readiness()
         deps = WebDeps(
             db=db,
             authenticator=authenticator,
@@ -180,6 +226,7 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
             ),
             admission=AdmissionControl(db),
             metrics=metrics,
+            readiness=readiness,
         )
         server, health_servicer = _grpc_server(deps, hub)
         port = server.add_insecure_port(settings.listen)
@@ -188,6 +235,13 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
         await server.start()
         for name in ("", *SERVICE_NAMES):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        db_health = DatabaseHealth(
+            db,
+            readiness,
+            grpc_publisher(health_servicer, ("", *SERVICE_NAMES)),
+            settings.health_interval,
+        )
+        supervisor.run("health", db_health.run)
         runner, http_port = await start_http(deps, settings.http_listen)
         _start_loops(supervisor, settings, db, hub, signals or LoopSignals(), http, metrics)
     except BaseException:
@@ -208,6 +262,7 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
         health_servicer,
         hub,
         embedded,
+        readiness=readiness,
         http=http,
         web=runner,
         http_port=http_port,

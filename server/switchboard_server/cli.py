@@ -154,15 +154,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"switchboard: {exc}", file=sys.stderr)
         return 2
     logs.configure(settings.log_level)
-    if args.command == "serve":
-        # The server's modules load only for the commands that need them, so
-        # the client commands start quickly.
-        from switchboard_server import app
+    # The server's modules load only for the commands that need them, so the
+    # client commands start quickly.
+    from switchboard_server import errors
 
-        return _run_fast(app.serve(settings))
-    if args.command == "migrate":
-        return asyncio.run(_migrate(settings))
-    return asyncio.run(_bootstrap(settings, args.label))
+    try:
+        if args.command == "serve":
+            from switchboard_server import app
+
+            return _run_fast(app.serve(settings))
+        if args.command == "migrate":
+            return asyncio.run(_migrate(settings))
+        return asyncio.run(_bootstrap(settings, args.label))
+    except errors.Unavailable as exc:
+        # The database never answered (SWITCHBOARD_START_TIMEOUT) or went away
+        # while starting: one line, no traceback.
+        print(f"switchboard: cannot start: {exc.message}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

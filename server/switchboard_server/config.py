@@ -55,6 +55,10 @@ class Settings:
     metrics_queue_labels: int = 50
     #: At most how many concurrent single-todo calls one transaction serves; 1: none combined.
     combine_max: int = 100
+    #: Seconds between health pings of the database (a quarter of it while it is down).
+    health_interval: timedelta = timedelta(seconds=1)
+    #: How long ``serve`` waits for the database at start before it gives up.
+    start_timeout: timedelta = timedelta(seconds=60)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -97,4 +101,6 @@ class Settings:
             log_level=(env.get("SWITCHBOARD_LOG_LEVEL") or "INFO").upper(),
             metrics_queue_labels=int(queue_labels),
             combine_max=int(combine),
+            health_interval=_seconds(env, "SWITCHBOARD_HEALTH_INTERVAL", 1),
+            start_timeout=_seconds(env, "SWITCHBOARD_START_TIMEOUT", 60),
         )

@@ -65,6 +65,17 @@ class Unavailable(SwitchboardError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class Aborted(Unavailable):
+    """The transaction was aborted by a conflict with another one; nothing changed; try again.
+
+    A lock not taken within ``SWITCHBOARD_LOCK_TIMEOUT``, a deadlock or a
+    serialization failure. A kind of ``Unavailable`` (infrastructure trouble,
+    retryable; whoever handles that handles this), answered as ``ABORTED``.
+    """
+
+    code = grpc.StatusCode.ABORTED
+
+
 @dataclass(frozen=True)
 class FieldViolation:
     """One invalid request field and what is wrong with it."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from switchboard_server import errors
 from switchboard_server.db import Database
 from switchboard_server.db import todos as todo_queries
 from switchboard_server.metrics import Metrics
@@ -97,6 +98,14 @@ class Supervisor:
                         signal.put_nowait(done)
                 except asyncio.CancelledError:
                     raise
+                except errors.Unavailable as exc:
+                    # Expected while the database is down or restarting: no traceback.
+                    log.warning(
+                        "%s pass failed: %s; retrying next interval",
+                        name,
+                        exc.message,
+                        extra={"loop": name},
+                    )
                 except Exception:
                     log.exception("%s pass failed; retrying next interval", name)
                 await asyncio.sleep(interval.total_seconds())

@@ -19,8 +19,11 @@ class ServerProcess:
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc
         self.address = ""
+        #: ``host:port`` of its HTTP listener (``/healthz``, ``/metrics``), once serving.
+        self.http_address = ""
         self.log: list[str] = []
         self._ready = asyncio.get_running_loop().create_future()
+        self._logged = asyncio.Event()
         self._reader = asyncio.create_task(self._read())
 
     @classmethod
@@ -35,6 +38,35 @@ class ServerProcess:
         With ``database_url=None`` the server runs its embedded PostgreSQL (give
         it a ``SWITCHBOARD_DATA_DIR`` in ``env``).
         """
+        server = await cls.launch(database_url, env)
+        await server.wait_serving(ready_within)
+        return server
+
+    async def wait_serving(self, within: float = 30) -> None:
+        """Waits until the process logs that it serves (stops it if it does not)."""
+        try:
+            self.address = await asyncio.wait_for(asyncio.shield(self._ready), within)
+        except BaseException:
+            await self.stop()
+            raise RuntimeError("server did not start:\n" + "\n".join(self.log)) from None
+
+    async def wait_for_log(self, text: str, within: float = 30) -> str:
+        """The first log line containing ``text``, waiting up to ``within`` seconds for it."""
+        async with asyncio.timeout(within):
+            while True:
+                for line in self.log:
+                    if text in line:
+                        return line
+                if self._reader.done():
+                    raise RuntimeError(f"exited without logging {text!r}:\n" + "\n".join(self.log))
+                self._logged.clear()
+                await self._logged.wait()
+
+    @classmethod
+    async def launch(
+        cls, database_url: str | None, env: Mapping[str, str] | None = None
+    ) -> ServerProcess:
+        """Starts ``switchboard serve`` without waiting for it (see ``wait_serving``)."""
         child_env = {
             **os.environ,
             "SWITCHBOARD_LISTEN": "127.0.0.1:0",
@@ -55,23 +87,20 @@ class ServerProcess:
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
         )
-        server = cls(proc)
-        try:
-            server.address = await asyncio.wait_for(asyncio.shield(server._ready), ready_within)
-        except BaseException:
-            await server.stop()
-            raise RuntimeError("server did not start:\n" + "\n".join(server.log)) from None
-        return server
+        return cls(proc)
 
     async def _read(self) -> None:
         assert self.proc.stderr is not None
         async for raw in self.proc.stderr:
             line = raw.decode(errors="replace").rstrip()
             self.log.append(line)
-            with contextlib.suppress(ValueError):
+            self._logged.set()
+            with contextlib.suppress(ValueError, AttributeError):
                 entry = json.loads(line)
                 if entry.get("message") == "serving" and not self._ready.done():
+                    self.http_address = entry.get("http", "")
                     self._ready.set_result(entry["grpc"])
+        self._logged.set()
         if not self._ready.done():
             self._ready.set_exception(RuntimeError("server exited before serving"))
 

@@ -7,8 +7,9 @@ itself beyond the ``Conn`` type.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -22,28 +23,83 @@ if TYPE_CHECKING:
 else:
     Conn = asyncpg.Connection
 
-#: Errors that mean the database or the network to it is unavailable.
-_UNAVAILABLE: tuple[type[BaseException], ...] = (
-    asyncpg.exceptions.ConnectionDoesNotExistError,
-    asyncpg.exceptions.CannotConnectNowError,
-    asyncpg.exceptions.TooManyConnectionsError,
-    asyncpg.exceptions.AdminShutdownError,
-    asyncpg.exceptions.CrashShutdownError,
-    asyncpg.exceptions.ConnectionFailureError,
-    asyncpg.exceptions.InterfaceError,
-    ConnectionError,
+#: SQLSTATEs whose transaction lost a conflict with another: nothing was
+#: changed and the same call may succeed at once (``ABORTED``).
+_ABORTED_STATES: dict[str, str] = {
+    "55P03": "a lock was not taken within the lock timeout",
+    "40001": "a serialization failure",
+    "40P01": "a deadlock",
+}
+
+#: SQLSTATEs, then SQLSTATE classes (their first two characters), that mean
+#: the database cannot serve now (``UNAVAILABLE``).
+_UNAVAILABLE_STATES: dict[str, str] = {
+    "25006": "the database is read-only (a standby)",
+    "40003": "the statement's completion is unknown",
+}
+_UNAVAILABLE_CLASSES: dict[str, str] = {
+    "08": "the connection to the database failed",
+    "53": "the database is out of resources",
+    "57": "the database is shutting down, starting or cancelled the statement",
+    "58": "the database had a system error",
+}
+
+#: Client-side errors that mean the connection (or the way to it) is broken:
+#: asyncpg's own (e.g. ``InternalClientError: cannot switch to state 12;
+#: another operation (2) is in progress`` when PostgreSQL shuts down under a
+#: query) and the socket's. ``TimeoutError`` is an ``OSError``.
+_CONNECTION_BROKEN: tuple[type[BaseException], ...] = (
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.InternalClientError,
     OSError,
-    TimeoutError,
 )
 
 
+def translated(exc: BaseException) -> errors.Unavailable | None:
+    """The ``Unavailable`` (or ``Aborted``) an error of the driver means, if any.
+
+    By SQLSTATE where the server answered; asyncpg's client-side errors and
+    socket errors mean a broken connection. Anything else (a constraint, a
+    bug) is not infrastructure trouble and is left alone.
+    """
+    if isinstance(exc, asyncpg.exceptions.ClientConfigurationError):
+        return None  # a bad DSN or option: no retry fixes it
+    if isinstance(exc, asyncpg.PostgresError):
+        state = str(getattr(exc, "sqlstate", None) or "")
+        if state in _ABORTED_STATES:
+            return errors.Aborted(
+                f"the transaction was aborted ({_ABORTED_STATES[state]}); nothing was "
+                "changed; try again"
+            )
+        reason = _UNAVAILABLE_STATES.get(state) or _UNAVAILABLE_CLASSES.get(state[:2])
+        if reason is None:
+            return None
+        return errors.Unavailable(f"{reason} ({type(exc).__name__}); try again")
+    if isinstance(exc, _CONNECTION_BROKEN):
+        return errors.Unavailable(
+            f"the connection to the database broke ({type(exc).__name__}); try again"
+        )
+    return None
+
+
 class Database:
-    """A pool of connections to one PostgreSQL database."""
+    """A pool of connections to one PostgreSQL database.
+
+    Every use of it (``connection``, ``statement``, ``transaction``, ``ping``)
+    turns the driver's errors that mean infrastructure trouble into
+    ``errors.Unavailable`` or ``errors.Aborted`` (see ``translated``), and
+    discards a connection that such an error left broken, so that the pool
+    hands out a fresh one next. ``on_unavailable`` (set by the health
+    monitor) hears each ``Unavailable`` that is not a conflict.
+    """
 
     def __init__(self, pool: asyncpg.Pool[Any], dsn: str) -> None:
         self.pool = pool
         #: Where the pool connects; for connections that live outside it (LISTEN).
         self.dsn = dsn
+        #: Called (synchronously) on every ``Unavailable`` that is not ``Aborted``.
+        self.on_unavailable: Callable[[], None] | None = None
+        self._probe: asyncpg.Connection[Any] | None = None
 
     @classmethod
     async def connect(
@@ -58,7 +114,8 @@ class Database:
 
         ``lock_timeout`` bounds every lock wait: a claim that cannot get its
         queue's policy lock in time is refused as ``admission_unavailable``
-        rather than waiting without end.
+        rather than waiting without end. ``errors.Unavailable`` when the
+        database does not answer.
         """
         try:
             pool = await asyncpg.create_pool(
@@ -71,20 +128,27 @@ class Database:
                 },
                 reset=keep_session,
             )
-        except _UNAVAILABLE as exc:
+        except Exception as exc:
+            unavailable = translated(exc)
+            if unavailable is None:
+                raise
             raise errors.Unavailable(f"cannot connect to the database: {exc}") from exc
         return cls(pool, dsn)
 
     async def close(self) -> None:
         """Closes every connection, waiting for those in use."""
+        if self._probe is not None:
+            self._probe.terminate()
+            self._probe = None
         await self.pool.close()
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[Conn]:
         """A connection outside any explicit transaction (autocommit statements)."""
-        with translate_errors():
+        with translate_errors(self._observe):
             async with self.pool.acquire() as conn:
-                yield conn
+                with _discard_if_broken(conn):
+                    yield conn
 
     @contextlib.asynccontextmanager
     async def statement(self) -> AsyncIterator[Conn]:
@@ -99,9 +163,37 @@ class Database:
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Conn]:
         """A connection inside one transaction, committed when the block exits cleanly."""
-        with translate_errors():
-            async with self.pool.acquire() as conn, conn.transaction():
-                yield conn
+        with translate_errors(self._observe):
+            async with self.pool.acquire() as conn:
+                with _discard_if_broken(conn):
+                    async with conn.transaction():
+                        yield conn
+
+    async def ping(self, seconds: float) -> None:
+        """``SELECT 1`` within ``seconds``, or ``errors.Unavailable``.
+
+        Uses a connection of its own (kept between pings, replaced when it
+        fails), so that a busy pool cannot make a healthy database look down.
+        """
+        try:
+            async with asyncio.timeout(seconds):
+                if self._probe is None or self._probe.is_closed():
+                    self._probe = await asyncpg.connect(
+                        self.dsn, server_settings={"application_name": "switchboard-health"}
+                    )
+                await self._probe.fetchval("SELECT 1")
+        except Exception as exc:
+            if self._probe is not None:
+                self._probe.terminate()
+                self._probe = None
+            unavailable = translated(exc)
+            if unavailable is None:
+                unavailable = errors.Unavailable(f"the database does not answer: {exc!r}")
+            raise unavailable from exc
+
+    def _observe(self, exc: errors.Unavailable) -> None:
+        if self.on_unavailable is not None and not isinstance(exc, errors.Aborted):
+            self.on_unavailable()
 
 
 async def keep_session(_conn: object) -> None:
@@ -117,11 +209,42 @@ async def keep_session(_conn: object) -> None:
 
 
 @contextlib.contextmanager
-def translate_errors() -> Iterator[None]:
-    """Turns driver errors that mean 'database unavailable' into ``errors.Unavailable``."""
+def _discard_if_broken(conn: Conn) -> Iterator[None]:
+    """Closes ``conn`` (the pool then opens a new one) when an error left it unusable.
+
+    A connection that failed with a connection or shutdown error, or with
+    one of asyncpg's client-side errors, may look open and fail again on its
+    next use; it is cheaper to reconnect than to find out.
+    """
+    try:
+        yield
+    except Exception as exc:
+        # Also an error a query function already turned into ours.
+        unavailable = translated(exc) or (
+            translated(exc.__cause__) if exc.__cause__ is not None else None
+        )
+        if unavailable is not None and not isinstance(unavailable, errors.Aborted):
+            # A connection that already closed was handed back by asyncpg
+            # itself; its proxy then refuses every call, this one too.
+            with contextlib.suppress(asyncpg.InterfaceError):
+                conn.terminate()
+        raise
+
+
+@contextlib.contextmanager
+def translate_errors(
+    observe: Callable[[errors.Unavailable], None] | None = None,
+) -> Iterator[None]:
+    """Turns driver errors that mean infrastructure trouble into ``errors.Unavailable``
+    (a conflict: ``errors.Aborted``), passing each to ``observe``; see ``translated``."""
     try:
         yield
     except errors.SwitchboardError:
         raise
-    except _UNAVAILABLE as exc:
-        raise errors.Unavailable() from exc
+    except Exception as exc:
+        unavailable = translated(exc)
+        if unavailable is None:
+            raise
+        if observe is not None:
+            observe(unavailable)
+        raise unavailable from exc

@@ -63,8 +63,10 @@ class Listener:
                 first = False
                 await lost.wait()
                 log.warning("listener connection lost; reconnecting")
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                log.warning("listener cannot connect: %s", exc)
+            except Exception as exc:
+                # Whatever the connection or the catch-up after it raised
+                # (asyncpg's client-side errors included): reconnect.
+                log.warning("listener connection failed: %r", exc)
             finally:
                 self.connected.clear()
                 if conn is not None and not conn.is_closed():

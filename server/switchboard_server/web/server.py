@@ -8,6 +8,7 @@ operator's.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -16,6 +17,7 @@ from switchboard_server.admission import AdmissionControl
 from switchboard_server.auth import Authenticator
 from switchboard_server.db import Database
 from switchboard_server.dispatch import Dispatcher
+from switchboard_server.health import Readiness
 from switchboard_server.metrics import Metrics
 from switchboard_server.web import metrics_route
 from switchboard_server.web.board import add_board
@@ -31,19 +33,24 @@ class WebDeps:
     admission: AdmissionControl
     #: The process's metrics, shared with the dispatcher and the interceptor.
     metrics: Metrics = field(default_factory=Metrics)
+    #: Whether the process serves (its database answers); ``/healthz`` reports it.
+    readiness: Readiness = field(default_factory=Readiness)
 
 
 def build_app(deps: WebDeps) -> web.Application:
     """The aiohttp application with every route."""
     app = web.Application()
-    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/healthz", functools.partial(_healthz, deps.readiness))
     add_board(app, deps)
     metrics_route.add_routes(app, deps)
     return app
 
 
-async def _healthz(_request: web.Request) -> web.Response:
-    return web.Response(text="ok\n")
+async def _healthz(readiness: Readiness, _request: web.Request) -> web.Response:
+    """200 ``ok`` while serving; 503 while the database does not answer or at shutdown."""
+    if readiness.serving:
+        return web.Response(text="ok\n")
+    return web.Response(status=503, text=f"unavailable: {readiness.reason}\n")
 
 
 async def start_http(deps: WebDeps, listen: str) -> tuple[web.AppRunner, int]:
