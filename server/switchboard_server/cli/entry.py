@@ -2,7 +2,7 @@
 
 ``serve``, ``migrate`` and ``admin bootstrap`` work on the database directly
 (here); every other command talks gRPC to a server like any client
-(``cli_client`` and the modules it names).
+(``common`` and the modules it names).
 """
 
 from __future__ import annotations
@@ -16,7 +16,12 @@ import sys
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from switchboard_server import cli_admin, cli_client, cli_policy, cli_queues, cli_todos, logs
+from switchboard_server import logs
+from switchboard_server.cli import admin as cli_admin
+from switchboard_server.cli import common as cli_client
+from switchboard_server.cli import policy as cli_policy
+from switchboard_server.cli import queues as cli_queues
+from switchboard_server.cli import todos as cli_todos
 from switchboard_server.config import Settings
 
 EPILOG = """\
