@@ -1,6 +1,6 @@
 """``switchboard admin`` commands over gRPC: owners, humans, endpoints,
-credentials and notify hooks (``admin bootstrap`` is in ``entry``: it
-writes to the database directly)."""
+credentials and notify hooks (``admin bootstrap`` is in ``server_commands``:
+it writes to the database directly)."""
 
 from __future__ import annotations
 
