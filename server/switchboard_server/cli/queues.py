@@ -28,9 +28,9 @@ import grpc
 from google.protobuf import timestamp_pb2
 from switchboard.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
 
-from switchboard_server.cli_client import endpoint_flag, leaf
-from switchboard_server.cli_connect import EXIT_OK, Connection
-from switchboard_server.cli_format import (
+from switchboard_server.cli.common import endpoint_flag, leaf
+from switchboard_server.cli.connect import EXIT_OK, Connection
+from switchboard_server.cli.output import (
     NONE,
     Output,
     eligible,
@@ -41,7 +41,7 @@ from switchboard_server.cli_format import (
 )
 
 if TYPE_CHECKING:
-    from switchboard_server.cli_client import Subparsers
+    from switchboard_server.cli.common import Subparsers
 
 PAGE_SIZE = 500
 

@@ -1,6 +1,6 @@
 """``switchboard admin`` commands over gRPC: owners, humans, endpoints,
-credentials and notify hooks (``admin bootstrap`` stays in ``cli``: it
-writes to the database directly)."""
+credentials and notify hooks (``admin bootstrap`` is in ``server_commands``:
+it writes to the database directly)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 from switchboard.v1 import admin_pb2
 
-from switchboard_server.cli_client import endpoint_flag, leaf
-from switchboard_server.cli_connect import EXIT_OK, Connection
-from switchboard_server.cli_format import (
+from switchboard_server.cli.common import endpoint_flag, leaf
+from switchboard_server.cli.connect import EXIT_OK, Connection
+from switchboard_server.cli.output import (
     NONE,
     Output,
     fields,
@@ -22,7 +22,7 @@ from switchboard_server.cli_format import (
 )
 
 if TYPE_CHECKING:
-    from switchboard_server.cli_client import Subparsers
+    from switchboard_server.cli.common import Subparsers
 
 GRANTS = {
     "ingest": admin_pb2.GRANT_INGEST,

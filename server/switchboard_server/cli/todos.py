@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 
 from switchboard.v1 import dispatch_pb2, todo_pb2
 
-from switchboard_server.cli_client import endpoint_flag, group, leaf
-from switchboard_server.cli_connect import EXIT_OK, Connection, UsageError
-from switchboard_server.cli_format import (
+from switchboard_server.cli.common import endpoint_flag, group, leaf
+from switchboard_server.cli.connect import EXIT_OK, Connection, UsageError
+from switchboard_server.cli.output import (
     NONE,
     Output,
     admission_text,
@@ -22,7 +22,7 @@ from switchboard_server.cli_format import (
 )
 
 if TYPE_CHECKING:
-    from switchboard_server.cli_client import Subparsers
+    from switchboard_server.cli.common import Subparsers
 
 
 _STATES = {

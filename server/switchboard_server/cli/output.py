@@ -13,7 +13,7 @@ from google.protobuf import json_format, timestamp_pb2
 from google.protobuf.message import Message
 from switchboard.v1 import admin_pb2, admission_pb2, todo_pb2
 
-from switchboard_server.cli_connect import CallError
+from switchboard_server.cli.connect import CallError
 
 NONE = "-"
 

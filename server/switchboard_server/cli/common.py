@@ -1,11 +1,11 @@
 """What the ``switchboard`` commands that talk gRPC share: the global options,
-parser helpers with examples, and ``run`` (commands: ``cli_admin``,
-``cli_policy``, ``cli_todos``, ``cli_queues``).
+parser helpers with examples, and ``run`` (commands: ``admin``, ``policy``,
+``todos``, ``queues``).
 
 Each command is an async handler ``(Connection, Namespace, Output) -> exit
 code``, registered on its parser with ``set_defaults(run=handler)``; ``run``
 resolves the server and token, opens one channel and maps errors to exit
-codes (see ``cli_connect``).
+codes (see ``connect``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, TextIO
 
 import grpc
 
-from switchboard_server.cli_connect import (
+from switchboard_server.cli.connect import (
     DEFAULT_SERVER,
     DEFAULT_TIMEOUT,
     EXIT_USAGE,
@@ -27,7 +27,7 @@ from switchboard_server.cli_connect import (
     call_error,
     resolve,
 )
-from switchboard_server.cli_format import (
+from switchboard_server.cli.output import (
     Output,
     print_error,
 )
