@@ -20,7 +20,9 @@ item fails gets the error and the others their own answers: about
 ``2 k log2(n)`` extra runs for ``k`` failing calls in a batch of ``n``. An
 error that is everyone's (the database is unavailable) is not run again: it
 answers every call not yet answered, rather than multiplying the load on a
-database that cannot take it.
+database that cannot take it. A conflict (``ABORTED``: a row lock not taken
+within the lock timeout) is split like any other error: the row is one
+call's.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from collections import deque
 from collections.abc import Callable, Coroutine, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Generic, TypeVar
+
+import grpc
 
 from switchboard_server import errors
 
@@ -57,8 +61,12 @@ Shared = Callable[[Exception], bool]
 
 
 def unavailable(exc: Exception) -> bool:
-    """The default :data:`Shared`: the database is unavailable, for every call alike."""
-    return isinstance(exc, errors.Unavailable)
+    """The default :data:`Shared`: the database is unavailable, for every call alike.
+
+    Not a conflict answered as ``ABORTED`` (a row lock not taken in time, a
+    deadlock): that may be one item's, a todo row another session holds.
+    """
+    return isinstance(exc, errors.Unavailable) and exc.code is grpc.StatusCode.UNAVAILABLE
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,15 @@ other: every good call gets its own answer, the poisoned one alone its error.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 
 import grpc
 from switchboard.v1 import dispatch_pb2
+from switchboard_server import app as server_app
+from switchboard_server.config import Settings
 from switchboard_server.db import Database
 
 from tests.grpc.test_combining import (
@@ -197,3 +201,57 @@ async def test_a_poisoned_claim_fails_alone_and_the_combined_other_claimers_get_
     )
     assert [r["state"] for r in rows if r["state"] != "claimed"] == ["pending"]
     assert claims <= 12  # N + 1 one by one
+
+
+async def test_a_todo_locked_past_the_lock_timeout_fails_its_call_alone(
+    settings: Settings, tenant: Tenant, client: Client, db: Database
+) -> None:
+    """A row lock not taken in time (ABORTED, or another code before errors were
+    translated) is one call's: the calls combined with it complete."""
+    app = await server_app.start(
+        dataclasses.replace(settings, lock_timeout=timedelta(milliseconds=300))
+    )
+    own = Client(app.address)
+    try:
+        first, *rest = await claimed_batch(own, tenant, N + 1)
+        locked = rest[N // 2]
+        # The first call's transaction sleeps, so that the others pile up behind it.
+        async with db.connection() as conn:
+            await conn.execute(
+                "CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$"
+                " BEGIN PERFORM pg_sleep(1); RETURN NEW; END $$"
+            )
+            await conn.execute(
+                "CREATE TRIGGER slow BEFORE UPDATE ON todos FOR EACH ROW"
+                f" WHEN (NEW.id = {int(first.todo.id)}) EXECUTE FUNCTION slow()"
+            )
+
+        def complete(c: dispatch_pb2.ClaimedTodo) -> Awaitable[object]:
+            return own.dispatch.Complete(
+                dispatch_pb2.CompleteRequest(todo_id=c.todo.id, lease_id=c.lease.lease_id),
+                metadata=tenant.agent,
+            )
+
+        async with held(db, TODO_LOCK, int(locked.todo.id)):
+            head = asyncio.create_task(code_of(functools.partial(complete, first)))
+            async with db.connection() as conn:
+                for _ in range(500):
+                    if await conn.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
+                    ):
+                        break
+                    await asyncio.sleep(0.01)
+            codes = await asyncio.gather(*(code_of(functools.partial(complete, c)) for c in rest))
+        assert await head is grpc.StatusCode.OK
+    finally:
+        await own.close()
+        await app.stop(grace=1)
+
+    by_id = {c.todo.id: code for c, code in zip(rest, codes, strict=True)}
+    assert by_id.pop(locked.todo.id) is not grpc.StatusCode.OK
+    assert set(by_id.values()) == {grpc.StatusCode.OK}
+    async with db.connection() as conn:
+        states = dict(await conn.fetch("SELECT id::text, state FROM todos"))
+    assert states.pop(locked.todo.id) == "claimed"
+    assert set(states.values()) == {"done"}
+    assert await transactions(db, "completed") <= 12  # combined: N + 1 one by one

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import grpc
 import pytest
 from switchboard_server import errors
 from switchboard_server.combining import AGAIN, Again, Combiner
@@ -230,6 +231,20 @@ async def test_an_unavailable_database_answers_every_call_of_the_batch_in_one_ru
     answers = await combined(combiner, rec, range(10))
     assert all(a is down for a in answers)
     assert rec.batches == [[-1], list(range(10))]  # not run again, not split
+
+
+class Conflict(errors.Unavailable):
+    """A lock not taken in time: infrastructure trouble, but one row's."""
+
+    code = grpc.StatusCode.ABORTED
+
+
+async def test_a_conflict_is_split_like_any_error_of_one_item() -> None:
+    rec = Poisoned(6, error=Conflict())
+    combiner: Combiner[str, int, int] = Combiner(rec.run, max_batch=100)
+    answers = await combined(combiner, rec, range(8))
+    assert isinstance(answers[6], Conflict)
+    assert [a for n, a in enumerate(answers) if n != 6] == [0, 10, 20, 30, 40, 50, 70]
 
 
 async def test_a_shared_error_in_a_part_answers_the_parts_still_to_run() -> None:
