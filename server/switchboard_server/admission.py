@@ -29,7 +29,14 @@ from switchboard_server.db import doorbells as doorbell_queries
 from switchboard_server.db.admission import PolicyRow, QueueAdmission
 from switchboard_server.db.database import Conn
 from switchboard_server.model import Grant, Principal, PrincipalKind
-from switchboard_server.windows import Period, WindowSpec, WindowSpecError, window_at
+from switchboard_server.windows import (
+    Period,
+    UnknownZoneError,
+    WindowSpec,
+    WindowSpecError,
+    load_zone,
+    window_at,
+)
 
 log = logging.getLogger(__name__)
 
@@ -523,13 +530,52 @@ async def _audit(
     )
 
 
+def zone_known(zone: str) -> bool:
+    """Whether the bundled zone database knows ``zone`` (and can load it)."""
+    try:
+        load_zone(zone)
+    except UnknownZoneError:
+        return False
+    return True
+
+
+async def check_zones(db: Database) -> int:
+    """Re-validates the zone of every active windowed policy; the schedules emptied.
+
+    Each zone in use is read once and checked once against the bundled zone
+    database, whatever the number of policies. A policy whose zone is unknown
+    gets an empty schedule at once, so that its claims are refused
+    (``admission_unavailable``, SPEC 4.5) though its precomputed windows
+    would run for weeks; a warning is logged when it is emptied. An empty
+    schedule whose zone is known (again) is made due, to be rebuilt.
+    """
+    async with db.connection() as conn:
+        zones = await admission_queries.policy_zones(conn)
+        unknown = sorted(z.zone for z in zones if not zone_known(z.zone))
+        known_again = sorted(z.zone for z in zones if z.emptied and z.zone not in unknown)
+        emptied: list[admission_queries.EmptiedSchedule] = []
+        if unknown:
+            retry_at = await clock.now(conn) + RETRY_BROKEN_SCHEDULE
+            emptied = await admission_queries.empty_schedules(conn, unknown, retry_at)
+        if known_again:
+            await admission_queries.schedules_due_now(conn, known_again)
+    for policy in emptied:
+        log.warning(
+            "admission policy's time zone is unknown to the zone database; claims refused",
+            extra={"policy_id": policy.policy_id, "zone": policy.zone},
+        )
+    return len(emptied)
+
+
 async def refresh_schedules(db: Database, batch: int = 100) -> int:
-    """Extends the window schedules that are due; empties those whose zone is unknown.
+    """One schedule pass: re-validates every policy's zone (``check_zones``),
+    then extends the window schedules that are due, rebuilding emptied ones
+    whose zone is known again; the number of schedules changed.
 
     Safe on every replica (rows are taken with SKIP LOCKED). An emptied
     schedule makes the claim path refuse with ``admission_unavailable``.
     """
-    refreshed = 0
+    refreshed = await check_zones(db)
     while True:
         async with db.transaction() as conn:
             rows = await admission_queries.schedules_due(conn, batch)
@@ -540,16 +586,22 @@ async def refresh_schedules(db: Database, batch: int = 100) -> int:
                     assert spec is not None
                     bounds = schedule(spec, now)
                 except (WindowSpecError, ValueError) as exc:
-                    log.error(
-                        "admission policy window cannot be evaluated; claims refused",
-                        extra={"policy_id": row.id, "error": str(exc)},
-                    )
+                    if row.window_bounds:  # once per policy: an empty one was told already
+                        log.warning(
+                            "admission policy window cannot be evaluated; claims refused",
+                            extra={"policy_id": row.id, "error": str(exc)},
+                        )
                     await admission_queries.store_schedule(
                         conn, row.id, [], now + RETRY_BROKEN_SCHEDULE
                     )
                     continue
                 await _carry_count(conn, row, now, bounds[0])
                 await admission_queries.store_schedule(conn, row.id, bounds, bounds[REFRESH_INDEX])
+                if not row.window_bounds:  # it admits again: a deferred queue may reopen
+                    log.info(
+                        "admission policy window schedule rebuilt", extra={"policy_id": row.id}
+                    )
+                    await doorbell_queries.recheck_gate(conn, row.queue_id)
             refreshed += len(rows)
         if len(rows) < batch:
             return refreshed

@@ -209,6 +209,7 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
         supervisor.run("listener", listener.run)
         await asyncio.wait_for(listener.connected.wait(), 30)
         metrics = Metrics(settings.metrics_queue_labels)
+        metrics.count_subscriptions(lambda: hub.subscribers)
         readiness = Readiness()
         deps = WebDeps(
             db=db,

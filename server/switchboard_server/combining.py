@@ -12,6 +12,17 @@ policy lock) over every call that was waiting for it.
 A batch may leave a call unserved (:data:`AGAIN`): it goes first into the
 next batch, so each call is either served or answered by a batch that
 started after it arrived.
+
+One call's bad luck is never another's answer: a batch of several calls that
+fails (its transaction rolled back, so nothing of it holds) is run again in
+halves, oldest half first, down to single calls, so that only the call whose
+item fails gets the error and the others their own answers: about
+``2 k log2(n)`` extra runs for ``k`` failing calls in a batch of ``n``. An
+error that is everyone's (the database is unavailable) is not run again: it
+answers every call not yet answered, rather than multiplying the load on a
+database that cannot take it. A conflict (``ABORTED``: a row lock not taken
+within the lock timeout) is split like any other error: the row is one
+call's.
 """
 
 from __future__ import annotations
@@ -22,6 +33,10 @@ from collections import deque
 from collections.abc import Callable, Coroutine, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Generic, TypeVar
+
+import grpc
+
+from switchboard_server import errors
 
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
@@ -41,6 +56,17 @@ AGAIN: Final = Again()
 RunBatch = Callable[[K, list[T]], Coroutine[Any, Any, Sequence[R | Again]]]
 #: Told of an answer whose caller went away (cancelled) while its batch ran.
 Orphaned = Callable[[K, T, R], None]
+#: Whether an error a batch raised is every call's answer (not one item's).
+Shared = Callable[[Exception], bool]
+
+
+def unavailable(exc: Exception) -> bool:
+    """The default :data:`Shared`: the database is unavailable, for every call alike.
+
+    Not a conflict answered as ``ABORTED`` (a row lock not taken in time, a
+    deadlock): that may be one item's, a todo row another session holds.
+    """
+    return isinstance(exc, errors.Unavailable) and exc.code is grpc.StatusCode.UNAVAILABLE
 
 
 @dataclass(frozen=True)
@@ -61,11 +87,14 @@ class Combiner(Generic[K, T, R]):
     """Runs concurrent calls that share a key as batches, one batch of a key at a time.
 
     ``run`` gets the key and up to ``max_batch`` calls (oldest first) and
-    returns an answer for each, or :data:`AGAIN`; an exception it raises is
-    every call's answer. ``orphaned`` is told of answers nobody took (their
-    caller was cancelled while the batch ran), so that it can undo them.
-    A batch runs in the context of its oldest call, so that its trace span and
-    log lines are that caller's.
+    returns an answer for each, or :data:`AGAIN`. It must be all or nothing:
+    when it raises, nothing of the batch holds, so that its calls can run
+    again in smaller batches until the error is a single call's answer (or,
+    when ``shared`` says the error is everyone's, at once every call's).
+    ``orphaned`` is told of answers nobody took (their caller was cancelled
+    while the batch ran), so that it can undo them. A batch runs in the
+    context of its oldest call, so that its trace span and log lines are that
+    caller's.
     """
 
     def __init__(
@@ -74,12 +103,14 @@ class Combiner(Generic[K, T, R]):
         *,
         max_batch: int,
         orphaned: Orphaned[K, T, R] | None = None,
+        shared: Shared = unavailable,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         self._run = run
         self._max_batch = max_batch
         self._orphaned = orphaned
+        self._shared = shared
         self._lanes: dict[K, _Lane[T, R]] = {}
 
     async def submit(self, key: K, call: T) -> R:
@@ -117,23 +148,47 @@ class Combiner(Generic[K, T, R]):
     async def _run_batch(self, key: K, lane: _Lane[T, R], batch: list[_Call[T, R]]) -> None:
         again: list[_Call[T, R]] = []
         try:
-            answers = await asyncio.create_task(
-                self._run(key, [c.call for c in batch]), context=batch[0].context
-            )
-            for c, result in zip(batch, answers, strict=True):
+            await self._serve(key, batch, again)
+        except BaseException:
+            for c in batch:
+                c.answer.cancel()
+            raise
+        lane.waiting.extendleft(reversed(again))
+
+    async def _serve(self, key: K, batch: list[_Call[T, R]], again: list[_Call[T, R]]) -> None:
+        """Answers the calls of ``batch``, splitting it while it fails for one item.
+
+        Parts run one at a time, oldest first, so that ``again`` keeps the
+        calls' order; a part leaves out the calls whose callers went away.
+        """
+        parts: deque[list[_Call[T, R]]] = deque([batch])
+        while parts:
+            part = [c for c in parts.popleft() if not c.answer.done()]
+            if not part:
+                continue
+            try:
+                answers = await asyncio.create_task(
+                    self._run(key, [c.call for c in part]), context=part[0].context
+                )
+                if len(answers) != len(part):
+                    raise ValueError(f"{len(answers)} answers to a batch of {len(part)} calls")
+            except Exception as exc:
+                if self._shared(exc):
+                    for c in [*part, *(c for rest in parts for c in rest)]:
+                        if not c.answer.done():
+                            c.answer.set_exception(exc)
+                    return
+                if len(part) == 1:
+                    if not part[0].answer.done():
+                        part[0].answer.set_exception(exc)
+                else:
+                    half = len(part) // 2
+                    parts.extendleft([part[half:], part[:half]])
+                continue
+            for c, result in zip(part, answers, strict=True):
                 if isinstance(result, Again):
                     again.append(c)
                 elif not c.answer.done():
                     c.answer.set_result(result)
                 elif self._orphaned is not None:
                     self._orphaned(key, c.call, result)
-        except Exception as exc:
-            for c in batch:
-                if not c.answer.done():
-                    c.answer.set_exception(exc)
-            return
-        except BaseException:
-            for c in batch:
-                c.answer.cancel()
-            raise
-        lane.waiting.extendleft(reversed(again))

@@ -14,6 +14,7 @@ grows memory or slows the fan-out, the claim path or other subscribers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import uuid
@@ -89,21 +90,34 @@ class DoorbellHub:
         self._db = db
         self.heartbeat = heartbeat
         self._subs: dict[uuid.UUID, set[Subscription]] = defaultdict(set)
+        #: How many snapshot queries (attach, heartbeat, re-ring) this hub has run.
+        self.snapshots = 0
 
     @property
     def subscribers(self) -> int:
         """Open subscriptions in this process."""
         return sum(len(s) for s in self._subs.values())
 
-    async def subscribe(self, endpoint_id: uuid.UUID, queues: Iterable[str] | None) -> Subscription:
-        """Registers a subscriber, then rings ATTACHED for the work already waiting."""
-        sub = Subscription(endpoint_id, frozenset(queues) if queues else None)
-        self._subs[endpoint_id].add(sub)
-        await self._ring_snapshot(endpoint_id, "attached", [sub])
-        return sub
+    @contextlib.asynccontextmanager
+    async def subscription(
+        self, endpoint_id: uuid.UUID, queues: Iterable[str] | None
+    ) -> AsyncIterator[Subscription]:
+        """A subscriber for the life of the block, which rings ATTACHED first for
+        the work already waiting.
 
-    def unsubscribe(self, sub: Subscription) -> None:
-        """Forgets a subscriber."""
+        Registration and removal are one scope: a stream cancelled or failing
+        at any point, the attach snapshot included, is forgotten on the way
+        out, so that no heartbeat runs for it.
+        """
+        sub = Subscription(endpoint_id, frozenset(queues) if queues else None)
+        self._subs[endpoint_id].add(sub)  # before the snapshot: no ring after it is missed
+        try:
+            await self._ring_snapshot(endpoint_id, "attached", [sub])
+            yield sub
+        finally:
+            self._forget(sub)
+
+    def _forget(self, sub: Subscription) -> None:
         subs = self._subs.get(sub.endpoint_id)
         if subs is not None:
             subs.discard(sub)
@@ -142,6 +156,7 @@ class DoorbellHub:
                 break
             assert names is not None
             names |= sub.queues
+        self.snapshots += 1
         async with self._db.transaction() as conn:
             waiting = await doorbell_queries.snapshot(
                 conn, endpoint_id, sorted(names) if names is not None else None

@@ -22,12 +22,18 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import grpc
 from opentelemetry.trace import INVALID_SPAN, Span
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
@@ -153,6 +159,17 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+
+        self.doorbell_subscriptions = Gauge(
+            "switchboard_doorbell_subscriptions",
+            "Open WatchReopen subscriptions in this process (streams registered for "
+            f"doorbells, the ones still attaching included). {_PER_PROCESS}",
+            registry=r,
+        )
+
+    def count_subscriptions(self, count: Callable[[], int]) -> None:
+        """Reads the open-subscriptions gauge from ``count`` at each scrape."""
+        self.doorbell_subscriptions.set_function(count)
 
     def queue_label(self, queue: str) -> str:
         """The ``queue`` label value of a counter for ``queue`` (capped)."""

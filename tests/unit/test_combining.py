@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+import grpc
 import pytest
+from switchboard_server import errors
 from switchboard_server.combining import AGAIN, Again, Combiner
 
 
@@ -158,3 +161,170 @@ def test_max_batch_must_be_positive() -> None:
 
     with pytest.raises(ValueError, match="max_batch"):
         Combiner(run, max_batch=0)
+
+
+class Poisoned:
+    """A batch runner that fails a whole batch holding a poisoned call (all or
+    nothing); its first run, and the run numbered ``hold``, wait for ``gate``."""
+
+    def __init__(self, *poison: int, error: Exception | None = None, hold: int = 0) -> None:
+        self.poison = set(poison)
+        self.error = error
+        self.hold = hold
+        self.batches: list[list[int]] = []
+        self.gate = asyncio.Event()
+        self.entered = asyncio.Event()
+        self.held = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def run(self, key: str, calls: list[int]) -> list[int | Again]:
+        self.batches.append(list(calls))
+        self.entered.set()
+        await self.gate.wait()
+        if self.hold and len(self.batches) == self.hold:
+            self.held.set()
+            await self.release.wait()
+        bad = self.poison.intersection(calls)
+        if bad:
+            raise self.error or ValueError(f"poisoned by {min(bad)}")
+        return [call * 10 for call in calls]
+
+
+async def combined(combiner: Combiner[str, int, int], rec: Poisoned, calls: range) -> list[Any]:
+    """Submits ``calls`` behind a first call held mid-batch, so they go in one batch;
+    each call's answer or error."""
+    first = asyncio.create_task(combiner.submit("k", -1))
+    await rec.entered.wait()
+    tasks = [asyncio.create_task(combiner.submit("k", n)) for n in calls]
+    await asyncio.sleep(0)
+    rec.gate.set()
+    assert await first == -10
+    return list(await asyncio.gather(*tasks, return_exceptions=True))
+
+
+async def test_a_poisoned_call_gets_its_error_and_the_others_of_its_batch_their_answers() -> None:
+    rec = Poisoned(11)
+    combiner: Combiner[str, int, int] = Combiner(rec.run, max_batch=100)
+    answers = await combined(combiner, rec, range(32))
+    assert isinstance(answers[11], ValueError) and str(answers[11]) == "poisoned by 11"
+    assert answers[:11] + answers[12:] == [n * 10 for n in range(32) if n != 11]
+    # The batch of 32, then two halves per level down to the poisoned call.
+    assert len(rec.batches) - 1 == 1 + 2 * 5
+    assert rec.batches[1] == list(range(32))
+    assert [11] in rec.batches
+
+
+async def test_the_runs_grow_with_the_poisoned_calls_not_with_the_batch() -> None:
+    rec = Poisoned(3, 40, 77)
+    combiner: Combiner[str, int, int] = Combiner(rec.run, max_batch=100)
+    answers = await combined(combiner, rec, range(100))
+    failed = [n for n, a in enumerate(answers) if isinstance(a, ValueError)]
+    assert failed == [3, 40, 77]
+    assert all(answers[n] == n * 10 for n in range(100) if n not in failed)
+    assert len(rec.batches) - 1 <= 1 + 3 * 2 * 7  # k poisoned: O(k log n), not n
+
+
+async def test_an_unavailable_database_answers_every_call_of_the_batch_in_one_run() -> None:
+    down = errors.Unavailable()
+    rec = Poisoned(*range(10), error=down)
+    combiner: Combiner[str, int, int] = Combiner(rec.run, max_batch=100)
+    answers = await combined(combiner, rec, range(10))
+    assert all(a is down for a in answers)
+    assert rec.batches == [[-1], list(range(10))]  # not run again, not split
+
+
+class Conflict(errors.Unavailable):
+    """A lock not taken in time: infrastructure trouble, but one row's."""
+
+    code = grpc.StatusCode.ABORTED
+
+
+async def test_a_conflict_is_split_like_any_error_of_one_item() -> None:
+    rec = Poisoned(6, error=Conflict())
+    combiner: Combiner[str, int, int] = Combiner(rec.run, max_batch=100)
+    answers = await combined(combiner, rec, range(8))
+    assert isinstance(answers[6], Conflict)
+    assert [a for n, a in enumerate(answers) if n != 6] == [0, 10, 20, 30, 40, 50, 70]
+
+
+async def test_a_shared_error_in_a_part_answers_the_parts_still_to_run() -> None:
+    rec = Poisoned(5)
+
+    async def run(key: str, calls: list[int]) -> list[int | Again]:
+        if len(rec.batches) == 2:  # the database goes away after the first split
+            rec.batches.append(list(calls))
+            raise ValueError("down")
+        return await rec.run(key, calls)
+
+    combiner: Combiner[str, int, int] = Combiner(
+        run, max_batch=100, shared=lambda exc: str(exc) == "down"
+    )
+    answers = await combined(combiner, rec, range(8))
+    assert [str(a) for a in answers] == ["down"] * 8
+    assert rec.batches[1:] == [list(range(8)), [0, 1, 2, 3]]
+
+
+async def test_a_call_answered_again_in_a_part_keeps_its_place_for_the_next_batch() -> None:
+    batches: list[list[int]] = []
+    gate, entered = asyncio.Event(), asyncio.Event()
+
+    async def run(key: str, calls: list[int]) -> list[int | Again]:
+        batches.append(list(calls))
+        entered.set()
+        await gate.wait()
+        if 2 in calls and len(calls) > 1:
+            raise ValueError("poisoned")
+        return [calls[0], *([AGAIN] * (len(calls) - 1))]  # serves the first call only
+
+    combiner: Combiner[str, int, int] = Combiner(run, max_batch=10)
+    first = asyncio.create_task(combiner.submit("k", 0))
+    await entered.wait()
+    tasks = [asyncio.create_task(combiner.submit("k", n)) for n in range(1, 5)]
+    await asyncio.sleep(0)
+    gate.set()
+    assert await first == 0
+    assert [await t for t in tasks] == [1, 2, 3, 4]
+    # [1..4] fails; [1, 2] fails, [1] and [2] served; [3, 4] serves 3; 4 goes again.
+    assert batches == [[0], [1, 2, 3, 4], [1, 2], [1], [2], [3, 4], [4]]
+
+
+async def test_a_caller_gone_while_its_batch_failed_is_not_run_again_nor_orphaned() -> None:
+    rec = Poisoned(3, hold=2)  # holds the batch of 0..3 mid-run
+    orphans: list[int] = []
+    combiner: Combiner[str, int, int] = Combiner(
+        rec.run, max_batch=10, orphaned=lambda k, c, r: orphans.append(c)
+    )
+    first = asyncio.create_task(combiner.submit("k", -1))
+    await rec.entered.wait()
+    tasks = [asyncio.create_task(combiner.submit("k", n)) for n in range(4)]
+    await asyncio.sleep(0)
+    rec.gate.set()
+    await asyncio.wait_for(rec.held.wait(), 5)
+    tasks[1].cancel()
+    rec.release.set()
+    answers = await asyncio.gather(*tasks, return_exceptions=True)
+    assert await first == -10
+    assert isinstance(answers[1], asyncio.CancelledError)
+    assert answers[0] == 0 and answers[2] == 20 and isinstance(answers[3], ValueError)
+    assert rec.batches[1] == [0, 1, 2, 3]
+    assert all(1 not in b for b in rec.batches[2:])
+    assert orphans == []
+
+
+async def test_a_cancelled_lane_cancels_the_calls_of_a_batch_being_split() -> None:
+    rec = Poisoned(0, hold=3)  # holds the first half of the failed batch
+    combiner: Combiner[str, int, int] = Combiner(rec.run, max_batch=10)
+    first = asyncio.create_task(combiner.submit("k", -1))
+    await rec.entered.wait()
+    tasks = [asyncio.create_task(combiner.submit("k", n)) for n in range(4)]
+    await asyncio.sleep(0)
+    rec.gate.set()
+    await asyncio.wait_for(rec.held.wait(), 5)
+    assert rec.batches[1:] == [[0, 1, 2, 3], [0, 1]]
+    running = combiner._lanes["k"].running
+    assert running is not None
+    running.cancel()
+    answers = await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(isinstance(a, asyncio.CancelledError) for a in answers)
+    assert await first == -10
+    assert "k" not in combiner._lanes

@@ -147,6 +147,42 @@ async def schedules_due(conn: Conn, batch: int) -> list[PolicyRow]:
     return [_policy(r) for r in await conn.fetch(sql("policy_schedule_due"), batch)]
 
 
+@dataclass(frozen=True)
+class PolicyZone:
+    """A zone that active windowed policies use."""
+
+    zone: str
+    #: Whether the schedule of some policy in this zone is empty.
+    emptied: bool
+
+
+@dataclass(frozen=True)
+class EmptiedSchedule:
+    """A policy whose schedule was just emptied (its zone is unknown)."""
+
+    policy_id: int
+    queue_id: int
+    zone: str
+
+
+async def policy_zones(conn: Conn) -> list[PolicyZone]:
+    """The zones of the active windowed policies, each once."""
+    return [PolicyZone(r["zone"], r["emptied"]) for r in await conn.fetch(sql("policy_zones"))]
+
+
+async def empty_schedules(
+    conn: Conn, zones: Sequence[str], retry_at: datetime
+) -> list[EmptiedSchedule]:
+    """Empties the non-empty schedules of the active windowed policies in ``zones``."""
+    rows = await conn.fetch(sql("policy_schedules_empty"), list(zones), retry_at)
+    return [EmptiedSchedule(r["id"], r["queue_id"], r["zone"]) for r in rows]
+
+
+async def schedules_due_now(conn: Conn, zones: Sequence[str]) -> None:
+    """Makes the empty schedules of the active windowed policies in ``zones`` due at once."""
+    await conn.execute(sql("policy_schedules_due_now"), list(zones))
+
+
 async def counter_units(conn: Conn, policy_id: int, window_start: datetime) -> int:
     """Units charged in one window."""
     return int(await conn.fetchval(sql("counter_units"), policy_id, window_start))

@@ -272,11 +272,8 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
         queues = v.queue_names("queues", request.queues)
         v.check()
         endpoint = await self._dispatcher.watchable_endpoint(current_principal(), endpoint_id)
-        subscription = await self._hub.subscribe(endpoint, queues)
-        # Headers now tell the client it is subscribed: no ring after this is missed.
-        await context.send_initial_metadata(())
-        try:
+        async with self._hub.subscription(endpoint, queues) as subscription:
+            # Headers now tell the client it is subscribed: no ring after this is missed.
+            await context.send_initial_metadata(())
             async for bell in subscription:
                 yield dispatch_pb2.WatchReopenResponse(doorbell=convert.doorbell(bell))
-        finally:
-            self._hub.unsubscribe(subscription)

@@ -59,6 +59,32 @@ SELECT * FROM admission_policies
  LIMIT $1
    FOR UPDATE SKIP LOCKED;
 
+-- name: policy_zones :many
+-- The zones of the active windowed policies, each once, and whether a
+-- schedule in it is empty: the zone check reads each zone once per pass.
+SELECT window_zone AS zone, bool_or(cardinality(window_bounds) = 0) AS emptied
+  FROM admission_policies
+ WHERE active AND window_period IS NOT NULL
+ GROUP BY window_zone;
+
+-- name: policy_schedules_empty :many
+-- Empties the schedules of the active windowed policies whose zone is one of
+-- $1 (zones the zone database does not know): claims on their queues are
+-- refused at once (admission_unavailable); retried at $2. Only the policies
+-- emptied now are returned.
+UPDATE admission_policies
+   SET window_bounds = '{}', schedule_refresh_at = $2
+ WHERE active AND window_period IS NOT NULL AND window_zone = ANY ($1::text[])
+   AND cardinality(window_bounds) > 0
+RETURNING id, queue_id, window_zone AS zone;
+
+-- name: policy_schedules_due_now :exec
+-- Makes the empty schedules of the active windowed policies whose zone is
+-- one of $1 (known again) due at once.
+UPDATE admission_policies SET schedule_refresh_at = sb_now()
+ WHERE active AND window_period IS NOT NULL AND window_zone = ANY ($1::text[])
+   AND cardinality(window_bounds) = 0 AND schedule_refresh_at > sb_now();
+
 -- name: counter_units :one
 -- Units charged in one window of a policy.
 SELECT coalesce((SELECT units FROM window_counters WHERE policy_id = $1 AND window_start = $2), 0)
