@@ -21,8 +21,9 @@ item fails gets the error and the others their own answers: about
 error that is everyone's (the database is unavailable) is not run again: it
 answers every call not yet answered, rather than multiplying the load on a
 database that cannot take it. A conflict (``ABORTED``: a row lock not taken
-within the lock timeout) is split like any other error: the row is one
-call's.
+within the lock timeout) is one call's too, but each run that meets it waits
+out the lock timeout: such a batch runs again one call at a time (oldest
+first), so the others wait for one more timeout, not one per halving.
 """
 
 from __future__ import annotations
@@ -56,17 +57,24 @@ AGAIN: Final = Again()
 RunBatch = Callable[[K, list[T]], Coroutine[Any, Any, Sequence[R | Again]]]
 #: Told of an answer whose caller went away (cancelled) while its batch ran.
 Orphaned = Callable[[K, T, R], None]
-#: Whether an error a batch raised is every call's answer (not one item's).
-Shared = Callable[[Exception], bool]
+#: Whether an error a batch raised is every call's answer (not one item's);
+#: also, whether it is a conflict that a batch is split into single calls for.
+Classify = Callable[[Exception], bool]
 
 
 def unavailable(exc: Exception) -> bool:
-    """The default :data:`Shared`: the database is unavailable, for every call alike.
+    """The default ``shared``: the database is unavailable, for every call alike.
 
     Not a conflict answered as ``ABORTED`` (a row lock not taken in time, a
     deadlock): that may be one item's, a todo row another session holds.
     """
     return isinstance(exc, errors.Unavailable) and exc.code is grpc.StatusCode.UNAVAILABLE
+
+
+def aborted(exc: Exception) -> bool:
+    """The default ``conflict``: a lock not taken in time (or a deadlock), whose
+    every run costs a wait."""
+    return isinstance(exc, errors.SwitchboardError) and exc.code is grpc.StatusCode.ABORTED
 
 
 @dataclass(frozen=True)
@@ -90,7 +98,8 @@ class Combiner(Generic[K, T, R]):
     returns an answer for each, or :data:`AGAIN`. It must be all or nothing:
     when it raises, nothing of the batch holds, so that its calls can run
     again in smaller batches until the error is a single call's answer (or,
-    when ``shared`` says the error is everyone's, at once every call's).
+    when ``shared`` says the error is everyone's, at once every call's; when
+    ``conflict`` says it is a conflict, one call at a time).
     ``orphaned`` is told of answers nobody took (their caller was cancelled
     while the batch ran), so that it can undo them. A batch runs in the
     context of its oldest call, so that its trace span and log lines are that
@@ -103,7 +112,8 @@ class Combiner(Generic[K, T, R]):
         *,
         max_batch: int,
         orphaned: Orphaned[K, T, R] | None = None,
-        shared: Shared = unavailable,
+        shared: Classify = unavailable,
+        conflict: Classify = aborted,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
@@ -111,6 +121,7 @@ class Combiner(Generic[K, T, R]):
         self._max_batch = max_batch
         self._orphaned = orphaned
         self._shared = shared
+        self._conflict = conflict
         self._lanes: dict[K, _Lane[T, R]] = {}
 
     async def submit(self, key: K, call: T) -> R:
@@ -181,6 +192,8 @@ class Combiner(Generic[K, T, R]):
                 if len(part) == 1:
                     if not part[0].answer.done():
                         part[0].answer.set_exception(exc)
+                elif self._conflict(exc):
+                    parts.extendleft([c] for c in reversed(part))
                 else:
                     half = len(part) // 2
                     parts.extendleft([part[half:], part[:half]])

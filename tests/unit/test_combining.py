@@ -239,12 +239,16 @@ class Conflict(errors.Unavailable):
     code = grpc.StatusCode.ABORTED
 
 
-async def test_a_conflict_is_split_like_any_error_of_one_item() -> None:
+async def test_a_conflict_runs_the_batch_again_one_call_at_a_time() -> None:
+    """Each run that meets a conflict waits out a lock timeout: one more run per
+    call (each fast but the poisoned one), not one wait per halving."""
     rec = Poisoned(6, error=Conflict())
     combiner: Combiner[str, int, int] = Combiner(rec.run, max_batch=100)
     answers = await combined(combiner, rec, range(8))
     assert isinstance(answers[6], Conflict)
     assert [a for n, a in enumerate(answers) if n != 6] == [0, 10, 20, 30, 40, 50, 70]
+    assert rec.batches[1:] == [list(range(8)), *([n] for n in range(8))]
+    assert sum(6 in batch for batch in rec.batches) == 2, "the conflict was met twice"
 
 
 async def test_a_shared_error_in_a_part_answers_the_parts_still_to_run() -> None:
