@@ -8,6 +8,7 @@ any tenant or dispatch table changed.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -17,7 +18,7 @@ from typing import Any
 
 import grpc
 import pytest
-from switchboard.v1 import admin_pb2, dispatch_pb2, queue_pb2, todo_pb2
+from switchboard.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
 from switchboard_server import app as server_app
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
@@ -203,6 +204,28 @@ def list_credentials(**fields: Any) -> Call:
 def revoke(**fields: Any) -> Call:
     return lambda w: w.client.admin.RevokeCredential(
         admin_pb2.RevokeCredentialRequest(**fields), metadata=w.human
+    )
+
+
+def set_hook(**fields: Any) -> Call:
+    return lambda w: w.client.admin.SetNotifyHook(
+        admin_pb2.SetNotifyHookRequest(**{"endpoint_id": w.tenant.endpoint_id, **fields}),
+        metadata=w.human,
+    )
+
+
+def set_window(**window: Any) -> Call:
+    """SetPolicy of a daily window on queue ``work``, with ``window`` fields replaced."""
+    fields = {"period": admission_pb2.WINDOW_PERIOD_DAY, "time_zone": "UTC", "start": "00:00"}
+    return lambda w: w.client.admission.SetPolicy(
+        admission_pb2.SetPolicyRequest(
+            policy=admission_pb2.AdmissionPolicy(
+                queue=queue_pb2.QueueRef(name="work"),
+                max_claims_per_window=5,
+                window=admission_pb2.Window(**{**fields, **window}),
+            )
+        ),
+        metadata=w.human,
     )
 
 
@@ -402,6 +425,43 @@ CASES: list[tuple[str, Call, set[str]]] = [
     ("list-credentials-endpoint-not-uuid", list_credentials(endpoint_id="nope"), {"endpoint_id"}),
     ("revoke-credential-empty", revoke(credential_id=""), {"credential_id"}),
     ("revoke-credential-not-uuid", revoke(credential_id="nope"), {"credential_id"}),
+    # NUL (which PostgreSQL text refuses), other control characters, separators
+    # and noncharacters in every name-like field: refused, naming the field.
+    ("ingest-queue-nul", ingest(queue=q("wo\x00rk")), {"queue.name"}),
+    ("ingest-content-type-c1", ingest(content_type="text/plain\x85"), {"content_type"}),
+    ("ingest-dedup-nul", ingest(dedup=dedup("hook", "d\x00")), {"dedup.delivery_id"}),
+    ("ingest-dedup-noncharacter", ingest(dedup=dedup("\uffff", "d")), {"dedup.webhook_id"}),
+    (
+        "ingest-endpoint-braces",
+        ingest(queue=q("work", "{" + "0" * 32 + "}")),
+        {"queue.endpoint_id"},
+    ),
+    ("claim-claimant-nul", claim(claimant="worker\x00"), {"claimant"}),
+    ("claim-todo-id-5000-digits", claim(todo_id="9" * 5000), {"todo_id"}),
+    ("claim-next-queue-nul", claim_next(queues=["work\x00"]), {"queues[0]"}),
+    ("claim-next-claimant-line-separator", claim_next(claimant="a\u2028b"), {"claimant"}),
+    ("heartbeat-lease-id-nul", heartbeat(lease_id="\x00"), {"lease_id"}),
+    ("get-todo-id-5000-digits", get_todo(todo_id="9" * 5000), {"todo_id"}),
+    (
+        "list-page-token-5000",
+        list_todos(page_token=page_token_for("v1:" + "9" * 5000)),
+        {"page_token"},
+    ),
+    ("list-queue-nul", list_todos(queues=["\x00"]), {"queues[0]"}),
+    ("create-owner-name-line-separator", create_owner(name="ac\u2028me"), {"name"}),
+    ("create-owner-name-c1", create_owner(name="acme\x9b31m"), {"name"}),
+    ("create-human-name-nul", create_human(name="h\x00"), {"name"}),
+    ("create-endpoint-name-noncharacter", create_endpoint(name="e\U0010ffff"), {"name"}),
+    ("vend-label-nul", vend(presets=[1], label="l\x00"), {"label"}),
+    ("set-hook-url-nul", set_hook(url="http://127.0.0.1:9/\x00"), {"url"}),
+    ("set-hook-url-broken-ipv6", set_hook(url="http://[::1/hook"), {"url"}),
+    ("set-hook-url-nfkc-netloc", set_hook(url="http://a\uff03b@127.0.0.1/"), {"url"}),
+    ("set-hook-url-bad-port", set_hook(url="http://127.0.0.1:99999/"), {"url"}),
+    ("set-hook-url-not-ascii", set_hook(url="http://127.0.0.1/ü"), {"url"}),
+    ("set-policy-zone-nul", set_window(time_zone="UTC\x00"), {"policy.window.time_zone"}),
+    ("set-policy-zone-huge", set_window(time_zone="Z" * 100_000), {"policy.window.time_zone"}),
+    ("set-policy-start-nul", set_window(start="00:00\x00"), {"policy.window.start"}),
+    ("set-policy-start-huge", set_window(start="0" * 100_000), {"policy.window.start"}),
 ]
 
 
@@ -525,3 +585,101 @@ async def test_create_human_for_absent_owner_not_found(client: Client, db: Datab
         grpc.StatusCode.NOT_FOUND,
     )
     assert await row_counts(db, TABLES) == before
+
+
+# --- free text: a failed attempt's error ------------------------------------------
+
+
+async def _claimed(client: Client, tenant: Tenant, count: int) -> list[dispatch_pb2.ClaimedTodo]:
+    for i in range(count):
+        await client.dispatch.Ingest(
+            dispatch_pb2.IngestRequest(queue=q("work"), payload=b"%d" % i), metadata=tenant.agent
+        )
+    claimed = await client.dispatch.ClaimNext(
+        dispatch_pb2.ClaimNextRequest(max_todos=count), metadata=tenant.agent
+    )
+    if count == 1:
+        return [dispatch_pb2.ClaimedTodo(todo=claimed.todo, lease=claimed.lease)]
+    assert len(claimed.claimed) == count
+    return list(claimed.claimed)
+
+
+async def test_fail_with_nul_in_error_is_stored_with_a_replacement_character(
+    client: Client, tenant: Tenant
+) -> None:
+    [item] = await _claimed(client, tenant, 1)
+    error = "Traceback:\n\tboom\x00tail\x00"
+    failed = await client.dispatch.Fail(
+        dispatch_pb2.FailRequest(todo_id=item.todo.id, lease_id=item.lease.lease_id, error=error),
+        metadata=tenant.agent,
+    )
+    stored = "Traceback:\n\tboom\ufffdtail\ufffd"
+    assert failed.todo.last_error == stored
+    got = await client.dispatch.GetTodo(
+        dispatch_pb2.GetTodoRequest(todo_id=item.todo.id), metadata=tenant.agent
+    )
+    assert got.attempts[0].error == stored
+
+
+async def test_fail_error_is_cut_to_4096_characters_after_nul_replacement(
+    client: Client, tenant: Tenant
+) -> None:
+    [item] = await _claimed(client, tenant, 1)
+    failed = await client.dispatch.Fail(
+        dispatch_pb2.FailRequest(
+            todo_id=item.todo.id, lease_id=item.lease.lease_id, error="\x00夜" * 5000
+        ),
+        metadata=tenant.agent,
+    )
+    assert failed.todo.last_error == ("\ufffd夜" * 2048)
+
+
+async def test_settle_fail_item_with_nul_in_error_applies(client: Client, tenant: Tenant) -> None:
+    first, second = await _claimed(client, tenant, 2)
+    settled = await client.dispatch.SettleTodos(
+        dispatch_pb2.SettleTodosRequest(
+            settlements=[
+                dispatch_pb2.Settlement(
+                    todo_id=first.todo.id,
+                    lease_id=first.lease.lease_id,
+                    fail=dispatch_pb2.FailAction(error="bad\x00byte", permanent=True),
+                ),
+                dispatch_pb2.Settlement(
+                    todo_id=second.todo.id,
+                    lease_id=second.lease.lease_id,
+                    complete=dispatch_pb2.CompleteAction(),
+                ),
+            ]
+        ),
+        metadata=tenant.agent,
+    )
+    assert [r.status for r in settled.results] == [dispatch_pb2.BATCH_ITEM_STATUS_APPLIED] * 2
+    got = await client.dispatch.GetTodo(
+        dispatch_pb2.GetTodoRequest(todo_id=first.todo.id), metadata=tenant.agent
+    )
+    assert got.todo.state == todo_pb2.TODO_STATE_DEAD
+    assert got.todo.last_error == "bad\ufffdbyte"
+
+
+async def test_nul_in_one_fail_never_fails_the_completes_combined_with_it(
+    client: Client, tenant: Tenant
+) -> None:
+    """The reported defect: a Fail with a NUL, combined with other workers'
+    Completes into one transaction, failed them all with INTERNAL."""
+    items = await _claimed(client, tenant, 40)
+    calls = [
+        client.dispatch.Complete(
+            dispatch_pb2.CompleteRequest(todo_id=c.todo.id, lease_id=c.lease.lease_id),
+            metadata=tenant.agent,
+        )
+        for c in items[1:]
+    ]
+    poisoned = client.dispatch.Fail(
+        dispatch_pb2.FailRequest(
+            todo_id=items[0].todo.id, lease_id=items[0].lease.lease_id, error="\x00"
+        ),
+        metadata=tenant.agent,
+    )
+    failed, completed = await asyncio.gather(poisoned, asyncio.gather(*calls))
+    assert failed.todo.last_error == "\ufffd"
+    assert all(c.todo.state == todo_pb2.TODO_STATE_DONE for c in completed)

@@ -11,12 +11,17 @@ from switchboard_server import errors
 from switchboard_server.servicers.validate import (
     DEFAULT_PAGE_SIZE,
     MAX_DELAY,
+    MAX_ERROR,
     MAX_LEASE,
     MAX_PAGE_SIZE,
     MAX_QUEUES_PER_CALL,
     MAX_TODO_ID,
     MIN_LEASE,
+    NUL_REPLACEMENT,
     Violations,
+    free_text,
+    page_token_after,
+    printable,
 )
 
 
@@ -122,6 +127,33 @@ def test_parse_uuid() -> None:
     assert fields(v) == ["a", "b", "c", "d"]
 
 
+def test_parse_uuid_takes_hex_with_or_without_hyphens() -> None:
+    value = uuid.uuid4()
+    for text in (str(value), str(value).upper(), value.hex):
+        v = Violations()
+        assert v.parse_uuid("id", text, required=True) == value, text
+        assert fields(v) == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{12345678-1234-5678-1234-567812345678}",
+        "urn:uuid:12345678-1234-5678-1234-567812345678",
+        "1234567_1234_5678_1234_5678123456789",
+        "١٢٣٤٥٦٧٨-١٢٣٤-٥٦٧٨-١٢٣٤-٥٦٧٨١٢٣٤٥٦٧٨",  # digits to int(), not hex digits
+        " 12345678-1234-5678-1234-567812345678",
+        "12345678-1234-5678-1234-567812345678\n",
+        "12345678-1234-5678-1234-567812345678\x00",
+        "0" * 5000,
+    ],
+)
+def test_parse_uuid_rejects_what_uuid_module_would_bend(text: str) -> None:
+    v = Violations()
+    assert v.parse_uuid("id", text, required=True) is None
+    assert fields(v) == ["id"]
+
+
 def test_lease_id() -> None:
     value = uuid.uuid4()
     v = Violations()
@@ -165,6 +197,9 @@ def test_todo_id_accepts(text: str, expected: int) -> None:
         str(MAX_TODO_ID + 1),
         str(2**64),
         "9" * 40,
+        "9" * 5000,  # int() of more than 4,300 digits raises: never parsed
+        "0" * 5000 + "1",
+        "1\x00",
     ],
 )
 def test_todo_id_rejects(text: str) -> None:
@@ -280,7 +315,31 @@ def test_text_length_bound() -> None:
     assert fields(v) == ["claimant"]
 
 
-@pytest.mark.parametrize("char", ["\x00", "\x01", "\t", "\n", "\r", "\x1b", "\x1f", "\x7f"])
+@pytest.mark.parametrize(
+    "char",
+    [
+        "\x00",
+        "\x01",
+        "\t",
+        "\n",
+        "\r",
+        "\x1b",
+        "\x1f",
+        "\x7f",
+        "\x80",  # C1 controls
+        "\x85",
+        "\x9f",
+        "\u2028",  # line and paragraph separators
+        "\u2029",
+        "\ufdd0",  # noncharacters
+        "\ufdef",
+        "\ufffe",
+        "\uffff",
+        "\U0001fffe",
+        "\U0010ffff",
+        "\ud800",  # a surrogate (protobuf cannot carry one; a caller in-process could)
+    ],
+)
 def test_text_rejects_control_characters(char: str) -> None:
     v = Violations()
     v.text("content_type", f"text/plain{char}", maximum=255)
@@ -290,6 +349,97 @@ def test_text_rejects_control_characters(char: str) -> None:
 def test_text_allows_unicode_and_punctuation() -> None:
     v = Violations()
     v.text("label", "Équipe de nuit — 夜班 (v2); ok=1", maximum=200)
+    # No-break space, bidi marks, BOM, the replacement character, emoji and the
+    # last assigned-range code points are text.
+    v.text("name", "a\u00a0b \u200f\u202e\ufeff\ufffd 🙂 \U0010fffd \ufdf0", maximum=200)
+    assert fields(v) == []
+
+
+def test_text_names_the_field_for_a_nul() -> None:
+    v = Violations()
+    v.text("claimant", "worker\x00-1", maximum=200)
+    with pytest.raises(errors.InvalidArgument) as caught:
+        v.check()
+    [violation] = caught.value.violations
+    assert violation.field == "claimant"
+    assert "NUL" in violation.description
+
+
+def test_printable_matches_text() -> None:
+    assert printable("plain text, ünïcode, 夜")
+    assert not printable("nul\x00")
+    assert not printable("\x9b[31m")  # a C1 CSI: colours a terminal
+
+
+# --- free text (a failed attempt's error) ------------------------------------
+
+
+def test_free_text_replaces_nul_and_keeps_everything_else() -> None:
+    error = "Traceback:\n\tline 1\x00\x00\x1b[31m \x85\u2028\uffff 夜"
+    assert free_text(error, maximum=MAX_ERROR) == error.replace("\x00", NUL_REPLACEMENT)
+    assert "\x00" not in free_text("\x00" * 10, maximum=MAX_ERROR)
+
+
+def test_free_text_is_cut_to_the_maximum_in_characters() -> None:
+    assert free_text("x" * (MAX_ERROR + 1), maximum=MAX_ERROR) == "x" * MAX_ERROR
+    assert free_text("\x00" * (MAX_ERROR + 5), maximum=MAX_ERROR) == NUL_REPLACEMENT * MAX_ERROR
+    assert free_text("夜" * MAX_ERROR, maximum=MAX_ERROR) == "夜" * MAX_ERROR
+    assert free_text("", maximum=MAX_ERROR) == ""
+
+
+# --- urls --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://127.0.0.1:9/hook", "https://hooks.example.com/a/b?c=d&e=%20", "http://[::1]:8080/"],
+)
+def test_url_accepts(url: str) -> None:
+    v = Violations()
+    assert v.url("url", url) == url
+    assert fields(v) == []
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "",
+        "ftp://example.com/",
+        "http:///path",
+        "http://[::1/hook",  # urlsplit raises for these three
+        "http://a\uff03b@example.com/",
+        "http://example.com:99999/",
+        "http://example.com:port/",
+        "http://exämple.com/",  # send the punycode form
+        "http://example.com/ü",  # send it percent-encoded
+        "http://example.com/a b",
+        "http://example.com/\x00",
+        "http://example.com/" + "a" * 2048,
+    ],
+)
+def test_url_rejects(url: str) -> None:
+    v = Violations()
+    v.url("url", url)
+    assert fields(v) == ["url"]
+
+
+# --- page tokens ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "token",
+    ["!!", "v1:5", "djI6NQ", "dj" + "E" * 5000, "djE6" + "OTk5" * 2000, "djE6NQ\x00", "ü"],
+)
+def test_page_token_rejects(token: str) -> None:
+    v = Violations()
+    assert v.page_token("page_token", token) is None
+    assert fields(v) == ["page_token"]
+
+
+def test_page_token_round_trip() -> None:
+    v = Violations()
+    assert v.page_token("page_token", page_token_after(MAX_TODO_ID)) == MAX_TODO_ID
+    assert v.page_token("page_token", "") is None
     assert fields(v) == []
 
 

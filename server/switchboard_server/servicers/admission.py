@@ -10,7 +10,12 @@ from switchboard.v1 import admission_pb2, admission_pb2_grpc, queue_pb2
 from switchboard_server.admission import AdmissionControl, Limits
 from switchboard_server.servicers import convert
 from switchboard_server.servicers.interceptor import current_principal
-from switchboard_server.servicers.validate import Violations, page_token_after
+from switchboard_server.servicers.validate import (
+    MAX_START,
+    MAX_ZONE,
+    Violations,
+    page_token_after,
+)
 from switchboard_server.windows import Period, WindowSpec, WindowSpecError
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -39,6 +44,12 @@ def _window(v: Violations, policy: admission_pb2.AdmissionPolicy) -> WindowSpec 
     weekday = int(w.weekday) if w.weekday else None
     if w.weekday and not 1 <= w.weekday <= 7:
         v.add("policy.window.weekday", "must be a weekday")
+        return None
+    # Bounded and printable before parsing: the parser's messages quote them.
+    before = len(v)
+    v.text("policy.window.time_zone", w.time_zone, maximum=MAX_ZONE)
+    v.text("policy.window.start", w.start, maximum=MAX_START)
+    if len(v) > before:
         return None
     try:
         spec = WindowSpec.parse(period.value, w.time_zone, w.start, weekday)

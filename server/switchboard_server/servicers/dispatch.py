@@ -24,6 +24,7 @@ from switchboard_server.servicers.validate import (
     MAX_ERROR,
     MAX_PAYLOAD_BYTES,
     Violations,
+    free_text,
     page_token_after,
 )
 
@@ -185,7 +186,11 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
         lease_id = v.lease_id("lease_id", request.lease_id)
         v.check()
         todo = await self._dispatcher.fail(
-            current_principal(), todo_id, lease_id, request.error[:MAX_ERROR], request.permanent
+            current_principal(),
+            todo_id,
+            lease_id,
+            free_text(request.error, maximum=MAX_ERROR),
+            request.permanent,
         )
         return dispatch_pb2.FailResponse(todo=convert.todo(todo))
 
@@ -216,7 +221,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
                     todo_id,
                     lease_id,
                     SettleAction(action),
-                    item.fail.error[:MAX_ERROR],
+                    free_text(item.fail.error, maximum=MAX_ERROR),
                     item.fail.permanent,
                 )
             )

@@ -2,6 +2,9 @@
 
 Every RPC of our services is wrapped so that the bearer token is resolved to a
 principal before the handler runs (available through ``current_principal``),
+so that the request bytes are parsed inside the wrapper (bytes that are not a
+valid message, such as a string field holding invalid UTF-8, are
+INVALID_ARGUMENT, not the UNKNOWN grpc answers for a failing deserializer),
 and so that a ``SwitchboardError`` becomes its gRPC status with
 ``google.rpc.Status`` details, while anything unexpected becomes INTERNAL
 with a generic message (and is logged with its traceback). Each call also
@@ -17,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
 from google.protobuf import any_pb2
+from google.protobuf.message import DecodeError
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -37,6 +41,26 @@ _principal: contextvars.ContextVar[Principal] = contextvars.ContextVar("principa
 
 #: Services that answer without a token.
 _PUBLIC_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+
+class MalformedRequest(errors.SwitchboardError):
+    """The request bytes are not a valid message of the method's request type."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+def _parser(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any]:
+    """The handler's deserializer, raising ``MalformedRequest`` for bad bytes."""
+
+    def parse(raw: bytes) -> Any:
+        if deserializer is None:
+            return raw
+        try:
+            return deserializer(raw)
+        except DecodeError as exc:
+            raise MalformedRequest(f"the request is not a valid message: {exc}") from None
+
+    return parse
 
 
 def current_principal() -> Principal:
@@ -106,16 +130,16 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         method: str = handler_call_details.method
         if handler is None or method.startswith(_PUBLIC_PREFIXES):
             return handler
+        # grpc gets no deserializer, so it hands the wrapper the raw bytes.
+        parse = _parser(handler.request_deserializer)
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
-                self._wrap_unary(handler.unary_unary, method),
-                request_deserializer=handler.request_deserializer,
+                self._wrap_unary(handler.unary_unary, method, parse),
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
-                self._wrap_stream(handler.unary_stream, method),
-                request_deserializer=handler.request_deserializer,
+                self._wrap_stream(handler.unary_stream, method, parse),
                 response_serializer=handler.response_serializer,
             )
         return handler
@@ -128,12 +152,12 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 break
         _principal.set(await self._auth.authenticate(authorization))
 
-    def _wrap_unary(self, behavior: Any, method: str) -> Any:
-        async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+    def _wrap_unary(self, behavior: Any, method: str, parse: Callable[[bytes], Any]) -> Any:
+        async def wrapped(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             with observe_rpc(method, context, self._metrics) as call:
                 try:
                     await self._authenticate(context)
-                    response = await behavior(request, context)
+                    response = await behavior(parse(raw), context)
                     context.set_trailing_metadata(call.trailing_metadata)
                     return response
                 except grpc.aio.AbortError:
@@ -146,14 +170,14 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
 
         return wrapped
 
-    def _wrap_stream(self, behavior: Any, method: str) -> Any:
+    def _wrap_stream(self, behavior: Any, method: str, parse: Callable[[bytes], Any]) -> Any:
         async def wrapped(
-            request: Any, context: grpc.aio.ServicerContext[Any, Any]
+            raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
         ) -> AsyncIterator[Any]:
             with observe_rpc(method, context, self._metrics) as call:
                 try:
                     await self._authenticate(context)
-                    async for item in behavior(request, context):
+                    async for item in behavior(parse(raw), context):
                         yield item
                     context.set_trailing_metadata(call.trailing_metadata)
                 except grpc.aio.AbortError:

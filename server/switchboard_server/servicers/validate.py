@@ -25,6 +25,10 @@ MAX_ERROR = 4096
 MAX_NAME = 100
 MAX_LABEL = 200
 MAX_URL = 2048
+#: IANA zone keys are at most 30-odd characters; anything longer is not one.
+MAX_ZONE = 64
+#: A window start is ``HH:MM``; the parser says so for anything up to this long.
+MAX_START = 16
 MAX_QUEUES_PER_CALL = 100
 MIN_LEASE = timedelta(seconds=1)
 MAX_LEASE = timedelta(hours=24)
@@ -36,6 +40,42 @@ MAX_PAGE_SIZE = 500
 MAX_TODO_ID = 2**63 - 1
 #: Todos per ClaimNext, and items per HeartbeatTodos or SettleTodos call.
 MAX_BATCH = 500
+#: Digits of the largest todo id; longer digit strings are never parsed (an
+#: int() of thousands of digits is slow, and past 4,300 it raises).
+MAX_TODO_ID_DIGITS = len(str(MAX_TODO_ID))
+#: A page token is base64 of ``v1:<todo id>``; far shorter than this.
+MAX_PAGE_TOKEN = 64
+UUID_TEXT = re.compile(
+    r"[0-9A-Fa-f]{8}-?[0-9A-Fa-f]{4}-?[0-9A-Fa-f]{4}-?[0-9A-Fa-f]{4}-?[0-9A-Fa-f]{12}"
+)
+
+#: What no name, label, claimant, key or other identifier-like text may hold:
+#: control characters (C0 including NUL, DEL, C1), the line and paragraph
+#: separators, surrogates and the Unicode noncharacters. NUL is also the one
+#: character PostgreSQL text and jsonb reject; the rest break log lines,
+#: tables and terminals, or are not characters at all.
+_NOT_PRINTABLE = re.compile(
+    r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff\ufdd0-\ufdef"
+    + "".join(rf"\U{plane:04x}fffe\U{plane:04x}ffff" for plane in range(17))
+    + "]"
+)
+#: Free text stores every character but NUL, which becomes this.
+NUL_REPLACEMENT = "\ufffd"
+
+
+def printable(value: str) -> bool:
+    """Whether ``value`` holds none of the characters identifiers may not hold."""
+    return _NOT_PRINTABLE.search(value) is None
+
+
+def free_text(value: str, *, maximum: int) -> str:
+    """Free text as stored: cut to ``maximum`` characters, each NUL replaced by U+FFFD.
+
+    Used for text the server keeps but never interprets (a failed attempt's
+    error), where refusing the call would lose the report it carries: a
+    worker whose Fail were refused would leave its todo to lapse and run again.
+    """
+    return value[:maximum].replace("\x00", NUL_REPLACEMENT)
 
 
 class LeaseItem(Protocol):
@@ -66,6 +106,9 @@ class Violations:
     def add(self, field: str, description: str) -> None:
         """Records one problem."""
         self._items.append(errors.FieldViolation(field, description))
+
+    def __len__(self) -> int:
+        return len(self._items)
 
     def check(self) -> None:
         """Raises ``InvalidArgument`` if anything was recorded."""
@@ -98,15 +141,21 @@ class Violations:
             if required:
                 self.add(field, "required")
             return None
-        try:
-            return uuid.UUID(value)
-        except ValueError:
+        # uuid.UUID alone would take braces, "urn:uuid:", underscores and
+        # non-ASCII digits; an id is 32 hex digits, hyphens optional.
+        if not UUID_TEXT.fullmatch(value):
             self.add(field, "must be a UUID")
             return None
+        return uuid.UUID(value)
 
     def todo_id(self, field: str, value: str) -> int:
         """A todo id: a positive decimal integer."""
-        if not value.isascii() or not value.isdigit() or not 0 < int(value) <= MAX_TODO_ID:
+        if (
+            len(value) > MAX_TODO_ID_DIGITS
+            or not value.isascii()
+            or not value.isdigit()
+            or not 0 < int(value) <= MAX_TODO_ID
+        ):
             self.add(field, "must be a todo id (a positive integer)")
             return 0
         return int(value)
@@ -151,20 +200,33 @@ class Violations:
         )
 
     def text(self, field: str, value: str, *, maximum: int, required: bool = False) -> str:
-        """Free text with a length bound and no control characters."""
+        """A name, label, claimant, key or other one-line text: at most ``maximum``
+        characters, none of them a control character (NUL included), a line
+        separator or a noncharacter (see ``printable``)."""
         if required and not value.strip():
             self.add(field, "required")
         elif len(value) > maximum:
             self.add(field, f"at most {maximum} characters")
-        elif any(ord(c) < 32 or ord(c) == 127 for c in value):
-            self.add(field, "must not contain control characters")
+        elif not printable(value):
+            self.add(field, "must not contain control characters (NUL included) or noncharacters")
         return value.strip() if required else value
 
     def url(self, field: str, value: str) -> str:
-        """An absolute http(s) URL."""
-        parsed = urllib.parse.urlsplit(value) if len(value) <= MAX_URL else None
+        """An absolute http(s) URL in printable ASCII (an international host or
+        path is sent in its ASCII form: punycode, percent-encoding)."""
+        if len(value) > MAX_URL or not value.isascii():
+            parsed = None
+        else:
+            try:
+                parsed = urllib.parse.urlsplit(value)
+                parsed.port  # noqa: B018 - raises for a port that is not one
+            except ValueError:
+                parsed = None
         if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname:
-            self.add(field, f"must be an http:// or https:// URL of at most {MAX_URL} characters")
+            self.add(
+                field,
+                f"must be an http:// or https:// URL of at most {MAX_URL} ASCII characters",
+            )
         elif any(ord(c) <= 32 or ord(c) == 127 for c in value):
             self.add(field, "must not contain spaces or control characters")
         return value
@@ -172,6 +234,9 @@ class Violations:
     def page_token(self, field: str, token: str) -> int | None:
         """The position inside a page token (``None`` for the first page)."""
         if not token:
+            return None
+        if len(token) > MAX_PAGE_TOKEN or not token.isascii():
+            self.add(field, "not a page token from this list")
             return None
         try:
             raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
