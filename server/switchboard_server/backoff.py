@@ -18,7 +18,8 @@ def retry_delay(
     ``base * 2**(attempt-1)``, capped at ``cap``, then scaled by a uniform
     factor in [0.5, 1.0] ("equal jitter") so that a burst of failures does not
     come back as a burst of retries. The same formula runs in SQL for failed
-    todos (``sb_settle``, migration 0005); this one paces hook deliveries.
+    todos (``sb_settle``, ``db/functions/dispatch.sql``); this one paces hook
+    deliveries.
     """
     if attempt < 1:
         raise ValueError("attempt starts at 1")

@@ -15,7 +15,6 @@ import asyncio
 import difflib
 import os
 import pathlib
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,122 +22,17 @@ import asyncpg
 import pytest
 from switchboard_server.db.migrate import Migration, available, migrate
 
-from tests.support.databases import with_database
+from tests.db.catalog import MIGRATIONS_QUERY, dump_functions, dump_schema, new_database
 
 SNAPSHOT = pathlib.Path(__file__).with_name("expected_schema.txt")
 UPDATE_ENV = "SWITCHBOARD_UPDATE_SCHEMA_SNAPSHOT"
-
-# Each section is one catalog query whose rows become one line each. Queries
-# are ordered and avoid anything that varies between runs (oids, database
-# names, generated names of system objects).
-SECTIONS: dict[str, str] = {
-    "tables": """
-        SELECT c.relname, c.relkind::text, coalesce(array_to_string(c.reloptions, ','), '')
-          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-         WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
-         ORDER BY c.relname
-    """,
-    "columns": """
-        SELECT table_name, ordinal_position, column_name,
-               CASE WHEN data_type IN ('ARRAY', 'USER-DEFINED') THEN udt_name
-                    ELSE data_type END,
-               coalesce(character_maximum_length::text, ''),
-               is_nullable, coalesce(column_default, ''),
-               is_identity, coalesce(identity_generation, ''), is_generated,
-               coalesce(generation_expression, '')
-          FROM information_schema.columns
-         WHERE table_schema = 'public'
-         ORDER BY table_name, ordinal_position
-    """,
-    "indexes": """
-        SELECT tablename, indexname, indexdef
-          FROM pg_indexes
-         WHERE schemaname = 'public'
-         ORDER BY tablename, indexname
-    """,
-    "constraints": """
-        SELECT cl.relname, con.conname, con.contype::text, pg_get_constraintdef(con.oid)
-          FROM pg_constraint con
-          JOIN pg_namespace n ON n.oid = con.connamespace
-          LEFT JOIN pg_class cl ON cl.oid = con.conrelid
-         WHERE n.nspname = 'public'
-           -- PostgreSQL 18 also lists NOT NULL here; nullability is in columns.
-           AND con.contype <> 'n'
-         ORDER BY cl.relname, con.conname
-    """,
-    "functions": """
-        SELECT p.proname, pg_get_function_identity_arguments(p.oid),
-               pg_get_function_result(p.oid), l.lanname, p.provolatile::text
-          FROM pg_proc p
-          JOIN pg_namespace n ON n.oid = p.pronamespace
-          JOIN pg_language l ON l.oid = p.prolang
-         WHERE n.nspname = 'public'
-         ORDER BY p.proname, pg_get_function_identity_arguments(p.oid)
-    """,
-    "triggers": """
-        SELECT c.relname, t.tgname, pg_get_triggerdef(t.oid)
-          FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
-          JOIN pg_namespace n ON n.oid = c.relnamespace
-         WHERE n.nspname = 'public' AND NOT t.tgisinternal
-         ORDER BY c.relname, t.tgname
-    """,
-    "sequences": """
-        SELECT sequence_name, data_type, start_value, increment, maximum_value
-          FROM information_schema.sequences
-         WHERE sequence_schema = 'public'
-         ORDER BY sequence_name
-    """,
-    "types": """
-        SELECT t.typname, t.typtype::text
-          FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
-         WHERE n.nspname = 'public'
-           AND (t.typtype IN ('e', 'd', 'r', 'm')
-                OR (t.typtype = 'c' AND EXISTS (
-                        SELECT 1 FROM pg_class c WHERE c.oid = t.typrelid AND c.relkind = 'c')))
-         ORDER BY t.typname
-    """,
-    "extensions": """
-        SELECT extname FROM pg_extension WHERE extname <> 'plpgsql' ORDER BY extname
-    """,
-}
-
-# The migrations table's own rows: versions and names, not times.
-MIGRATIONS_QUERY = "SELECT version, name FROM schema_migrations ORDER BY version"
-
-
-def _line(values: Any) -> str:
-    return " | ".join(" ".join(str(v).split()) for v in values)
-
-
-async def dump_schema(conn: asyncpg.Connection[Any]) -> str:
-    """A normalized, diff-friendly text dump of the public schema."""
-    out: list[str] = []
-    for section, query in SECTIONS.items():
-        out.append(f"## {section}")
-        out.extend(_line(tuple(row.values())) for row in await conn.fetch(query))
-        out.append("")
-    out.append("## schema_migrations")
-    out.extend(_line(tuple(row.values())) for row in await conn.fetch(MIGRATIONS_QUERY))
-    return "\n".join(out) + "\n"
 
 
 @pytest.fixture
 async def bare_dsn(pg_admin_dsn: str) -> AsyncIterator[str]:
     """An empty database (created from template0, no migrations), dropped afterwards."""
-    name = f"sb_bare_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(pg_admin_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
-    finally:
-        await admin.close()
-    try:
-        yield with_database(pg_admin_dsn, name)
-    finally:
-        admin = await asyncpg.connect(pg_admin_dsn)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
+    async with new_database(pg_admin_dsn) as dsn:
+        yield dsn
 
 
 @pytest.fixture
@@ -252,22 +146,32 @@ async def test_a_renamed_applied_migration_is_refused(bare: asyncpg.Connection[A
 async def test_a_failing_migration_leaves_no_trace(
     bare: asyncpg.Connection[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each migration runs in its own transaction with its record: a broken one
-    applies nothing and is not recorded; the ones before it stay."""
+    """A run is one transaction: a broken migration rolls back every migration
+    and function file of its run, so a database is left as it was, never with
+    some of a release's tables and not its functions."""
     from switchboard_server.db import migrate as migrate_module
 
     shipped = available()
-    broken = Migration(
-        len(shipped) + 1,
-        "broken",
-        "CREATE TABLE half_done (id int); SELECT 1 / 0;",
-    )
-    monkeypatch.setattr(migrate_module, "available", lambda: [*shipped, broken])
+    await migrate(bare)
+    before = (await dump_schema(bare), await dump_functions(bare))
+    stamps = await bare.fetch("SELECT file, applied_at FROM schema_functions ORDER BY file")
+    files = migrate_module.function_files()
+    changed = [
+        migrate_module.FunctionFile(f.name, f.sql.replace("now() +", "now() + interval '1 day' +"))
+        if f.name == "clock.sql"
+        else f
+        for f in files
+    ]
+    good = Migration(len(shipped) + 1, "good", "CREATE TABLE fine (id int);")
+    broken = Migration(len(shipped) + 2, "broken", "CREATE TABLE half_done (id int); SELECT 1 / 0;")
+    monkeypatch.setattr(migrate_module, "available", lambda: [*shipped, good, broken])
+    monkeypatch.setattr(migrate_module, "function_files", lambda: changed)
     with pytest.raises(asyncpg.DivisionByZeroError):
         await migrate_module.migrate(bare)
-    rows = await bare.fetch(MIGRATIONS_QUERY)
-    assert [r["version"] for r in rows] == versions(shipped)
+    assert (await dump_schema(bare), await dump_functions(bare)) == before
+    assert await bare.fetchval("SELECT to_regclass('fine') IS NULL")
     assert await bare.fetchval("SELECT to_regclass('half_done') IS NULL")
+    assert await bare.fetch("SELECT file, applied_at FROM schema_functions ORDER BY file") == stamps
     assert (
         await bare.fetchval(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"

@@ -9,9 +9,13 @@ CREATE TABLE clock_skew (
 );
 INSERT INTO clock_skew DEFAULT VALUES;
 
+-- The one function a migration needs: the table defaults below call sb_now(),
+-- so it must exist before them. This is its signature only; its body is in
+-- functions/clock.sql, applied in the same transaction after the migrations
+-- (the single exception to "functions live in functions/").
 CREATE FUNCTION sb_now() RETURNS timestamptz
-    LANGUAGE sql STABLE PARALLEL SAFE
-    AS $$ SELECT now() + (SELECT skew FROM clock_skew) $$;
+    LANGUAGE sql STABLE
+    AS $$ SELECT now() $$;
 
 CREATE TABLE owners (
     id uuid PRIMARY KEY DEFAULT gen_random_uuid(),

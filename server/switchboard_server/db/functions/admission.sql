@@ -1,0 +1,391 @@
+-- Admission control (ADR-0035): evaluating a queue's policy, the JSON the
+-- claim path reports (headroom, deferrals), and admitting and claiming under
+-- the policy lock, one todo or a batch. Lock order: the todo rows, then the
+-- policy; a refusal raises SB429 inside a subtransaction so that every lock
+-- is released before the next queue is tried.
+
+-- Evaluates a policy row. Each statement takes its own snapshot, so called
+-- after the policy row lock it sees every admission committed before it.
+-- Raises SB503 when the window cannot be determined (fail closed).
+CREATE OR REPLACE FUNCTION sb_admission_eval(
+    p_policy admission_policies,
+    p_exclude bigint,
+    p_now timestamptz
+) RETURNS admission_eval
+LANGUAGE plpgsql AS $$
+DECLARE
+    v admission_eval;
+    v_i integer;
+BEGIN
+    IF p_policy.max_in_flight = 0 OR p_policy.max_claims_per_window = 0 THEN
+        v.reason := 'paused';  -- first in precedence, whatever else holds
+        RETURN v;
+    END IF;
+    IF p_policy.max_claims_per_window IS NOT NULL THEN
+        SELECT b.i INTO v_i
+          FROM generate_subscripts(p_policy.window_bounds, 1) AS b (i)
+         WHERE p_policy.window_bounds[b.i] <= p_now
+         ORDER BY b.i DESC
+         LIMIT 1;
+        IF v_i IS NULL OR v_i >= cardinality(p_policy.window_bounds) THEN
+            RAISE EXCEPTION 'no window schedule covers %', p_now USING ERRCODE = 'SB503';
+        END IF;
+        v.window_start := p_policy.window_bounds[v_i];
+        v.window_end := p_policy.window_bounds[v_i + 1];
+        SELECT c.units INTO v.used FROM window_counters c
+         WHERE c.policy_id = p_policy.id AND c.window_start = v.window_start;
+        v.used := coalesce(v.used, 0);
+    END IF;
+    IF p_policy.max_in_flight IS NOT NULL THEN
+        SELECT count(*), min(t.lease_expires_at) INTO v.in_flight, v.earliest_expiry
+          FROM todos t
+         WHERE t.queue_id = p_policy.queue_id AND t.state = 'claimed'
+           AND t.id IS DISTINCT FROM p_exclude;
+    END IF;
+    v.reason := CASE
+        WHEN v.used >= p_policy.max_claims_per_window THEN 'window_exhausted'
+        WHEN v.in_flight >= p_policy.max_in_flight THEN 'in_flight_full'
+    END;
+    RETURN v;
+END;
+$$;
+
+-- A policy as JSON, for claim responses and the audit trail.
+CREATE OR REPLACE FUNCTION sb_policy_json(p admission_policies) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_object(
+        'max_in_flight', p.max_in_flight,
+        'max_claims_per_window', p.max_claims_per_window,
+        'window_period', p.window_period,
+        'window_zone', p.window_zone,
+        'window_start', p.window_start,
+        'window_weekday', p.window_weekday,
+        'updated_at', p.updated_at
+    )
+$$;
+
+-- The headroom after a claim of p_charged todos, each charged one unit.
+CREATE OR REPLACE FUNCTION sb_headroom_after(p admission_policies, v admission_eval, p_charged integer)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_object(
+        'window_used', CASE WHEN v.window_start IS NOT NULL THEN v.used + p_charged END,
+        'window_limit', p.max_claims_per_window,
+        'resets_at', v.window_end,
+        'in_flight_used', CASE WHEN p.max_in_flight IS NOT NULL
+                               THEN v.in_flight + p_charged END,
+        'in_flight_limit', p.max_in_flight,
+        'policy', sb_policy_json(p)
+    )
+$$;
+
+-- The headroom after a successful claim that was charged one unit.
+CREATE OR REPLACE FUNCTION sb_headroom(p admission_policies, v admission_eval) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT sb_headroom_after(p, v, 1)
+$$;
+
+-- A deferral as JSON: the queue, why, and what the caller needs to wait.
+CREATE OR REPLACE FUNCTION sb_deferral_json(
+    p_queue text, p_reason text, v admission_eval, p_pending bigint
+) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_object(
+        'queue', p_queue,
+        'reason', p_reason,
+        'window_end', CASE WHEN p_reason = 'window_exhausted' THEN v.window_end END,
+        'earliest_expiry', CASE WHEN p_reason = 'in_flight_full' THEN v.earliest_expiry END,
+        'pending', p_pending
+    )
+$$;
+
+-- The reason a queue's budget defers it once p_charged more claims are
+-- charged after the evaluation v (NULL: it still admits).
+CREATE OR REPLACE FUNCTION sb_full_after(p admission_policies, v admission_eval, p_charged integer)
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN v.window_start IS NOT NULL AND v.used + p_charged >= p.max_claims_per_window
+        THEN 'window_exhausted'
+        WHEN p.max_in_flight IS NOT NULL AND v.in_flight + p_charged >= p.max_in_flight
+        THEN 'in_flight_full'
+    END
+$$;
+
+-- The unlocked status of a queue's policy, failing closed: the reason (NULL
+-- when admitting), the evaluation, or 'admission_unavailable'. No row when
+-- the queue has no active policy. (No variable of the policy's row type:
+-- compiling this function must not touch the policy table, so that even an
+-- unreadable table is caught below.)
+CREATE OR REPLACE FUNCTION sb_queue_admission(p_queue_id bigint, p_now timestamptz)
+RETURNS TABLE (reason text, eval admission_eval)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_eval admission_eval;
+BEGIN
+    BEGIN
+        SELECT e.* INTO v_eval
+          FROM queues q
+          JOIN admission_policies p ON p.id = q.policy_id AND p.active
+         CROSS JOIN LATERAL sb_admission_eval(p, NULL, p_now) AS e
+         WHERE q.id = p_queue_id;
+        IF NOT FOUND THEN
+            RETURN;
+        END IF;
+    EXCEPTION WHEN OTHERS THEN
+        RETURN QUERY SELECT 'admission_unavailable'::text, NULL::admission_eval;
+        RETURN;
+    END;
+    RETURN QUERY SELECT v_eval.reason, v_eval;
+END;
+$$;
+
+-- A deferral of the queue already known to hold (JSON, like sb_deferral_json),
+-- or NULL: lets ClaimNext leave out a queue without evaluating its policy.
+-- It may when the queue's gate says it is deferred until a time still ahead
+-- for a reason that cannot lift before then: its window is exhausted (counts
+-- never go down within a window) or it is paused. A policy change makes the
+-- gate due at once (sb_gate_policy_changed), so the gate never outlives the
+-- policy it was evaluated under. Reads only queue_gates: it works even when
+-- the policy table cannot be read.
+CREATE OR REPLACE FUNCTION sb_known_deferral(p_queue_id bigint, p_queue text, p_now timestamptz)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(
+        'queue', p_queue,
+        'reason', g.reason,
+        'window_end', CASE WHEN g.reason = 'window_exhausted' THEN g.next_check_at END)
+      FROM queue_gates g
+     WHERE g.queue_id = p_queue_id AND g.deferred AND g.next_check_at > p_now
+       AND g.reason IN ('window_exhausted', 'paused')
+$$;
+
+-- Whether a queue's budget is worth an unlocked evaluation before its policy
+-- lock is taken. A queue whose gate says it admits (or that has none) goes
+-- straight to the locked check: evaluating it unlocked first would only
+-- repeat that work. One last seen deferred is evaluated unlocked first, so
+-- that claimers do not queue on its policy lock just to be refused.
+CREATE OR REPLACE FUNCTION sb_prefilter_wanted(p_queue_id bigint) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM queue_gates g WHERE g.queue_id = p_queue_id AND g.deferred)
+$$;
+
+-- Locks and evaluates a queue's policy for a claim of p_row, then claims
+-- and charges, or raises SB429 (refused; the reason is in the message) so
+-- the caller's subtransaction releases the todo and policy locks. A claim
+-- that spends the budget marks the queue's gate (forced: under the policy
+-- lock, with fresh reads), so that its reopen rings.
+-- Lock order: the todo row (already locked by the caller), then the policy.
+CREATE OR REPLACE FUNCTION sb_admit_and_claim(
+    p_row todos,
+    p_policy_id bigint,
+    p_claimant text,
+    p_lease interval,
+    p_now timestamptz,
+    OUT claimed todos,
+    OUT admission jsonb
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_policy admission_policies;
+    v_eval admission_eval;
+    v_full text;
+BEGIN
+    -- Waits for the lock; the session's lock_timeout bounds the wait, and
+    -- running out of it refuses the claim (admission_unavailable).
+    SELECT * INTO v_policy FROM admission_policies p WHERE p.id = p_policy_id FOR UPDATE;
+    IF NOT FOUND OR NOT v_policy.active THEN
+        -- Cleared concurrently: no policy governs the queue any more.
+        claimed := sb_claim_row(p_row, p_claimant, p_lease, p_now);
+        RETURN;
+    END IF;
+    v_eval := sb_admission_eval(
+        v_policy, CASE WHEN p_row.state = 'claimed' THEN p_row.id END, p_now);
+    IF v_eval.reason IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_eval.reason USING ERRCODE = 'SB429',
+            DETAIL = sb_deferral_json(p_row.queue, v_eval.reason, v_eval, NULL)::text;
+    END IF;
+    claimed := sb_claim_row(p_row, p_claimant, p_lease, p_now);
+    IF v_eval.window_start IS NOT NULL THEN
+        INSERT INTO window_counters AS c (policy_id, window_start, units)
+        VALUES (v_policy.id, v_eval.window_start, 1)
+        ON CONFLICT (policy_id, window_start) DO UPDATE SET units = c.units + 1;
+    END IF;
+    admission := jsonb_build_object('headroom', sb_headroom(v_policy, v_eval));
+    v_full := sb_full_after(v_policy, v_eval, 1);
+    IF v_full IS NOT NULL THEN
+        PERFORM sb_gate_mark(
+            v_policy.queue_id, v_full, sb_gate_next_check(v_full, v_eval, p_now), p_now, true);
+    END IF;
+END;
+$$;
+
+-- The batch form of sb_admit_and_claim: locks the policy of the queue of
+-- the locked pending todos p_ids (in claim order), evaluates it with fresh
+-- reads, and claims and charges as many as the window's units and the free
+-- in-flight slots allow (the i-th for p_claimants[i], see sb_claim_pending),
+-- or raises SB429 (refused; the reason is in the message) so the caller's
+-- subtransaction releases every lock. Claims that spend the budget mark the
+-- queue's gate; a batch cut short by the budget says why (the same reason)
+-- in admission.deferred; its other todos are left untouched. Lock order: the
+-- todo rows, then the policy.
+CREATE OR REPLACE FUNCTION sb_admit_and_claim_batch(
+    p_ids bigint[],
+    p_queue text,
+    p_policy_id bigint,
+    p_claimants text[],
+    p_lease interval,
+    p_now timestamptz,
+    OUT claimed todos[],
+    OUT admission jsonb
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_policy admission_policies;
+    v_eval admission_eval;
+    v_take integer;
+    v_full text;
+BEGIN
+    -- Waits for the lock; the session's lock_timeout bounds the wait, and
+    -- running out of it refuses the claim (admission_unavailable).
+    SELECT * INTO v_policy FROM admission_policies p WHERE p.id = p_policy_id FOR UPDATE;
+    IF NOT FOUND OR NOT v_policy.active THEN
+        -- Cleared concurrently: no policy governs the queue any more.
+        claimed := sb_claim_pending(p_ids, p_claimants, p_lease, p_now);
+        RETURN;
+    END IF;
+    v_eval := sb_admission_eval(v_policy, NULL, p_now);
+    IF v_eval.reason IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_eval.reason USING ERRCODE = 'SB429',
+            DETAIL = sb_deferral_json(p_queue, v_eval.reason, v_eval, NULL)::text;
+    END IF;
+    v_take := least(
+        cardinality(p_ids),
+        v_policy.max_claims_per_window - v_eval.used,
+        v_policy.max_in_flight - v_eval.in_flight);
+    claimed := sb_claim_pending(p_ids[1:v_take], p_claimants, p_lease, p_now);
+    IF v_eval.window_start IS NOT NULL THEN
+        INSERT INTO window_counters AS c (policy_id, window_start, units)
+        VALUES (v_policy.id, v_eval.window_start, v_take)
+        ON CONFLICT (policy_id, window_start) DO UPDATE SET units = c.units + v_take;
+    END IF;
+    admission := jsonb_build_object('headroom', sb_headroom_after(v_policy, v_eval, v_take));
+    v_full := sb_full_after(v_policy, v_eval, v_take);
+    IF v_full IS NOT NULL THEN
+        PERFORM sb_gate_mark(
+            v_policy.queue_id, v_full, sb_gate_next_check(v_full, v_eval, p_now), p_now, true);
+    END IF;
+    IF v_take < cardinality(p_ids) THEN
+        v_eval.earliest_expiry := least(v_eval.earliest_expiry, p_now + p_lease);
+        admission := admission || jsonb_build_object(
+            'deferred', sb_deferral_json(p_queue, v_full, v_eval, NULL));
+    END IF;
+END;
+$$;
+
+-- Tries one candidate of a budgeted queue inside a subtransaction: lock the
+-- row (the queue's oldest eligible pending todo, or the lapsed todo
+-- p_lapsed_id) with SKIP LOCKED, then admit and claim. A refusal rolls the
+-- subtransaction back, releasing the row and policy locks, so the caller
+-- can try its next queue without ever holding two policy locks.
+-- outcome: claimed | none (no unlocked candidate) | deferred (admission is
+-- the deferral as JSON).
+CREATE OR REPLACE FUNCTION sb_try_budgeted_claim(
+    p_queue_id bigint,
+    p_queue text,
+    p_policy_id bigint,
+    p_lapsed_id bigint,
+    p_claimant text,
+    p_lease interval,
+    p_now timestamptz,
+    OUT outcome text,
+    OUT claimed todos,
+    OUT admission jsonb
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_row todos;
+    v_result record;
+    v_detail text;
+BEGIN
+    BEGIN
+        IF p_lapsed_id IS NULL THEN
+            SELECT * INTO v_row FROM todos t
+             WHERE t.queue_id = p_queue_id AND t.state = 'pending' AND t.next_retry_at <= p_now
+             ORDER BY t.next_retry_at, t.id
+             LIMIT 1
+               FOR UPDATE SKIP LOCKED;
+        ELSE
+            SELECT * INTO v_row FROM todos t
+             WHERE t.id = p_lapsed_id AND t.state = 'claimed' AND t.lease_expires_at <= p_now
+               FOR UPDATE SKIP LOCKED;
+        END IF;
+        IF NOT FOUND THEN
+            outcome := 'none';
+            RETURN;
+        END IF;
+        SELECT a.* INTO v_result
+          FROM sb_admit_and_claim(v_row, p_policy_id, p_claimant, p_lease, p_now) a;
+        outcome := 'claimed';
+        claimed := v_result.claimed;
+        admission := v_result.admission;
+    EXCEPTION
+        WHEN SQLSTATE 'SB429' THEN
+            GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
+            outcome := 'deferred';
+            admission := v_detail::jsonb;
+        WHEN OTHERS THEN
+            outcome := 'deferred';
+            admission := jsonb_build_object('queue', p_queue, 'reason', 'admission_unavailable');
+    END;
+END;
+$$;
+
+-- The batch form of sb_try_budgeted_claim: inside a subtransaction, lock up
+-- to p_limit of the queue's oldest pending todos (SKIP LOCKED), then admit
+-- and claim them (sb_admit_and_claim_batch). A refusal of the whole batch
+-- rolls the subtransaction back, releasing the todo and policy locks.
+-- outcome: claimed | none | deferred (admission is the deferral as JSON).
+-- (No variable of the policy's row type here, as in sb_queue_admission: an
+-- unreadable policy table must fail inside the handler, closed.)
+CREATE OR REPLACE FUNCTION sb_try_budgeted_batch(
+    p_queue_id bigint,
+    p_queue text,
+    p_policy_id bigint,
+    p_limit integer,
+    p_max_bytes bigint,
+    p_claimants text[],
+    p_lease interval,
+    p_now timestamptz,
+    OUT outcome text,
+    OUT claimed todos[],
+    OUT admission jsonb
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ids bigint[];
+    v_result record;
+    v_detail text;
+BEGIN
+    BEGIN
+        v_ids := sb_lock_pending(p_queue_id, p_limit, p_max_bytes, p_now);
+        IF cardinality(v_ids) = 0 THEN
+            outcome := 'none';
+            RETURN;
+        END IF;
+        SELECT a.* INTO v_result FROM sb_admit_and_claim_batch(
+            v_ids, p_queue, p_policy_id, p_claimants, p_lease, p_now) a;
+        outcome := 'claimed';
+        claimed := v_result.claimed;
+        admission := v_result.admission;
+    EXCEPTION
+        WHEN SQLSTATE 'SB429' THEN
+            GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
+            outcome := 'deferred';
+            admission := v_detail::jsonb;
+        WHEN OTHERS THEN
+            outcome := 'deferred';
+            admission := jsonb_build_object('queue', p_queue, 'reason', 'admission_unavailable');
+    END;
+END;
+$$;

@@ -1,0 +1,276 @@
+-- The claim entry points: one specific todo (sb_claim), ClaimNext
+-- (sb_claim_next_for), and the ClaimNext forms of earlier releases, which
+-- servers of those versions still call during a rolling upgrade.
+
+-- Claims one specific todo (FOR UPDATE: waits for a concurrent claimer).
+-- outcome: claimed | not_found | not_claimable | dead_lettered | deferred.
+CREATE OR REPLACE FUNCTION sb_claim(
+    p_todo_id bigint,
+    p_owner_id uuid,
+    p_endpoint_id uuid,
+    p_claimant text,
+    p_lease interval
+) RETURNS TABLE (outcome text, todo todos, admission jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := sb_now();
+    v_row todos;
+    v_policy_id bigint;
+    v_result record;
+    v_detail jsonb;
+    v_pending bigint;
+BEGIN
+    SELECT * INTO v_row FROM todos t
+     WHERE t.id = p_todo_id AND t.owner_id = p_owner_id
+       AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'not_found'::text, NULL::todos, NULL::jsonb;
+        RETURN;
+    END IF;
+    IF v_row.state = 'claimed' AND v_row.lease_expires_at <= v_now
+       AND v_row.attempt >= v_row.max_attempts THEN
+        RETURN QUERY SELECT 'dead_lettered'::text, sb_dead_letter_lapsed(v_row, v_now), NULL::jsonb;
+        RETURN;
+    END IF;
+    IF NOT ((v_row.state = 'pending' AND v_row.next_retry_at <= v_now)
+            OR (v_row.state = 'claimed' AND v_row.lease_expires_at <= v_now)) THEN
+        RETURN QUERY SELECT 'not_claimable'::text, v_row, NULL::jsonb;
+        RETURN;
+    END IF;
+    SELECT q.policy_id INTO v_policy_id FROM queues q WHERE q.id = v_row.queue_id;
+    IF v_policy_id IS NULL THEN
+        RETURN QUERY SELECT 'claimed'::text, sb_claim_row(v_row, p_claimant, p_lease, v_now),
+                            NULL::jsonb;
+        RETURN;
+    END IF;
+    BEGIN
+        SELECT a.* INTO v_result
+          FROM sb_admit_and_claim(v_row, v_policy_id, p_claimant, p_lease, v_now) a;
+        RETURN QUERY SELECT 'claimed'::text, v_result.claimed, v_result.admission;
+        RETURN;
+    EXCEPTION
+        WHEN SQLSTATE 'SB429' THEN
+            GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
+        WHEN OTHERS THEN
+            v_detail := jsonb_build_object('queue', v_row.queue, 'reason', 'admission_unavailable');
+    END;
+    SELECT count(*) INTO v_pending FROM todos t
+     WHERE t.queue_id = v_row.queue_id AND t.state = 'pending';
+    PERFORM sb_on_deferred(ARRAY[v_row.queue_id], jsonb_build_array(v_detail), v_now);
+    RETURN QUERY SELECT 'deferred'::text, v_row,
+        jsonb_build_object('deferred', jsonb_build_array(
+            v_detail || jsonb_build_object('pending', v_pending, 'now', v_now)));
+END;
+$$;
+
+-- ClaimNext for up to p_max todos (at most about p_max_bytes of them), all
+-- from one queue, among an endpoint's queues (all of them when
+-- p_queue_names is NULL); the i-th todo is claimed by p_claimants[i]
+-- (p_claimants[1] for all, when it has one; see sb_claim_pending).
+--  1. Each queue's head is found by its own index probe, unlocked, reading
+--     the queue's gate in the same query; queues last seen deferred come
+--     last.
+--  2. Budgeted queues known to be deferred (sb_known_deferral: a window
+--     exhausted or a pause, unchanged since) or that an unlocked evaluation
+--     shows deferred (made when sb_prefilter_wanted: the queue was last seen
+--     deferred) are left out (and reported), without taking their policy
+--     lock. Every deferral found is remembered on the queue's gate.
+--  3. The rest are tried oldest head first, and a batch is claimed from the
+--     first queue that yields any; a budgeted queue through
+--     sb_try_budgeted_batch (policy lock under the row locks, fresh reads,
+--     claim and charge, or a rolled-back refusal and on to the next queue).
+--  4. Lapsed leases with attempts left are taken over the same way, one per
+--     call, by the first claimant. A queue deferred only because its
+--     in-flight slots are full still gets its takeovers tried: a takeover
+--     does not count itself as in flight.
+-- outcome: claimed | empty. admission: {headroom, deferred: [the claimed
+-- queue's, when the budget cut the batch short]} or {deferred: [...]}.
+CREATE OR REPLACE FUNCTION sb_claim_next_for(
+    p_owner_id uuid,
+    p_endpoint_id uuid,
+    p_queue_names text[],
+    p_claimants text[],
+    p_lease interval,
+    p_max integer,
+    p_max_bytes bigint
+) RETURNS TABLE (outcome text, todos todos[], admission jsonb)
+LANGUAGE plpgsql
+-- Generic plans for its statements and those of the functions it calls (the
+-- partial pending index serves every probe whatever the parameters): custom
+-- plans are remade on each call, and cost 12% of a claim, measured.
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_now timestamptz := sb_now();
+    v_queue record;
+    v_ids bigint[];
+    v_row todos;
+    v_try record;
+    v_status record;
+    v_deferred jsonb := '[]'::jsonb;
+    v_known jsonb;
+    v_reason text;
+    v_listed bigint[] := '{}';
+    v_no_takeover bigint[] := '{}';
+BEGIN
+    PERFORM 1 FROM endpoints e WHERE e.id = p_endpoint_id AND e.owner_id = p_owner_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'endpoint not found' USING ERRCODE = 'SB404';
+    END IF;
+    FOR v_queue IN
+        SELECT q.id, q.name, q.policy_id, coalesce(g.deferred, false) AS gate_deferred
+          FROM queues q
+          CROSS JOIN LATERAL (
+              SELECT t.next_retry_at, t.id FROM todos t
+               WHERE t.queue_id = q.id AND t.state = 'pending' AND t.next_retry_at <= v_now
+               ORDER BY t.next_retry_at, t.id
+               LIMIT 1
+          ) AS head
+          LEFT JOIN queue_gates g ON g.queue_id = q.id AND q.policy_id IS NOT NULL
+         WHERE q.endpoint_id = p_endpoint_id
+           AND (p_queue_names IS NULL OR q.name = ANY (p_queue_names))
+         -- Queues last seen deferred last: most of them cannot be claimed
+         -- from, and only they need the closer look below.
+         ORDER BY coalesce(g.deferred, false), head.next_retry_at, head.id
+    LOOP
+        IF v_queue.policy_id IS NULL THEN
+            v_ids := sb_lock_pending(v_queue.id, p_max, p_max_bytes, v_now);
+            IF cardinality(v_ids) > 0 THEN
+                RETURN QUERY SELECT 'claimed'::text,
+                    sb_claim_pending(v_ids, p_claimants, p_lease, v_now), NULL::jsonb;
+                RETURN;
+            END IF;
+            CONTINUE;
+        END IF;
+        -- A gate not deferred means no known deferral and no prefilter
+        -- (sb_known_deferral and sb_prefilter_wanted both read the gate).
+        v_known := CASE WHEN v_queue.gate_deferred
+                        THEN sb_known_deferral(v_queue.id, v_queue.name, v_now) END;
+        IF v_known IS NOT NULL THEN
+            v_deferred := v_deferred || v_known;
+            v_listed := v_listed || v_queue.id;
+            v_no_takeover := v_no_takeover || v_queue.id;
+            CONTINUE;
+        END IF;
+        v_reason := NULL;
+        IF v_queue.gate_deferred AND sb_prefilter_wanted(v_queue.id) THEN
+            SELECT s.* INTO v_status FROM sb_queue_admission(v_queue.id, v_now) s;
+            v_reason := v_status.reason;
+        END IF;
+        IF v_reason IS NOT NULL THEN
+            v_known := sb_deferral_json(v_queue.name, v_reason, v_status.eval, NULL);
+            v_deferred := v_deferred || v_known;
+            v_listed := v_listed || v_queue.id;
+            IF v_reason <> 'in_flight_full' THEN
+                v_no_takeover := v_no_takeover || v_queue.id;
+            END IF;
+            -- Remember it, so the next ClaimNext need not evaluate it again.
+            PERFORM sb_on_deferred(ARRAY[v_queue.id], jsonb_build_array(v_known), v_now);
+            CONTINUE;
+        END IF;
+        SELECT r.* INTO v_try FROM sb_try_budgeted_batch(
+            v_queue.id, v_queue.name, v_queue.policy_id, p_max, p_max_bytes,
+            p_claimants, p_lease, v_now) r;
+        IF v_try.outcome = 'claimed' THEN
+            v_known := v_try.admission -> 'deferred';
+            IF v_known IS NOT NULL THEN
+                -- Cut short by the budget: the gate rings when the queue reopens.
+                PERFORM sb_on_deferred(ARRAY[v_queue.id], jsonb_build_array(v_known), v_now);
+                v_try.admission := v_try.admission || jsonb_build_object(
+                    'deferred', jsonb_build_array(v_known || jsonb_build_object(
+                        'pending', (SELECT count(*) FROM todos t
+                                     WHERE t.queue_id = v_queue.id AND t.state = 'pending'))));
+            END IF;
+            RETURN QUERY SELECT 'claimed'::text, v_try.claimed, v_try.admission;
+            RETURN;
+        ELSIF v_try.outcome = 'deferred' THEN
+            v_deferred := v_deferred || v_try.admission;
+            v_listed := v_listed || v_queue.id;
+            IF v_try.admission->>'reason' <> 'in_flight_full' THEN
+                v_no_takeover := v_no_takeover || v_queue.id;
+            END IF;
+            PERFORM sb_on_deferred(ARRAY[v_queue.id], jsonb_build_array(v_try.admission), v_now);
+        END IF;
+    END LOOP;
+    -- Lapsed leases with attempts left, oldest expiry first, one per call.
+    FOR v_queue IN
+        SELECT t.id AS todo_id, q.id, q.name, q.policy_id
+          FROM queues q
+          JOIN todos t ON t.queue_id = q.id
+         WHERE q.endpoint_id = p_endpoint_id
+           AND (p_queue_names IS NULL OR q.name = ANY (p_queue_names))
+           AND t.state = 'claimed' AND t.lease_expires_at <= v_now
+           AND t.attempt < t.max_attempts
+           AND NOT (q.id = ANY (v_no_takeover))
+         ORDER BY t.lease_expires_at, t.id
+         LIMIT 10
+    LOOP
+        IF v_queue.policy_id IS NULL THEN
+            SELECT * INTO v_row FROM todos t
+             WHERE t.id = v_queue.todo_id AND t.state = 'claimed' AND t.lease_expires_at <= v_now
+               FOR UPDATE SKIP LOCKED;
+            IF FOUND THEN
+                RETURN QUERY SELECT 'claimed'::text,
+                    ARRAY[sb_claim_row(v_row, p_claimants[1], p_lease, v_now)], NULL::jsonb;
+                RETURN;
+            END IF;
+            CONTINUE;
+        END IF;
+        SELECT r.* INTO v_try FROM sb_try_budgeted_claim(
+            v_queue.id, v_queue.name, v_queue.policy_id, v_queue.todo_id,
+            p_claimants[1], p_lease, v_now) r;
+        IF v_try.outcome = 'claimed' THEN
+            RETURN QUERY SELECT 'claimed'::text, ARRAY[v_try.claimed], v_try.admission;
+            RETURN;
+        ELSIF v_try.outcome = 'deferred' AND NOT (v_queue.id = ANY (v_listed)) THEN
+            v_deferred := v_deferred || v_try.admission;
+            v_listed := v_listed || v_queue.id;
+        END IF;
+    END LOOP;
+    -- Nothing claimable: say which queues wait, and how much.
+    IF jsonb_array_length(v_deferred) > 0 THEN
+        PERFORM sb_on_deferred(v_listed, v_deferred, v_now);
+        SELECT jsonb_agg(d.value || jsonb_build_object('pending', (
+                   SELECT count(*) FROM todos t JOIN queues q ON q.id = t.queue_id
+                    WHERE q.endpoint_id = p_endpoint_id AND q.name = d.value->>'queue'
+                      AND t.state = 'pending')))
+          INTO v_deferred
+          FROM jsonb_array_elements(v_deferred) AS d;
+    END IF;
+    RETURN QUERY SELECT 'empty'::text, '{}'::todos[], jsonb_build_object('deferred', v_deferred);
+END;
+$$;
+
+-- ClaimNext as released in 0005 (a batch, one claimant for all of it), for
+-- servers of that version during a rolling upgrade: answered by
+-- sb_claim_next_for, one claim path.
+CREATE OR REPLACE FUNCTION sb_claim_next(
+    p_owner_id uuid,
+    p_endpoint_id uuid,
+    p_queue_names text[],
+    p_claimant text,
+    p_lease interval,
+    p_max integer,
+    p_max_bytes bigint
+) RETURNS TABLE (outcome text, todos todos[], admission jsonb)
+LANGUAGE sql AS $$
+    SELECT c.outcome, c.todos, c.admission
+      FROM sb_claim_next_for(p_owner_id, p_endpoint_id, p_queue_names, ARRAY[p_claimant],
+                             p_lease, p_max, p_max_bytes) AS c
+$$;
+
+-- ClaimNext as released in 0003 (one todo), for servers of that version
+-- during a rolling upgrade: answered by the batch form above, one claim path.
+CREATE OR REPLACE FUNCTION sb_claim_next(
+    p_owner_id uuid,
+    p_endpoint_id uuid,
+    p_queue_names text[],
+    p_claimant text,
+    p_lease interval
+) RETURNS TABLE (outcome text, todo todos, admission jsonb)
+LANGUAGE sql AS $$
+    SELECT c.outcome, c.todos[1], c.admission
+      FROM sb_claim_next(p_owner_id, p_endpoint_id, p_queue_names, p_claimant, p_lease,
+                         1, 1048576) AS c
+$$;

@@ -1,0 +1,368 @@
+-- The todo's life: ingest, claiming rows, dead-lettering, settling and
+-- extending leases. State changes that need more than one statement are
+-- functions: one round-trip from the server, and each statement inside takes
+-- a fresh READ COMMITTED snapshot.
+--
+-- Locks taken on several todo rows that a call may have to wait for
+-- (settling, extending) are taken in id order, so two such calls never
+-- deadlock; claims only ever lock todos with SKIP LOCKED.
+
+-- Called when ingest creates a todo: rings the queue's doorbell (held back
+-- while admission defers it).
+CREATE OR REPLACE FUNCTION sb_on_created(p_todo todos, p_now timestamptz) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_todo.next_retry_at <= p_now THEN
+        PERFORM sb_ring(p_todo.queue_id, 'created', p_now);
+    END IF;
+END;
+$$;
+
+-- Ingest: resolve (or create) the queue, insert the todo, or return the
+-- existing one for a repeated dedup key.
+CREATE OR REPLACE FUNCTION sb_ingest(
+    p_owner_id uuid,
+    p_endpoint_id uuid,
+    p_queue text,
+    p_payload bytea,
+    p_content_type text,
+    p_max_attempts integer,
+    p_delay interval,
+    p_webhook_id text,
+    p_delivery_id text
+) RETURNS TABLE (deduplicated boolean, todo todos)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := sb_now();
+    v_queue_id bigint;
+    v_row todos;
+BEGIN
+    PERFORM 1 FROM endpoints e WHERE e.id = p_endpoint_id AND e.owner_id = p_owner_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'endpoint not found' USING ERRCODE = 'SB404';
+    END IF;
+    LOOP
+        SELECT q.id INTO v_queue_id FROM queues q
+         WHERE q.endpoint_id = p_endpoint_id AND q.name = p_queue;
+        EXIT WHEN FOUND;
+        INSERT INTO queues (owner_id, endpoint_id, name)
+        VALUES (p_owner_id, p_endpoint_id, p_queue)
+        ON CONFLICT ON CONSTRAINT queues_endpoint_name_key DO NOTHING
+        RETURNING id INTO v_queue_id;
+        EXIT WHEN FOUND;
+    END LOOP;
+    LOOP
+        INSERT INTO todos (queue_id, owner_id, endpoint_id, queue, payload, content_type,
+                           max_attempts, next_retry_at, dedup_webhook_id, dedup_delivery_id,
+                           created_at, updated_at)
+        VALUES (v_queue_id, p_owner_id, p_endpoint_id, p_queue, p_payload, p_content_type,
+                p_max_attempts, v_now + p_delay, p_webhook_id, p_delivery_id, v_now, v_now)
+        ON CONFLICT ON CONSTRAINT todos_dedup_key DO NOTHING
+        RETURNING * INTO v_row;
+        IF FOUND THEN
+            PERFORM sb_on_created(v_row, v_now);
+            RETURN QUERY SELECT false, v_row;
+            RETURN;
+        END IF;
+        -- A concurrent ingest with the same key committed first: return its
+        -- todo. This statement's fresh snapshot sees it (unless retention
+        -- deleted it in between, in which case the insert is tried again).
+        SELECT * INTO v_row FROM todos t
+         WHERE t.endpoint_id = p_endpoint_id
+           AND t.dedup_webhook_id = p_webhook_id
+           AND t.dedup_delivery_id = p_delivery_id;
+        IF FOUND THEN
+            RETURN QUERY SELECT true, v_row;
+            RETURN;
+        END IF;
+    END LOOP;
+END;
+$$;
+
+-- Turns one locked, claimable pending todo into a claim: a new lease,
+-- attempt + 1 and one attempt row.
+CREATE OR REPLACE FUNCTION sb_claim_id(
+    p_id bigint, p_claimant text, p_lease interval, p_now timestamptz
+) RETURNS todos
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_row todos;
+BEGIN
+    UPDATE todos t
+       SET state = 'claimed',
+           attempt = t.attempt + 1,
+           lease_id = gen_random_uuid(),
+           lease_expires_at = p_now + p_lease,
+           claimant = p_claimant,
+           updated_at = p_now
+     WHERE t.id = p_id
+    RETURNING t.* INTO v_row;
+    INSERT INTO attempts (todo_id, number, queue_id, lease_id, claimant, claimed_at)
+    VALUES (v_row.id, v_row.attempt, v_row.queue_id, v_row.lease_id, p_claimant, p_now);
+    RETURN v_row;
+END;
+$$;
+
+-- Turns a locked, claimable row into a claim (sb_claim_id). A takeover (the
+-- row is still claimed, its lease lapsed) first closes the lapsed attempt.
+CREATE OR REPLACE FUNCTION sb_claim_row(
+    p_row todos,
+    p_claimant text,
+    p_lease interval,
+    p_now timestamptz
+) RETURNS todos
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_row.state = 'claimed' THEN
+        UPDATE attempts SET outcome = 'lapsed', finished_at = p_now
+         WHERE todo_id = p_row.id AND number = p_row.attempt;
+    END IF;
+    RETURN sb_claim_id(p_row.id, p_claimant, p_lease, p_now);
+END;
+$$;
+
+-- Locks up to p_limit of a queue's oldest claimable pending todos (SKIP
+-- LOCKED) and returns their ids in claim order, stopping once the todos
+-- would pass p_max_bytes (at least one is always taken). A todo's size is
+-- its payload and error text plus 1 KiB for its other fields, so that a
+-- response carrying the batch fits in one message. Rows locked past the cut
+-- stay locked, untouched, until the transaction ends.
+CREATE OR REPLACE FUNCTION sb_lock_pending(
+    p_queue_id bigint, p_limit integer, p_max_bytes bigint, p_now timestamptz
+) RETURNS bigint[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ids bigint[];
+BEGIN
+    SELECT coalesce(array_agg(c.id ORDER BY c.n), '{}') INTO v_ids
+      FROM (
+          SELECT l.id, row_number() OVER w AS n, sum(l.size) OVER w AS bytes
+            FROM (
+                SELECT t.id, t.next_retry_at,
+                       octet_length(t.payload) + octet_length(t.last_error) + 1024 AS size
+                  FROM todos t
+                 WHERE t.queue_id = p_queue_id AND t.state = 'pending'
+                   AND t.next_retry_at <= p_now
+                 ORDER BY t.next_retry_at, t.id
+                 LIMIT p_limit
+                   FOR UPDATE SKIP LOCKED
+            ) AS l
+          WINDOW w AS (ORDER BY l.next_retry_at, l.id)
+      ) AS c
+     WHERE c.n = 1 OR c.bytes <= p_max_bytes;
+    RETURN v_ids;
+END;
+$$;
+
+-- Turns locked, claimable pending todos (ids in claim order) into claims,
+-- the i-th for p_claimants[i] (p_claimants[1] for all, when it has one):
+-- sb_claim_id for one, and its set-based form for more (one statement for
+-- the whole batch; a single claim is cheaper through the plain statements).
+CREATE OR REPLACE FUNCTION sb_claim_pending(
+    p_ids bigint[], p_claimants text[], p_lease interval, p_now timestamptz
+) RETURNS todos[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_claimed todos[];
+BEGIN
+    IF cardinality(p_ids) = 1 THEN
+        RETURN ARRAY[sb_claim_id(p_ids[1], p_claimants[1], p_lease, p_now)];
+    END IF;
+    WITH claimed AS (
+        UPDATE todos t
+           SET state = 'claimed',
+               attempt = t.attempt + 1,
+               lease_id = gen_random_uuid(),
+               lease_expires_at = p_now + p_lease,
+               claimant = coalesce(p_claimants[array_position(p_ids, t.id)], p_claimants[1]),
+               updated_at = p_now
+         WHERE t.id = ANY (p_ids)
+        RETURNING t AS row
+    ), recorded AS (
+        INSERT INTO attempts (todo_id, number, queue_id, lease_id, claimant, claimed_at)
+        SELECT (c.row).id, (c.row).attempt, (c.row).queue_id, (c.row).lease_id,
+               (c.row).claimant, p_now
+          FROM claimed c
+    )
+    SELECT coalesce(array_agg(c.row ORDER BY array_position(p_ids, (c.row).id)), '{}')
+      INTO v_claimed
+      FROM claimed c;
+    RETURN v_claimed;
+END;
+$$;
+
+-- Dead-letters a claimed todo whose lease lapsed with no attempts left,
+-- freeing its in-flight slot (sb_gates_slot_freed).
+CREATE OR REPLACE FUNCTION sb_dead_letter_lapsed(p_row todos, p_now timestamptz) RETURNS todos
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_row todos;
+BEGIN
+    UPDATE attempts SET outcome = 'lapsed', finished_at = p_now
+     WHERE todo_id = p_row.id AND number = p_row.attempt;
+    UPDATE todos
+       SET state = 'dead', lease_id = NULL, lease_expires_at = NULL,
+           last_error = 'lease lapsed on the last attempt',
+           finished_at = p_now, updated_at = p_now
+     WHERE id = p_row.id
+    RETURNING * INTO v_row;
+    PERFORM sb_gates_slot_freed(ARRAY[p_row.queue_id], p_now);
+    RETURN v_row;
+END;
+$$;
+
+-- The state a claimed todo is settled into.
+CREATE OR REPLACE FUNCTION sb_settled_state(
+    p_action text, p_permanent boolean, p_attempt integer, p_max_attempts integer
+) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_action = 'complete' THEN 'done'
+                WHEN (p_action = 'fail' AND p_permanent) OR p_attempt >= p_max_attempts
+                THEN 'dead'
+                ELSE 'pending' END
+$$;
+
+-- Settles claimed todos, each under its lease, in one transaction: p_actions
+-- are complete (done), fail (pending after a backoff of p_backoff_base *
+-- 2^(attempt-1) seconds capped at p_backoff_cap, times a jitter in [0.5, 1],
+-- or dead when permanent or out of attempts; the formula of
+-- switchboard_server.backoff.retry_delay) or release (pending at once, dead
+-- when out of attempts). Each item is applied or refused on its own; one
+-- row per item (in no particular order; ord is its 1-based position):
+-- outcome (applied | stale_lease | not_claimed | not_found) and the todo
+-- after the call (NULL when not found). Ids must be distinct. The refused
+-- are looked up only when there are any. The settled todos' in-flight slots
+-- are freed (sb_gates_slot_freed).
+CREATE OR REPLACE FUNCTION sb_settle(
+    p_owner_id uuid,
+    p_endpoint_id uuid,
+    p_ids bigint[],
+    p_leases uuid[],
+    p_actions text[],
+    p_errors text[],
+    p_permanent boolean[],
+    p_backoff_base float8,
+    p_backoff_cap float8
+) RETURNS TABLE (ord bigint, outcome text, todo todos)
+LANGUAGE plpgsql
+-- Its statements' custom plans cost more to make (the planner cannot see
+-- into the arrays) than they save.
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_now timestamptz := sb_now();
+    v_ords bigint[];
+    v_rows todos[];
+BEGIN
+    IF cardinality(p_ids) > 1 THEN
+        PERFORM 1 FROM todos t WHERE t.id = ANY (p_ids) ORDER BY t.id FOR UPDATE;
+    END IF;
+    WITH settled AS (
+        UPDATE todos t
+           SET state = sb_settled_state(i.action, i.permanent, t.attempt, t.max_attempts),
+               next_retry_at = CASE
+                   WHEN i.action = 'release' THEN v_now
+                   WHEN i.action = 'fail' AND sb_settled_state(
+                            i.action, i.permanent, t.attempt, t.max_attempts) = 'pending'
+                   THEN v_now + make_interval(
+                       secs => least(p_backoff_cap,
+                                     p_backoff_base * power(2, least(t.attempt - 1, 62)))
+                               * (0.5 + 0.5 * random()))
+                   ELSE t.next_retry_at END,
+               finished_at = CASE
+                   WHEN sb_settled_state(i.action, i.permanent, t.attempt, t.max_attempts)
+                        = 'pending' THEN NULL
+                   ELSE v_now END,
+               last_error = CASE
+                   WHEN i.action = 'fail' THEN i.error
+                   WHEN i.action = 'release' AND t.attempt >= t.max_attempts
+                   THEN 'released on the last attempt'
+                   ELSE t.last_error END,
+               lease_id = NULL, lease_expires_at = NULL, updated_at = v_now
+          FROM unnest(p_ids, p_leases, p_actions, p_errors, p_permanent)
+               WITH ORDINALITY AS i (id, lease_id, action, error, permanent, ord)
+         WHERE t.id = i.id AND t.lease_id = i.lease_id AND t.state = 'claimed'
+           AND t.owner_id = p_owner_id
+           AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+        RETURNING i.ord, i.action, i.error, t AS row
+    ), closed AS (
+        UPDATE attempts a
+           SET outcome = CASE s.action WHEN 'complete' THEN 'completed'
+                                       WHEN 'fail' THEN 'failed' ELSE 'released' END,
+               finished_at = v_now,
+               error = CASE WHEN s.action = 'fail' THEN s.error ELSE a.error END
+          FROM settled s
+         WHERE a.todo_id = (s.row).id AND a.number = (s.row).attempt
+    )
+    SELECT coalesce(array_agg(s.ord), '{}'), coalesce(array_agg(s.row), '{}')
+      INTO v_ords, v_rows
+      FROM settled s;
+    IF cardinality(v_rows) > 0 THEN
+        PERFORM sb_gates_slot_freed(
+            ARRAY(SELECT DISTINCT r.queue_id FROM unnest(v_rows) AS r), v_now);
+    END IF;
+    RETURN QUERY SELECT v_ords[k], 'applied'::text, v_rows[k]
+                   FROM generate_subscripts(v_ords, 1) AS k;
+    IF cardinality(v_ords) < cardinality(p_ids) THEN
+        RETURN QUERY
+        SELECT i.ord,
+               CASE WHEN t.id IS NULL THEN 'not_found'
+                    WHEN t.state = 'claimed' THEN 'stale_lease'
+                    ELSE 'not_claimed' END,
+               t
+          FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
+          LEFT JOIN todos t ON t.id = i.id AND t.owner_id = p_owner_id
+                           AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+         WHERE i.ord <> ALL (v_ords);
+    END IF;
+END;
+$$;
+
+-- Extends many leases in one transaction (rows locked in id order), each
+-- on its own. One row per item (in no particular order; ord is its 1-based
+-- position): outcome (applied | stale_lease | not_claimed | not_found) and,
+-- when applied, the new expiry.
+CREATE OR REPLACE FUNCTION sb_heartbeat(
+    p_owner_id uuid,
+    p_endpoint_id uuid,
+    p_ids bigint[],
+    p_leases uuid[],
+    p_lease interval
+) RETURNS TABLE (ord bigint, outcome text, lease_expires_at timestamptz)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan  -- as sb_settle
+AS $$
+DECLARE
+    v_now timestamptz := sb_now();
+    v_ords bigint[];
+BEGIN
+    IF cardinality(p_ids) > 1 THEN
+        PERFORM 1 FROM todos t WHERE t.id = ANY (p_ids) ORDER BY t.id FOR UPDATE;
+    END IF;
+    WITH extended AS (
+        UPDATE todos t
+           SET lease_expires_at = v_now + p_lease, updated_at = v_now
+          FROM unnest(p_ids, p_leases) WITH ORDINALITY AS i (id, lease_id, ord)
+         WHERE t.id = i.id AND t.lease_id = i.lease_id AND t.state = 'claimed'
+           AND t.owner_id = p_owner_id
+           AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+        RETURNING i.ord
+    )
+    SELECT coalesce(array_agg(e.ord), '{}') INTO v_ords FROM extended e;
+    RETURN QUERY SELECT o.ord, 'applied'::text, v_now + p_lease
+                   FROM unnest(v_ords) AS o (ord);
+    IF cardinality(v_ords) < cardinality(p_ids) THEN
+        RETURN QUERY
+        SELECT i.ord,
+               CASE WHEN t.id IS NULL THEN 'not_found'
+                    WHEN t.state = 'claimed' THEN 'stale_lease'
+                    ELSE 'not_claimed' END,
+               NULL::timestamptz
+          FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
+          LEFT JOIN todos t ON t.id = i.id AND t.owner_id = p_owner_id
+                           AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+         WHERE i.ord <> ALL (v_ords);
+    END IF;
+END;
+$$;

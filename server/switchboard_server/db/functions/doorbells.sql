@@ -1,0 +1,294 @@
+-- Doorbells (SPEC section 5): rings on creation gated by admission, the
+-- per-queue gate the reopen sweep decides reopens on, and the marks that arm
+-- a reopen.
+--
+-- Reopens are armed by the events that defer a queue and the events that
+-- free it, in the transaction that makes them, not by polling:
+--  * anything that holds a ring back or refuses a claim marks the gate
+--    deferred (sb_gate_defer), and so does a claim that leaves its queue's
+--    budget spent or full, or a policy change that defers it (sb_gate_mark,
+--    forced, under the policy lock);
+--  * a slot frees only through an event the service sees (a settle, the
+--    reaper returning a lapsed lease, a claim dead-lettering one, a policy
+--    change); each makes the queue's in-flight gate due at once
+--    (sb_gates_slot_freed, sb_gate_policy_changed);
+--  * the reopen sweep (every replica, SKIP LOCKED) re-evaluates due gates,
+--    flips each back exactly once, ringing it in the same transaction, and
+--    writes a gate only when its state changes.
+
+-- Claimable pending todos of a queue, counted up to a cap (a doorbell's
+-- pending figure is a hint; counting a deep backlog on every ring is not).
+CREATE OR REPLACE FUNCTION sb_claimable_count(p_queue_id bigint, p_now timestamptz) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT count(*) FROM (
+        SELECT 1 FROM todos t
+         WHERE t.queue_id = p_queue_id AND t.state = 'pending' AND t.next_retry_at <= p_now
+         LIMIT 1000
+    ) AS capped
+$$;
+
+-- Marks a queue's gate deferred as of p_now, due at p_next_check, or at once
+-- when full on in-flight slots: settles do not take the policy lock, so one
+-- may have freed a slot after the evaluation and read the gate before this
+-- mark commits; the sweep confirms such a mark. A gate already deferred is
+-- left alone. An unforced mark older than the gate's last change
+-- (a refusal evaluated before a reopen that already committed) is ignored,
+-- so a reopen is never rung twice; a forced one (made under the policy lock,
+-- with fresh reads: a claim that spent the budget, a policy change) always
+-- applies. Marking must work even when the policy cannot be read (that is
+-- one reason to defer): the policy's update time is then left unknown.
+CREATE OR REPLACE FUNCTION sb_gate_mark(
+    p_queue_id bigint, p_reason text, p_next_check timestamptz, p_now timestamptz,
+    p_force boolean
+) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_policy_at timestamptz;
+BEGIN
+    PERFORM 1 FROM queue_gates g WHERE g.queue_id = p_queue_id AND g.deferred;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    BEGIN
+        SELECT p.updated_at INTO v_policy_at
+          FROM queues q JOIN admission_policies p ON p.id = q.policy_id
+         WHERE q.id = p_queue_id;
+    EXCEPTION WHEN OTHERS THEN
+        v_policy_at := NULL;
+    END;
+    INSERT INTO queue_gates AS g (queue_id, deferred, reason, policy_seen_at, next_check_at,
+                                  updated_at)
+    VALUES (p_queue_id, true, p_reason, v_policy_at,
+            CASE WHEN p_reason = 'in_flight_full' THEN p_now
+                 ELSE coalesce(p_next_check, p_now) END,
+            p_now)
+    ON CONFLICT (queue_id) DO UPDATE
+       SET deferred = true, reason = EXCLUDED.reason, policy_seen_at = EXCLUDED.policy_seen_at,
+           next_check_at = EXCLUDED.next_check_at,
+           updated_at = greatest(g.updated_at, EXCLUDED.updated_at)
+     WHERE p_force OR g.updated_at <= EXCLUDED.updated_at;
+END;
+$$;
+
+-- The mark of everything that holds a ring back or refuses a claim (rings,
+-- snapshots, refusals): unforced.
+CREATE OR REPLACE FUNCTION sb_gate_defer(
+    p_queue_id bigint, p_reason text, p_next_check timestamptz, p_now timestamptz
+) RETURNS void
+LANGUAGE sql AS $$
+    SELECT sb_gate_mark(p_queue_id, p_reason, p_next_check, p_now, false)
+$$;
+
+-- When the sweep looks at a gate it found still deferred: an exhausted
+-- window at its end (exact); a full queue at its earliest lease expiry (a
+-- safety net only: settles, the reaper and policy changes make it due at
+-- once; a lease already lapsed waits for the reaper); a pause an hour on
+-- (a policy change makes it due at once); an unreadable policy soon.
+CREATE OR REPLACE FUNCTION sb_gate_next_check(
+    p_reason text, p_eval admission_eval, p_now timestamptz
+) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE p_reason
+        WHEN 'window_exhausted' THEN coalesce(p_eval.window_end, p_now + interval '1 second')
+        WHEN 'in_flight_full' THEN
+            CASE WHEN p_eval.earliest_expiry > p_now THEN p_eval.earliest_expiry
+                 ELSE p_now + interval '1 minute' END
+        WHEN 'paused' THEN p_now + interval '1 hour'
+        ELSE p_now + interval '5 seconds'
+    END
+$$;
+
+-- In-flight slots of these queues were freed: their gates deferred for
+-- in-flight are due at once, so the sweep rings SLOT_FREED within its
+-- interval. Each such gate is locked, in queue order (settles of several
+-- queues at once never deadlock), even when it is already due: a sweep
+-- evaluating it now (without this transaction's freed slot) is waited for,
+-- and then the gate is made due again; a sweep that comes later skips it
+-- (SKIP LOCKED) until this transaction has committed, and then sees the slot
+-- free. The gate row is written only when it was not due already.
+CREATE OR REPLACE FUNCTION sb_gates_slot_freed(p_queue_ids bigint[], p_now timestamptz) RETURNS void
+LANGUAGE sql AS $$
+    SELECT 1 FROM queue_gates l
+     WHERE l.queue_id = ANY (p_queue_ids) AND l.deferred AND l.reason = 'in_flight_full'
+     ORDER BY l.queue_id
+       FOR NO KEY UPDATE;
+    UPDATE queue_gates g SET next_check_at = p_now
+     WHERE g.queue_id = ANY (p_queue_ids) AND g.deferred AND g.reason = 'in_flight_full'
+       AND g.next_check_at > p_now;
+$$;
+
+-- A queue's policy was set or cleared (in this transaction, under its lock):
+-- a deferred gate is due at once (the sweep rings POLICY_CHANGED if it now
+-- admits); a queue the new policy defers is marked, so that it rings when it
+-- reopens.
+CREATE OR REPLACE FUNCTION sb_gate_policy_changed(p_queue_id bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := sb_now();
+    v_status record;
+BEGIN
+    UPDATE queue_gates g SET next_check_at = v_now WHERE g.queue_id = p_queue_id AND g.deferred;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    SELECT s.* INTO v_status FROM sb_queue_admission(p_queue_id, v_now) s;
+    IF v_status.reason IS NOT NULL THEN
+        PERFORM sb_gate_mark(p_queue_id, v_status.reason,
+            sb_gate_next_check(v_status.reason, v_status.eval, v_now), v_now, true);
+    END IF;
+END;
+$$;
+
+-- Called when a claim leaves queues deferred (their ids and deferrals, in the
+-- same order): marks their gates, so that the reopen sweep rings each once it
+-- admits again.
+CREATE OR REPLACE FUNCTION sb_on_deferred(
+    p_queue_ids bigint[], p_deferred jsonb, p_now timestamptz
+) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_i integer;
+    v_deferral jsonb;
+BEGIN
+    FOR v_i IN 1 .. coalesce(cardinality(p_queue_ids), 0) LOOP
+        v_deferral := p_deferred -> (v_i - 1);
+        PERFORM sb_gate_defer(
+            p_queue_ids[v_i],
+            v_deferral ->> 'reason',
+            CASE WHEN v_deferral ->> 'reason' = 'window_exhausted'
+                 THEN (v_deferral ->> 'window_end')::timestamptz
+                 ELSE sb_gate_next_check(v_deferral ->> 'reason', NULL, p_now) END,
+            p_now);
+    END LOOP;
+END;
+$$;
+
+-- Rings a queue's doorbell if it has claimable pending work and admission
+-- does not defer it: NOTIFY every replica and, when the endpoint has a
+-- notify hook, queue a POST. Held back (and the gate marked) otherwise.
+CREATE OR REPLACE FUNCTION sb_ring(p_queue_id bigint, p_cause text, p_now timestamptz) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_queue record;
+    v_pending bigint;
+    v_status record;
+BEGIN
+    SELECT q.id, q.name, q.endpoint_id, q.policy_id, e.notify_url INTO v_queue
+      FROM queues q JOIN endpoints e ON e.id = q.endpoint_id
+     WHERE q.id = p_queue_id;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    v_pending := sb_claimable_count(p_queue_id, p_now);
+    IF v_pending = 0 THEN
+        RETURN false;
+    END IF;
+    IF v_queue.policy_id IS NOT NULL THEN
+        SELECT s.* INTO v_status FROM sb_queue_admission(p_queue_id, p_now) s;
+        IF v_status.reason IS NOT NULL THEN
+            PERFORM sb_gate_defer(p_queue_id, v_status.reason,
+                                  sb_gate_next_check(v_status.reason, v_status.eval, p_now), p_now);
+            RETURN false;
+        END IF;
+    END IF;
+    PERFORM pg_notify('switchboard_doorbell', json_build_object(
+        'endpoint_id', v_queue.endpoint_id, 'queue', v_queue.name, 'cause', p_cause,
+        'pending', v_pending, 'at', p_now)::text);
+    IF v_queue.notify_url IS NOT NULL THEN
+        INSERT INTO hook_outbox (endpoint_id, queue, cause, pending, rung_at, next_attempt_at)
+        VALUES (v_queue.endpoint_id, v_queue.name, p_cause, v_pending, p_now, p_now);
+    END IF;
+    RETURN true;
+END;
+$$;
+
+-- The queues of an endpoint a subscriber should hear about now (attach,
+-- heartbeat, reconnect): claimable pending work that admission does not
+-- defer. Deferred ones are held back and their gates marked.
+CREATE OR REPLACE FUNCTION sb_doorbell_snapshot(p_endpoint_id uuid, p_queue_names text[])
+RETURNS TABLE (queue text, pending bigint, at timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := sb_now();
+    v_queue record;
+    v_pending bigint;
+    v_status record;
+BEGIN
+    FOR v_queue IN
+        SELECT q.id, q.name, q.policy_id FROM queues q
+         WHERE q.endpoint_id = p_endpoint_id
+           AND (p_queue_names IS NULL OR q.name = ANY (p_queue_names))
+         ORDER BY q.name
+    LOOP
+        v_pending := sb_claimable_count(v_queue.id, v_now);
+        CONTINUE WHEN v_pending = 0;
+        IF v_queue.policy_id IS NOT NULL THEN
+            SELECT s.* INTO v_status FROM sb_queue_admission(v_queue.id, v_now) s;
+            IF v_status.reason IS NOT NULL THEN
+                PERFORM sb_gate_defer(v_queue.id, v_status.reason,
+                    sb_gate_next_check(v_status.reason, v_status.eval, v_now), v_now);
+                CONTINUE;
+            END IF;
+        END IF;
+        queue := v_queue.name;
+        pending := v_pending;
+        at := v_now;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
+
+-- The reopen sweep: re-evaluates up to p_batch due deferred gates (SKIP
+-- LOCKED: safe on every replica) and reopens each gate whose queue admits
+-- again, ringing it once in the same transaction. A gate still deferred is
+-- written only when its reason, policy or next check changes. Returns the
+-- reopens.
+CREATE OR REPLACE FUNCTION sb_reopen_sweep(p_batch integer)
+RETURNS TABLE (queue_id bigint, cause text, rang boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := sb_now();
+    v_gate queue_gates;
+    v_status record;
+    v_policy_at timestamptz;
+    v_next timestamptz;
+    v_cause text;
+BEGIN
+    FOR v_gate IN
+        SELECT * FROM queue_gates g
+         WHERE g.deferred AND g.next_check_at <= v_now
+         ORDER BY g.next_check_at
+         LIMIT p_batch
+           FOR UPDATE SKIP LOCKED
+    LOOP
+        SELECT p.updated_at INTO v_policy_at
+          FROM queues q JOIN admission_policies p ON p.id = q.policy_id AND p.active
+         WHERE q.id = v_gate.queue_id;
+        -- No row (no active policy any more) leaves every field NULL: admitted.
+        SELECT s.* INTO v_status FROM sb_queue_admission(v_gate.queue_id, v_now) s;
+        IF v_status.reason IS NOT NULL THEN
+            v_next := sb_gate_next_check(v_status.reason, v_status.eval, v_now);
+            IF (v_gate.reason, v_gate.policy_seen_at, v_gate.next_check_at)
+               IS DISTINCT FROM (v_status.reason, v_policy_at, v_next) THEN
+                UPDATE queue_gates g
+                   SET reason = v_status.reason, policy_seen_at = v_policy_at,
+                       next_check_at = v_next
+                 WHERE g.queue_id = v_gate.queue_id;
+            END IF;
+            CONTINUE;
+        END IF;
+        v_cause := CASE
+            WHEN v_policy_at IS DISTINCT FROM v_gate.policy_seen_at THEN 'policy_changed'
+            WHEN v_gate.reason = 'window_exhausted' THEN 'window_boundary'
+            WHEN v_gate.reason = 'in_flight_full' THEN 'slot_freed'
+            ELSE 'policy_changed'
+        END;
+        UPDATE queue_gates g SET deferred = false, reason = NULL, updated_at = v_now
+         WHERE g.queue_id = v_gate.queue_id;
+        queue_id := v_gate.queue_id;
+        cause := v_cause;
+        rang := sb_ring(v_gate.queue_id, v_cause, v_now);
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
