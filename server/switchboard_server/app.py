@@ -19,7 +19,6 @@ import httpx
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
 from switchboard.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -43,6 +42,7 @@ from switchboard_server.health import DatabaseHealth, Readiness, grpc_publisher
 from switchboard_server.hooks import deliver_once, open_client
 from switchboard_server.loops import LoopSignals, Supervisor, reap_once, retain_once
 from switchboard_server.metrics import Metrics
+from switchboard_server.servicers import reflection
 from switchboard_server.servicers.admin import AdminServicer
 from switchboard_server.servicers.admission import AdmissionServicer
 from switchboard_server.servicers.dispatch import DispatchServicer
