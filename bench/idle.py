@@ -16,7 +16,7 @@ them are full on in-flight slots, and how soon a settle on one of them rings
    children that exited, as % of one core), transactions, tuples written,
    ``queue_gates`` rows updated and WAL bytes per second, calls of the
    sweep and of the admission evaluation (``track_functions``), and the
-   server processes' CPU; a checkpoint and 12 s without client traffic
+   server processes' CPU; VACUUM ANALYZE, a checkpoint and 15 s without client traffic
    come first (statistics a busy backend could not flush arrive up to 10 s
    late);
 3. the same with a second replica on the same database;
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import os
 import sys
@@ -115,7 +116,7 @@ class IdleParams:
             probes=100,
             idle_seconds=idle_seconds or 30,
             quiet_within=60,
-            settle_seconds=12,
+            settle_seconds=15,
         )
 
     @classmethod
@@ -410,6 +411,9 @@ class IdleBench:
         )
         for r in await self.pool.fetch(sql.FUNCTION_CALLS):
             out[f"calls.{r['funcname']}"] = float(r["calls"])
+        for r in await self.pool.fetch(sql.TABLE_COUNTERS):
+            for k in ("writes", "vacuums", "analyzes"):
+                out[f"{k}.{r['relname']}"] = float(r[k])
         return out
 
     async def measure(self, key: str, label: str) -> None:
@@ -417,6 +421,10 @@ class IdleBench:
         full = sum(1 for q in self.queues if len(q.claims) == self.p.max_in_flight)
         self.progress.step(f"idle, {label}: waiting for quiet")
         quiet = await self.wait_quiet(full)
+        # The traffic before (set-up, releases) leaves dead rows; autovacuum
+        # would clean them up during the measurement, as it would after any
+        # burst. A steady state has them cleaned up already.
+        await self.pool.execute(sql.VACUUM_ANALYZE, timeout=600)
         with contextlib.suppress(asyncpg.PostgresError):
             await self.pool.execute(sql.CHECKPOINT, timeout=120)
         self.progress.step(f"idle, {label}: {self.p.settle_seconds:g} s for statistics to settle")
@@ -456,6 +464,9 @@ class IdleBench:
             "gate_dead_rows": k1["gates.n_dead_tup"],
             "gate_live_rows": k1["gates.n_live_tup"],
             "gate_vacuums": k1["gates.vacuums"] - k0["gates.vacuums"],
+            "rows_written": _deltas(k0, k1, "writes."),
+            "vacuums": _deltas(k0, k1, "vacuums."),
+            "analyzes": _deltas(k0, k1, "analyzes."),
             "wal_bytes_per_s": rate("wal_bytes"),
             "sweep_calls_per_s": rate("calls.sb_reopen_sweep"),
             "admission_evaluations_per_s": rate("calls.sb_queue_admission"),
@@ -567,6 +578,7 @@ class IdleBench:
             "decision_p50_ms": percentile(decision_ms, 50),
             "decision_p99_ms": percentile(decision_ms, 99),
             "stream_errors": errors[:5],
+            "reopened_by_replica": [_reopened_since(s, first_sent) for s in self.servers],
             "quiet": quiet,
         }
         self.progress.done(
@@ -659,6 +671,28 @@ class IdleBench:
                 ]
             )
         return Section(head, rows)
+
+
+def _reopened_since(server: ServerProcess, since: float) -> int:
+    """Gates the server's reopen sweep reopened since ``since`` (from its log)."""
+    total = 0
+    for line in server.log_lines():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            entry = json.loads(line)
+            if entry.get("message") != "reopen pass":
+                continue
+            if datetime.fromisoformat(entry["time"]).timestamp() >= since:
+                total += int(entry["rows"])
+    return total
+
+
+def _deltas(before: dict[str, float], after: dict[str, float], prefix: str) -> dict[str, float]:
+    """The counters named ``prefix<x>`` that moved, by ``x``."""
+    return {
+        k.removeprefix(prefix): after[k] - before.get(k, 0.0)
+        for k in sorted(after)
+        if k.startswith(prefix) and after[k] != before.get(k, 0.0)
+    }
 
 
 def _ratio(a: float, b: float) -> float | None:

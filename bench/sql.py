@@ -173,6 +173,13 @@ SELECT n_tup_ins, n_tup_upd, n_tup_hot_upd, n_live_tup, n_dead_tup,
   FROM pg_stat_user_tables WHERE relname = 'queue_gates'
 """
 
+#: Every table's rows written and (auto)vacuum and analyze runs so far.
+TABLE_COUNTERS = """
+SELECT relname, n_tup_ins + n_tup_upd + n_tup_del AS writes,
+       vacuum_count + autovacuum_count AS vacuums, analyze_count + autoanalyze_count AS analyzes
+  FROM pg_stat_user_tables
+"""
+
 #: Calls of the server's functions so far (counted with track_functions on).
 FUNCTION_CALLS = "SELECT funcname, calls FROM pg_stat_user_functions WHERE funcname LIKE 'sb%'"
 
