@@ -106,7 +106,7 @@ class IdleParams:
 
     @classmethod
     def full_run(cls, idle_seconds: float | None = None) -> IdleParams:
-        """5,000 policies, a third full; 30 s per measurement (about 5 minutes)."""
+        """5,000 policies, a third full; 30 s per measurement (about 4 minutes on 2 cores)."""
         return cls(
             mode="full",
             endpoints=50,
@@ -618,7 +618,7 @@ class IdleBench:
                     f"Idle PostgreSQL CPU, {self.p.policies:,} policies, "
                     f"{full['full_queues']:,} full on in-flight, {replicas} "
                     f"replica{'s' if replicas > 1 else ''}",
-                    f"{pg:.2f}% of a core",
+                    "n/a (not embedded)" if math.isnan(pg) else f"{pg:.2f}% of a core",
                     f"none full: {ref:.2f}%",
                     _ratio(pg, ref),
                     "< 1% of a core",
@@ -696,7 +696,7 @@ def _deltas(before: dict[str, float], after: dict[str, float], prefix: str) -> d
 
 
 def _ratio(a: float, b: float) -> float | None:
-    return a / b if b and not math.isnan(b) else None
+    return a / b if b and not math.isnan(a) and not math.isnan(b) else None
 
 
 def _round(value: Any) -> Any:

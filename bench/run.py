@@ -32,6 +32,8 @@ the day.
 Results: a table on stdout, ``bench/results/<date>-<commit>.json``,
 ``bench/results/latest.md``, and the README's Performance section (full
 runs only; ``--quick`` writes to ``bench/results/tmp/``).
+
+``python -m bench --idle`` runs the idle bench instead (``bench/idle.py``).
 """
 
 from __future__ import annotations
