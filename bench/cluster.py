@@ -84,16 +84,19 @@ class Cluster:
     def postgres_cpu_seconds(self) -> float | None:
         """CPU time of the embedded postmaster and its children (None with a given URL).
 
-        Backends that exit between two readings take their time with them;
-        the pools' connections live through a measurement, so that is small.
+        Children that exited (short-lived autovacuum workers, closed
+        backends) count too: the postmaster reaps them, so their time is in
+        its children's times. Only a child that exits while it is being read
+        is missed.
         """
         if self._embedded is None:
             return None
         try:
             pid = int((self._embedded.pgdata / "postmaster.pid").read_text().split()[0])
             root = psutil.Process(pid)
-            total = 0.0
-            for proc in [root, *root.children(recursive=True)]:
+            own = root.cpu_times()
+            total = own.user + own.system + own.children_user + own.children_system
+            for proc in root.children(recursive=True):
                 with contextlib.suppress(psutil.Error):
                     times = proc.cpu_times()
                     total += times.user + times.system

@@ -119,8 +119,10 @@ def table(
     sections: list[Section] | None = None,
 ) -> str:
     """The Markdown table of targets, preceded by the ceilings and other sections."""
-    lines = [header, "", "| ceiling | measured |", "|---|---|"]
-    lines += [f"| {name} | {value} |" for name, value in ceilings]
+    lines = [header]
+    if ceilings:
+        lines += ["", "| ceiling | measured |", "|---|---|"]
+        lines += [f"| {name} | {value} |" for name, value in ceilings]
     for section in sections or []:
         lines += ["", *section.markdown()]
     lines += [
@@ -186,31 +188,42 @@ def machine() -> dict[str, Any]:
     }
 
 
-def write_results(report: dict[str, Any], markdown: str, quick: bool, readme: bool) -> pathlib.Path:
+def write_results(
+    report: dict[str, Any], markdown: str, quick: bool, readme: bool, kind: str = ""
+) -> pathlib.Path:
     """Writes the JSON (and, for a full run, latest.md and the README section).
 
     Quick runs go to ``bench/results/tmp/`` (ignored by git) and touch nothing else.
+    ``kind`` names another bench (``idle``): its files end in ``-<kind>``
+    (``<date>-<commit>-idle.json``, ``latest-idle.md``) and its README table
+    lies between markers of its own (``<!-- bench:idle:begin -->``).
     """
     folder = RESULTS / "tmp" if quick else RESULTS
     folder.mkdir(parents=True, exist_ok=True)
     stamp = report["date"].replace(":", "").replace("-", "")[:15]
-    path = folder / f"{stamp}Z-{report['commit']}.json"
+    suffix = f"-{kind}" if kind else ""
+    path = folder / f"{stamp}Z-{report['commit']}{suffix}.json"
     path.write_text(json.dumps(report, indent=1, sort_keys=False) + "\n")
-    if quick:
-        (folder / "latest.md").write_text(markdown)
-        return path
-    (folder / "latest.md").write_text(markdown)
-    if readme:
-        update_readme(markdown)
+    (folder / f"latest{suffix}.md").write_text(markdown)
+    if readme and not quick:
+        update_readme(markdown, kind)
     return path
 
 
-def update_readme(markdown: str) -> bool:
-    """Replaces the README's table between the bench markers; False when absent."""
+def readme_markers(kind: str = "") -> tuple[str, str]:
+    """The README markers around a bench's table."""
+    if not kind:
+        return README_BEGIN, README_END
+    return f"<!-- bench:{kind}:begin -->", f"<!-- bench:{kind}:end -->"
+
+
+def update_readme(markdown: str, kind: str = "") -> bool:
+    """Replaces the README's table between the bench's markers; False when absent."""
+    begin, end = readme_markers(kind)
     text = README.read_text()
-    pattern = re.compile(re.escape(README_BEGIN) + r".*?" + re.escape(README_END), re.S)
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
     if not pattern.search(text):
         return False
-    replaced = pattern.sub(lambda _m: f"{README_BEGIN}\n{markdown}{README_END}", text, count=1)
+    replaced = pattern.sub(lambda _m: f"{begin}\n{markdown}{end}", text, count=1)
     README.write_text(replaced)
     return True

@@ -32,6 +32,8 @@ the day.
 Results: a table on stdout, ``bench/results/<date>-<commit>.json``,
 ``bench/results/latest.md``, and the README's Performance section (full
 runs only; ``--quick`` writes to ``bench/results/tmp/``).
+
+``python -m bench --idle`` runs the idle bench instead (``bench/idle.py``).
 """
 
 from __future__ import annotations
@@ -190,7 +192,7 @@ class Progress:
         return time.monotonic() - self.started
 
 
-def _far_window_start() -> str:
+def far_window_start() -> str:
     """A daily window start about 12 hours away, so no window boundary falls in the run."""
     return f"{(datetime.now(UTC).hour + 12) % 24:02d}:00"
 
@@ -213,7 +215,7 @@ class Bench:
         self.server = server
         self.cluster = cluster
         self.progress = progress
-        self.window_start = _far_window_start()
+        self.window_start = far_window_start()
         self.clock_offset = 0.0  # database clock minus ours, seconds
         self.figures: dict[str, Any] = {}
         self.s: dict[str, Series] = {}
@@ -1106,6 +1108,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--strict", action="store_true", help="exit with status 1 when a target is missed"
     )
+    p.add_argument(
+        "--idle",
+        action="store_true",
+        help="the idle bench instead (bench/idle.py): what 5,000 idle budgeted queues, a third "
+        "of them full, cost PostgreSQL with 1 and 2 replicas, and SLOT_FREED latency",
+    )
+    p.add_argument(
+        "--idle-seconds",
+        type=float,
+        metavar="S",
+        help="with --idle: seconds of each idle measurement (default 30; 3 with --quick)",
+    )
     return p
 
 
@@ -1217,8 +1231,26 @@ async def _main(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m bench``."""
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.idle and (args.combine_max is not None or args.runs):
+        p.error("--idle takes neither --combine-max nor --runs")
+    if args.idle_seconds is not None and not args.idle:
+        p.error("--idle-seconds needs --idle")
     try:
+        if args.idle:
+            from bench.idle import run_idle  # it imports this module
+
+            return asyncio.run(
+                run_idle(
+                    quick=args.quick,
+                    database_url=args.database_url,
+                    readme=not args.no_readme,
+                    keep=args.keep,
+                    strict=args.strict,
+                    idle_seconds=args.idle_seconds,
+                )
+            )
         return asyncio.run(_main(args))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -122,6 +122,67 @@ SELECT indexrelname, idx_scan, idx_tup_read, pg_relation_size(indexrelid) AS byt
  ORDER BY indexrelname
 """
 
+# -- The idle bench (bench/idle.py). -----------------------------------------
+
+#: The queues of the endpoints $1 (created by SetPolicy): id, endpoint, name.
+QUEUES_OF_ENDPOINTS = """
+SELECT id, endpoint_id, name FROM queues WHERE endpoint_id = ANY($1::uuid[]) ORDER BY id
+"""
+
+#: Deferred gates: in all, full on in-flight slots, and due now (the sweep
+#: looks at those on its next pass).
+GATES_STATE = """
+SELECT count(*) FILTER (WHERE deferred) AS deferred,
+       count(*) FILTER (WHERE deferred AND reason = 'in_flight_full') AS in_flight_full,
+       count(*) FILTER (WHERE deferred AND next_check_at <= clock_timestamp()) AS due
+  FROM queue_gates
+"""
+
+#: Per-function call counts for the database's new sessions (superuser only;
+#: the idle bench sets it before the server connects and carries on without).
+TRACK_FUNCTIONS = """
+DO $$ BEGIN
+    EXECUTE format('ALTER DATABASE %I SET track_functions = %L', current_database(), 'all');
+END $$
+"""
+
+#: Whether this PostgreSQL has pg_stat_statements installed in the database.
+HAS_PG_STAT_STATEMENTS = """
+SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_stat_statements')
+"""
+
+#: A checkpoint (superuser or pg_checkpoint), so that the seeding's dirty
+#: pages are not written out during an idle measurement.
+CHECKPOINT = "CHECKPOINT"
+
+#: The database's cumulative counters (reported by each backend when idle,
+#: up to 10 s late), the cluster's WAL position and its next transaction id
+#: (exact: the transactions that wrote, in any database, since a reading).
+DATABASE_COUNTERS = """
+SELECT d.xact_commit, d.xact_rollback, d.tup_returned, d.tup_fetched, d.tup_inserted,
+       d.tup_updated, d.tup_deleted, d.blks_hit, d.blks_read,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS wal_bytes,
+       pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next_xid
+  FROM pg_stat_database d WHERE d.datname = current_database()
+"""
+
+#: The gate table's cumulative counters.
+GATE_COUNTERS = """
+SELECT n_tup_ins, n_tup_upd, n_tup_hot_upd, n_live_tup, n_dead_tup,
+       vacuum_count + autovacuum_count AS vacuums
+  FROM pg_stat_user_tables WHERE relname = 'queue_gates'
+"""
+
+#: Every table's rows written and (auto)vacuum and analyze runs so far.
+TABLE_COUNTERS = """
+SELECT relname, n_tup_ins + n_tup_upd + n_tup_del AS writes,
+       vacuum_count + autovacuum_count AS vacuums, analyze_count + autoanalyze_count AS analyzes
+  FROM pg_stat_user_tables
+"""
+
+#: Calls of the server's functions so far (counted with track_functions on).
+FUNCTION_CALLS = "SELECT funcname, calls FROM pg_stat_user_functions WHERE funcname LIKE 'sb%'"
+
 # -- The pgqueuer reference (its own database, pgqueuer's default names). ----
 
 #: pgqueuer's queue and log tables under its default settings (bench/pgq.py

@@ -1,4 +1,4 @@
-"""``python -m bench --quick``: the harness runs every scenario briefly and writes its JSON."""
+"""``python -m bench --quick`` and ``--idle --quick``: the harnesses run briefly and write JSON."""
 
 from __future__ import annotations
 
@@ -19,14 +19,16 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 async def run_quick(database_url: str) -> tuple[int, str, str]:
     """Runs the quick bench on ``database_url``; exit code, stdout, stderr."""
+    return await run_bench("--quick", "--no-readme", "--database-url", database_url)
+
+
+async def run_bench(*args: str) -> tuple[int, str, str]:
+    """Runs ``python -m bench <args>``; exit code, stdout, stderr."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "bench",
-        "--quick",
-        "--no-readme",
-        "--database-url",
-        database_url,
+        *args,
         cwd=ROOT,
         env={**os.environ, "GRPC_VERBOSITY": "ERROR"},
         stdout=asyncio.subprocess.PIPE,
@@ -115,3 +117,41 @@ async def test_quick_bench_runs_every_scenario_and_writes_its_json(pg_admin_dsn:
     finally:
         await conn.close()
     assert left == 0
+
+
+async def test_quick_idle_bench_runs_and_writes_its_json() -> None:
+    # Its own embedded PostgreSQL: the idle bench measures that cluster's CPU.
+    code, out, err = await run_bench("--idle", "--quick", "--no-readme")
+    assert code == 0, err[-3000:]
+    line = next(x for x in err.splitlines() if x.startswith("results: "))
+    path = ROOT / line.removeprefix("results: ").strip()
+    assert path.parent == ROOT / "bench" / "results" / "tmp"
+    assert path.name.endswith("-idle.json")
+    try:
+        result = json.loads(path.read_text())
+    finally:
+        path.unlink(missing_ok=True)
+
+    assert result["mode"] == "quick" and result["bench"] == "idle"
+    assert "| scenario |" in out and "gate rows written/s" in out
+    params = result["params"]
+    idle = result["idle"]
+    # Full at 1 and 2 replicas, then none full at 2 and 1: each measured.
+    assert [(m["replicas"], m["full_queues"]) for m in idle.values()] == [
+        (1, params["full"]),
+        (2, params["full"]),
+        (2, 0),
+        (1, 0),
+    ]
+    for m in idle.values():
+        assert m["postgres_cpu_pct"] is not None
+        assert len(m["server_cpu_pct"]) == m["replicas"]
+        for name in ("transactions_per_s", "gate_rows_updated_per_s", "wal_bytes_per_s"):
+            assert m[name] is not None and m[name] >= 0
+    latency = result["latency"]
+    assert latency["full_queues"] == params["latency_full"]
+    assert latency["settles"] == params["probes"]
+    assert latency["p99_ms"] is None or latency["p99_ms"] >= 0
+    targets = result["targets"]
+    assert len(targets) == 3
+    assert all(isinstance(t["pass"], bool) for t in targets)
