@@ -33,7 +33,12 @@ from switchboard_server.admission import AdmissionControl, refresh_schedules
 from switchboard_server.auth import Authenticator
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
-from switchboard_server.db.listener import AUTH_CHANNEL, DOORBELL_CHANNEL, Listener
+from switchboard_server.db.listener import (
+    AUTH_CHANNEL,
+    DOORBELL_CHANNEL,
+    REOPEN_CHANNEL,
+    Listener,
+)
 from switchboard_server.db.migrate import migrate
 from switchboard_server.dispatch import Dispatcher, DispatchSettings
 from switchboard_server.doorbells import DoorbellHub, reopen_once
@@ -195,6 +200,8 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
         await run_migrations(db)
         hub = DoorbellHub(db, settings.doorbell_heartbeat)
         authenticator = Authenticator(db, settings.operator_token)
+        #: Set when a gate was made due (a freed slot, a policy change) on any replica.
+        reopen_due = asyncio.Event()
 
         async def on_reconnect() -> None:
             authenticator.forget()  # revocations may have been missed
@@ -202,7 +209,11 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
 
         listener = Listener(
             db.dsn,
-            {DOORBELL_CHANNEL: hub.on_payload, AUTH_CHANNEL: authenticator.forget_payload},
+            {
+                DOORBELL_CHANNEL: hub.on_payload,
+                AUTH_CHANNEL: authenticator.forget_payload,
+                REOPEN_CHANNEL: lambda _payload: reopen_due.set(),
+            },
             on_reconnect,
         )
         # Listen before serving, so that no subscriber can miss a ring.
@@ -244,7 +255,9 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
         )
         supervisor.run("health", db_health.run)
         runner, http_port = await start_http(deps, settings.http_listen)
-        _start_loops(supervisor, settings, db, hub, signals or LoopSignals(), http, metrics)
+        _start_loops(
+            supervisor, settings, db, hub, signals or LoopSignals(), http, metrics, reopen_due
+        )
     except BaseException:
         if runner is not None:
             await runner.cleanup()
@@ -305,6 +318,7 @@ def _start_loops(
     signals: LoopSignals,
     http: httpx.AsyncClient,
     metrics: Metrics,
+    reopen_due: asyncio.Event,
 ) -> None:
     supervisor.every(
         "reaper", settings.reaper_interval, lambda: reap_once(db, metrics), signals.reaped
@@ -312,7 +326,13 @@ def _start_loops(
     supervisor.every(
         "schedules", settings.schedule_interval, lambda: refresh_schedules(db), signals.scheduled
     )
-    supervisor.every("reopen", settings.reopen_interval, lambda: reopen_once(db), signals.reopened)
+    supervisor.every(
+        "reopen",
+        settings.reopen_interval,
+        lambda: reopen_once(db),
+        signals.reopened,
+        wake=reopen_due,
+    )
     supervisor.every("doorbell-heartbeat", settings.doorbell_heartbeat, hub.heartbeat_once)
     supervisor.every(
         "retention",

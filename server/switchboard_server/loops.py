@@ -13,6 +13,7 @@ that locks rows with SKIP LOCKED.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -85,11 +86,15 @@ class Supervisor:
         interval: timedelta,
         work: Callable[[], Awaitable[int]],
         signal: asyncio.Queue[int] | None = None,
+        wake: asyncio.Event | None = None,
     ) -> None:
-        """Starts a loop that runs ``work`` every ``interval``."""
+        """Starts a loop that runs ``work`` every ``interval``, and at once when
+        ``wake`` is set (a pass already running is followed by another)."""
 
         async def loop() -> None:
             while True:
+                if wake is not None:
+                    wake.clear()
                 try:
                     done = await work()
                     if done:
@@ -108,7 +113,11 @@ class Supervisor:
                     )
                 except Exception:
                     log.exception("%s pass failed; retrying next interval", name)
-                await asyncio.sleep(interval.total_seconds())
+                if wake is None:
+                    await asyncio.sleep(interval.total_seconds())
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(wake.wait(), interval.total_seconds())
 
         task = asyncio.create_task(loop(), name=f"switchboard.{name}")
         task.add_done_callback(self._on_exit)

@@ -20,12 +20,13 @@ from datetime import timedelta
 import asyncpg
 import pytest
 from switchboard.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2
+from switchboard_server import app as server_app
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
 from switchboard_server.loops import reap_once
 
 from tests.support.admission import ingest, set_policy, window
-from tests.support.client import Client, Tenant
+from tests.support.client import Client, Tenant, make_tenant
 from tests.support.databases import DatabaseFactory, move_clock
 from tests.support.doorbells import Bells
 from tests.support.hook_receiver import Receiver
@@ -153,6 +154,32 @@ async def test_a_claim_that_fills_the_last_slot_rings_when_it_settles(
         metadata=tenant.agent,
     )
     await rung_once(client, tenant, streams, receiver, "narrow", SLOT_FREED, 1)
+
+
+async def test_a_settle_wakes_every_sweep_at_once(settings: Settings, receiver: Receiver) -> None:
+    """With sweeps an hour apart (the only server), only the wake-up a freed
+    slot sends (NOTIFY) can make SLOT_FREED ring: it does, once, and the hook
+    hears it."""
+    sleepy = await server_app.start(
+        dataclasses.replace(settings, reopen_interval=timedelta(hours=1))
+    )
+    own = Client(sleepy.address)
+    try:
+        tenant = await make_tenant(own, "sleepy")
+        await ingest(own, tenant.agent, "narrow", 2)
+        await set_policy(
+            own, tenant.human, "narrow", endpoint_id=tenant.endpoint_id, max_in_flight=1
+        )
+        streams = await watchers(own, tenant, receiver)
+        got = await claim(own, tenant, "narrow")
+        await own.dispatch.Complete(
+            dispatch_pb2.CompleteRequest(todo_id=got.todo.id, lease_id=got.lease.lease_id),
+            metadata=tenant.agent,
+        )
+        await rung_once(own, tenant, streams, receiver, "narrow", SLOT_FREED, 1)
+    finally:
+        await own.close()
+        await sleepy.stop(grace=1)
 
 
 async def test_a_lapsed_lease_on_a_full_queue_rings_when_the_reaper_returns_it(

@@ -2,7 +2,10 @@
 
 Channels: ``switchboard_doorbell`` carries rings (``sb_ring``);
 ``switchboard_auth`` carries revoked credential ids (``credential_revoke``),
-so every replica drops them from its authentication cache at once.
+so every replica drops them from its authentication cache at once;
+``switchboard_reopen`` says a queue's gate was made due (a freed slot, a
+policy change), so every replica's reopen sweep runs at once rather than at
+its next interval.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ log = logging.getLogger(__name__)
 
 DOORBELL_CHANNEL = "switchboard_doorbell"
 AUTH_CHANNEL = "switchboard_auth"
+REOPEN_CHANNEL = "switchboard_reopen"
 
 
 class Listener:

@@ -99,28 +99,36 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- In-flight slots of these queues were freed: their gates deferred for
--- in-flight are due at once, so the sweep rings SLOT_FREED within its
--- interval. Each such gate is locked, in queue order (settles of several
--- queues at once never deadlock), even when it is already due: a sweep
--- evaluating it now (without this transaction's freed slot) is waited for,
--- and then the gate is made due again; a sweep that comes later skips it
--- (SKIP LOCKED) until this transaction has committed, and then sees the slot
--- free. The gate row is written only when it was not due already.
+-- in-flight are due at once, and every replica's sweep is woken
+-- (switchboard_reopen, sent at commit) rather than left to its next
+-- interval, so SLOT_FREED rings within a sweep's pass. Each such gate is
+-- locked, in queue order (settles of several queues at once never
+-- deadlock), even when it is already due: a sweep evaluating it now (without
+-- this transaction's freed slot) is waited for, and then the gate is made
+-- due again; a sweep that comes later skips it (SKIP LOCKED) until this
+-- transaction has committed, and then sees the slot free. The gate row is
+-- written only when it was not due already.
 CREATE OR REPLACE FUNCTION sb_gates_slot_freed(p_queue_ids bigint[], p_now timestamptz) RETURNS void
 LANGUAGE sql AS $$
-    SELECT 1 FROM queue_gates l
-     WHERE l.queue_id = ANY (p_queue_ids) AND l.deferred AND l.reason = 'in_flight_full'
-     ORDER BY l.queue_id
-       FOR NO KEY UPDATE;
+    WITH locked AS (
+        SELECT l.queue_id FROM queue_gates l
+         WHERE l.queue_id = ANY (p_queue_ids) AND l.deferred AND l.reason = 'in_flight_full'
+         ORDER BY l.queue_id
+           FOR NO KEY UPDATE
+    )
+    -- count(*) reads the whole CTE, so that every such gate is locked.
+    SELECT pg_notify('switchboard_reopen', '')
+      FROM (SELECT count(*) AS n FROM locked) AS c
+     WHERE c.n > 0;
     UPDATE queue_gates g SET next_check_at = p_now
      WHERE g.queue_id = ANY (p_queue_ids) AND g.deferred AND g.reason = 'in_flight_full'
        AND g.next_check_at > p_now;
 $$;
 
 -- A queue's policy was set or cleared (in this transaction, under its lock):
--- a deferred gate is due at once (the sweep rings POLICY_CHANGED if it now
--- admits); a queue the new policy defers is marked, so that it rings when it
--- reopens.
+-- a deferred gate is due at once (the sweep, woken, rings POLICY_CHANGED if
+-- it now admits); a queue the new policy defers is marked, so that it rings
+-- when it reopens.
 CREATE OR REPLACE FUNCTION sb_gate_policy_changed(p_queue_id bigint) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -129,6 +137,7 @@ DECLARE
 BEGIN
     UPDATE queue_gates g SET next_check_at = v_now WHERE g.queue_id = p_queue_id AND g.deferred;
     IF FOUND THEN
+        PERFORM pg_notify('switchboard_reopen', '');
         RETURN;
     END IF;
     SELECT s.* INTO v_status FROM sb_queue_admission(p_queue_id, v_now) s;
