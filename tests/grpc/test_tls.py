@@ -135,6 +135,16 @@ async def test_cli_whoami_over_tls_with_cacert(
     )
     assert code == 0, err
     assert "operator" in out
+    # https:// with a CA from the environment.
+    code, out, err = await run_cli(
+        "admin",
+        "whoami",
+        "--server",
+        f"https://{tls_server.address}",
+        env={"SWITCHBOARD_TOKEN": OPERATOR_TOKEN, "SWITCHBOARD_CACERT": str(pki.ca.path)},
+        cwd=tmp_path,
+    )
+    assert code == 0 and "operator" in out, err
     # Without the CA the server is plaintext to the CLI: refused, with a hint.
     code, _, err = await run_cli(
         "admin",
@@ -198,6 +208,26 @@ async def test_client_helper_and_worker_over_mutual_tls(
         assert got.todo.state == todo_pb2.TODO_STATE_DONE
     finally:
         await ch.close(None)
+
+
+async def test_grpcurl_with_cacert_cert_and_key_as_the_deployment_guide_shows(
+    mtls_server: server_app.App, pki: Pki
+) -> None:
+    grpcurl = pathlib.Path(sys.executable).parent / "grpcurl"  # the dev extra's
+    assert grpcurl.exists(), "install the dev extra: it brings grpcurl"
+    flags = ["-cacert", str(pki.ca.path), "-cert", str(pki.client.cert)]
+    flags += ["-key", str(pki.client.key), "-H", f"authorization: Bearer {OPERATOR_TOKEN}"]
+    proc = await asyncio.create_subprocess_exec(
+        str(grpcurl),
+        *flags,
+        mtls_server.address,
+        "switchboard.v1.AdminService/WhoAmI",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, err.decode()
+    assert "PRINCIPAL_KIND_OPERATOR" in out.decode()
 
 
 # --------------------------------------------------------------------------- refused

@@ -8,7 +8,7 @@
     async with channel("sb.internal:50051", cacert="ca.pem", cert="me.crt", key="me.key") as ch:
         ...
 
-    # TLS against the system's trusted roots
+    # TLS against grpc's default roots (public CAs)
     async with channel("https://sb.example.org:443") as ch:
         ...
 
@@ -18,7 +18,9 @@
 
 A channel is TLS when any of ``cacert``, ``cert``, ``key`` is given, when
 ``tls=True``, or when the target starts with ``https://`` (the port defaults
-to 443 then). Without ``cacert`` a TLS channel trusts the system's roots.
+to 443 then). Without ``cacert`` a TLS channel trusts grpc's default roots
+(the public CAs grpc ships, or the file ``GRPC_DEFAULT_SSL_ROOTS_FILE_PATH``
+names).
 ``cert`` and ``key`` (a client certificate for a server that requires mutual
 TLS) go together. Files are PEM, read once when the channel is made, and
 checked then: a missing file, a file that is no PEM certificate or key, or a

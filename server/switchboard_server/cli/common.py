@@ -43,7 +43,7 @@ connection (any command that talks to a server):
   --cacert PEM         TLS: check the server with this CA (flag > SWITCHBOARD_CACERT >
                        config file); also --cert PEM --key PEM for mutual TLS
                        (SWITCHBOARD_CERT, SWITCHBOARD_KEY); https://host:port is TLS
-                       with the system's roots
+                       (without --cacert: grpc's default public roots)
   config file          $SWITCHBOARD_CONFIG, else ~/.config/switchboard/config.toml:
                          server = "sb.internal:50051"
                          token = "sbh_..."
