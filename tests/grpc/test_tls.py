@@ -13,6 +13,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import cast
 
 import grpc
 import pytest
@@ -314,6 +315,40 @@ def test_plaintext_is_allowed_on_loopback_or_when_insecure_is_set() -> None:
     assert split_target("https://sb.example.org") == ("sb.example.org:443", True)
     assert split_target("https://[::1]:8443") == ("[::1]:8443", True)
     assert split_target("sb:50051") == ("sb:50051", False)
+
+
+class NeverBinds:
+    """Records the port a server would add: the warning is checked without a listener."""
+
+    def add_insecure_port(self, address: str) -> int:
+        self.address = address
+        return 1
+
+
+def test_plaintext_on_a_non_loopback_address_with_insecure_set_is_warned(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = NeverBinds()
+    settings = Settings(listen="0.0.0.0:50051", insecure=True)
+    with caplog.at_level("WARNING", logger="switchboard_server.tls"):
+        assert tls.add_port(cast(grpc.aio.Server, server), settings) == (1, None)
+    assert server.address == "0.0.0.0:50051"
+    assert any("unencrypted" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="switchboard_server.tls"):
+        tls.add_port(cast(grpc.aio.Server, server), Settings(listen="127.0.0.1:0"))
+    assert not caplog.records
+
+
+async def test_the_client_helper_names_a_tls_file_that_does_not_load(pki: Pki) -> None:
+    with pytest.raises(ValueError, match="needs its key"):
+        channel("127.0.0.1:1", cert=pki.client.cert)
+    with pytest.raises(ValueError, match="cannot read the CA certificate /nonexistent"):
+        channel("127.0.0.1:1", cacert="/nonexistent")
+    with pytest.raises(ValueError, match="holds no PEM certificate"):
+        channel("127.0.0.1:1", cacert=pki.client.key)
+    with pytest.raises(ValueError, match="does not match"):
+        channel("127.0.0.1:1", cert=pki.client.cert, key=pki.server.key)
 
 
 # --------------------------------------------------------------------------- renewal
