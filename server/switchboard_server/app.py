@@ -28,7 +28,7 @@ from switchboard.v1 import (
     dispatch_pb2_grpc,
 )
 
-from switchboard_server import errors, tracing
+from switchboard_server import errors, tls, tracing
 from switchboard_server.admission import AdmissionControl, refresh_schedules
 from switchboard_server.auth import Authenticator
 from switchboard_server.config import Settings
@@ -157,6 +157,8 @@ class App:
     #: The HTTP listener (metrics, board) and its bound port.
     web: web.AppRunner | None = None
     http_port: int = 0
+    #: The gRPC listener's certificates (``None``: plaintext).
+    certificates: tls.CertificateReloader | None = None
 
     @property
     def http_address(self) -> str:
@@ -241,7 +243,7 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
             readiness=readiness,
         )
         server, health_servicer = _grpc_server(deps, hub)
-        port = server.add_insecure_port(settings.listen)
+        port, reloader = tls.add_port(server, settings)
         if port == 0:
             raise OSError(f"cannot listen on {settings.listen}")
         await server.start()
@@ -280,8 +282,10 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
         http=http,
         web=runner,
         http_port=http_port,
+        certificates=reloader,
     )
-    log.info("serving", extra={"grpc": app.address, "http": app.http_address})
+    mode = "off" if reloader is None else "mutual" if reloader.mutual else "on"
+    log.info("serving", extra={"grpc": app.address, "http": app.http_address, "tls": mode})
     return app
 
 
@@ -353,6 +357,8 @@ async def serve(settings: Settings) -> int:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if app.certificates is not None:
+        loop.add_signal_handler(signal.SIGHUP, app.certificates.reload)
     waiters = [
         asyncio.create_task(stop.wait(), name="switchboard.signal"),
         asyncio.create_task(app.supervisor.failed.wait(), name="switchboard.loop-failure"),
@@ -360,7 +366,7 @@ async def serve(settings: Settings) -> int:
     await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
     for waiter in waiters:
         waiter.cancel()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.remove_signal_handler(sig)
     failed = app.supervisor.failed.is_set()
     log.info("shutting down", extra={"reason": "loop failure" if failed else "signal"})

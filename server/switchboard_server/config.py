@@ -22,6 +22,20 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> timedelta:
     return timedelta(seconds=value)
 
 
+def _path(env: Mapping[str, str], name: str) -> pathlib.Path | None:
+    raw = env.get(name)
+    return pathlib.Path(raw).expanduser() if raw else None
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    raw = (env.get(name) or "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"{name} must be 1 or 0, got {env[name]!r}")
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything a server process needs to know at start.
@@ -59,6 +73,13 @@ class Settings:
     health_interval: timedelta = timedelta(seconds=1)
     #: How long ``serve`` waits for the database at start before it gives up.
     start_timeout: timedelta = timedelta(seconds=60)
+    #: PEM certificate chain and private key of the gRPC listener; TLS when both are set.
+    tls_cert: pathlib.Path | None = None
+    tls_key: pathlib.Path | None = None
+    #: PEM CA bundle: clients must present a certificate it issued (mutual TLS).
+    tls_client_ca: pathlib.Path | None = None
+    #: Plaintext gRPC on a non-loopback address is refused unless this is set.
+    insecure: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -103,4 +124,8 @@ class Settings:
             combine_max=int(combine),
             health_interval=_seconds(env, "SWITCHBOARD_HEALTH_INTERVAL", 1),
             start_timeout=_seconds(env, "SWITCHBOARD_START_TIMEOUT", 60),
+            tls_cert=_path(env, "SWITCHBOARD_TLS_CERT"),
+            tls_key=_path(env, "SWITCHBOARD_TLS_KEY"),
+            tls_client_ca=_path(env, "SWITCHBOARD_TLS_CLIENT_CA"),
+            insecure=_flag(env, "SWITCHBOARD_INSECURE"),
         )

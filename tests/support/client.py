@@ -18,9 +18,10 @@ def auth(token: str) -> tuple[tuple[str, str], ...]:
 class Client:
     """Stubs for every service on one channel."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, channel: grpc.aio.Channel | None = None) -> None:
+        """A plaintext channel to ``address``, unless a ``channel`` (say, TLS) is given."""
         self.address = address
-        self.channel = grpc.aio.insecure_channel(address)
+        self.channel = channel or grpc.aio.insecure_channel(address)
         self.dispatch: dispatch_pb2_grpc.DispatchServiceAsyncStub = (
             dispatch_pb2_grpc.DispatchServiceStub(self.channel)
         )

@@ -3,4 +3,8 @@
 The generated protobuf messages, gRPC stubs and servicers live in :mod:`switchboard.v1`
 (for example ``from switchboard.v1 import dispatch_pb2, dispatch_pb2_grpc``); they are
 produced by ``scripts/generate-client`` from the repository's ``proto/`` tree.
+
+:mod:`switchboard.connect` makes channels (TLS and mutual TLS, or plaintext):
+``from switchboard.connect import channel``; :mod:`switchboard.worker` runs a
+worker loop over one.
 """

@@ -40,9 +40,14 @@ CONNECTION_HELP = """\
 connection (any command that talks to a server):
   --server host:port   flag > SWITCHBOARD_SERVER > config file > 127.0.0.1:50051
   --token TOKEN        flag > SWITCHBOARD_TOKEN > config file
+  --cacert PEM         TLS: check the server with this CA (flag > SWITCHBOARD_CACERT >
+                       config file); also --cert PEM --key PEM for mutual TLS
+                       (SWITCHBOARD_CERT, SWITCHBOARD_KEY); https://host:port is TLS
+                       (without --cacert: grpc's default public roots)
   config file          $SWITCHBOARD_CONFIG, else ~/.config/switchboard/config.toml:
                          server = "sb.internal:50051"
                          token = "sbh_..."
+                         cacert = "ca.pem"    # relative to the file
   exit codes           0 ok, 1 server error (incl. the server's INVALID_ARGUMENT),
                        2 usage error, 3 unauthenticated or permission denied,
                        4 not found
@@ -51,7 +56,8 @@ connection (any command that talks to a server):
 
 LEAF_HELP = """\
 connection: --server > SWITCHBOARD_SERVER > config file > 127.0.0.1:50051, and --token >
-  SWITCHBOARD_TOKEN > config file ($SWITCHBOARD_CONFIG or ~/.config/switchboard/config.toml)
+  SWITCHBOARD_TOKEN > config file ($SWITCHBOARD_CONFIG or ~/.config/switchboard/config.toml);
+  TLS: --cacert, --cert, --key (SWITCHBOARD_CACERT, _CERT, _KEY; cacert, cert, key there)
 exit codes: 0 ok, 1 server error, 2 usage, 3 unauthenticated or denied, 4 not found
 """
 
@@ -74,6 +80,24 @@ def global_options() -> argparse.ArgumentParser:
         "--token",
         default=argparse.SUPPRESS,
         help="bearer token (env SWITCHBOARD_TOKEN, or token in the config file)",
+    )
+    group.add_argument(
+        "--cacert",
+        default=argparse.SUPPRESS,
+        metavar="PEM",
+        help="TLS: the CA that issued the server's certificate (env SWITCHBOARD_CACERT)",
+    )
+    group.add_argument(
+        "--cert",
+        default=argparse.SUPPRESS,
+        metavar="PEM",
+        help="mutual TLS: a client certificate (env SWITCHBOARD_CERT; needs --key)",
+    )
+    group.add_argument(
+        "--key",
+        default=argparse.SUPPRESS,
+        metavar="PEM",
+        help="mutual TLS: the client certificate's key (env SWITCHBOARD_KEY)",
     )
     group.add_argument(
         "--json",
@@ -141,14 +165,24 @@ def run(
     """Runs a client command to its exit code."""
     output = Output(stdout or sys.stdout, stderr or sys.stderr, bool(getattr(args, "json", False)))
     try:
-        target = resolve(getattr(args, "server", None), getattr(args, "token", None), env)
+        target = resolve(
+            getattr(args, "server", None),
+            getattr(args, "token", None),
+            env,
+            {name: getattr(args, name, None) for name in ("cacert", "cert", "key")},
+        )
     except UsageError as exc:
         print(f"switchboard: {exc}", file=output.err)
         return EXIT_USAGE
     handler: Handler = args.run
 
     async def call() -> int:
-        async with Connection(target, getattr(args, "timeout", DEFAULT_TIMEOUT)) as conn:
+        try:
+            connection = Connection(target, getattr(args, "timeout", DEFAULT_TIMEOUT))
+        except UsageError as exc:
+            print(f"switchboard: {exc}", file=output.err)
+            return EXIT_USAGE
+        async with connection as conn:
             try:
                 return await handler(conn, args, output)
             except grpc.aio.AioRpcError as err:

@@ -1,11 +1,15 @@
 """Where the ``switchboard`` client commands connect, with which token, and how a
 gRPC error becomes a message and an exit code.
 
-Precedence for the server address and the token: the flag, then the
-environment (``SWITCHBOARD_SERVER``, ``SWITCHBOARD_TOKEN``), then the config
-file (``server`` and ``token`` keys; ``$SWITCHBOARD_CONFIG``, else
-``$XDG_CONFIG_HOME/switchboard/config.toml``, else
-``~/.config/switchboard/config.toml``), then the default address.
+Precedence for the server address, the token and the TLS files: the flag,
+then the environment (``SWITCHBOARD_SERVER``, ``SWITCHBOARD_TOKEN``,
+``SWITCHBOARD_CACERT``, ``SWITCHBOARD_CERT``, ``SWITCHBOARD_KEY``), then the
+config file (``server``, ``token``, ``cacert``, ``cert`` and ``key`` keys;
+``$SWITCHBOARD_CONFIG``, else ``$XDG_CONFIG_HOME/switchboard/config.toml``,
+else ``~/.config/switchboard/config.toml``; relative paths there are relative
+to the file), then the default address. The channel is TLS when a CA, a client
+certificate or key is given or the server is ``https://host:port``
+(``switchboard.connect.channel``).
 """
 
 from __future__ import annotations
@@ -20,10 +24,13 @@ from typing import cast
 import grpc
 from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
+from switchboard import connect
 from switchboard.v1 import admin_pb2_grpc, admission_pb2, admission_pb2_grpc, dispatch_pb2_grpc
 
-DEFAULT_SERVER = "127.0.0.1:50051"
+DEFAULT_SERVER = connect.DEFAULT_TARGET
 DEFAULT_TIMEOUT = 30.0
+#: The TLS settings: flags ``--cacert`` etc., ``SWITCHBOARD_CACERT`` etc., config file keys.
+_TLS_KEYS = ("cacert", "cert", "key")
 
 #: Exit codes: ok, a server-side error (incl. a server's INVALID_ARGUMENT),
 #: a usage error found before calling, unauthenticated or permission denied,
@@ -45,6 +52,15 @@ class Target:
     token: str | None
     server_from: str
     token_from: str | None
+    #: PEM files for TLS: the CA to check the server with, a client certificate and key.
+    cacert: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+    @property
+    def tls(self) -> bool:
+        """Whether the channel is TLS."""
+        return any((self.cacert, self.cert, self.key)) or connect.split_target(self.server)[1]
 
 
 def config_path(env: Mapping[str, str]) -> tuple[pathlib.Path, bool]:
@@ -56,7 +72,7 @@ def config_path(env: Mapping[str, str]) -> tuple[pathlib.Path, bool]:
 
 
 def read_config(env: Mapping[str, str]) -> tuple[dict[str, str], pathlib.Path]:
-    """The config file's ``server`` and ``token`` (empty when there is no file)."""
+    """The config file's settings (empty when there is no file); paths made absolute."""
     path, explicit = config_path(env)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -67,16 +83,27 @@ def read_config(env: Mapping[str, str]) -> tuple[dict[str, str], pathlib.Path]:
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise UsageError(f"config file {path}: {exc}") from exc
     found: dict[str, str] = {}
-    for key in ("server", "token"):
+    for key in ("server", "token", *_TLS_KEYS):
         if key in data:
             if not isinstance(data[key], str) or not data[key]:
                 raise UsageError(f"config file {path}: {key!r} must be a non-empty string")
             found[key] = data[key]
+            if key in _TLS_KEYS:
+                found[key] = str(path.parent / pathlib.Path(data[key]).expanduser())
     return found, path
 
 
-def resolve(flag_server: str | None, flag_token: str | None, env: Mapping[str, str]) -> Target:
-    """Applies the precedence: flag > environment > config file > default."""
+def resolve(
+    flag_server: str | None,
+    flag_token: str | None,
+    env: Mapping[str, str],
+    flag_tls: Mapping[str, str | None] | None = None,
+) -> Target:
+    """Applies the precedence: flag > environment > config file > default.
+
+    ``flag_tls`` holds the ``--cacert``, ``--cert`` and ``--key`` flags by
+    those names (without dashes).
+    """
     file, path = read_config(env)
     server, server_from = DEFAULT_SERVER, "default"
     token: str | None = None
@@ -95,16 +122,27 @@ def resolve(flag_server: str | None, flag_token: str | None, env: Mapping[str, s
     ):
         if value:
             token, token_from = value, origin
-    return Target(server, token, server_from, token_from)
+    tls: dict[str, str | None] = {}
+    for key in _TLS_KEYS:
+        tls[key] = (
+            (flag_tls or {}).get(key) or env.get(f"SWITCHBOARD_{key.upper()}") or file.get(key)
+        )
+    return Target(server, token, server_from, token_from, **tls)
 
 
 class Connection:
     """A channel to the server with a stub per service and the caller's token."""
 
     def __init__(self, target: Target, timeout: float = DEFAULT_TIMEOUT) -> None:
+        """Opens the channel; a TLS file that does not load is a ``UsageError``."""
         self.target = target
         self.timeout = timeout
-        self.channel = grpc.aio.insecure_channel(target.server)
+        try:
+            self.channel = connect.channel(
+                target.server, cacert=target.cacert, cert=target.cert, key=target.key
+            )
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         self.dispatch: dispatch_pb2_grpc.DispatchServiceAsyncStub = (
             dispatch_pb2_grpc.DispatchServiceStub(self.channel)
         )
@@ -201,6 +239,13 @@ def call_error(err: grpc.aio.AioRpcError, target: Target) -> CallError:
         )
     elif code is grpc.StatusCode.UNAVAILABLE:
         hints.append(f"is the server running at {target.server} (from {target.server_from})?")
+        if target.tls:
+            hints.append(
+                "over TLS: does the server serve TLS with a certificate for that name from "
+                "your CA (--cacert), and, when it requires one, your client certificate?"
+            )
+        else:
+            hints.append("if the server serves TLS, pass --cacert (or https://host:port)")
     elif code is grpc.StatusCode.DEADLINE_EXCEEDED:
         hints.append("the server did not answer in time (see --timeout)")
     return CallError(

@@ -31,6 +31,20 @@ def add_commands(sub: Subparsers) -> None:
     serve = sub.add_parser("serve", help="run the server in the foreground")
     _db_flags(serve)
     serve.add_argument("--listen", help="gRPC host:port (env SWITCHBOARD_LISTEN)")
+    serve.add_argument(
+        "--tls-cert", metavar="PEM", help="TLS certificate chain (env SWITCHBOARD_TLS_CERT)"
+    )
+    serve.add_argument("--tls-key", metavar="PEM", help="TLS private key (env SWITCHBOARD_TLS_KEY)")
+    serve.add_argument(
+        "--tls-client-ca",
+        metavar="PEM",
+        help="require client certificates from this CA: mutual TLS (env SWITCHBOARD_TLS_CLIENT_CA)",
+    )
+    serve.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow plaintext gRPC on a non-loopback address (env SWITCHBOARD_INSECURE=1)",
+    )
     migrate = sub.add_parser("migrate", help="apply pending schema migrations and exit")
     _db_flags(migrate)
 
@@ -53,6 +67,11 @@ def _settings(args: argparse.Namespace) -> Settings:
         overrides["data_dir"] = pathlib.Path(args.data_dir)
     if getattr(args, "listen", None):
         overrides["listen"] = args.listen
+    for name in ("tls_cert", "tls_key", "tls_client_ca"):
+        if getattr(args, name, None):
+            overrides[name] = pathlib.Path(getattr(args, name)).expanduser()
+    if getattr(args, "insecure", False):
+        overrides["insecure"] = True
     return dataclasses.replace(settings, **overrides)  # type: ignore[arg-type]
 
 
@@ -100,8 +119,12 @@ def _run_fast(main: Coroutine[Any, Any, int]) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Runs ``serve``, ``migrate`` or ``admin bootstrap`` to its exit code."""
+    from switchboard_server import tls
+
     try:
         settings = _settings(args)
+        if args.command == "serve":
+            tls.check(settings)  # before the database starts: a wrong file fails fast
     except ValueError as exc:
         print(f"switchboard: {exc}", file=sys.stderr)
         return 2
@@ -123,3 +146,6 @@ def run(args: argparse.Namespace) -> int:
         # while starting: one line, no traceback.
         print(f"switchboard: cannot start: {exc.message}", file=sys.stderr)
         return 1
+    except tls.TLSError as exc:  # a TLS file changed for the worse since the check
+        print(f"switchboard: {exc}", file=sys.stderr)
+        return 2

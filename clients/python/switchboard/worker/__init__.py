@@ -5,9 +5,15 @@
     async def handle(todo: Todo) -> None:
         ...  # do the work; raise PermanentFailure to dead-letter the todo
 
-    async with grpc.aio.insecure_channel("localhost:50051") as channel:
-        worker = Worker(channel, token, handle, claimant="worker-1")
+    async with channel("localhost:50051") as ch:  # from switchboard.connect
+        worker = Worker(ch, token, handle, claimant="worker-1")
         await worker.run()  # until worker.stop()
+
+The channel is any ``grpc.aio`` channel; :func:`switchboard.connect.channel`
+makes one over TLS when the server serves TLS (``channel(target,
+cacert="ca.pem")``, plus ``cert=`` and ``key=`` under mutual TLS), and
+:func:`switchboard.connect.channel_from_env` from ``SWITCHBOARD_SERVER``,
+``SWITCHBOARD_CACERT``, ``SWITCHBOARD_CERT`` and ``SWITCHBOARD_KEY``.
 
 By default the worker holds one todo at a time. Each turn of the loop calls
 ``ClaimNext``. With a todo it runs the handler while the lease is heartbeated
