@@ -8,6 +8,7 @@ import pathlib
 import pwd
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import urllib.parse
@@ -415,6 +416,20 @@ def user_scratch() -> Iterator[tuple[pathlib.Path, pwd.struct_passwd, str]]:
     python = unprivileged.interpreter_for_user()
     if python is None:
         pytest.skip(f"no Python {sys.version_info[:2]} that {unprivileged.USER} can run")
+    reach = subprocess.run(
+        [python, "-c", "import switchboard_server.app"],
+        env={"PYTHONPATH": _code_path(), "PATH": "/usr/bin:/bin"},
+        user=user.pw_uid,
+        group=user.pw_gid,
+        extra_groups=[],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    if reach.returncode != 0:
+        pytest.skip(f"{unprivileged.USER} cannot import this checkout: {reach.stderr[-300:]}")
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="sb-users-"))
     scratch.chmod(0o755)
     (scratch / "tmp").mkdir(mode=0o1777)
