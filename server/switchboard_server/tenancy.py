@@ -135,9 +135,17 @@ class Tenancy:
     async def list_credentials(
         self, principal: Principal, endpoint_id: uuid.UUID | None
     ) -> list[Credential]:
-        """The owner's credentials, without secrets."""
+        """The owner's credentials, without secrets; optionally one of its endpoints'.
+
+        Another owner's endpoint is ``NOT_FOUND``, exactly like an absent one.
+        """
         owner_id = require_human(principal)
         async with self._db.connection() as conn:
+            if (
+                endpoint_id is not None
+                and await tenancy_queries.get_endpoint(conn, endpoint_id, owner_id) is None
+            ):
+                raise errors.NotFound("endpoint not found")
             return await tenancy_queries.list_credentials(conn, owner_id, endpoint_id)
 
     async def revoke(self, principal: Principal, credential_id: uuid.UUID) -> Credential:

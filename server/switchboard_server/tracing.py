@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 
+from switchboard_server import errors
+
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -85,9 +87,17 @@ def configure(env: Mapping[str, str] | None = None) -> bool:
     names = exporters_from_env(os.environ if env is None else env)
     if not names:
         return False
-    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+    try:
+        # The SDK and the OTLP exporter are the optional `otel` extra.
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+    except ModuleNotFoundError as exc:
+        raise errors.Unavailable(
+            f"OTEL_TRACES_EXPORTER asks for {','.join(names)} but the OpenTelemetry SDK is not "
+            f"installed ({exc}); install it with pip install 'switchboard-server[otel]'"
+        ) from exc
 
     resource = Resource.create()
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
@@ -96,8 +106,6 @@ def configure(env: Mapping[str, str] | None = None) -> bool:
     for name in names:
         exporter: SpanExporter
         if name == "otlp":
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
             exporter = OTLPSpanExporter()
         else:
             exporter = ConsoleSpanExporter()

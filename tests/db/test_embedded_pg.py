@@ -5,21 +5,31 @@ from __future__ import annotations
 import asyncio
 import os
 import pathlib
+import pwd
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
+import urllib.parse
 from collections.abc import AsyncIterator, Iterator
 
 import asyncpg
+import grpc
 import psutil
 import pytest
+import switchboard
 import switchboard_server
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from switchboard_server.embedded_pg import (
     DATA_DIR_ENV,
     EmbeddedPostgres,
     default_data_dir,
 )
+
+from tests.support import unprivileged
+from tests.support.client import OPERATOR_TOKEN
+from tests.support.processes import ServerProcess
 
 # A second "server process": starts EmbeddedPostgres on argv[1], prints the DSN, then
 # obeys one command per stdin line: "query" (prints SELECT 40 + 2 over a fresh
@@ -321,6 +331,18 @@ async def test_stale_postmaster_pid_with_reused_pid(shared_dir: pathlib.Path) ->
     assert not is_running(shared_dir)
 
 
+async def test_long_data_dir_puts_the_socket_in_a_private_dir(pg_root: pathlib.Path) -> None:
+    data_dir = pg_root / ("long-" * 20)
+    assert len(str(data_dir / "pgdata" / ".s.PGSQL.5432")) > 107
+    with EmbeddedPostgres(data_dir) as pg:
+        assert await fetch_answer(pg.dsn) == 42
+        socket_dir = pathlib.Path(urllib.parse.unquote(pg.dsn.split("host=")[1].split("&")[0]))
+        private = socket_dir.parent
+        assert private.name in ("switchboard", f"switchboard-{os.geteuid()}")
+        assert private.stat().st_uid == os.geteuid()
+    assert not is_running(data_dir)
+
+
 def test_default_data_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> None:
     monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path / "sb"))
     assert default_data_dir() == tmp_path / "sb"
@@ -328,3 +350,120 @@ def test_default_data_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Pat
     monkeypatch.chdir(tmp_path)
     assert default_data_dir() == tmp_path / ".switchboard"
     assert EmbeddedPostgres(default_data_dir()).pgdata == tmp_path / ".switchboard" / "pgdata"
+
+
+# --- root and another user on one host -------------------------------------------------
+
+
+def _code_path() -> str:
+    """PYTHONPATH that makes this checkout and the venv's packages importable anywhere."""
+    roots = [
+        pathlib.Path(switchboard_server.__file__).parent.parent,
+        pathlib.Path(switchboard.__file__).parent.parent,
+        pathlib.Path(asyncpg.__file__).parent.parent,  # the venv's site-packages
+    ]
+    return os.pathsep.join(str(r) for r in roots)
+
+
+async def _serve_as(
+    python: str, data_dir: pathlib.Path, env: dict[str, str], user: int | None
+) -> ServerProcess:
+    """``switchboard serve`` on the embedded database in ``data_dir``, as ``user``."""
+    child_env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("SWITCHBOARD_", "XDG_"))},
+        **env,
+        "SWITCHBOARD_DATA_DIR": str(data_dir),
+        "SWITCHBOARD_LISTEN": "127.0.0.1:0",
+        "SWITCHBOARD_HTTP_LISTEN": "127.0.0.1:0",
+        "SWITCHBOARD_OPERATOR_TOKEN": OPERATOR_TOKEN,
+        "PYTHONPATH": _code_path(),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    extra: dict[str, object] = {}
+    if user is not None:
+        extra = {"user": user, "group": user, "extra_groups": []}
+    proc = await asyncio.create_subprocess_exec(
+        python,
+        "-m",
+        "switchboard_server",
+        "serve",
+        env=child_env,
+        cwd="/",
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        **extra,  # type: ignore[arg-type]
+    )
+    server = ServerProcess(proc)
+    await server.wait_serving(60)
+    return server
+
+
+async def _health(address: str) -> int:
+    async with grpc.aio.insecure_channel(address) as channel:
+        resp = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+        return int(resp.status)
+
+
+@pytest.fixture
+def user_scratch() -> Iterator[tuple[pathlib.Path, pwd.struct_passwd, str]]:
+    """A 0755 scratch dir with ``tmp`` (mode 1777) and ``user`` (owned by the test user).
+
+    Also yields the test user and a Python it can run; skips unless root.
+    """
+    unprivileged.require_root()
+    user = unprivileged.ensure_user()
+    python = unprivileged.interpreter_for_user()
+    if python is None:
+        pytest.skip(f"no Python {sys.version_info[:2]} that {unprivileged.USER} can run")
+    reach = subprocess.run(
+        [python, "-c", "import switchboard_server.app"],
+        env={"PYTHONPATH": _code_path(), "PATH": "/usr/bin:/bin"},
+        user=user.pw_uid,
+        group=user.pw_gid,
+        extra_groups=[],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    if reach.returncode != 0:
+        pytest.skip(f"{unprivileged.USER} cannot import this checkout: {reach.stderr[-300:]}")
+    scratch = pathlib.Path(tempfile.mkdtemp(prefix="sb-users-"))
+    scratch.chmod(0o755)
+    (scratch / "tmp").mkdir(mode=0o1777)
+    (scratch / "tmp").chmod(0o1777)  # mkdir's mode is filtered by the umask
+    (scratch / "user").mkdir()
+    os.chown(scratch / "user", user.pw_uid, user.pw_gid)
+    yield scratch, user, python
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+@pytest.mark.slow
+async def test_root_then_another_user_on_one_host(
+    user_scratch: tuple[pathlib.Path, pwd.struct_passwd, str],
+) -> None:
+    """A root-run server leaves nothing in the temp dir that stops a user's server.
+
+    pgserver's host-wide lock (``$TMPDIR/.lockfile``), created 0644 by root, once
+    made every later non-root server fail with ``PermissionError``. Both servers
+    share a fresh ``TMPDIR`` (sticky and world-writable, like ``/tmp``) so the test
+    does not depend on, or touch, the host's ``/tmp``.
+    """
+    scratch, user, python = user_scratch
+    tmp, mine = scratch / "tmp", scratch / "user"
+    env = {"TMPDIR": str(tmp), "HOME": str(mine)}
+
+    as_root = await _serve_as(python, scratch / "root" / "data", env, None)
+    try:
+        assert await _health(as_root.address) == health_pb2.HealthCheckResponse.SERVING
+        as_user = await _serve_as(python, mine / "data", env, user.pw_uid)
+        try:
+            assert await _health(as_user.address) == health_pb2.HealthCheckResponse.SERVING
+        finally:
+            assert await as_user.stop() == 0, "\n".join(as_user.log)
+    finally:
+        assert await as_root.stop() == 0, "\n".join(as_root.log)
+    assert (mine / "data" / "pgdata.lock").exists()
+    assert list(tmp.iterdir()) == []

@@ -136,6 +136,9 @@ HUMAN_ONLY_PROBES: dict[str, Probe] = {
     "CreateHuman": lambda c, m, i: c.admin.CreateHuman(
         admin_pb2.CreateHumanRequest(owner_id=i.owner, name="intruder"), metadata=m
     ),
+    "ListCredentials(endpoint)": lambda c, m, i: c.admin.ListCredentials(
+        admin_pb2.ListCredentialsRequest(endpoint_id=i.endpoint), metadata=m
+    ),
 }
 
 
@@ -308,11 +311,20 @@ async def test_list_endpoints_and_credentials_show_only_the_callers_owner(
         # one human token plus one endpoint credential per endpoint
         assert len(creds.credentials) == 1 + len(endpoint_ids)
 
-    # Filtering by another owner's endpoint shows nothing of it.
-    other = await client.admin.ListCredentials(
-        admin_pb2.ListCredentialsRequest(endpoint_id=a.endpoint_id), metadata=b.human
+    # Filtering by another owner's endpoint is NOT_FOUND, exactly like an absent endpoint.
+    other = await expect_code(
+        client.admin.ListCredentials(
+            admin_pb2.ListCredentialsRequest(endpoint_id=a.endpoint_id), metadata=b.human
+        ),
+        grpc.StatusCode.NOT_FOUND,
     )
-    assert list(other.credentials) == []
+    absent = await expect_code(
+        client.admin.ListCredentials(
+            admin_pb2.ListCredentialsRequest(endpoint_id=str(uuid.uuid4())), metadata=b.human
+        ),
+        grpc.StatusCode.NOT_FOUND,
+    )
+    assert status_of(other) == status_of(absent)
     mine = await client.admin.ListCredentials(
         admin_pb2.ListCredentialsRequest(endpoint_id=b_extra), metadata=b.human
     )
