@@ -1,4 +1,4 @@
-"""Figures over runs, targets, the table, the JSON file and the README section."""
+"""Figures over runs, targets, the table, the JSON file and the tables in docs/performance.md."""
 
 from __future__ import annotations
 
@@ -21,9 +21,10 @@ import psutil
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-README = ROOT / "README.md"
-README_BEGIN = "<!-- bench:latest:begin -->"
-README_END = "<!-- bench:latest:end -->"
+#: The page whose tables the harness rewrites, between each bench's markers.
+PAGE = ROOT / "docs" / "performance.md"
+PAGE_BEGIN = "<!-- bench:latest:begin -->"
+PAGE_END = "<!-- bench:latest:end -->"
 
 
 @dataclass
@@ -144,7 +145,7 @@ def table(
 def git_commit() -> str:
     """Short commit of HEAD; ``-dirty.<hash of the diff>`` when tracked files differ from it.
 
-    The README and ``bench/results`` are left out: the harness writes them.
+    ``docs/performance.md`` and ``bench/results`` are left out: the harness writes them.
     """
     try:
         commit = subprocess.run(
@@ -155,8 +156,8 @@ def git_commit() -> str:
             check=True,
         ).stdout.strip()
         diff = subprocess.run(
-            # The harness itself rewrites the README's table and bench/results.
-            ["git", "diff", "HEAD", "--", ".", ":!README.md", ":!bench/results"],
+            # The harness itself rewrites the performance page's tables and bench/results.
+            ["git", "diff", "HEAD", "--", ".", ":!docs/performance.md", ":!bench/results"],
             cwd=ROOT,
             capture_output=True,
             check=True,
@@ -191,12 +192,14 @@ def machine() -> dict[str, Any]:
 def write_results(
     report: dict[str, Any], markdown: str, quick: bool, readme: bool, kind: str = ""
 ) -> pathlib.Path:
-    """Writes the JSON (and, for a full run, latest.md and the README section).
+    """Writes the JSON (and, for a full run, latest.md and the table in docs/performance.md).
 
     Quick runs go to ``bench/results/tmp/`` (ignored by git) and touch nothing else.
     ``kind`` names another bench (``idle``): its files end in ``-<kind>``
-    (``<date>-<commit>-idle.json``, ``latest-idle.md``) and its README table
-    lies between markers of its own (``<!-- bench:idle:begin -->``).
+    (``<date>-<commit>-idle.json``, ``latest-idle.md``) and its table on the
+    page lies between markers of its own (``<!-- bench:idle:begin -->``).
+    ``readme`` (the harnesses' ``--no-readme`` turns it off) says whether to
+    rewrite the page's table.
     """
     folder = RESULTS / "tmp" if quick else RESULTS
     folder.mkdir(parents=True, exist_ok=True)
@@ -206,24 +209,24 @@ def write_results(
     path.write_text(json.dumps(report, indent=1, sort_keys=False) + "\n")
     (folder / f"latest{suffix}.md").write_text(markdown)
     if readme and not quick:
-        update_readme(markdown, kind)
+        update_page(markdown, kind)
     return path
 
 
-def readme_markers(kind: str = "") -> tuple[str, str]:
-    """The README markers around a bench's table."""
+def page_markers(kind: str = "") -> tuple[str, str]:
+    """The markers around a bench's table on the performance page."""
     if not kind:
-        return README_BEGIN, README_END
+        return PAGE_BEGIN, PAGE_END
     return f"<!-- bench:{kind}:begin -->", f"<!-- bench:{kind}:end -->"
 
 
-def update_readme(markdown: str, kind: str = "") -> bool:
-    """Replaces the README's table between the bench's markers; False when absent."""
-    begin, end = readme_markers(kind)
-    text = README.read_text()
+def update_page(markdown: str, kind: str = "", page: pathlib.Path = PAGE) -> bool:
+    """Replaces the page's table between the bench's markers; False when absent."""
+    begin, end = page_markers(kind)
+    text = page.read_text()
     pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
     if not pattern.search(text):
         return False
     replaced = pattern.sub(lambda _m: f"{begin}\n{markdown}{end}", text, count=1)
-    README.write_text(replaced)
+    page.write_text(replaced)
     return True

@@ -40,7 +40,7 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
 class Settings:
     """Everything a server process needs to know at start.
 
-    See the README's configuration table for each variable.
+    See the configuration table in docs/operations.md for each variable.
     """
 
     database_url: str | None = None

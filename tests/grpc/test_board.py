@@ -7,7 +7,7 @@ the page goes through the API's domain call (validation, audit), another
 owner's queues never appear and their URLs are 404, and only human tokens
 sign in. Assertions read the rendered DOM, after the page's script ran.
 
-Set ``SWITCHBOARD_BOARD_SCREENSHOT=docs/board.png`` to refresh the README's
+Set ``SWITCHBOARD_BOARD_SCREENSHOT=docs/board.png`` to refresh the board page's
 screenshot; otherwise it goes to the test's temporary folder.
 """
 

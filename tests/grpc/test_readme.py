@@ -1,4 +1,5 @@
-"""The README's quickstart, run as written against a real server process."""
+"""The README's quickstart and the docs' command blocks, run as written against a real server
+process (``tests/support/doc_blocks.py`` names each block)."""
 
 from __future__ import annotations
 
@@ -6,26 +7,34 @@ import asyncio
 import json
 import os
 import pathlib
-import re
 import shutil
 import sys
+import tempfile
 
 import pytest
+from switchboard_server import app as server_app
 
-from tests.support.client import OPERATOR_TOKEN, Client, make_tenant
+from tests.support.client import OPERATOR_TOKEN, Client, Tenant, make_tenant
+from tests.support.doc_blocks import (
+    ADMISSION_EXAMPLE,
+    CLI_EXAMPLE,
+    PYTHON_CLIENT,
+    QUICKSTART,
+    WALKTHROUGH,
+)
 from tests.support.processes import ServerProcess
 
 pytestmark = pytest.mark.slow
 
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
-
 
 def quickstart_script() -> str:
-    """The quickstart's grpcurl block, then the admission worked example, as pasted."""
-    blocks = re.findall(r"```sh\n(.*?)```", README.read_text(), flags=re.S)
-    quickstart = next(b for b in blocks if "grpcurl -plaintext localhost:50051 list" in b)
-    example = next(b for b in blocks if "AdmissionService/SetPolicy" in b and "call()" not in b)
-    walkthrough = next(b for b in blocks if "call()" in b)
+    """The quickstart's grpcurl block, then the admission worked example and the
+    walkthrough of every service (docs/), as pasted."""
+    quickstart, example, walkthrough = (
+        QUICKSTART.text(),
+        ADMISSION_EXAMPLE.text(),
+        WALKTHROUGH.text(),
+    )
     return (
         f"{quickstart}\necho '=== admission example'\n{example}\n"
         f"echo '=== walkthrough'\n{walkthrough}"
@@ -86,10 +95,10 @@ async def test_readme_python_client_example_works(dsn: str) -> None:
         setup = Client(server.address)
         tenant = await make_tenant(setup, "readme")
         await setup.close()
-        blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-        example = next(b for b in blocks if "ClaimNextRequest" in b)
-        example = example.replace("localhost:50051", server.address).replace(
-            '"sbe_..."', repr(tenant.endpoint_token)
+        example = (
+            PYTHON_CLIENT.text()
+            .replace("localhost:50051", server.address)
+            .replace('"sbe_..."', repr(tenant.endpoint_token))
         )
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -103,3 +112,31 @@ async def test_readme_python_client_example_works(dsn: str) -> None:
         await server.stop()
     assert proc.returncode == 0, err.decode()
     assert out.decode().startswith("working on ") and "b'hello'" in out.decode()
+
+
+@pytest.mark.skipif(shutil.which("jq") is None, reason="the example uses jq")
+async def test_cli_example_works(tenant: Tenant, server: server_app.App) -> None:
+    script = CLI_EXAMPLE.text().replace("localhost:50051", server.address)
+    bin_dir = pathlib.Path(sys.executable).parent  # where `switchboard` is installed
+    with tempfile.TemporaryDirectory() as home:
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")},
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+            "XDG_CONFIG_HOME": home,  # never the user's own config file
+            "HUMAN": tenant.human_token,  # the quickstart's $HUMAN
+        }
+        proc = await asyncio.create_subprocess_exec(
+            "bash",
+            "-euo",
+            "pipefail",
+            "-c",
+            script,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, err.decode()
+    text = out.decode()
+    assert "sbe_" in text  # the vended credential's token, shown once
+    assert "America/Los_Angeles" in text  # the policy as set

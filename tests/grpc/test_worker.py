@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import pathlib
-import re
 import signal
 import sys
 import time
@@ -29,9 +27,8 @@ from switchboard_server.db import Database
 from tests.support.admission import ingest, set_policy, window
 from tests.support.client import Client, Tenant
 from tests.support.databases import db_now, move_clock, set_clock
+from tests.support.doc_blocks import WORKER
 from tests.support.protos import at
-
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 
 
 @pytest.fixture
@@ -884,8 +881,7 @@ async def test_batch_options_are_checked(client: Client) -> None:
 async def test_readme_worker_example_works(
     client: Client, tenant: Tenant, server: server_app.App
 ) -> None:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-    example = next(b for b in blocks if "from switchboard.worker import" in b)
+    example = WORKER.text()
     assert 15 <= len(example.strip().splitlines()) <= 25
     example = example.replace("localhost:50051", server.address).replace(
         '"sbe_..."', repr(tenant.endpoint_token)

@@ -1,0 +1,90 @@
+"""The command blocks of the README and ``docs/`` pages, and what runs each.
+
+The rule: every command block a user would paste is executed by a test. A
+block is named here once; the test that runs it reads it through its name
+(``QUICKSTART.text()``), so a block that moves only moves here.
+``tests/unit/test_docs.py`` checks that every ```sh block of the README and
+``docs/*.md`` is one of ``EXECUTED`` (and that the test named reads it) or
+of ``NOT_RUN``, with the reason.
+"""
+
+from __future__ import annotations
+
+from tests.support.markdown import Block
+
+#: The quickstart's grpcurl steps.
+QUICKSTART = Block("README.md", "sh", "grpcurl -plaintext localhost:50051 list")
+#: The quickstart's Python client example.
+PYTHON_CLIENT = Block("README.md", "python", "ClaimNextRequest")
+#: The worker helper example.
+WORKER = Block("README.md", "python", "from switchboard.worker import")
+#: Admission control's worked example (a SetPolicy).
+ADMISSION_EXAMPLE = Block("docs/admission.md", "sh", "AdmissionService/SetPolicy")
+#: One call of every RPC.
+WALKTHROUGH = Block("docs/grpcurl.md", "sh", "call()")
+#: The command line's example session.
+CLI_EXAMPLE = Block("docs/cli.md", "sh", "switchboard policy set investigations")
+
+#: Each executed block, and the test file that runs it (it names the block).
+EXECUTED: dict[Block, str] = {
+    QUICKSTART: "tests/grpc/test_readme.py",
+    PYTHON_CLIENT: "tests/grpc/test_readme.py",
+    WORKER: "tests/grpc/test_worker.py",
+    ADMISSION_EXAMPLE: "tests/grpc/test_readme.py",
+    WALKTHROUGH: "tests/grpc/test_readme.py",
+    CLI_EXAMPLE: "tests/grpc/test_readme.py",
+}
+
+#: Command blocks no test runs as written, and why.
+NOT_RUN: dict[Block, str] = {
+    Block("README.md", "sh", "scripts/test      # run the whole test suite"): (
+        "scripts/test is the suite itself; scripts/serve runs until stopped, and "
+        "tests/grpc/test_embedded_serve.py runs the `switchboard serve` it execs, "
+        "on the embedded PostgreSQL"
+    ),
+    Block("README.md", "sh", "export SWITCHBOARD_OPERATOR_TOKEN=sbo_choose"): (
+        "the server runs until stopped; tests/grpc/test_readme.py starts the same "
+        "`switchboard serve` with an operator token before running the quickstart"
+    ),
+    Block("docs/performance.md", "sh", "scripts/bench --quick"): (
+        "a full run takes about 9 minutes and rewrites docs/performance.md; "
+        "tests/bench/test_quick.py runs `python -m bench --quick` (what scripts/bench execs)"
+    ),
+    Block("docs/performance.md", "sh", "scripts/bench --idle"): (
+        "a full idle run takes about 4 minutes; tests/bench/test_quick.py runs "
+        "`python -m bench --idle --quick`"
+    ),
+    Block("docs/deployment.md", "sh", "SWITCHBOARD_TLS_CERT=/etc/switchboard/server.crt"): (
+        "a production example (certificates under /etc, a non-loopback listener); "
+        "tests/grpc/test_tls.py starts `switchboard serve` with the same settings and "
+        "certificates it makes"
+    ),
+    Block("docs/deployment.md", "sh", "switchboard admin whoami --server sb.internal"): (
+        "names a remote host; tests/grpc/test_tls.py runs `switchboard admin whoami` "
+        "with --cacert, --cert and --key against a local TLS server"
+    ),
+    Block("docs/deployment.md", "sh", "grpcurl -cacert ca.pem"): (
+        "names a remote host; tests/grpc/test_tls.py runs grpcurl with -cacert, -cert "
+        "and -key against a local mutual-TLS server"
+    ),
+    Block("docs/deployment.md", "python", "from switchboard.connect import channel"): (
+        "a fragment (no token, no handler); tests/grpc/test_tls.py runs a worker over "
+        "switchboard.connect.channel with mutual TLS"
+    ),
+    Block("docs/deployment.md", "sh", "openssl req -x509"): (
+        "writes key files into the current directory; tests/support/certs.py makes the "
+        "same certificates with the cryptography package"
+    ),
+    Block("docs/deployment.md", "sh", "pip install '.[embedded]'"): (
+        "installs into the caller's environment; tests/deploy/test_container.py installs "
+        "the runtime wheels into a clean venv"
+    ),
+    Block("docs/deployment.md", "sh", "docker build -t switchboard ."): (
+        "no Docker engine runs where the tests run; tests/deploy/test_dockerfile.py and "
+        "test_container.py check the Dockerfile and replay its runtime stage"
+    ),
+    Block("docs/deployment.md", "sh", "# the client alone"): (
+        "installs into the caller's environment; tests/deploy/test_container.py installs "
+        "the client wheel alone into a clean venv and imports switchboard.worker"
+    ),
+}
