@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 import grpc
 import httpx
-from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from switchboard.v1 import (
@@ -54,7 +53,7 @@ from switchboard_server.servicers.dispatch import DispatchServicer
 from switchboard_server.servicers.interceptor import ServiceInterceptor
 from switchboard_server.servicers.validate import MAX_PAYLOAD_BYTES
 from switchboard_server.tenancy import Tenancy
-from switchboard_server.web.server import WebDeps, start_http
+from switchboard_server.web.server import HttpListener, WebDeps, start_http
 
 log = logging.getLogger(__name__)
 
@@ -154,15 +153,23 @@ class App:
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
     #: The notify-hook HTTP client, closed once the loops have stopped.
     http: httpx.AsyncClient | None = None
-    #: The HTTP listener (metrics, board) and its bound port.
-    web: web.AppRunner | None = None
+    #: The HTTP listeners (board, metrics) and the board's bound port.
+    web: HttpListener | None = None
     http_port: int = 0
 
     @property
     def http_address(self) -> str:
-        """``host:port`` of the HTTP listener (metrics, board)."""
+        """``host:port`` of the HTTP listener (board; metrics unless they have their own)."""
         host = self.settings.http_listen.rsplit(":", 1)[0]
         return f"{host}:{self.http_port}"
+
+    @property
+    def metrics_address(self) -> str:
+        """``host:port`` serving ``/metrics`` (``SWITCHBOARD_METRICS_LISTEN``, else the board's)."""
+        if self.settings.metrics_listen is None or self.web is None:
+            return self.http_address
+        host = self.settings.metrics_listen.rsplit(":", 1)[0]
+        return f"{host}:{self.web.metrics_port}"
 
     @property
     def address(self) -> str:
@@ -195,7 +202,7 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
     db, embedded = await open_database(settings)
     supervisor = Supervisor()
     http = open_client(settings)
-    runner: web.AppRunner | None = None
+    runner: HttpListener | None = None
     try:
         await run_migrations(db)
         hub = DoorbellHub(db, settings.doorbell_heartbeat)
@@ -254,7 +261,7 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
             settings.health_interval,
         )
         supervisor.run("health", db_health.run)
-        runner, http_port = await start_http(deps, settings.http_listen)
+        runner = await start_http(deps, settings)
         _start_loops(
             supervisor, settings, db, hub, signals or LoopSignals(), http, metrics, reopen_due
         )
@@ -279,9 +286,12 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
         readiness=readiness,
         http=http,
         web=runner,
-        http_port=http_port,
+        http_port=runner.port,
     )
-    log.info("serving", extra={"grpc": app.address, "http": app.http_address})
+    log.info(
+        "serving",
+        extra={"grpc": app.address, "http": app.http_address, "metrics": app.metrics_address},
+    )
     return app
 
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import pathlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+
+#: A CIDR block (a bare address is a block of one).
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> timedelta:
@@ -20,6 +24,23 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> timedelta:
     if value <= 0:
         raise ValueError(f"{name} must be positive, got {raw!r}")
     return timedelta(seconds=value)
+
+
+def _path(env: Mapping[str, str], name: str) -> pathlib.Path | None:
+    raw = env.get(name)
+    return pathlib.Path(raw) if raw else None
+
+
+def _networks(env: Mapping[str, str], name: str) -> tuple[Network, ...]:
+    """Comma-separated CIDR blocks or addresses (``10.0.0.0/8, ::1``)."""
+    blocks = []
+    for part in (env.get(name) or "").split(","):
+        if part.strip():
+            try:
+                blocks.append(ipaddress.ip_network(part.strip(), strict=False))
+            except ValueError as exc:
+                raise ValueError(f"{name}: {part.strip()!r} is not an address or CIDR") from exc
+    return tuple(blocks)
 
 
 @dataclass(frozen=True)
@@ -59,6 +80,13 @@ class Settings:
     health_interval: timedelta = timedelta(seconds=1)
     #: How long ``serve`` waits for the database at start before it gives up.
     start_timeout: timedelta = timedelta(seconds=60)
+    #: PEM certificate chain and private key: TLS on the listeners when both are set.
+    tls_cert: pathlib.Path | None = None
+    tls_key: pathlib.Path | None = None
+    #: Peers whose ``X-Forwarded-Proto`` and ``X-Forwarded-For`` the HTTP listener believes.
+    trusted_proxies: tuple[Network, ...] = ()
+    #: ``host:port`` serving ``/metrics`` alone; unset: ``/metrics`` is on ``http_listen``.
+    metrics_listen: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -103,4 +131,8 @@ class Settings:
             combine_max=int(combine),
             health_interval=_seconds(env, "SWITCHBOARD_HEALTH_INTERVAL", 1),
             start_timeout=_seconds(env, "SWITCHBOARD_START_TIMEOUT", 60),
+            tls_cert=_path(env, "SWITCHBOARD_TLS_CERT"),
+            tls_key=_path(env, "SWITCHBOARD_TLS_KEY"),
+            trusted_proxies=_networks(env, "SWITCHBOARD_TRUSTED_PROXIES"),
+            metrics_listen=env.get("SWITCHBOARD_METRICS_LISTEN") or None,
         )
