@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import ipaddress
+import logging
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -29,6 +31,8 @@ from switchboard_server.web import metrics_route
 from switchboard_server.web.board import add_board
 from switchboard_server.web.proxies import Proxies
 from switchboard_server.web.tls import ServerTLS, server_tls
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -116,9 +120,35 @@ def _port(runner: web.AppRunner) -> int:
     return int(runner.addresses[0][1])
 
 
+def is_loopback(listen: str) -> bool:
+    """Whether ``host:port`` listens on loopback only (an empty host is loopback here)."""
+    host = listen.rpartition(":")[0].strip("[]")
+    if host in ("", "localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _warn_if_plaintext(settings: Settings) -> None:
+    for name, listen in (
+        ("SWITCHBOARD_HTTP_LISTEN", settings.http_listen),
+        ("SWITCHBOARD_METRICS_LISTEN", settings.metrics_listen),
+    ):
+        if listen is not None and not is_loopback(listen):
+            log.warning(
+                "http listener is plain HTTP on a non-loopback address; set "
+                "SWITCHBOARD_TLS_CERT and SWITCHBOARD_TLS_KEY, or keep it behind a TLS proxy",
+                extra={"setting": name, "listen": listen},
+            )
+
+
 async def start_http(deps: WebDeps, settings: Settings) -> HttpListener:
     """Starts the HTTP listener(s) the settings ask for; returns once they accept."""
     tls = server_tls(settings.tls_cert, settings.tls_key)
+    if tls is None:
+        _warn_if_plaintext(settings)
     proxies = Proxies(settings.trusted_proxies)
     separate = settings.metrics_listen is not None
     board = await _serve(
