@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 
 import grpc
 import httpx
-from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from switchboard.v1 import (
@@ -54,7 +53,7 @@ from switchboard_server.servicers.dispatch import DispatchServicer
 from switchboard_server.servicers.interceptor import ServiceInterceptor
 from switchboard_server.servicers.validate import MAX_PAYLOAD_BYTES
 from switchboard_server.tenancy import Tenancy
-from switchboard_server.web.server import WebDeps, start_http
+from switchboard_server.web.server import HttpListener, WebDeps, start_http
 
 if TYPE_CHECKING:
     # Optional (the `embedded` extra): imported only when it is used.
@@ -171,17 +170,33 @@ class App:
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
     #: The notify-hook HTTP client, closed once the loops have stopped.
     http: httpx.AsyncClient | None = None
-    #: The HTTP listener (metrics, board) and its bound port.
-    web: web.AppRunner | None = None
+    #: The HTTP listeners (board, metrics) and the board's bound port.
+    web: HttpListener | None = None
     http_port: int = 0
     #: The gRPC listener's certificates (``None``: plaintext).
     certificates: tls.CertificateReloader | None = None
 
+    def reload_certificates(self) -> None:
+        """Loads the TLS certificates again (on SIGHUP): the gRPC listener's, and
+        the HTTP listeners' when their files changed."""
+        if self.certificates is not None:
+            self.certificates.reload()
+        if self.web is not None and self.web.tls is not None:
+            self.web.tls.reload()
+
     @property
     def http_address(self) -> str:
-        """``host:port`` of the HTTP listener (metrics, board)."""
+        """``host:port`` of the HTTP listener (board; metrics unless they have their own)."""
         host = self.settings.http_listen.rsplit(":", 1)[0]
         return f"{host}:{self.http_port}"
+
+    @property
+    def metrics_address(self) -> str:
+        """``host:port`` serving ``/metrics`` (``SWITCHBOARD_METRICS_LISTEN``, else the board's)."""
+        if self.settings.metrics_listen is None or self.web is None:
+            return self.http_address
+        host = self.settings.metrics_listen.rsplit(":", 1)[0]
+        return f"{host}:{self.web.metrics_port}"
 
     @property
     def address(self) -> str:
@@ -214,7 +229,7 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
     db, embedded = await open_database(settings)
     supervisor = Supervisor()
     http = open_client(settings)
-    runner: web.AppRunner | None = None
+    runner: HttpListener | None = None
     try:
         await run_migrations(db)
         hub = DoorbellHub(db, settings.doorbell_heartbeat)
@@ -273,7 +288,7 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
             settings.health_interval,
         )
         supervisor.run("health", db_health.run)
-        runner, http_port = await start_http(deps, settings.http_listen)
+        runner = await start_http(deps, settings)
         _start_loops(
             supervisor, settings, db, hub, signals or LoopSignals(), http, metrics, reopen_due
         )
@@ -298,11 +313,19 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
         readiness=readiness,
         http=http,
         web=runner,
-        http_port=http_port,
+        http_port=runner.port,
         certificates=reloader,
     )
     mode = "off" if reloader is None else "mutual" if reloader.mutual else "on"
-    log.info("serving", extra={"grpc": app.address, "http": app.http_address, "tls": mode})
+    log.info(
+        "serving",
+        extra={
+            "grpc": app.address,
+            "http": app.http_address,
+            "metrics": app.metrics_address,
+            "tls": mode,
+        },
+    )
     return app
 
 
@@ -375,7 +398,7 @@ async def serve(settings: Settings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     if app.certificates is not None:
-        loop.add_signal_handler(signal.SIGHUP, app.certificates.reload)
+        loop.add_signal_handler(signal.SIGHUP, app.reload_certificates)
     waiters = [
         asyncio.create_task(stop.wait(), name="switchboard.signal"),
         asyncio.create_task(app.supervisor.failed.wait(), name="switchboard.loop-failure"),

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import pathlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+
+#: A CIDR block (a bare address is a block of one).
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> timedelta:
@@ -34,6 +38,18 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
     if raw in ("1", "true", "yes", "on"):
         return True
     raise ValueError(f"{name} must be 1 or 0, got {env[name]!r}")
+
+
+def _networks(env: Mapping[str, str], name: str) -> tuple[Network, ...]:
+    """Comma-separated CIDR blocks or addresses (``10.0.0.0/8, ::1``)."""
+    blocks = []
+    for part in (env.get(name) or "").split(","):
+        if part.strip():
+            try:
+                blocks.append(ipaddress.ip_network(part.strip(), strict=False))
+            except ValueError as exc:
+                raise ValueError(f"{name}: {part.strip()!r} is not an address or CIDR") from exc
+    return tuple(blocks)
 
 
 @dataclass(frozen=True)
@@ -73,13 +89,18 @@ class Settings:
     health_interval: timedelta = timedelta(seconds=1)
     #: How long ``serve`` waits for the database at start before it gives up.
     start_timeout: timedelta = timedelta(seconds=60)
-    #: PEM certificate chain and private key of the gRPC listener; TLS when both are set.
+    #: PEM certificate chain and private key: TLS on the gRPC and HTTP listeners
+    #: when both are set.
     tls_cert: pathlib.Path | None = None
     tls_key: pathlib.Path | None = None
-    #: PEM CA bundle: clients must present a certificate it issued (mutual TLS).
+    #: PEM CA bundle: gRPC clients must present a certificate it issued (mutual TLS).
     tls_client_ca: pathlib.Path | None = None
     #: Plaintext gRPC on a non-loopback address is refused unless this is set.
     insecure: bool = False
+    #: Peers whose ``X-Forwarded-Proto`` and ``X-Forwarded-For`` the HTTP listener believes.
+    trusted_proxies: tuple[Network, ...] = ()
+    #: ``host:port`` serving ``/metrics`` alone; unset: ``/metrics`` is on ``http_listen``.
+    metrics_listen: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -128,4 +149,6 @@ class Settings:
             tls_key=_path(env, "SWITCHBOARD_TLS_KEY"),
             tls_client_ca=_path(env, "SWITCHBOARD_TLS_CLIENT_CA"),
             insecure=_flag(env, "SWITCHBOARD_INSECURE"),
+            trusted_proxies=_networks(env, "SWITCHBOARD_TRUSTED_PROXIES"),
+            metrics_listen=env.get("SWITCHBOARD_METRICS_LISTEN") or None,
         )

@@ -295,22 +295,31 @@ async def test_board_http_statuses_session_cookie_and_csrf(
     async with aiohttp.ClientSession(cookie_jar=jar) as http:
         async with http.get(f"{base}/board", allow_redirects=False) as resp:
             assert resp.status == 303 and resp.headers["Location"] == "/board/signin"
-        async with http.post(
-            f"{base}/board/signin", data={"token": tenant.endpoint_token}, allow_redirects=False
-        ) as resp:
-            assert resp.status == 403 and "Set-Cookie" not in resp.headers
+        async with http.get(f"{base}/board/signin") as resp:
+            match = re.search(r'name="csrf" value="([^"]+)"', await resp.text())
+            assert match
+            signin_csrf = match[1]
         async with http.post(
             f"{base}/board/signin",
-            data={"token": tenant.human_token},
+            data={"token": tenant.endpoint_token, "csrf": signin_csrf},
+            allow_redirects=False,
+        ) as resp:
+            assert resp.status == 403
+            assert not [c for c in resp.headers.getall("Set-Cookie", []) if "sb_board=" in c]
+        async with http.post(
+            f"{base}/board/signin",
+            data={"token": tenant.human_token, "csrf": signin_csrf},
             headers={"Origin": "http://evil.example"},
             allow_redirects=False,
         ) as resp:
             assert resp.status == 403 and "Set-Cookie" not in resp.headers
         async with http.post(
-            f"{base}/board/signin", data={"token": tenant.human_token}, allow_redirects=False
+            f"{base}/board/signin",
+            data={"token": tenant.human_token, "csrf": signin_csrf},
+            allow_redirects=False,
         ) as resp:
             assert resp.status == 303
-            cookie = resp.headers["Set-Cookie"]
+            (cookie,) = [c for c in resp.headers.getall("Set-Cookie") if "sb_board=" in c]
             assert cookie.startswith("sb_board=")
             assert tenant.human_token not in cookie
             flags = {part.strip().lower() for part in cookie.split(";")[1:]}

@@ -11,11 +11,15 @@ servicers (``Dispatcher``, ``AdmissionControl``) and ``Overview``.
 
 Only human tokens sign in. Sessions and CSRF are described in
 ``web.sessions``; every POST must also come from the board's own origin.
-Another owner's queue or todo is 404, exactly like an absent one.
+Failed sign-ins are throttled per client address (``web.throttle``); the
+address and the scheme come from a trusted proxy's headers only
+(``web.proxies``). Another owner's queue or todo is 404, exactly like an
+absent one.
 """
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
@@ -29,7 +33,16 @@ from switchboard_server import errors
 from switchboard_server.admission import AuditEntry, DeferralReason, Limits, Policy
 from switchboard_server.model import Principal, PrincipalKind, TodoState
 from switchboard_server.overview import Names, Overview, QueueSummary
-from switchboard_server.web.sessions import COOKIE, COOKIE_PATH, Session, Sessions
+from switchboard_server.web.proxies import Proxies
+from switchboard_server.web.sessions import (
+    COOKIE,
+    COOKIE_PATH,
+    SIGNIN_COOKIE,
+    SIGNIN_COOKIE_PATH,
+    Session,
+    Sessions,
+    SigninTokens,
+)
 from switchboard_server.web.templating import (
     WEEKDAYS,
     Renderer,
@@ -37,6 +50,7 @@ from switchboard_server.web.templating import (
     queue_url,
     zone_names,
 )
+from switchboard_server.web.throttle import SigninThrottle
 from switchboard_server.windows import WindowSpec, WindowSpecError
 
 if TYPE_CHECKING:
@@ -216,15 +230,6 @@ def _text(form: MultiDictProxy[Any], key: str) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _same_origin(request: web.Request) -> bool:
-    """Whether a POST comes from the board's own pages (a CSRF defence beside the token)."""
-    site = request.headers.get("Sec-Fetch-Site")
-    if site is not None and site not in ("same-origin", "none"):
-        return False
-    origin = request.headers.get("Origin")
-    return origin is None or origin == f"{request.scheme}://{request.host}"
-
-
 def _queue_params(request: web.Request) -> tuple[uuid.UUID, str]:
     try:
         endpoint_id = uuid.UUID(request.match_info["endpoint_id"])
@@ -250,9 +255,12 @@ async def _security_headers(request: web.Request, response: web.StreamResponse) 
 class Board:
     """The board's handlers over the listener's domain objects."""
 
-    def __init__(self, deps: WebDeps) -> None:
+    def __init__(self, deps: WebDeps, proxies: Proxies | None = None) -> None:
         self._deps = deps
+        self._proxies = proxies or Proxies()
         self._sessions = Sessions()
+        self._signin_tokens = SigninTokens()
+        self._throttle = SigninThrottle()
         self._static = load_static()
         self._renderer = Renderer(self._static)
         self._overview = Overview(deps.db, deps.dispatcher.settings.reaper_interval)
@@ -314,12 +322,29 @@ class Board:
             raise _Redirect("/board/signin", clear_cookie=True)
         return session, principal
 
+    def _same_origin(self, request: web.Request) -> bool:
+        """Whether a POST comes from the board's own pages (a CSRF defence beside the token)."""
+        site = request.headers.get("Sec-Fetch-Site")
+        if site is not None and site not in ("same-origin", "none"):
+            return False
+        origin = request.headers.get("Origin")
+        return origin is None or origin == f"{self._proxies.scheme(request)}://{request.host}"
+
     async def _form(self, request: web.Request, session: Session | None) -> MultiDictProxy[Any]:
-        """A POSTed form from the board's own origin carrying the session's CSRF token."""
-        if not _same_origin(request):
+        """A POSTed form from the board's own origin carrying its CSRF token.
+
+        The session's token, or without a session (signing in) the sign-in
+        page's pre-session token; a missing token is refused like a wrong one.
+        """
+        if not self._same_origin(request):
             raise _Refused(403, "Refused", "Forms posted from another site are refused.")
         form = await request.post()
-        if session is not None and not session.csrf_ok(_text(form, "csrf")):
+        presented = _text(form, "csrf")
+        if session is not None:
+            valid = session.csrf_ok(presented)
+        else:
+            valid = self._signin_tokens.check(request.cookies.get(SIGNIN_COOKIE), presented)
+        if not valid:
             raise _Refused(
                 403,
                 "Form expired",
@@ -328,6 +353,33 @@ class Board:
             )
         return form
 
+    def _signin_page(
+        self,
+        request: web.Request,
+        status: int = 200,
+        *,
+        message: str | None = None,
+        error: bool = False,
+    ) -> web.Response:
+        """The sign-in form with its pre-session CSRF token (and the nonce's cookie)."""
+        nonce = self._signin_tokens.nonce(request.cookies.get(SIGNIN_COOKIE))
+        response = self._html(
+            "signin.html",
+            status,
+            message=message,
+            error=error,
+            csrf=self._signin_tokens.token(nonce),
+        )
+        response.set_cookie(
+            SIGNIN_COOKIE,
+            nonce,
+            path=SIGNIN_COOKIE_PATH,
+            httponly=True,
+            samesite="Strict",
+            secure=self._proxies.secure(request),
+        )
+        return response
+
     # ------------------------------------------------------------------ sign in and out
 
     async def signin_form(self, request: web.Request) -> web.StreamResponse:
@@ -335,21 +387,36 @@ class Board:
         if self._sessions.get(request.cookies.get(COOKIE)) is not None:
             raise _Redirect("/board")
         notice = _SIGNIN_NOTICES.get(request.query.get("notice", ""))
-        return self._html("signin.html", message=notice, error=False)
+        return self._signin_page(request, message=notice)
 
     async def signin(self, request: web.Request) -> web.StreamResponse:
-        """Signs a human in with a token; refuses agent and operator tokens."""
+        """Signs a human in with a token; refuses agent and operator tokens.
+
+        A client address with too many recent failures is refused (429)
+        before its token is looked at.
+        """
         form = await self._form(request, None)
         token = _text(form, "token").strip()
+        client = self._proxies.client(request)
 
         def refuse(status: int, message: str) -> web.Response:
-            return self._html("signin.html", status, message=message, error=True)
+            return self._signin_page(request, status, message=message, error=True)
 
+        wait = self._throttle.retry_after(client)
+        if wait is not None:
+            response = refuse(
+                429,
+                "Too many failed sign-ins from your address. Try again in "
+                f"{math.ceil(wait / 60)} minute(s).",
+            )
+            response.headers["Retry-After"] = str(wait)
+            return response
         if not token:
             return refuse(400, "Enter a human token.")
         try:
             principal = await self._deps.authenticator.authenticate(f"Bearer {token}")
         except errors.Unauthenticated:
+            self._throttle.failed(client)
             return refuse(401, "That token is unknown or revoked.")
         if principal.kind is PrincipalKind.ENDPOINT:
             return refuse(
@@ -360,6 +427,7 @@ class Board:
             return refuse(
                 403, "That is the operator token. Only a human token can sign in to the board."
             )
+        self._throttle.succeeded(client)  # a human's token: agent tokens reset nothing
         names = await self._overview.names(principal)
         self._sessions.drop(request.cookies.get(COOKIE))  # a fresh id at every sign-in
         session_id, _session = self._sessions.create(
@@ -372,8 +440,9 @@ class Board:
             path=COOKIE_PATH,
             httponly=True,
             samesite="Strict",
-            secure=request.secure,
+            secure=self._proxies.secure(request),
         )
+        response.del_cookie(SIGNIN_COOKIE, path=SIGNIN_COOKIE_PATH)
         return response
 
     async def signout(self, request: web.Request) -> web.StreamResponse:
@@ -533,9 +602,9 @@ async def _to_board(_request: web.Request) -> web.StreamResponse:
     return web.Response(status=308, headers={"Location": "/board"})
 
 
-def add_board(app: web.Application, deps: WebDeps) -> None:
+def add_board(app: web.Application, deps: WebDeps, proxies: Proxies | None = None) -> None:
     """Adds the board's routes (all under ``/board``) to the HTTP listener."""
-    board = Board(deps)
+    board = Board(deps, proxies)
     guard = board.guard
     app.router.add_get("/board", guard(board.index))
     app.router.add_get("/board/", _to_board)

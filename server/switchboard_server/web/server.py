@@ -1,26 +1,38 @@
 """The HTTP listener: an aiohttp application on the server's event loop.
 
 Routes are added by the modules that own them (``metrics``, ``board``); this
-module only assembles and runs the application. The listener is loopback by
+module only assembles and runs the applications. The listener is loopback by
 default: the board signs people in with a human token, and /metrics is the
-operator's.
+operator's. With ``SWITCHBOARD_METRICS_LISTEN``, ``/metrics`` moves to a
+listener of its own (so it can be exposed without the board); ``/healthz``
+answers on both. With ``SWITCHBOARD_TLS_CERT`` and ``SWITCHBOARD_TLS_KEY``,
+every HTTP listener speaks HTTPS only (``web.tls``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
+import ipaddress
+import logging
 from dataclasses import dataclass, field
 
 from aiohttp import web
 
 from switchboard_server.admission import AdmissionControl
 from switchboard_server.auth import Authenticator
+from switchboard_server.config import Settings
 from switchboard_server.db import Database
 from switchboard_server.dispatch import Dispatcher
 from switchboard_server.health import Readiness
 from switchboard_server.metrics import Metrics
 from switchboard_server.web import metrics_route
 from switchboard_server.web.board import add_board
+from switchboard_server.web.proxies import Proxies
+from switchboard_server.web.tls import ServerTLS, server_tls
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -37,11 +49,22 @@ class WebDeps:
     readiness: Readiness = field(default_factory=Readiness)
 
 
-def build_app(deps: WebDeps) -> web.Application:
-    """The aiohttp application with every route."""
+def build_app(
+    deps: WebDeps, proxies: Proxies | None = None, *, with_metrics: bool = True
+) -> web.Application:
+    """The board's application: ``/healthz``, the board and (unless moved) ``/metrics``."""
     app = web.Application()
     app.router.add_get("/healthz", functools.partial(_healthz, deps.readiness))
-    add_board(app, deps)
+    add_board(app, deps, proxies)
+    if with_metrics:
+        metrics_route.add_routes(app, deps)
+    return app
+
+
+def build_metrics_app(deps: WebDeps) -> web.Application:
+    """The metrics listener's application: ``/metrics`` and ``/healthz``, nothing else."""
+    app = web.Application()
+    app.router.add_get("/healthz", functools.partial(_healthz, deps.readiness))
     metrics_route.add_routes(app, deps)
     return app
 
@@ -53,11 +76,93 @@ async def _healthz(readiness: Readiness, _request: web.Request) -> web.Response:
     return web.Response(status=503, text=f"unavailable: {readiness.reason}\n")
 
 
-async def start_http(deps: WebDeps, listen: str) -> tuple[web.AppRunner, int]:
-    """Starts serving ``build_app(deps)`` on ``host:port``; returns the runner and bound port."""
+@dataclass
+class HttpListener:
+    """The running HTTP listeners: the board's, and the metrics' own when it has one."""
+
+    runners: list[web.AppRunner]
+    #: Bound port of the board's listener.
+    port: int
+    #: Bound port serving ``/metrics``: ``port`` unless it has a listener of its own.
+    metrics_port: int
+    tls: ServerTLS | None = None
+    _watch: asyncio.Task[None] | None = None
+
+    async def cleanup(self) -> None:
+        """Stops the certificate watch and every listener."""
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+        for runner in reversed(self.runners):
+            await runner.cleanup()
+
+
+async def _serve(app: web.Application, listen: str, tls: ServerTLS | None) -> web.AppRunner:
     host, _, port = listen.rpartition(":")
-    runner = web.AppRunner(build_app(deps), access_log=None)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host.strip("[]") or "127.0.0.1", int(port))
-    await site.start()
-    return runner, int(runner.addresses[0][1])
+    try:
+        site = web.TCPSite(
+            runner,
+            host.strip("[]") or "127.0.0.1",
+            int(port),
+            ssl_context=tls.context if tls is not None else None,
+        )
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner
+
+
+def _port(runner: web.AppRunner) -> int:
+    return int(runner.addresses[0][1])
+
+
+def is_loopback(listen: str) -> bool:
+    """Whether ``host:port`` listens on loopback only (an empty host is loopback here)."""
+    host = listen.rpartition(":")[0].strip("[]")
+    if host in ("", "localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _warn_if_plaintext(settings: Settings) -> None:
+    for name, listen in (
+        ("SWITCHBOARD_HTTP_LISTEN", settings.http_listen),
+        ("SWITCHBOARD_METRICS_LISTEN", settings.metrics_listen),
+    ):
+        if listen is not None and not is_loopback(listen):
+            log.warning(
+                "http listener is plain HTTP on a non-loopback address; set "
+                "SWITCHBOARD_TLS_CERT and SWITCHBOARD_TLS_KEY, or keep it behind a TLS proxy",
+                extra={"setting": name, "listen": listen},
+            )
+
+
+async def start_http(deps: WebDeps, settings: Settings) -> HttpListener:
+    """Starts the HTTP listener(s) the settings ask for; returns once they accept."""
+    tls = server_tls(settings.tls_cert, settings.tls_key)
+    if tls is None:
+        _warn_if_plaintext(settings)
+    proxies = Proxies(settings.trusted_proxies)
+    separate = settings.metrics_listen is not None
+    board = await _serve(
+        build_app(deps, proxies, with_metrics=not separate), settings.http_listen, tls
+    )
+    listener = HttpListener([board], _port(board), _port(board), tls)
+    try:
+        if settings.metrics_listen is not None:
+            metrics = await _serve(build_metrics_app(deps), settings.metrics_listen, tls)
+            listener.runners.append(metrics)
+            listener.metrics_port = _port(metrics)
+    except BaseException:
+        await listener.cleanup()
+        raise
+    if tls is not None:
+        listener._watch = asyncio.create_task(tls.watch(), name="http-tls-watch")
+    return listener

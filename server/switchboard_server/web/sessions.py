@@ -1,19 +1,29 @@
 """Board sessions: a random id in a cookie, the token it stands for in memory.
 
 The browser holds only a 256-bit random session id, in an ``HttpOnly``,
-``SameSite=Strict`` cookie scoped to ``/board`` (``Secure`` when served over
-HTTPS). The human token it signed in with stays in this process's memory and
+``SameSite=Strict`` cookie scoped to ``/board`` (``Secure`` when the browser
+reached the board over HTTPS: the listener's own TLS, or a trusted proxy's).
+The human token it signed in with stays in this process's memory and
 is authenticated again on every request, so revoking the token ends the
 session at once. Each session has its own random CSRF token, which every
 form that changes something carries and every POST must echo. Sessions end
 on sign-out, after ``ttl``, or when the process stops (signing in again is
 the remedy; a replica behind a load balancer would need sticky routing).
+
+Signing in has no session yet, so its form carries a pre-session token
+(``SigninTokens``): the sign-in page sets a random nonce in its own cookie
+and puts this process's HMAC of it in the form; the POST must bring both.
+Another site can neither read the form nor compute the HMAC, so a forged
+sign-in (into the attacker's account) fails even from a browser that sends
+no ``Origin`` header.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
+import re
 import secrets
 import time
 from collections import OrderedDict
@@ -22,6 +32,34 @@ from datetime import timedelta
 
 COOKIE = "sb_board"
 COOKIE_PATH = "/board"
+SIGNIN_COOKIE = "sb_signin"
+SIGNIN_COOKIE_PATH = "/board/signin"
+
+_NONCE = re.compile(r"[A-Za-z0-9_-]{43}")
+
+
+class SigninTokens:
+    """Pre-session CSRF tokens: this process's HMAC of a nonce held in a cookie."""
+
+    def __init__(self) -> None:
+        self._key = secrets.token_bytes(32)
+
+    def nonce(self, current: str | None) -> str:
+        """The browser's nonce when it has a well-formed one (other tabs stay valid), else new."""
+        if current is not None and _NONCE.fullmatch(current):
+            return current
+        return secrets.token_urlsafe(32)
+
+    def token(self, nonce: str) -> str:
+        """The form field that goes with ``nonce``."""
+        digest = hmac.new(self._key, b"board-signin:" + nonce.encode(), hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+    def check(self, nonce: str | None, presented: str) -> bool:
+        """Whether a sign-in form's token belongs to the cookie's nonce (constant time)."""
+        if nonce is None or not _NONCE.fullmatch(nonce) or not presented:
+            return False
+        return hmac.compare_digest(self.token(nonce).encode(), presented.encode())
 
 
 @dataclass(frozen=True)
