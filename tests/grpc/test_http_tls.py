@@ -21,6 +21,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
+import grpc
 import pytest
 from switchboard_server import app as server_app
 from switchboard_server.config import Settings
@@ -42,10 +43,18 @@ class Running:
 
 
 @asynccontextmanager
-async def serving(settings: Settings, **changes: Any) -> AsyncIterator[Running]:
-    """Starts a server with ``changes`` applied to the test's settings."""
+async def serving(
+    settings: Settings, ca: TestCA | None = None, **changes: Any
+) -> AsyncIterator[Running]:
+    """Starts a server with ``changes`` applied to the test's settings; with a
+    certificate, its gRPC listener is TLS too, and the client trusts ``ca``."""
     app = await server_app.start(dataclasses.replace(settings, **changes))
-    client = Client(app.address)
+    channel = None
+    if ca is not None:
+        channel = grpc.aio.secure_channel(
+            app.address, grpc.ssl_channel_credentials(ca.cert.read_bytes())
+        )
+    client = Client(app.address, channel)
     try:
         yield Running(app, client, await make_tenant(client, "acme"))
     finally:
@@ -127,7 +136,7 @@ async def test_board_and_metrics_over_tls_with_a_secure_cookie_and_rotation(
     ca = TestCA.create(tmp_path)
     cert, key = tmp_path / "server.pem", tmp_path / "server.key"
     ca.issue_server(cert, key, "first")
-    async with serving(settings, tls_cert=cert, tls_key=key) as run:
+    async with serving(settings, ca, tls_cert=cert, tls_key=key) as run:
         base = f"https://{run.app.http_address}"
         async with https_session(ca) as http:
             async with http.get(f"{base}/healthz") as resp:
@@ -170,7 +179,7 @@ async def test_metrics_on_their_own_listener_and_not_on_the_boards(
     cert, key = tmp_path / "server.pem", tmp_path / "server.key"
     ca.issue_server(cert, key)
     async with (
-        serving(settings, tls_cert=cert, tls_key=key, metrics_listen="127.0.0.1:0") as run,
+        serving(settings, ca, tls_cert=cert, tls_key=key, metrics_listen="127.0.0.1:0") as run,
         https_session(ca) as http,
     ):
         assert run.app.metrics_address != run.app.http_address

@@ -87,4 +87,8 @@ NOT_RUN: dict[Block, str] = {
         "installs into the caller's environment; tests/deploy/test_container.py installs "
         "the client wheel alone into a clean venv and imports switchboard.worker"
     ),
+    Block("docs/deployment.md", "sh", "SWITCHBOARD_HTTP_LISTEN=127.0.0.1:8050"): (
+        "a production example (certificates under /etc); tests/grpc/test_http_tls.py "
+        "starts the server with the same settings and certificates it makes"
+    ),
 }
