@@ -32,9 +32,19 @@ def quickstart_script() -> str:
     )
 
 
+def serve_env() -> dict[str, str]:
+    """The variables the README's ``scripts/serve`` block exports (the operator token aside)."""
+    blocks = re.findall(r"```sh\n(.*?)```", README.read_text(), flags=re.S)
+    serve = next(b for b in blocks if "scripts/serve" in b and "export " in b)
+    exports = re.findall(r"^export (\w+)=(\S+)", serve, flags=re.M)
+    return {k: v for k, v in exports if k != "SWITCHBOARD_OPERATOR_TOKEN"}
+
+
 @pytest.mark.skipif(shutil.which("jq") is None, reason="the README's steps use jq")
 async def test_readme_grpcurl_quickstart_works(dsn: str) -> None:
-    server = await ServerProcess.start(dsn)
+    # Served as the README starts it: the walkthrough's hook names 127.0.0.1.
+    assert serve_env() == {"SWITCHBOARD_HOOKS_ALLOW_PRIVATE": "1"}
+    server = await ServerProcess.start(dsn, env=serve_env())
     try:
         script = quickstart_script().replace("localhost:50051", server.address)
         # The README activates the venv; here the running interpreter's is the one.
