@@ -341,9 +341,15 @@ async def _post(client: httpx.AsyncClient, limit: timedelta, delivery: Delivery)
     except httpx.ConnectError as exc:
         if isinstance(exc.__cause__, PolicyRefused) or str(exc).startswith("refused by"):
             return str(exc)
-        return f"ConnectError: {exc}"
+        return f"ConnectError: {_describe(exc)}"
     except Exception as exc:  # any failure to deliver is retried, never fatal to the pass
-        return f"{type(exc).__name__}: {exc}"
+        return f"{type(exc).__name__}: {_describe(exc)}"
     if 200 <= status < 300:
         return None
     return f"HTTP {status}"
+
+
+def _describe(exc: BaseException) -> str:
+    """The exception's message, else its cause's (a TLS failure often has none of its own)."""
+    inner = exc.__cause__ or exc.__context__
+    return str(exc) or (repr(inner) if inner is not None else type(exc).__name__)

@@ -14,19 +14,26 @@ returned while a hook is set, never while something is being delivered.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import ipaddress
+import pathlib
 import re
+import shutil
+import ssl
+import subprocess
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import aiohttp
 import grpc
+import httpx
 import pytest
 from switchboard.v1 import admin_pb2
 from switchboard_server import app as server_app
 from switchboard_server.config import Settings
 from switchboard_server.hook_policy import HookPolicy, Refused, address_class
+from switchboard_server.hooks import GuardedTransport
 
 from tests.support.admission import ingest
 from tests.support.client import Client, Tenant, make_tenant
@@ -306,3 +313,73 @@ def test_address_classes() -> None:
     }
     for address, kind in classes.items():
         assert address_class(ipaddress.ip_address(address)) == kind, address
+
+
+@pytest.fixture
+def certificate(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+    """A self-signed certificate for ``hooks.example.test`` and its key (made with openssl)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("makes its certificate with openssl")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    made = subprocess.run(
+        [
+            *(
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+            ),
+            *("-nodes", "-days", "1", "-keyout", str(key), "-out", str(cert)),
+            *("-subj", "/CN=hooks.example.test"),
+            *("-addext", "subjectAltName=DNS:hooks.example.test"),
+        ],
+        capture_output=True,
+        check=False,
+    )
+    assert made.returncode == 0, made.stderr
+    return cert, key
+
+
+async def test_tls_goes_to_the_checked_address_but_verifies_the_url_host(
+    certificate: tuple[pathlib.Path, pathlib.Path],
+) -> None:
+    """Connecting to the resolved address keeps SNI and certificate checks on the name."""
+    cert, key = certificate
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert, key)
+    names: list[str | None] = []
+
+    def sni(_sock: ssl.SSLObject, name: str | None, _ctx: ssl.SSLContext) -> None:
+        names.append(name)
+
+    server_tls.sni_callback = sni
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n")
+            await writer.drain()
+        writer.close()
+
+    listener = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=server_tls)
+    port = listener.sockets[0].getsockname()[1]
+    resolver = StaticResolver(
+        {"hooks.example.test": ["127.0.0.1"], "other.example.test": ["127.0.0.1"]}
+    )
+    policy = HookPolicy(allow=(ipaddress.ip_network("127.0.0.1/32"),), resolver=resolver)
+    trust = ssl.create_default_context(cafile=str(cert))
+    try:
+        async with httpx.AsyncClient(transport=GuardedTransport(policy, trust)) as http:
+            ok = await http.post(f"https://hooks.example.test:{port}/hook", content=b"{}")
+            assert ok.status_code == 204
+            assert names == ["hooks.example.test"]
+            # Same address, another name: the certificate does not match it.
+            with pytest.raises(httpx.ConnectError, match=r"CERTIFICATE_VERIFY_FAILED|match"):
+                await http.post(f"https://other.example.test:{port}/hook", content=b"{}")
+        assert [host for host, _ in resolver.asked] == ["hooks.example.test", "other.example.test"]
+    finally:
+        listener.close()
+        await listener.wait_closed()
