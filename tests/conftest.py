@@ -19,6 +19,7 @@ from switchboard_server.loops import LoopSignals
 
 from tests.support.client import OPERATOR_TOKEN, Client, Tenant, make_tenant
 from tests.support.databases import DatabaseFactory
+from tests.support.resolver import StaticResolver
 
 
 @pytest.fixture(scope="session")
@@ -66,7 +67,12 @@ async def db(dsn: str) -> AsyncIterator[Database]:
 
 @pytest.fixture
 def settings(dsn: str, tmp_path: pathlib.Path) -> Settings:
-    """Server settings for this test's database; loops effectively off unless a test asks."""
+    """Server settings for this test's database; loops effectively off unless a test asks.
+
+    Notify hooks may reach loopback receivers over plain http (the test
+    receivers), and hook host names resolve only from a table, never through
+    real DNS (tests/grpc/test_hook_policy.py checks the default policy).
+    """
     return Settings(
         database_url=dsn,
         data_dir=tmp_path,
@@ -75,6 +81,8 @@ def settings(dsn: str, tmp_path: pathlib.Path) -> Settings:
         operator_token=OPERATOR_TOKEN,
         reaper_interval=timedelta(hours=1),
         retention_interval=timedelta(hours=1),
+        hooks_allow_private=True,
+        hook_resolver=StaticResolver(),
     )
 
 

@@ -43,6 +43,7 @@ from switchboard_server.db.migrate import migrate
 from switchboard_server.dispatch import Dispatcher, DispatchSettings
 from switchboard_server.doorbells import DoorbellHub, reopen_once
 from switchboard_server.health import DatabaseHealth, Readiness, grpc_publisher
+from switchboard_server.hook_policy import HookPolicy
 from switchboard_server.hooks import deliver_once, open_client
 from switchboard_server.loops import LoopSignals, Supervisor, reap_once, retain_once
 from switchboard_server.metrics import Metrics
@@ -274,7 +275,13 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
             metrics=metrics,
             readiness=readiness,
         )
-        server, health_servicer = _grpc_server(deps, hub)
+        tenancy = Tenancy(
+            db,
+            on_revoked=authenticator.forget,
+            hook_policy=HookPolicy.from_settings(settings),
+            secret_grace=settings.hook_secret_grace,
+        )
+        server, health_servicer = _grpc_server(deps, hub, tenancy)
         port, reloader = tls.add_port(server, settings)
         if port == 0:
             raise OSError(f"cannot listen on {settings.listen}")
@@ -329,7 +336,9 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
     return app
 
 
-def _grpc_server(deps: WebDeps, hub: DoorbellHub) -> tuple[grpc.aio.Server, HealthServicer]:
+def _grpc_server(
+    deps: WebDeps, hub: DoorbellHub, tenancy: Tenancy
+) -> tuple[grpc.aio.Server, HealthServicer]:
     server = grpc.aio.server(
         interceptors=[ServiceInterceptor(deps.authenticator, deps.metrics)],
         options=[
@@ -343,9 +352,7 @@ def _grpc_server(deps: WebDeps, hub: DoorbellHub) -> tuple[grpc.aio.Server, Heal
     admission_pb2_grpc.add_AdmissionServiceServicer_to_server(
         AdmissionServicer(deps.admission), server
     )
-    admin_pb2_grpc.add_AdminServiceServicer_to_server(
-        AdminServicer(Tenancy(deps.db, on_revoked=deps.authenticator.forget)), server
-    )
+    admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(tenancy), server)
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

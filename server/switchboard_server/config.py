@@ -9,8 +9,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from switchboard_server.hook_policy import IPNetwork, Resolver, parse_allowlist
+
 #: A CIDR block (a bare address is a block of one).
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+Network = IPNetwork
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> timedelta:
@@ -80,6 +82,14 @@ class Settings:
     hook_retry_cap: timedelta = timedelta(minutes=5)
     #: Undelivered notify-hook rows kept per endpoint; the oldest beyond it are dropped.
     hook_outbox_cap: int = 10_000
+    #: Development: hooks may reach loopback and private addresses (plain http to loopback).
+    hooks_allow_private: bool = False
+    #: Networks hooks may reach whatever they are (http or https).
+    hooks_allow: tuple[IPNetwork, ...] = ()
+    #: How long the previous hook secret still signs deliveries after a rotation.
+    hook_secret_grace: timedelta = timedelta(hours=24)
+    #: Resolves hook hosts (tests inject one); ``None``: the system's resolver.
+    hook_resolver: Resolver | None = None
     log_level: str = "INFO"
     #: Distinct queue names a metric's ``queue`` label takes; the rest are ``__other__``.
     metrics_queue_labels: int = 50
@@ -140,6 +150,9 @@ class Settings:
             hook_interval=_seconds(env, "SWITCHBOARD_HOOK_INTERVAL", 0.5),
             hook_timeout=_seconds(env, "SWITCHBOARD_HOOK_TIMEOUT", 5),
             hook_retry_cap=_seconds(env, "SWITCHBOARD_HOOK_RETRY_CAP", 300),
+            hooks_allow_private=_flag(env, "SWITCHBOARD_HOOKS_ALLOW_PRIVATE"),
+            hooks_allow=parse_allowlist(env.get("SWITCHBOARD_HOOKS_ALLOW") or ""),
+            hook_secret_grace=_seconds(env, "SWITCHBOARD_HOOK_SECRET_GRACE", 86400),
             log_level=(env.get("SWITCHBOARD_LOG_LEVEL") or "INFO").upper(),
             metrics_queue_labels=int(queue_labels),
             combine_max=int(combine),

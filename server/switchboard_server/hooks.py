@@ -5,28 +5,48 @@ doorbell) when the endpoint has a hook. A supervised loop on every replica
 leases due rows (only the oldest of each queue, so a queue's notifications
 arrive in order), POSTs them concurrently across queues, deletes those the
 receiver acknowledged with a 2xx and backs the rest off exponentially.
-Delivery is at least once: a receiver dedupes on ``X-Switchboard-Delivery``.
+Delivery is at least once: a receiver dedupes on ``webhook-id``.
 
-Each request carries ``X-Switchboard-Signature: sha256=<hex>``, the
-HMAC-SHA256 of the raw body under the endpoint's hook secret;
-``switchboard.hooks`` in the client package computes and checks it.
+Each request is signed in the Standard Webhooks format (``webhook-id``,
+``webhook-timestamp``, ``webhook-signature: v1,<base64>`` per active secret)
+and, deprecated, with ``X-Switchboard-Signature: sha256=<hex>`` over the body
+alone; ``switchboard.hooks`` in the client package computes and checks both.
+
+Every connection goes through the egress policy (``hook_policy``): the host
+is resolved once per new connection, every address is checked, and the
+connection is made to a checked address, while TLS (SNI and certificate
+verification) still names the URL's host. Redirects are not followed and no
+proxy from the environment is used.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
+import time
+import typing
 from datetime import timedelta
 
+import httpcore
 import httpx
-from switchboard.hooks import DELIVERY_HEADER, SIGNATURE_HEADER, signature
+from switchboard.hooks import (
+    DELIVERY_HEADER,
+    ID_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    WEBHOOK_SIGNATURE_HEADER,
+    sign,
+    signature,
+)
 
 from switchboard_server.backoff import retry_delay
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
 from switchboard_server.db import hooks as hook_queries
 from switchboard_server.db.hooks import Delivery
+from switchboard_server.hook_policy import HookPolicy, IPAddress
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +76,154 @@ def body_of(delivery: Delivery) -> bytes:
     ).encode("utf-8")
 
 
+class PolicyRefused(httpcore.ConnectError):
+    """A connection the hook egress policy refused (nothing was sent)."""
+
+
+class _GuardedStream(httpcore.AsyncNetworkStream):
+    """A connection to a checked address; plain http only where the policy allows it."""
+
+    def __init__(self, inner: httpcore.AsyncNetworkStream, plaintext_refusal: str | None) -> None:
+        self._inner = inner
+        self._plaintext_refusal = plaintext_refusal
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
+        return await self._inner.read(max_bytes, timeout)
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        # Reached only when no TLS was started on the connection: plain http.
+        if self._plaintext_refusal is not None:
+            raise PolicyRefused(f"refused by the hook policy: {self._plaintext_refusal}")
+        await self._inner.write(buffer, timeout)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def start_tls(
+        self,
+        ssl_context: typing.Any,
+        server_hostname: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
+    ) -> httpcore.AsyncNetworkStream:
+        # httpcore names the URL's host here: SNI and certificate checks use it.
+        return await self._inner.start_tls(ssl_context, server_hostname, timeout)
+
+    def get_extra_info(self, info: str) -> typing.Any:
+        return self._inner.get_extra_info(info)
+
+
+class GuardedBackend(httpcore.AsyncNetworkBackend):
+    """Opens hook connections only to addresses the policy allows.
+
+    The host is resolved once per connection with the policy's resolver;
+    every address is checked (one refused address refuses the host, so a
+    name cannot mix a public and an internal answer), and the connection
+    goes to a checked address, not to a second lookup of the name.
+    """
+
+    def __init__(self, policy: HookPolicy, inner: httpcore.AsyncNetworkBackend | None = None):
+        self._policy = policy
+        self._inner = inner or httpcore.AnyIOBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
+        local_address: str | None = None,
+        socket_options: typing.Iterable[typing.Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        addresses = await self._resolve(host, port)
+        # Checked for TLS first; whether plain http may use it is decided on
+        # the first write, since only then is it known that no TLS started.
+        for ip in addresses:
+            why = self._policy.refusal(ip, plaintext=False)
+            if why is not None:
+                raise PolicyRefused(f"refused by the hook policy: {_named(host, ip, why)}")
+        last: Exception | None = None
+        for ip in addresses:
+            try:
+                stream = await self._inner.connect_tcp(
+                    str(ip), port, timeout, local_address, socket_options
+                )
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                last = exc
+                continue
+            plain = self._policy.refusal(ip, plaintext=True)
+            return _GuardedStream(stream, None if plain is None else _named(host, ip, plain))
+        assert last is not None
+        raise last
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
+        socket_options: typing.Iterable[typing.Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        raise PolicyRefused("notify hooks do not use Unix sockets")
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+    async def _resolve(self, host: str, port: int) -> list[IPAddress]:
+        try:
+            return [ipaddress.ip_address(host)]
+        except ValueError:
+            pass
+        try:
+            found = list(await self._policy.resolver(host, port))
+        except OSError as exc:
+            raise httpcore.ConnectError(f"cannot resolve {host!r}: {exc}") from exc
+        if not found:
+            raise httpcore.ConnectError(f"cannot resolve {host!r}: no addresses")
+        return found
+
+
+def _named(host: str, ip: IPAddress, why: str) -> str:
+    return why if host == str(ip) else f"{host} resolves to {why}"
+
+
+class GuardedTransport(httpx.AsyncHTTPTransport):
+    """httpx's transport over a ``GuardedBackend``: every connection is checked."""
+
+    def __init__(self, policy: HookPolicy, ssl_context: typing.Any = None) -> None:
+        super().__init__(trust_env=False, retries=0)
+        context = ssl_context if ssl_context is not None else httpx.create_ssl_context()
+        # The pool httpx built, again with the guarded backend (httpx has no
+        # argument for it).
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=context,
+            max_connections=100,
+            max_keepalive_connections=20,
+            keepalive_expiry=5.0,
+            network_backend=GuardedBackend(policy),
+        )
+
+
 def open_client(settings: Settings) -> httpx.AsyncClient:
     """The process's HTTP client for hooks (close it with ``aclose``)."""
     return httpx.AsyncClient(
+        transport=GuardedTransport(HookPolicy.from_settings(settings)),
         timeout=settings.hook_timeout.total_seconds(),
         follow_redirects=False,
+        trust_env=False,
         headers={"User-Agent": "switchboard-hooks"},
     )
+
+
+def signed_headers(delivery: Delivery, body: bytes, now: float | None = None) -> dict[str, str]:
+    """The signature headers of one attempt: Standard Webhooks, then the deprecated pair."""
+    msg_id = str(delivery.id)
+    timestamp = int(time.time() if now is None else now)
+    return {
+        ID_HEADER: msg_id,
+        TIMESTAMP_HEADER: str(timestamp),
+        WEBHOOK_SIGNATURE_HEADER: " ".join(
+            sign(secret, msg_id, timestamp, body) for secret in delivery.secrets
+        ),
+        DELIVERY_HEADER: msg_id,
+        SIGNATURE_HEADER: signature(delivery.secret, body),
+    }
 
 
 async def deliver_once(db: Database, client: httpx.AsyncClient, settings: Settings) -> int:
@@ -134,10 +295,17 @@ async def _deliver(
 async def _settle(db: Database, settings: Settings, delivery: Delivery, error: str | None) -> bool:
     async with db.connection() as conn:
         if error is None:
-            await hook_queries.delivered(conn, delivery.id)
+            await hook_queries.delivered(conn, delivery.id, delivery.endpoint_id)
             return True
         delay = retry_delay(delivery.attempts + 1, base=RETRY_BASE, cap=settings.hook_retry_cap)
-        await hook_queries.failed(conn, delivery.id, error[:MAX_ERROR], delay, delivery.lease_until)
+        await hook_queries.failed(
+            conn,
+            delivery.id,
+            delivery.endpoint_id,
+            error[:MAX_ERROR],
+            delay,
+            delivery.lease_until,
+        )
     log.info(
         "notify hook delivery failed; will retry",
         extra={
@@ -162,11 +330,7 @@ async def _release(db: Database, delivery: Delivery) -> None:
 async def _post(client: httpx.AsyncClient, limit: timedelta, delivery: Delivery) -> str | None:
     """POSTs one delivery; ``None`` when the receiver answered 2xx, else why not."""
     body = body_of(delivery)
-    headers = {
-        "Content-Type": "application/json",
-        DELIVERY_HEADER: str(delivery.id),
-        SIGNATURE_HEADER: signature(delivery.secret, body),
-    }
+    headers = {"Content-Type": "application/json", **signed_headers(delivery, body)}
     try:
         async with asyncio.timeout(limit.total_seconds()):
             # Streamed, and the response body never read: only the status matters.
@@ -174,8 +338,18 @@ async def _post(client: httpx.AsyncClient, limit: timedelta, delivery: Delivery)
                 status = resp.status_code
     except TimeoutError:
         return f"timed out after {limit.total_seconds():g}s"
+    except httpx.ConnectError as exc:
+        if isinstance(exc.__cause__, PolicyRefused) or str(exc).startswith("refused by"):
+            return str(exc)
+        return f"ConnectError: {_describe(exc)}"
     except Exception as exc:  # any failure to deliver is retried, never fatal to the pass
-        return f"{type(exc).__name__}: {exc}"
+        return f"{type(exc).__name__}: {_describe(exc)}"
     if 200 <= status < 300:
         return None
     return f"HTTP {status}"
+
+
+def _describe(exc: BaseException) -> str:
+    """The exception's message, else its cause's (a TLS failure often has none of its own)."""
+    inner = exc.__cause__ or exc.__context__
+    return str(exc) or (repr(inner) if inner is not None else type(exc).__name__)

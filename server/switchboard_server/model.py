@@ -165,6 +165,15 @@ class Endpoint:
     name: str
     created_at: datetime
     notify_url: str | None = None
+    #: The notify hook's last failed delivery attempt: why, and when.
+    hook_last_error: str | None = None
+    hook_last_error_at: datetime | None = None
+    #: When the notify hook last delivered.
+    hook_last_success_at: datetime | None = None
+    #: Delivery attempts failed in a row since the last success.
+    hook_failures: int = 0
+    #: Until when the secret replaced by a rotation still signs deliveries.
+    previous_secret_until: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import secrets
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 
 from switchboard_server import errors
 from switchboard_server.access import require_human, require_operator
@@ -13,6 +15,7 @@ from switchboard_server.auth import hash_token, new_token
 from switchboard_server.db import Database
 from switchboard_server.db import tenancy as tenancy_queries
 from switchboard_server.db.database import Conn
+from switchboard_server.hook_policy import HookPolicy, Refused
 from switchboard_server.model import (
     BASICS,
     BUDGET_GRANTS,
@@ -43,12 +46,23 @@ class Tenancy:
     """Administration on behalf of an authenticated principal.
 
     ``on_revoked`` is told each revoked credential id after the commit (the
-    authenticator drops it from its cache).
+    authenticator drops it from its cache). ``hook_policy`` decides where
+    notify hooks may point; ``secret_grace`` is how long a rotated hook
+    secret stays valid.
     """
 
-    def __init__(self, db: Database, on_revoked: Callable[[uuid.UUID], None] | None = None) -> None:
+    def __init__(
+        self,
+        db: Database,
+        on_revoked: Callable[[uuid.UUID], None] | None = None,
+        *,
+        hook_policy: HookPolicy | None = None,
+        secret_grace: timedelta = timedelta(hours=24),
+    ) -> None:
         self._db = db
         self._on_revoked = on_revoked
+        self._hook_policy = hook_policy or HookPolicy()
+        self._secret_grace = secret_grace
 
     async def create_owner(self, principal: Principal, name: str) -> Owner:
         """Creates an owner. Operator only."""
@@ -119,18 +133,49 @@ class Tenancy:
         return minted, warnings
 
     async def set_notify_hook(
-        self, principal: Principal, endpoint_id: uuid.UUID, url: str | None
+        self,
+        principal: Principal,
+        endpoint_id: uuid.UUID,
+        url: str | None,
+        *,
+        rotate_secret: bool = False,
     ) -> tuple[Endpoint, str | None]:
-        """Sets (a fresh secret, returned once) or clears an endpoint's notify hook."""
+        """Sets (a fresh secret, returned once) or clears an endpoint's notify hook.
+
+        The URL must pass the hook egress policy (``INVALID_ARGUMENT`` on
+        ``url`` otherwise). With ``rotate_secret`` the secret it replaces
+        keeps signing deliveries for the grace period; without it, it stops
+        at once.
+        """
         owner_id = require_human(principal)
-        secret = secrets.token_urlsafe(32) if url is not None else None
+        secret = None
+        if url is not None:
+            async with self._db.connection() as conn:
+                # Not the owner's endpoint: NOT_FOUND before anything about the URL.
+                if await tenancy_queries.get_endpoint(conn, endpoint_id, owner_id) is None:
+                    raise errors.NotFound("endpoint not found")
+            try:
+                await self._hook_policy.check_url(url)
+            except Refused as exc:
+                raise errors.InvalidArgument.field("url", str(exc)) from None
+            secret = new_hook_secret()
+        grace = self._secret_grace if rotate_secret and url is not None else None
         async with self._db.transaction() as conn:
             endpoint = await tenancy_queries.set_endpoint_hook(
-                conn, endpoint_id, owner_id, url, secret
+                conn, endpoint_id, owner_id, url, secret, grace
             )
         if endpoint is None:
             raise errors.NotFound("endpoint not found")
         return endpoint, secret
+
+    async def endpoint(self, principal: Principal, endpoint_id: uuid.UUID) -> Endpoint:
+        """One of the caller's owner's endpoints, with its notify hook's status."""
+        owner_id = require_human(principal)
+        async with self._db.connection() as conn:
+            endpoint = await tenancy_queries.get_endpoint(conn, endpoint_id, owner_id)
+        if endpoint is None:
+            raise errors.NotFound("endpoint not found")
+        return endpoint
 
     async def list_credentials(
         self, principal: Principal, endpoint_id: uuid.UUID | None
@@ -184,6 +229,11 @@ async def _mint(
         label=label,
     )
     return Minted(credential, token)
+
+
+def new_hook_secret() -> str:
+    """A Standard Webhooks secret: ``whsec_`` and a base64 32-byte key."""
+    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode("ascii")
 
 
 async def bootstrap_operator(db: Database, label: str) -> Minted:

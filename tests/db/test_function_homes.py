@@ -99,7 +99,8 @@ async def test_a_database_upgraded_from_each_release_equals_one_migrated_from_ze
         try:
             await apply_released(conn, release)
             applied = await migrate(conn)
-            assert [m.version for m in applied] == list(range(release + 1, 8))
+            newest = available()[-1].version  # the released ones, then this package's
+            assert [m.version for m in applied] == list(range(release + 1, newest + 1))
             upgraded = await snapshot(conn)
             assert await conn.fetchval("SELECT count(*) FROM clock_skew") == 1
         finally:

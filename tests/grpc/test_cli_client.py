@@ -295,11 +295,25 @@ async def test_owners_humans_endpoints_and_credentials_with_the_operator_token(
     gone = await sb("todos", "list", token=agent)
     assert gone.code == 3 and "UNAUTHENTICATED" in gone.err
 
+    # A loopback receiver (the test settings allow private receivers; nothing listens on 9).
     hook = await sb(
-        "admin", "hooks", "set", "https://example.org/sb", "--endpoint", ep, token=human_token
+        "admin", "hooks", "set", "http://127.0.0.1:9/sb", "--endpoint", ep, token=human_token
     )
     assert hook.code == 0, hook.err
-    assert len(hook.lines()[-1]) >= 32  # the secret, once
+    first = hook.lines()[-1]
+    assert first.startswith("whsec_") and len(first) >= 32  # the secret, once
+    rotated = await sb(
+        "admin",
+        "hooks",
+        "set",
+        "http://127.0.0.1:9/sb",
+        "--endpoint",
+        ep,
+        "--rotate-secret",
+        token=human_token,
+    )
+    assert rotated.code == 0, rotated.err
+    assert rotated.lines()[-1].startswith("whsec_") and rotated.lines()[-1] != first
     unhooked = await sb("admin", "hooks", "clear", "--endpoint", ep, token=human_token)
     assert unhooked.code == 0 and "no notify hook" in unhooked.out
 

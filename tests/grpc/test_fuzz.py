@@ -51,6 +51,7 @@ from switchboard_server.db import Database
 from tests.support.client import OPERATOR_TOKEN, Client, add_endpoint, auth, make_tenant
 from tests.support.databases import DatabaseFactory
 from tests.support.errors import rich_status
+from tests.support.resolver import StaticResolver
 
 Metadata = tuple[tuple[str, str], ...]
 
@@ -129,6 +130,9 @@ async def world(
         operator_token=OPERATOR_TOKEN,
         reaper_interval=timedelta(hours=1),
         retention_interval=timedelta(hours=1),
+        # Loopback hooks are valid; fuzzed host names never reach real DNS.
+        hooks_allow_private=True,
+        hook_resolver=StaticResolver(),
     )
     running = await server_app.start(settings_)
     client = Client(running.address)

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import pathlib
+import re
 import shutil
 import sys
 import tempfile
@@ -20,6 +21,7 @@ from tests.support.doc_blocks import (
     CLI_EXAMPLE,
     PYTHON_CLIENT,
     QUICKSTART,
+    SERVE,
     WALKTHROUGH,
 )
 from tests.support.processes import ServerProcess
@@ -41,9 +43,17 @@ def quickstart_script() -> str:
     )
 
 
+def serve_env() -> dict[str, str]:
+    """The variables the README's ``scripts/serve`` block exports (the operator token aside)."""
+    exports = re.findall(r"^export (\w+)=(\S+)", SERVE.text(), flags=re.M)
+    return {k: v for k, v in exports if k != "SWITCHBOARD_OPERATOR_TOKEN"}
+
+
 @pytest.mark.skipif(shutil.which("jq") is None, reason="the README's steps use jq")
 async def test_readme_grpcurl_quickstart_works(dsn: str) -> None:
-    server = await ServerProcess.start(dsn)
+    # Served as the README starts it: the walkthrough's hook names 127.0.0.1.
+    assert serve_env() == {"SWITCHBOARD_HOOKS_ALLOW_PRIVATE": "1"}
+    server = await ServerProcess.start(dsn, env=serve_env())
     try:
         script = quickstart_script().replace("localhost:50051", server.address)
         # The README activates the venv; here the running interpreter's is the one.

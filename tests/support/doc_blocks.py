@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from tests.support.markdown import Block
 
+#: The quickstart's server start (its exports are the test server's settings).
+SERVE = Block("README.md", "sh", "export SWITCHBOARD_OPERATOR_TOKEN=sbo_choose")
 #: The quickstart's grpcurl steps.
 QUICKSTART = Block("README.md", "sh", "grpcurl -plaintext localhost:50051 list")
 #: The quickstart's Python client example.
@@ -42,7 +44,7 @@ NOT_RUN: dict[Block, str] = {
         "tests/grpc/test_embedded_serve.py runs the `switchboard serve` it execs, "
         "on the embedded PostgreSQL"
     ),
-    Block("README.md", "sh", "export SWITCHBOARD_OPERATOR_TOKEN=sbo_choose"): (
+    SERVE: (
         "the server runs until stopped; tests/grpc/test_readme.py starts the same "
         "`switchboard serve` with an operator token before running the quickstart"
     ),

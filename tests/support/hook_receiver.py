@@ -53,6 +53,8 @@ class Receiver:
         self.requests: list[Request] = []
         #: Delivery ids as requests arrive (before any ``delay`` and answer).
         self.arrived: list[str] = []
+        #: TCP connections accepted (a refused delivery must not even connect).
+        self.connections = 0
         self._changed = asyncio.Condition()
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -87,6 +89,7 @@ class Receiver:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
+        self.connections += 1
         try:
             while True:
                 line = await reader.readline()

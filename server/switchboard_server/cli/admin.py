@@ -203,7 +203,9 @@ async def credentials_revoke(conn: Connection, args: argparse.Namespace, out: Ou
 async def hooks_set(conn: Connection, args: argparse.Namespace, out: Output) -> int:
     """Sets an endpoint's notify hook; prints the signing secret once."""
     got = await conn.admin.SetNotifyHook(
-        admin_pb2.SetNotifyHookRequest(endpoint_id=args.endpoint, url=args.url),
+        admin_pb2.SetNotifyHookRequest(
+            endpoint_id=args.endpoint, url=args.url, rotate_secret=args.rotate_secret
+        ),
         metadata=conn.metadata,
         timeout=conn.timeout,
     )
@@ -358,11 +360,17 @@ def add_admin_commands(admin: Subparsers) -> None:
         hooks,
         "set",
         "POST the endpoint's doorbells to a URL; prints the signing secret once",
-        "  switchboard admin hooks set https://example.org/sb --endpoint $EP\n",
+        "  switchboard admin hooks set https://example.org/sb --endpoint $EP\n"
+        "  switchboard admin hooks set https://example.org/sb --endpoint $EP --rotate-secret\n",
         hooks_set,
     )
-    p.add_argument("url", help="http:// or https:// URL")
+    p.add_argument("url", help="https:// URL (http:// only where the server's hook policy allows)")
     endpoint_flag(p, required=True)
+    p.add_argument(
+        "--rotate-secret",
+        action="store_true",
+        help="keep the current secret signing deliveries for the grace period (24 h by default)",
+    )
     p = leaf(
         hooks,
         "clear",

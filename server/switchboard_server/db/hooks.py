@@ -25,6 +25,13 @@ class Delivery:
     lease_until: datetime
     url: str
     secret: str
+    #: The secret a rotation replaced, while it is still valid.
+    previous_secret: str | None = None
+
+    @property
+    def secrets(self) -> list[str]:
+        """Every secret that signs this delivery, the current one first."""
+        return [s for s in (self.secret, self.previous_secret) if s]
 
 
 async def take(conn: Conn, batch: int, lease: timedelta) -> list[Delivery]:
@@ -42,21 +49,30 @@ async def take(conn: Conn, batch: int, lease: timedelta) -> list[Delivery]:
             lease_until=r["lease_until"],
             url=r["notify_url"],
             secret=r["notify_secret"] or "",
+            previous_secret=r["previous_secret"],
         )
         for r in rows
     ]
 
 
-async def delivered(conn: Conn, delivery_id: int) -> None:
-    """Deletes a delivery the receiver acknowledged."""
+async def delivered(conn: Conn, delivery_id: int, endpoint_id: uuid.UUID) -> None:
+    """Deletes a delivery the receiver acknowledged and notes the success on the endpoint."""
     await conn.execute(sql("hook_delivered"), delivery_id)
+    await conn.execute(sql("hook_status_delivered"), endpoint_id)
 
 
 async def failed(
-    conn: Conn, delivery_id: int, error: str, retry_in: timedelta, lease_until: datetime
+    conn: Conn,
+    delivery_id: int,
+    endpoint_id: uuid.UUID,
+    error: str,
+    retry_in: timedelta,
+    lease_until: datetime,
 ) -> None:
-    """Records a failed attempt and schedules the next one (if the lease is still ours)."""
-    await conn.execute(sql("hook_failed"), delivery_id, error, retry_in, lease_until)
+    """Records a failed attempt and schedules the next one (if the lease is still ours);
+    the endpoint's owner sees the error."""
+    if await conn.fetchval(sql("hook_failed"), delivery_id, error, retry_in, lease_until):
+        await conn.execute(sql("hook_status_failed"), endpoint_id, error)
 
 
 async def release(conn: Conn, delivery_id: int, lease_until: datetime) -> None:

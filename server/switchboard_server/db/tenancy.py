@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -159,7 +160,11 @@ async def set_endpoint_hook(
     owner_id: uuid.UUID,
     url: str | None,
     secret: str | None,
+    grace: timedelta | None = None,
 ) -> Endpoint | None:
-    """Sets or clears an endpoint's notify hook; ``None`` if not the owner's endpoint."""
-    rec = await conn.fetchrow(sql("endpoint_set_hook"), endpoint_id, owner_id, url, secret)
+    """Sets or clears an endpoint's notify hook; ``None`` if not the owner's endpoint.
+
+    With ``grace`` the replaced secret stays valid that long (a rotation).
+    """
+    rec = await conn.fetchrow(sql("endpoint_set_hook"), endpoint_id, owner_id, url, secret, grace)
     return Endpoint(**dict(rec)) if rec is not None else None

@@ -141,7 +141,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         v.check()
         assert endpoint_id is not None
         endpoint, secret = await self._tenancy.set_notify_hook(
-            current_principal(), endpoint_id, url
+            current_principal(), endpoint_id, url, rotate_secret=request.rotate_secret
         )
         return admin_pb2.SetNotifyHookResponse(
             endpoint=convert.endpoint(endpoint), secret=secret or ""

@@ -279,14 +279,25 @@ def human(value: Human) -> admin_pb2.Human:
 
 
 def endpoint(value: Endpoint) -> admin_pb2.Endpoint:
-    """The wire form of an endpoint (never its hook secret)."""
-    return admin_pb2.Endpoint(
+    """The wire form of an endpoint (never its hook secrets)."""
+    msg = admin_pb2.Endpoint(
         id=str(value.id),
         owner_id=str(value.owner_id),
         name=value.name,
         created_at=timestamp(value.created_at),
         notify_url=value.notify_url or "",
     )
+    if value.notify_url is not None:
+        msg.notify_hook_status.CopyFrom(
+            admin_pb2.NotifyHookStatus(
+                last_error=value.hook_last_error or "",
+                last_error_at=timestamp(value.hook_last_error_at),
+                last_success_at=timestamp(value.hook_last_success_at),
+                consecutive_failures=value.hook_failures,
+                previous_secret_expires_at=timestamp(value.previous_secret_until),
+            )
+        )
+    return msg
 
 
 def credential(value: Credential) -> admin_pb2.Credential:

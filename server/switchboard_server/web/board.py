@@ -33,6 +33,7 @@ from switchboard_server import errors
 from switchboard_server.admission import AuditEntry, DeferralReason, Limits, Policy
 from switchboard_server.model import Principal, PrincipalKind, TodoState
 from switchboard_server.overview import Names, Overview, QueueSummary
+from switchboard_server.tenancy import Tenancy
 from switchboard_server.web.proxies import Proxies
 from switchboard_server.web.sessions import (
     COOKIE,
@@ -507,6 +508,7 @@ class Board:
             principal, q.endpoint_id, q.queue, None, AUDIT_PAGE
         )
         names = await self._overview.names(principal)
+        hook = await Tenancy(self._deps.db).endpoint(principal, q.endpoint_id)
         return self._html(
             "queue.html",
             status,
@@ -520,6 +522,7 @@ class Board:
             claimed=claimed,
             more_claimed=more_claimed,
             audit=audit,
+            hook=hook,
             who=lambda entry: actor(entry, names),
             values=dict(values) if values is not None else policy_values(q.policy),
             errors=dict(problems or {}),

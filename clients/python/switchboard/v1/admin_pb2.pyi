@@ -164,6 +164,7 @@ class Endpoint(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
     NOTIFY_URL_FIELD_NUMBER: _builtins.int
+    NOTIFY_HOOK_STATUS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     owner_id: _builtins.str
     name: _builtins.str
@@ -171,6 +172,10 @@ class Endpoint(_message.Message):
     """The notify hook URL, when one is set."""
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def notify_hook_status(self) -> Global___NotifyHookStatus:
+        """How the notify hook's deliveries are going (unset without a hook)."""
+
     def __init__(
         self,
         *,
@@ -179,14 +184,61 @@ class Endpoint(_message.Message):
         name: _builtins.str = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
         notify_url: _builtins.str = ...,
+        notify_hook_status: Global___NotifyHookStatus | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "notify_hook_status", b"notify_hook_status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "id", b"id", "name", b"name", "notify_url", b"notify_url", "owner_id", b"owner_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "id", b"id", "name", b"name", "notify_hook_status", b"notify_hook_status", "notify_url", b"notify_url", "owner_id", b"owner_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Endpoint: _TypeAlias = Endpoint  # noqa: Y015
+
+@_typing.final
+class NotifyHookStatus(_message.Message):
+    """What the endpoint's owner sees of its notify hook's deliveries."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LAST_ERROR_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_AT_FIELD_NUMBER: _builtins.int
+    LAST_SUCCESS_AT_FIELD_NUMBER: _builtins.int
+    CONSECUTIVE_FAILURES_FIELD_NUMBER: _builtins.int
+    PREVIOUS_SECRET_EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    last_error: _builtins.str
+    """Why the last failed delivery attempt failed (an HTTP status, a timeout,
+    a connection error, or a refusal by the hook egress policy).
+    """
+    consecutive_failures: _builtins.int
+    """Delivery attempts failed in a row since the last success."""
+    @_builtins.property
+    def last_error_at(self) -> _timestamp_pb2.Timestamp:
+        """When the last failed attempt was made."""
+
+    @_builtins.property
+    def last_success_at(self) -> _timestamp_pb2.Timestamp:
+        """When a delivery last succeeded (the receiver answered 2xx)."""
+
+    @_builtins.property
+    def previous_secret_expires_at(self) -> _timestamp_pb2.Timestamp:
+        """While a rotated secret still signs deliveries: until when."""
+
+    def __init__(
+        self,
+        *,
+        last_error: _builtins.str = ...,
+        last_error_at: _timestamp_pb2.Timestamp | None = ...,
+        last_success_at: _timestamp_pb2.Timestamp | None = ...,
+        consecutive_failures: _builtins.int = ...,
+        previous_secret_expires_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["last_error_at", b"last_error_at", "last_success_at", b"last_success_at", "previous_secret_expires_at", b"previous_secret_expires_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consecutive_failures", b"consecutive_failures", "last_error", b"last_error", "last_error_at", b"last_error_at", "last_success_at", b"last_success_at", "previous_secret_expires_at", b"previous_secret_expires_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NotifyHookStatus: _TypeAlias = NotifyHookStatus  # noqa: Y015
 
 @_typing.final
 class Credential(_message.Message):
@@ -629,18 +681,28 @@ class SetNotifyHookRequest(_message.Message):
 
     ENDPOINT_ID_FIELD_NUMBER: _builtins.int
     URL_FIELD_NUMBER: _builtins.int
+    ROTATE_SECRET_FIELD_NUMBER: _builtins.int
     endpoint_id: _builtins.str
     url: _builtins.str
-    """An http:// or https:// URL (at most 2048 characters)."""
+    """An https:// URL (at most 2048 characters) whose host resolves to public
+    addresses only. http:// and internal addresses only as the server's
+    operator allows (SWITCHBOARD_HOOKS_ALLOW, SWITCHBOARD_HOOKS_ALLOW_PRIVATE).
+    """
+    rotate_secret: _builtins.bool
+    """Keep the current secret valid (deliveries are signed with both) for the
+    server's grace period (24 hours by default), so receivers can move to the
+    new one without missing a delivery. Without it the old secret stops at once.
+    """
     def __init__(
         self,
         *,
         endpoint_id: _builtins.str = ...,
         url: _builtins.str = ...,
+        rotate_secret: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint_id", b"endpoint_id", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint_id", b"endpoint_id", "rotate_secret", b"rotate_secret", "url", b"url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -653,8 +715,10 @@ class SetNotifyHookResponse(_message.Message):
     ENDPOINT_FIELD_NUMBER: _builtins.int
     SECRET_FIELD_NUMBER: _builtins.int
     secret: _builtins.str
-    """The HMAC-SHA256 key for the X-Switchboard-Signature header. Shown once;
-    setting the hook again makes a new one.
+    """The signing secret, whsec_<base64 key> (Standard Webhooks: the HMAC-SHA256
+    key is the base64-decoded part). Shown once; setting the hook again makes
+    a new one. The deprecated X-Switchboard-Signature header is keyed with this
+    whole string.
     """
     @_builtins.property
     def endpoint(self) -> Global___Endpoint: ...

@@ -161,7 +161,10 @@ class AdminServiceServicer:
 
     def SetNotifyHook(self, request, context):
         """Sets the endpoint's notify hook: doorbells are also POSTed to this URL,
-        signed with an HMAC secret that is shown once.
+        signed (Standard Webhooks) with a secret that is shown once. The URL must
+        pass the server's hook egress policy: https to a public address unless
+        the operator allowed more. With rotate_secret, the previous secret keeps
+        signing deliveries for a grace period.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

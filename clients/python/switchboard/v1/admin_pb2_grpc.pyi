@@ -53,7 +53,10 @@ class AdminServiceStub:
     """Revokes a credential; it stops working at once."""
     SetNotifyHook: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SetNotifyHookRequest, _admin_pb2.SetNotifyHookResponse]
     """Sets the endpoint's notify hook: doorbells are also POSTed to this URL,
-    signed with an HMAC secret that is shown once.
+    signed (Standard Webhooks) with a secret that is shown once. The URL must
+    pass the server's hook egress policy: https to a public address unless
+    the operator allowed more. With rotate_secret, the previous secret keeps
+    signing deliveries for a grace period.
     """
     ClearNotifyHook: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ClearNotifyHookRequest, _admin_pb2.ClearNotifyHookResponse]
     """Removes the endpoint's notify hook; undelivered notifications are dropped."""
@@ -83,7 +86,10 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """Revokes a credential; it stops working at once."""
     SetNotifyHook: _aio.UnaryUnaryMultiCallable[_admin_pb2.SetNotifyHookRequest, _admin_pb2.SetNotifyHookResponse]  # type: ignore[assignment]
     """Sets the endpoint's notify hook: doorbells are also POSTed to this URL,
-    signed with an HMAC secret that is shown once.
+    signed (Standard Webhooks) with a secret that is shown once. The URL must
+    pass the server's hook egress policy: https to a public address unless
+    the operator allowed more. With rotate_secret, the previous secret keeps
+    signing deliveries for a grace period.
     """
     ClearNotifyHook: _aio.UnaryUnaryMultiCallable[_admin_pb2.ClearNotifyHookRequest, _admin_pb2.ClearNotifyHookResponse]  # type: ignore[assignment]
     """Removes the endpoint's notify hook; undelivered notifications are dropped."""
@@ -170,7 +176,10 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.SetNotifyHookResponse, _abc.Awaitable[_admin_pb2.SetNotifyHookResponse]]:
         """Sets the endpoint's notify hook: doorbells are also POSTed to this URL,
-        signed with an HMAC secret that is shown once.
+        signed (Standard Webhooks) with a secret that is shown once. The URL must
+        pass the server's hook egress policy: https to a public address unless
+        the operator allowed more. With rotate_secret, the previous secret keeps
+        signing deliveries for a grace period.
         """
 
     @_abc_1.abstractmethod

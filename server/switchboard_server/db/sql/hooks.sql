@@ -1,6 +1,6 @@
 -- name: hook_take :many
 -- Leases up to $1 due deliveries for $2 (an interval) and returns them with
--- the endpoint's URL and secret. Only the oldest row of each (endpoint,
+-- the endpoint's URL and secrets (the previous one while it is still valid). Only the oldest row of each (endpoint,
 -- queue) is eligible, so a queue's notifications go out strictly in order;
 -- FOR UPDATE SKIP LOCKED plus the lease keep two replicas from sending the
 -- same row at once. The heads are found by skipping along the (endpoint_id,
@@ -33,20 +33,39 @@ UPDATE hook_outbox o
   FROM due, endpoints e
  WHERE o.id = due.id AND e.id = o.endpoint_id AND e.notify_url IS NOT NULL
 RETURNING o.id, o.endpoint_id, o.queue, o.cause, o.pending, o.rung_at, o.attempts,
-          o.lease_until, e.notify_url, e.notify_secret;
+          o.lease_until, e.notify_url, e.notify_secret,
+          CASE WHEN e.notify_secret_previous_until > sb_now()
+               THEN e.notify_secret_previous END AS previous_secret;
 
 -- name: hook_delivered :exec
 -- The receiver acknowledged delivery $1: it is done.
 DELETE FROM hook_outbox WHERE id = $1;
 
--- name: hook_failed :exec
+-- name: hook_failed :one
 -- Delivery $1 failed with error $2: try again after $3 (an interval). Only
 -- while the lease $4 taken for it is still the row's (a replica that took
--- it over after the lease lapsed owns it now).
-UPDATE hook_outbox
-   SET attempts = attempts + 1, last_error = $2, next_attempt_at = sb_now() + $3::interval,
-       lease_until = NULL
- WHERE id = $1 AND lease_until = $4;
+-- it over after the lease lapsed owns it now); whether it was.
+WITH failed AS (
+    UPDATE hook_outbox
+       SET attempts = attempts + 1, last_error = $2, next_attempt_at = sb_now() + $3::interval,
+           lease_until = NULL
+     WHERE id = $1 AND lease_until = $4
+    RETURNING id
+)
+SELECT EXISTS (SELECT 1 FROM failed) AS failed;
+
+-- name: hook_status_failed :exec
+-- Endpoint $1's hook failed a delivery with error $2: its owner sees it.
+-- (Its own statement, after the outbox row's: a statement never holds an
+-- outbox row while it waits for the endpoint row, or the other way round.)
+UPDATE endpoints
+   SET hook_last_error = $2, hook_last_error_at = sb_now(), hook_failures = hook_failures + 1
+ WHERE id = $1 AND notify_url IS NOT NULL;
+
+-- name: hook_status_delivered :exec
+-- Endpoint $1's hook delivered: the failure streak ends.
+UPDATE endpoints SET hook_last_success_at = sb_now(), hook_failures = 0
+ WHERE id = $1 AND notify_url IS NOT NULL;
 
 -- name: hook_release :exec
 -- Hands delivery $1 back unsent (the process is stopping), if its lease $2 is
