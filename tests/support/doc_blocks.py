@@ -93,4 +93,16 @@ NOT_RUN: dict[Block, str] = {
         "a production example (certificates under /etc); tests/grpc/test_http_tls.py "
         "starts the server with the same settings and certificates it makes"
     ),
+    Block("docs/deployment.md", "sh", "export SWITCHBOARD_HOOKS_ALLOW=10.20.0.0/16"): (
+        "names a private network; tests/grpc/test_hook_policy.py sets an allowlist "
+        "(127.0.0.0/8) and delivers to an allowlisted receiver end to end"
+    ),
+    Block("docs/deployment.md", "python", "WebhookVerificationError, verify_webhook"): (
+        "a fragment of a receiver (its request object is the reader's web framework's); "
+        "tests/grpc/test_hook_signatures.py verifies real deliveries with verify_webhook"
+    ),
+    Block("docs/deployment.md", "sh", '"rotate_secret\\":true'): (
+        "names a public receiver (the hook egress policy resolves it); "
+        "tests/grpc/test_hook_signatures.py rotates a secret through SetNotifyHook"
+    ),
 }
