@@ -59,9 +59,9 @@ from bench import report, sql
 from bench.api import Api, Tenant
 from bench.cluster import Cluster, ServerProcess
 from bench.fanout import REOPEN_CAUSES, Bell
+from bench.harness import Progress, far_window_start
 from bench.load import percentile
 from bench.report import Section, Target
-from bench.run import Progress, far_window_start
 
 T = TypeVar("T")
 R = TypeVar("R")
