@@ -1,5 +1,7 @@
 """Switchboard benchmarks: claim throughput, admission cost and scale.
 
 Run ``python -m bench`` (or ``scripts/bench``) from the repository root; see
-the README's Performance section and ``bench/run.py``.
+the README's Performance section, ``bench/run.py`` (the command line),
+``bench/harness.py`` (the run loop) and ``bench/scenarios/`` (one module per
+scenario family).
 """

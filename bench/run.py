@@ -23,7 +23,7 @@ Results: a table on stdout, ``bench/results/<date>-<commit>.json``,
 ``bench/results/latest.md``, and the README's Performance section (full
 runs only; ``--quick`` writes to ``bench/results/tmp/``).
 
-``python -m bench --idle`` runs the idle bench instead (``bench/idle.py``).
+``python -m bench --idle`` runs the idle bench instead (``bench/idle/``).
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--idle",
         action="store_true",
-        help="the idle bench instead (bench/idle.py): what 5,000 idle budgeted queues, a third "
+        help="the idle bench instead (bench/idle/): what 5,000 idle budgeted queues, a third "
         "of them full, cost PostgreSQL with 1 and 2 replicas, and SLOT_FREED latency",
     )
     p.add_argument(
