@@ -298,6 +298,9 @@ class Bench:
         phases = [*self.dataset.phases(), *(ph for f in self.families for ph in f.phases())]
         steps = sorted((st for f in self.families for st in f.steps()), key=lambda st: st.at)
         phases.sort(key=lambda ph: ph.at)
+        places = [ph.at for ph in phases]
+        if ROUNDS_AT in places or len(set(places)) != len(places):
+            raise ValueError(f"two phases at one place on the timeline: {places}")
         before = [ph for ph in phases if ph.at < ROUNDS_AT]
         after = [ph for ph in phases if ph.at > ROUNDS_AT]
         for phase in before:

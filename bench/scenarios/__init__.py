@@ -3,7 +3,9 @@
 A family is a ``Scenario`` subclass in a module of this package, registered
 with ``@register``; the harness (``bench/harness.py``) finds every module
 here, so adding a scenario touches one file: a new module with its phases,
-its round steps, and its rows of the report.
+its round steps, and its rows of the report. The shared data set (tenants,
+history, backlogs) is ``bench/dataset.py``; a family that needs tenants or
+data of its own makes them in a phase of its own.
 
 * ``phases()``: what it does once, each at its place on the run's timeline
   (``Phase.at``; the shared data set's phases and the rounds sit there too):
