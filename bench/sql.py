@@ -122,7 +122,7 @@ SELECT indexrelname, idx_scan, idx_tup_read, pg_relation_size(indexrelid) AS byt
  ORDER BY indexrelname
 """
 
-# -- The idle bench (bench/idle.py). -----------------------------------------
+# -- The idle bench (bench/idle/). -----------------------------------------
 
 #: The queues of the endpoints $1 (created by SetPolicy): id, endpoint, name.
 QUEUES_OF_ENDPOINTS = """
