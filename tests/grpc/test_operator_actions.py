@@ -23,6 +23,7 @@ from switchboard.worker import Todo, Worker
 from switchboard_server import dispatch
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
+from switchboard_server.db import todos as todo_queries
 
 from tests.support.admission import ingest, set_policy
 from tests.support.client import Client, Tenant, add_endpoint, auth, make_tenant
@@ -728,3 +729,33 @@ async def test_a_result_over_64_kib_is_refused_and_nothing_changes(
     assert "settlements[0].complete.result.data" in violations(err)
     assert await row_counts(db, TABLES) == before
     assert (await get(client, tenant.agent, todo_id)).todo.state == todo_pb2.TODO_STATE_CLAIMED
+
+
+# --------------------------------------------------------------------------- retention
+
+
+async def test_retention_deletes_old_cancelled_todos_and_results_but_keeps_the_audit(
+    client: Client, tenant: Tenant, db: Database
+) -> None:
+    cancelled, completed = await ingest(client, tenant.agent, "work", 2)
+    await claim(client, tenant, "work")
+    await cancel(client, tenant.human, cancelled)  # claimed: it has an attempt
+    got = await claim(client, tenant, "work")
+    await client.dispatch.Complete(
+        dispatch_pb2.CompleteRequest(
+            todo_id=completed,
+            lease_id=got.lease.lease_id,
+            result=todo_pb2.TodoResult(data=b"42"),
+        ),
+        metadata=tenant.agent,
+    )
+    await move_clock(db, timedelta(days=8))
+    async with db.connection() as conn:
+        deleted = await todo_queries.delete_finished(conn, older_than=timedelta(days=7), batch=10)
+    assert deleted == 2
+    assert await row_counts(db, ["todos", "attempts", "todo_results", "todo_audit"]) == {
+        "todos": 0,
+        "attempts": 0,
+        "todo_results": 0,
+        "todo_audit": 1,
+    }
