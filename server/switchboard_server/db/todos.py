@@ -476,6 +476,6 @@ async def reap_lapsed(conn: Conn, *, batch: int) -> list[tuple[int, TodoState, i
 
 
 async def delete_finished(conn: Conn, *, older_than: timedelta, batch: int) -> int:
-    """Deletes up to ``batch`` done/dead todos finished before ``older_than`` ago."""
+    """Deletes up to ``batch`` done, dead or cancelled todos finished before ``older_than`` ago."""
     rows = await conn.fetch(sql("todo_delete_finished"), older_than, batch)
     return len(rows)
