@@ -662,6 +662,8 @@ class Dispatcher:
                     "cancelled"
                 )
             await _audit(conn, principal, todo.endpoint_id, "cancel", todo_id, 1)
+        if acted.was is TodoState.CLAIMED:
+            self._metrics.attempts_ended(AttemptOutcome.CANCELLED)
         return todo
 
     async def requeue(

@@ -20,11 +20,13 @@ import pytest
 from google.rpc import error_details_pb2
 from switchboard.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
 from switchboard.worker import Todo, Worker
+from switchboard_server import app as server_app
 from switchboard_server import dispatch
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
 from switchboard_server.db import todos as todo_queries
 
+from tests.grpc.test_metrics import scrape, value
 from tests.support.admission import ingest, set_policy
 from tests.support.client import Client, Tenant, add_endpoint, auth, make_tenant
 from tests.support.databases import db_now, move_clock, row_counts
@@ -155,7 +157,7 @@ async def test_cancelling_a_pending_todo_makes_it_cancelled_and_unclaimable(
 
 
 async def test_cancelling_a_claimed_todo_voids_its_lease_frees_its_slot_and_keeps_its_unit(
-    client: Client, tenant: Tenant, db: Database
+    client: Client, tenant: Tenant, db: Database, server: server_app.App
 ) -> None:
     first, second = await ingest(client, tenant.agent, "narrow", 2)
     await set_policy(
@@ -231,6 +233,9 @@ async def test_cancelling_a_claimed_todo_voids_its_lease_frees_its_slot_and_keep
     # The freed slot serves the next todo.
     assert (await claim(client, tenant, "narrow")).todo.id == second
     assert await units_and_attempts(db, "narrow") == (2, 2)
+    _, samples = await scrape(server)
+    ended = value(samples, "switchboard_todo_attempts_total", outcome="cancelled")
+    assert ended == 1
 
 
 @pytest.mark.parametrize("held", [1, 2], ids=["heartbeat", "heartbeat-todos"])

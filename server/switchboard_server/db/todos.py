@@ -238,16 +238,21 @@ async def settle(
 @dataclass(frozen=True)
 class Acted:
     """What a cancel or requeue did with one todo: ``outcome`` (``applied``,
-    ``not_found``, or why it was refused) and the todo after it (``None`` when
-    not found)."""
+    ``not_found``, or why it was refused), the todo after it (``None`` when not
+    found) and, for an applied cancel, the state it was cancelled from."""
 
     outcome: str
     todo: Todo | None
+    was: TodoState | None = None
 
 
 def _acted(rows: Sequence[Mapping[str, Any]]) -> list[Acted]:
     return [
-        Acted(str(r["outcome"]), todo_from_record(r["todo"]) if r["todo"] is not None else None)
+        Acted(
+            str(r["outcome"]),
+            todo_from_record(r["todo"]) if r["todo"] is not None else None,
+            TodoState(r["was"]) if r.get("was") is not None else None,
+        )
         for r in rows
     ]
 

@@ -357,10 +357,11 @@ $$;
 -- claimed), its attempt ends as cancelled (the attempt row, and the window
 -- unit charged for it, stay), and its queue's in-flight slot frees
 -- (sb_gates_slot_freed). One row per item (in no particular order; ord is
--- its 1-based position): outcome (applied | not_cancellable | not_found) and
--- the todo after the call (NULL when not found).
+-- its 1-based position): outcome (applied | not_cancellable | not_found),
+-- the todo after the call (NULL when not found) and, when applied, the state
+-- it was cancelled from (pending | claimed).
 CREATE OR REPLACE FUNCTION sb_cancel(p_owner_id uuid, p_endpoint_id uuid, p_ids bigint[])
-RETURNS TABLE (ord bigint, outcome text, todo todos)
+RETURNS TABLE (ord bigint, outcome text, todo todos, was text)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan  -- as sb_settle
 AS $$
@@ -368,6 +369,7 @@ DECLARE
     v_now timestamptz := sb_now();
     v_ords bigint[];
     v_rows todos[];
+    v_was text[];
     v_freed bigint[];
 BEGIN
     PERFORM 1 FROM todos t
@@ -394,17 +396,19 @@ BEGIN
          WHERE c.was = 'claimed' AND a.todo_id = (c.row).id AND a.number = (c.row).attempt
     )
     SELECT coalesce(array_agg(c.ord), '{}'), coalesce(array_agg(c.row), '{}'),
+           coalesce(array_agg(c.was), '{}'),
            coalesce(array_agg(DISTINCT (c.row).queue_id) FILTER (WHERE c.was = 'claimed'), '{}')
-      INTO v_ords, v_rows, v_freed
+      INTO v_ords, v_rows, v_was, v_freed
       FROM cancelled c;
     IF cardinality(v_freed) > 0 THEN
         PERFORM sb_gates_slot_freed(v_freed, v_now);
     END IF;
-    RETURN QUERY SELECT v_ords[k], 'applied'::text, v_rows[k]
+    RETURN QUERY SELECT v_ords[k], 'applied'::text, v_rows[k], v_was[k]
                    FROM generate_subscripts(v_ords, 1) AS k;
     IF cardinality(v_ords) < cardinality(p_ids) THEN
         RETURN QUERY
-        SELECT i.ord, CASE WHEN t.id IS NULL THEN 'not_found' ELSE 'not_cancellable' END, t
+        SELECT i.ord, CASE WHEN t.id IS NULL THEN 'not_found' ELSE 'not_cancellable' END, t,
+               NULL::text
           FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
           LEFT JOIN todos t ON t.id = i.id AND t.owner_id = p_owner_id
                            AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)

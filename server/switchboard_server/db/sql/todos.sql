@@ -30,7 +30,7 @@ SELECT id, state FROM todos
 -- name: todo_cancel :many
 -- Cancels pending and claimed todos, each on its own; one row per item, in
 -- order. See sb_cancel.
-SELECT outcome, todo FROM sb_cancel($1, $2, $3) ORDER BY ord;
+SELECT outcome, todo, was FROM sb_cancel($1, $2, $3) ORDER BY ord;
 
 -- name: todo_requeue :many
 -- Sends dead and cancelled todos back to pending, each on its own; one row
