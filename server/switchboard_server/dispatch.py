@@ -12,6 +12,7 @@ such a statement (``combining.Combiner``): one transaction serves them all.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from collections import Counter
@@ -44,10 +45,12 @@ from switchboard_server.model import (
     ItemOutcome,
     Lease,
     Principal,
+    PrincipalKind,
     SettleAction,
     Settled,
     Settlement,
     Todo,
+    TodoResult,
     TodoState,
 )
 
@@ -138,10 +141,34 @@ class ClaimNextResult:
 
 @dataclass(frozen=True)
 class TodoView:
-    """A todo as read, with its derived admission status (pending, budgeted queues only)."""
+    """A todo as read, with its derived admission status (pending, budgeted
+    queues only) and, when read alone, the result its completion carried."""
 
     todo: Todo
     admission: AdmissionStatus | None
+    result: TodoResult | None = None
+
+
+@dataclass(frozen=True)
+class TodoFilter:
+    """Which of an endpoint's todos a listing returns (all when empty).
+
+    ``error_contains`` matches the last error ignoring case, among at most
+    ``ERROR_SCAN`` todos examined per page.
+    """
+
+    queues: Sequence[str] = ()
+    states: Sequence[TodoState] = ()
+    dedup: tuple[str, str] | None = None
+    error_contains: str | None = None
+
+
+#: At most how many of an endpoint's todos one page filtered by error text
+#: examines (newest first, by the listing index): a page costs a bounded scan.
+ERROR_SCAN = 10_000
+
+#: The audit record of a cancel or requeue.
+TodoAuditEntry = todo_queries.TodoAuditRow
 
 
 async def _require_endpoint(conn: Conn, principal: Principal, scope: Scope) -> None:
@@ -488,10 +515,16 @@ class Dispatcher:
             raise _refusal(result.outcome, result.todo)
         return result.todo
 
-    async def complete(self, principal: Principal, todo_id: int, lease_id: uuid.UUID) -> Todo:
-        """Marks a claimed todo done."""
+    async def complete(
+        self,
+        principal: Principal,
+        todo_id: int,
+        lease_id: uuid.UUID,
+        result: TodoResult | None = None,
+    ) -> Todo:
+        """Marks a claimed todo done, keeping the ``result`` given."""
         return await self._settle_one(
-            principal, Settlement(todo_id, lease_id, SettleAction.COMPLETE)
+            principal, Settlement(todo_id, lease_id, SettleAction.COMPLETE, result=result)
         )
 
     async def fail(
@@ -509,7 +542,7 @@ class Dispatcher:
         )
 
     async def get(self, principal: Principal, todo_id: int) -> tuple[TodoView, list[Attempt]]:
-        """One todo with its admission status and attempts."""
+        """One todo with its admission status, result and attempts."""
         scope = require_tenant(principal, Grant.READ)
         async with self._db.transaction() as conn:
             todo = await todo_queries.get(
@@ -517,9 +550,190 @@ class Dispatcher:
             )
             if todo is None:
                 raise errors.NotFound("todo not found")
-            attempts = await todo_queries.attempts(conn, todo_id=todo_id)
+            return await self._full_view(conn, todo)
+
+    async def get_by_dedup(
+        self, principal: Principal, endpoint_id: uuid.UUID | None, dedup: tuple[str, str]
+    ) -> tuple[TodoView, list[Attempt]]:
+        """The todo an endpoint ingested with a dedup key, as ``get`` reads it."""
+        scope = endpoint_scope(principal, Grant.READ, endpoint_id)
+        assert scope.endpoint_id is not None
+        async with self._db.transaction() as conn:
+            todo = await todo_queries.get_by_dedup(
+                conn,
+                endpoint_id=scope.endpoint_id,
+                owner_id=scope.owner_id,
+                webhook_id=dedup[0],
+                delivery_id=dedup[1],
+            )
+            if todo is None:
+                raise errors.NotFound("todo not found")
+            return await self._full_view(conn, todo)
+
+    async def _full_view(self, conn: Conn, todo: Todo) -> tuple[TodoView, list[Attempt]]:
+        attempts = await todo_queries.attempts(conn, todo_id=todo.id)
+        result = (
+            await todo_queries.result(conn, todo_id=todo.id)
+            if todo.state is TodoState.DONE
+            else None
+        )
+        (view,) = await self._views(conn, [todo])
+        return replace(view, result=result), attempts
+
+    async def find(
+        self,
+        principal: Principal,
+        endpoint_id: uuid.UUID | None,
+        which: TodoFilter,
+        page_size: int,
+        before: int | None,
+    ) -> tuple[list[TodoView], int | None]:
+        """A page of an endpoint's todos that pass ``which``, newest first, below
+        ``before``, and the cursor of the next page (``None``: the last page).
+
+        Filtered by error text, a page examines at most ``ERROR_SCAN`` todos: it
+        may hold fewer than ``page_size`` (even none) and still have a next page.
+        """
+        scope = endpoint_scope(principal, Grant.READ, endpoint_id)
+        assert scope.endpoint_id is not None
+        queues, states = list(which.queues) or None, list(which.states) or None
+        after: int | None = None
+        async with self._db.transaction() as conn:
+            await _require_endpoint(conn, principal, scope)
+            if which.dedup is not None:
+                rows = await todo_queries.list_by_dedup(
+                    conn,
+                    endpoint_id=scope.endpoint_id,
+                    owner_id=scope.owner_id,
+                    queues=queues,
+                    states=states,
+                    dedup=which.dedup,
+                )
+                if before is not None:
+                    rows = [t for t in rows if t.id < before]
+            elif which.error_contains is not None:
+                page = await todo_queries.list_by_error(
+                    conn,
+                    endpoint_id=scope.endpoint_id,
+                    owner_id=scope.owner_id,
+                    queues=queues,
+                    states=states,
+                    contains=which.error_contains,
+                    limit=page_size + 1,
+                    before_id=before,
+                    scan=ERROR_SCAN,
+                )
+                rows = page.todos[:page_size]
+                if len(page.todos) > page_size:
+                    after = rows[-1].id
+                elif page.examined == ERROR_SCAN:
+                    after = page.examined_to
+            else:
+                rows = await todo_queries.list_page(
+                    conn,
+                    endpoint_id=scope.endpoint_id,
+                    owner_id=scope.owner_id,
+                    queues=queues,
+                    states=states,
+                    limit=page_size + 1,
+                    before_id=before,
+                )
+                if len(rows) > page_size:
+                    rows = rows[:page_size]
+                    after = rows[-1].id
+            views = await self._views(conn, rows)
+        return views, after
+
+    async def cancel(self, principal: Principal, todo_id: int) -> Todo:
+        """Cancels a pending or claimed todo (see ``sb_cancel``); audited.
+
+        ``NotFound`` outside the caller's scope; ``FailedPrecondition`` for a
+        done, dead or cancelled todo.
+        """
+        scope = require_tenant(principal, Grant.CANCEL)
+        async with self._db.transaction() as conn:
+            (acted,) = await todo_queries.cancel(
+                conn, ids=[todo_id], owner_id=scope.owner_id, endpoint_id=scope.endpoint_id
+            )
+            todo = _acted_on(acted)
+            if acted.outcome != "applied":
+                raise errors.FailedPrecondition(
+                    f"the todo is {todo.state.value}: only pending and claimed todos can be "
+                    "cancelled"
+                )
+            await _audit(conn, principal, todo.endpoint_id, "cancel", todo_id, 1)
+        if acted.was is TodoState.CLAIMED:
+            self._metrics.attempts_ended(AttemptOutcome.CANCELLED)
+        return todo
+
+    async def requeue(
+        self,
+        principal: Principal,
+        todo_id: int,
+        delay: timedelta,
+        max_attempts: int | None,
+    ) -> TodoView:
+        """Sends a dead or cancelled todo back to pending (see ``sb_requeue``);
+        audited. The todo comes back with its derived admission status.
+
+        ``NotFound`` outside the caller's scope; ``FailedPrecondition`` for a
+        pending, claimed or done todo; ``InvalidArgument`` when ``max_attempts``
+        is not above the todo's attempts so far.
+        """
+        scope = require_tenant(principal, Grant.REQUEUE)
+        async with self._db.transaction() as conn:
+            (acted,) = await todo_queries.requeue(
+                conn,
+                ids=[todo_id],
+                owner_id=scope.owner_id,
+                endpoint_id=scope.endpoint_id,
+                delay=delay,
+                max_attempts=max_attempts,
+            )
+            todo = _acted_on(acted)
+            if acted.outcome == "max_attempts_too_low":
+                raise errors.InvalidArgument.field(
+                    "max_attempts",
+                    f"must be above the todo's attempts so far ({todo.attempt})",
+                )
+            if acted.outcome != "applied":
+                hint = (
+                    " (a done todo stays done: ingest the work again to redo it)"
+                    if todo.state is TodoState.DONE
+                    else ""
+                )
+                raise errors.FailedPrecondition(
+                    f"the todo is {todo.state.value}: only dead and cancelled todos can be "
+                    f"requeued{hint}"
+                )
+            await _audit(conn, principal, todo.endpoint_id, "requeue", todo_id, 1)
             (view,) = await self._views(conn, [todo])
-        return view, attempts
+        return view
+
+    async def audit(
+        self,
+        principal: Principal,
+        endpoint_id: uuid.UUID | None,
+        before: int | None,
+        limit: int,
+    ) -> list[TodoAuditEntry]:
+        """A page of the owner's cancels and requeues, newest first: of one
+        endpoint (an endpoint credential: its own), or of all of a human's owner's."""
+        scope = require_tenant(principal, Grant.READ)
+        if principal.kind is PrincipalKind.ENDPOINT:
+            scope = endpoint_scope(principal, Grant.READ, endpoint_id)
+        elif endpoint_id is not None:
+            scope = Scope(scope.owner_id, endpoint_id)
+        async with self._db.transaction() as conn:
+            if scope.endpoint_id is not None:
+                await _require_endpoint(conn, principal, scope)
+            return await todo_queries.list_audit(
+                conn,
+                owner_id=scope.owner_id,
+                endpoint_id=scope.endpoint_id,
+                before_id=before,
+                limit=limit,
+            )
 
     async def list(
         self,
@@ -531,21 +745,10 @@ class Dispatcher:
         before: int | None,
     ) -> tuple[list[TodoView], bool]:
         """A page of an endpoint's todos, newest first, below ``before``; more to come?"""
-        scope = endpoint_scope(principal, Grant.READ, endpoint_id)
-        assert scope.endpoint_id is not None
-        async with self._db.transaction() as conn:
-            await _require_endpoint(conn, principal, scope)
-            rows = await todo_queries.list_page(
-                conn,
-                endpoint_id=scope.endpoint_id,
-                owner_id=scope.owner_id,
-                queues=queues,
-                states=states,
-                limit=page_size + 1,
-                before_id=before,
-            )
-            views = await self._views(conn, rows[:page_size])
-        return views, len(rows) > page_size
+        views, after = await self.find(
+            principal, endpoint_id, TodoFilter(queues, states), page_size, before
+        )
+        return views, after is not None
 
     async def watchable_endpoint(
         self, principal: Principal, endpoint_id: uuid.UUID | None
@@ -590,10 +793,46 @@ _ENDED = {
 }
 
 
+def _acted_on(acted: todo_queries.Acted) -> Todo:
+    """The todo a single cancel or requeue found; ``NotFound`` when none."""
+    if acted.outcome == "not_found" or acted.todo is None:
+        raise errors.NotFound("todo not found")
+    return acted.todo
+
+
+async def _audit(
+    conn: Conn,
+    principal: Principal,
+    endpoint_id: uuid.UUID,
+    action: str,
+    todo_id: int | None,
+    count: int,
+    filter_: Mapping[str, Any] | None = None,
+) -> None:
+    """Records a cancel or requeue: who (a human, or an agent and the human who
+    vended its credential), which endpoint, which todo or how many, the filter."""
+    is_agent = principal.kind is PrincipalKind.ENDPOINT
+    assert principal.owner_id is not None
+    await todo_queries.insert_audit(
+        conn,
+        owner_id=principal.owner_id,
+        endpoint_id=endpoint_id,
+        action=action,
+        todo_id=todo_id,
+        count=count,
+        filter_json=json.dumps(filter_, sort_keys=True) if filter_ is not None else None,
+        actor_credential_id=principal.credential_id,
+        actor_human_id=principal.vended_by_human_id if is_agent else principal.human_id,
+        actor_endpoint_id=principal.endpoint_id if is_agent else None,
+    )
+
+
 def refusal_message(outcome: ItemOutcome, todo: Todo | None) -> str:
     """Why a lease call refused one todo, for people."""
     if outcome is ItemOutcome.NOT_FOUND:
         return "todo not found"
+    if outcome is ItemOutcome.CANCELLED:
+        return "the todo was cancelled: its lease is void"
     if outcome is ItemOutcome.STALE_LEASE:
         return "the lease is stale: the todo was taken over by a later claim"
     if todo is not None:
@@ -605,4 +844,6 @@ def _refusal(outcome: ItemOutcome, todo: Todo | None) -> errors.SwitchboardError
     message = refusal_message(outcome, todo)
     if outcome is ItemOutcome.NOT_FOUND:
         return errors.NotFound(message)
+    if outcome is ItemOutcome.CANCELLED:
+        return errors.TodoCancelled(message)
     return errors.StaleLease(message)

@@ -59,6 +59,10 @@ class StaleLease(FailedPrecondition):
     """The lease is stale: the todo was completed, failed, released, reaped or taken over."""
 
 
+class TodoCancelled(StaleLease):
+    """The todo was cancelled: its lease is void."""
+
+
 class Unavailable(SwitchboardError):
     """The database is unavailable; try again."""
 

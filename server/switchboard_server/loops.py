@@ -63,7 +63,7 @@ async def reap_once(db: Database, metrics: Metrics | None = None) -> int:
 
 
 async def retain_once(db: Database, age: timedelta) -> int:
-    """Deletes done/dead todos older than ``age``, in batches; the number deleted."""
+    """Deletes done, dead and cancelled todos older than ``age``, in batches; the number deleted."""
     total = 0
     while True:
         async with db.transaction() as conn:

@@ -15,6 +15,7 @@ class TodoState(enum.Enum):
     CLAIMED = "claimed"
     DONE = "done"
     DEAD = "dead"
+    CANCELLED = "cancelled"
 
 
 class AttemptOutcome(enum.Enum):
@@ -25,6 +26,7 @@ class AttemptOutcome(enum.Enum):
     FAILED = "failed"
     RELEASED = "released"
     LAPSED = "lapsed"
+    CANCELLED = "cancelled"
 
 
 class PrincipalKind(enum.Enum):
@@ -43,10 +45,15 @@ class Grant(enum.Enum):
     READ = "read"
     SET_ADMISSION_POLICY = "set_admission_policy"
     CLEAR_ADMISSION_POLICY = "clear_admission_policy"
+    CANCEL = "cancel"
+    REQUEUE = "requeue"
 
 
 #: Grants that let an agent change its own budget: in no preset, only by name.
 BUDGET_GRANTS = frozenset({Grant.SET_ADMISSION_POLICY, Grant.CLEAR_ADMISSION_POLICY})
+
+#: Grants that let an agent cancel or requeue its todos: in no preset, only by name.
+OPERATOR_GRANTS = frozenset({Grant.CANCEL, Grant.REQUEUE})
 
 #: The ``basics`` preset.
 BASICS = frozenset({Grant.INGEST, Grant.CLAIM, Grant.READ})
@@ -107,14 +114,24 @@ class SettleAction(enum.Enum):
 
 
 @dataclass(frozen=True)
+class TodoResult:
+    """The small result a worker left when it completed a todo."""
+
+    data: bytes
+    content_type: str
+
+
+@dataclass(frozen=True)
 class Settlement:
-    """One todo to settle under its lease (``error`` and ``permanent`` for ``FAIL``)."""
+    """One todo to settle under its lease (``error`` and ``permanent`` for
+    ``FAIL``, an optional ``result`` for ``COMPLETE``)."""
 
     todo_id: int
     lease_id: uuid.UUID
     action: SettleAction
     error: str = ""
     permanent: bool = False
+    result: TodoResult | None = None
 
 
 class ItemOutcome(enum.Enum):
@@ -127,6 +144,9 @@ class ItemOutcome(enum.Enum):
     NOT_CLAIMED = "not_claimed"
     #: No such todo in the caller's scope.
     NOT_FOUND = "not_found"
+    #: The todo is no longer claimed because it was cancelled (the database
+    #: reports ``not_claimed``; the todo's state tells the two apart).
+    CANCELLED = "cancelled"
 
 
 @dataclass(frozen=True)

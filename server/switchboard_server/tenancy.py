@@ -19,6 +19,7 @@ from switchboard_server.hook_policy import HookPolicy, Refused
 from switchboard_server.model import (
     BASICS,
     BUDGET_GRANTS,
+    OPERATOR_GRANTS,
     Credential,
     Endpoint,
     Grant,
@@ -245,8 +246,9 @@ async def bootstrap_operator(db: Database, label: str) -> Minted:
 def expand_presets(grants: Iterable[Grant], basics: bool) -> frozenset[Grant]:
     """Explicit grants plus the ``basics`` preset when asked for.
 
-    Budget grants are never in a preset: they must be named.
+    Budget grants, and the cancel and requeue grants, are never in a preset:
+    they must be named.
     """
     result = frozenset(grants) | (BASICS if basics else frozenset())
-    assert not (BASICS & BUDGET_GRANTS)
+    assert not (BASICS & (BUDGET_GRANTS | OPERATOR_GRANTS))
     return result

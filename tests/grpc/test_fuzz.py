@@ -430,6 +430,7 @@ def settlement(w: World) -> st.SearchStrategy[Any]:
     action: st.SearchStrategy[dict[str, Message]] = st.one_of(
         st.just({}),
         st.just({"complete": dispatch_pb2.CompleteAction()}),
+        st.builds(lambda r: {"complete": dispatch_pb2.CompleteAction(result=r)}, result()),
         st.just({"release": dispatch_pb2.ReleaseAction()}),
         st.builds(
             lambda error, permanent: {
@@ -443,6 +444,25 @@ def settlement(w: World) -> st.SearchStrategy[Any]:
         lambda pair, act: dispatch_pb2.Settlement(todo_id=pair[0], lease_id=pair[1], **act),
         lease_pair(w),
         action,
+    )
+
+
+RESULTS = st.one_of(
+    st.binary(max_size=64),
+    st.sampled_from([b"", b"r" * (64 * 1024), b"r" * (64 * 1024 + 1), b"x" * (1024 * 1024)]),
+)
+
+
+def result() -> st.SearchStrategy[Any]:
+    """A completion's result: small, at the 64 KiB limit, just over it, or far over."""
+    return message(
+        todo_pb2.TodoResult, {"data": RESULTS, "content_type": texts("application/json")}
+    )
+
+
+def dedup_key() -> st.SearchStrategy[Any]:
+    return message(
+        todo_pb2.DedupKey, {"webhook_id": texts("gh"), "delivery_id": texts("d-1", "d-2")}
     )
 
 
@@ -491,10 +511,7 @@ RPCS: dict[str, tuple[Stub, Callable[[World], st.SearchStrategy[Any]]]] = {
                 "queue": queue_ref(w, QUEUE_NAMES),
                 "payload": PAYLOADS,
                 "content_type": texts("application/json", "text/plain; charset=utf-8"),
-                "dedup": message(
-                    todo_pb2.DedupKey,
-                    {"webhook_id": texts("gh"), "delivery_id": texts("d-1", "d-2")},
-                ),
+                "dedup": dedup_key(),
                 "max_attempts": INT32,
                 "delay": DURATIONS,
             },
@@ -540,7 +557,7 @@ RPCS: dict[str, tuple[Stub, Callable[[World], st.SearchStrategy[Any]]]] = {
     ),
     "Complete": (
         lambda c: c.dispatch.Complete,
-        lambda w: lease_call(dispatch_pb2.CompleteRequest, w),
+        lambda w: lease_call(dispatch_pb2.CompleteRequest, w, result=result()),
     ),
     "Fail": (
         lambda c: c.dispatch.Fail,
@@ -571,7 +588,10 @@ RPCS: dict[str, tuple[Stub, Callable[[World], st.SearchStrategy[Any]]]] = {
     ),
     "GetTodo": (
         lambda c: c.dispatch.GetTodo,
-        lambda w: message(dispatch_pb2.GetTodoRequest, {"todo_id": todo_ids(w)}),
+        lambda w: message(
+            dispatch_pb2.GetTodoRequest,
+            {"todo_id": todo_ids(w), "dedup": dedup_key(), "endpoint_id": ids(w.endpoint_ids)},
+        ),
     ),
     "ListTodos": (
         lambda c: c.dispatch.ListTodos,
@@ -580,9 +600,34 @@ RPCS: dict[str, tuple[Stub, Callable[[World], st.SearchStrategy[Any]]]] = {
             {
                 "endpoint_id": ids(w.endpoint_ids),
                 "queues": many(QUEUE_NAMES, ["work", BUDGETED]),
-                "states": many(enums(4), [1, 2]),
+                "states": many(enums(5), [1, 2, 5]),
                 "page_size": INT32,
                 "page_token": texts("djE6NQ", "djE6OTk5OTk5OTk5OTk5OTk5OTk5OTk5", "v1:5"),
+                "dedup": dedup_key(),
+                "error_contains": texts("boom", "%", "_", "\\", "é" * 200, "x" * 201),
+            },
+        ),
+    ),
+    "CancelTodo": (
+        lambda c: c.dispatch.CancelTodo,
+        lambda w: message(dispatch_pb2.CancelTodoRequest, {"todo_id": todo_ids(w)}),
+    ),
+    "RequeueTodo": (
+        lambda c: c.dispatch.RequeueTodo,
+        lambda w: message(
+            dispatch_pb2.RequeueTodoRequest,
+            {"delay": DURATIONS, "max_attempts": INT32},
+            todo_id=todo_ids(w),
+        ),
+    ),
+    "ListTodoAudit": (
+        lambda c: c.dispatch.ListTodoAudit,
+        lambda w: message(
+            dispatch_pb2.ListTodoAuditRequest,
+            {
+                "endpoint_id": ids(w.endpoint_ids),
+                "page_size": INT32,
+                "page_token": texts("djE6NQ", "v1:5"),
             },
         ),
     ),
@@ -613,7 +658,7 @@ RPCS: dict[str, tuple[Stub, Callable[[World], st.SearchStrategy[Any]]]] = {
             admin_pb2.VendCredentialRequest,
             {
                 "endpoint_id": ids(w.endpoint_ids),
-                "grants": many(enums(5), [1, 4]),
+                "grants": many(enums(7), [1, 4, 6, 7]),
                 "presets": many(enums(1), [1]),
                 "label": texts("ci", "nightly"),
             },

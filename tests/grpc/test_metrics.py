@@ -117,6 +117,7 @@ async def test_metrics_count_claims_refusals_units_and_attempts(
         "failed": 1,
         "released": 1,
         "lapsed": 0,
+        "cancelled": 0,
     }
     durations = "switchboard_claim_duration_seconds_count"
     assert value(samples, durations, outcome="claimed") == 4

@@ -95,6 +95,8 @@ async def test_readme_grpcurl_quickstart_works(dsn: str) -> None:
     assert '"deduplicated": true' in walkthrough
     assert "DEFERRAL_REASON_PAUSED" in walkthrough
     assert "POLICY_ACTION_SET" in walkthrough
+    # The operator's calls: found by key and by error, cancelled, requeued, audited.
+    assert "TODO_STATE_CANCELLED" in walkthrough and "TODO_ACTION_REQUEUE" in walkthrough
     # The batch of three was extended and settled, each item applied.
     assert walkthrough.count('"status": "BATCH_ITEM_STATUS_APPLIED"') == 6
 

@@ -32,7 +32,16 @@ from tests.support.errors import expect_code, status_of
 
 OP = auth(OPERATOR_TOKEN)
 Metadata = tuple[tuple[str, str], ...]
-TABLES = ("owners", "humans", "endpoints", "credentials", "queues", "todos", "attempts")
+TABLES = (
+    "owners",
+    "humans",
+    "endpoints",
+    "credentials",
+    "queues",
+    "todos",
+    "attempts",
+    "todo_audit",
+)
 BASICS = {admin_pb2.GRANT_INGEST, admin_pb2.GRANT_CLAIM, admin_pb2.GRANT_READ}
 ABSENT_TODO = str(2**62 + 12345)
 
@@ -122,8 +131,30 @@ PROBES: dict[str, Probe] = {
     "ClaimNext": lambda c, m, i: c.dispatch.ClaimNext(
         dispatch_pb2.ClaimNextRequest(endpoint_id=i.endpoint), metadata=m
     ),
+    "GetTodo(dedup)": lambda c, m, i: c.dispatch.GetTodo(
+        dispatch_pb2.GetTodoRequest(
+            dedup=todo_pb2.DedupKey(webhook_id="w", delivery_id="d"), endpoint_id=i.endpoint
+        ),
+        metadata=m,
+    ),
+    "ListTodos(error)": lambda c, m, i: c.dispatch.ListTodos(
+        dispatch_pb2.ListTodosRequest(endpoint_id=i.endpoint, error_contains="x"), metadata=m
+    ),
+    "ListTodoAudit": lambda c, m, i: c.dispatch.ListTodoAudit(
+        dispatch_pb2.ListTodoAuditRequest(endpoint_id=i.endpoint), metadata=m
+    ),
 }
 HUMAN_ONLY_PROBES: dict[str, Probe] = {
+    # An agent needs the cancel and requeue grants first (see test_operator_actions).
+    "CancelTodo": lambda c, m, i: c.dispatch.CancelTodo(
+        dispatch_pb2.CancelTodoRequest(todo_id=i.pending), metadata=m
+    ),
+    "CancelTodo(claimed)": lambda c, m, i: c.dispatch.CancelTodo(
+        dispatch_pb2.CancelTodoRequest(todo_id=i.todo), metadata=m
+    ),
+    "RequeueTodo": lambda c, m, i: c.dispatch.RequeueTodo(
+        dispatch_pb2.RequeueTodoRequest(todo_id=i.pending), metadata=m
+    ),
     "VendCredential": lambda c, m, i: c.admin.VendCredential(
         admin_pb2.VendCredentialRequest(
             endpoint_id=i.endpoint, presets=[admin_pb2.GRANT_PRESET_BASICS]
@@ -391,6 +422,15 @@ ALL_RPCS: dict[str, Callable[[Client, Metadata | None], Awaitable[Any]]] = {
         dispatch_pb2.GetTodoRequest(todo_id="1"), metadata=m
     ),
     "ListTodos": lambda c, m: c.dispatch.ListTodos(dispatch_pb2.ListTodosRequest(), metadata=m),
+    "CancelTodo": lambda c, m: c.dispatch.CancelTodo(
+        dispatch_pb2.CancelTodoRequest(todo_id="1"), metadata=m
+    ),
+    "RequeueTodo": lambda c, m: c.dispatch.RequeueTodo(
+        dispatch_pb2.RequeueTodoRequest(todo_id="1"), metadata=m
+    ),
+    "ListTodoAudit": lambda c, m: c.dispatch.ListTodoAudit(
+        dispatch_pb2.ListTodoAuditRequest(), metadata=m
+    ),
     "WhoAmI": lambda c, m: c.admin.WhoAmI(admin_pb2.WhoAmIRequest(), metadata=m),
     "CreateOwner": lambda c, m: c.admin.CreateOwner(
         admin_pb2.CreateOwnerRequest(name="sneaky"), metadata=m
@@ -757,6 +797,8 @@ async def test_endpoint_credentials_cannot_administer(
             admin_pb2.GRANT_READ,
             admin_pb2.GRANT_SET_ADMISSION_POLICY,
             admin_pb2.GRANT_CLEAR_ADMISSION_POLICY,
+            admin_pb2.GRANT_CANCEL,
+            admin_pb2.GRANT_REQUEUE,
         ],
     )
     own_id = (await whoami(client, tenant.agent)).id
@@ -809,6 +851,8 @@ async def test_basics_preset_grants_ingest_claim_read_only(client: Client, tenan
     assert set(me.grants) == BASICS
     assert admin_pb2.GRANT_SET_ADMISSION_POLICY not in me.grants
     assert admin_pb2.GRANT_CLEAR_ADMISSION_POLICY not in me.grants
+    assert admin_pb2.GRANT_CANCEL not in me.grants
+    assert admin_pb2.GRANT_REQUEUE not in me.grants
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,17 @@ from tests.support.errors import expect_code, violations
 from tests.support.protos import dur
 
 OP = auth(OPERATOR_TOKEN)
-TABLES = ("owners", "humans", "endpoints", "credentials", "queues", "todos", "attempts")
+TABLES = (
+    "owners",
+    "humans",
+    "endpoints",
+    "credentials",
+    "queues",
+    "todos",
+    "attempts",
+    "todo_results",
+    "todo_audit",
+)
 MIB = 1024 * 1024
 DAY = 86_400
 Metadata = tuple[tuple[str, str], ...]
@@ -226,6 +236,24 @@ def set_window(**window: Any) -> Call:
             )
         ),
         metadata=w.human,
+    )
+
+
+def cancel_todo(**fields: Any) -> Call:
+    return lambda w: w.client.dispatch.CancelTodo(
+        dispatch_pb2.CancelTodoRequest(**fields), metadata=w.human
+    )
+
+
+def requeue_todo(**fields: Any) -> Call:
+    return lambda w: w.client.dispatch.RequeueTodo(
+        dispatch_pb2.RequeueTodoRequest(**fields), metadata=w.human
+    )
+
+
+def list_audit(**fields: Any) -> Call:
+    return lambda w: w.client.dispatch.ListTodoAudit(
+        dispatch_pb2.ListTodoAuditRequest(**fields), metadata=w.human
     )
 
 
@@ -462,6 +490,48 @@ CASES: list[tuple[str, Call, set[str]]] = [
     ("set-policy-zone-huge", set_window(time_zone="Z" * 100_000), {"policy.window.time_zone"}),
     ("set-policy-start-nul", set_window(start="00:00\x00"), {"policy.window.start"}),
     ("set-policy-start-huge", set_window(start="0" * 100_000), {"policy.window.start"}),
+    # Operator actions (issue 15)
+    ("cancel-todo-id-empty", cancel_todo(todo_id=""), {"todo_id"}),
+    ("cancel-todo-id-overflow", cancel_todo(todo_id=str(BIG)), {"todo_id"}),
+    ("requeue-todo-id-non-numeric", requeue_todo(todo_id="abc"), {"todo_id"}),
+    ("requeue-max-attempts-0", requeue_todo(todo_id="1", max_attempts=0), {"max_attempts"}),
+    ("requeue-max-attempts-101", requeue_todo(todo_id="1", max_attempts=101), {"max_attempts"}),
+    ("requeue-delay-negative", requeue_todo(todo_id="1", delay=dur(-1)), {"delay"}),
+    ("requeue-delay-over-365-days", requeue_todo(todo_id="1", delay=dur(365 * DAY + 1)), {"delay"}),
+    (
+        "requeue-all-wrong",
+        requeue_todo(todo_id="x", max_attempts=-1, delay=dur(0, -1)),
+        {"todo_id", "max_attempts", "delay"},
+    ),
+    ("get-todo-dedup-no-delivery", get_todo(dedup=dedup("hook", "")), {"dedup.delivery_id"}),
+    ("get-todo-id-and-dedup", get_todo(todo_id="1", dedup=dedup("h", "d")), {"todo_id"}),
+    (
+        "get-todo-dedup-endpoint-not-uuid",
+        get_todo(dedup=dedup("h", "d"), endpoint_id="nope"),
+        {"endpoint_id"},
+    ),
+    ("get-todo-endpoint-without-dedup", get_todo(todo_id="1", endpoint_id="nope"), {"endpoint_id"}),
+    ("list-dedup-no-webhook", list_todos(dedup=dedup("", "d")), {"dedup.webhook_id"}),
+    ("list-error-contains-201", list_todos(error_contains="e" * 201), {"error_contains"}),
+    ("list-error-contains-nul", list_todos(error_contains="e\x00"), {"error_contains"}),
+    (
+        "list-dedup-and-error",
+        list_todos(dedup=dedup("h", "d"), error_contains="boom"),
+        {"error_contains"},
+    ),
+    (
+        "complete-result-over-64kib",
+        complete(result=todo_pb2.TodoResult(data=b"r" * (64 * 1024 + 1))),
+        {"result.data"},
+    ),
+    (
+        "complete-result-content-type-nul",
+        complete(result=todo_pb2.TodoResult(data=b"r", content_type="a\x00")),
+        {"result.content_type"},
+    ),
+    ("audit-endpoint-not-uuid", list_audit(endpoint_id="nope"), {"endpoint_id"}),
+    ("audit-page-size-501", list_audit(page_size=501), {"page_size"}),
+    ("audit-page-token-garbage", list_audit(page_token="%%%"), {"page_token"}),
 ]
 
 
@@ -503,7 +573,10 @@ VALID: list[tuple[str, Call]] = [
     ("claim-next-100-queues", claim_next(queues=QUEUES_101[:100])),
     ("heartbeat-lease-24h", heartbeat(lease_duration=dur(DAY))),
     ("list-page-size-500", list_todos(page_size=500)),
-    ("list-page-size-1", list_todos(page_size=1, states=[1, 2, 3, 4])),
+    ("list-page-size-1", list_todos(page_size=1, states=[1, 2, 3, 4, 5])),
+    ("list-error-contains-200", list_todos(error_contains="é" * 200)),
+    ("list-dedup", list_todos(dedup=dedup("h" * 200, "d"))),
+    ("audit-page-size-500", list_audit(page_size=500)),
     ("create-owner-name-100", create_owner(name="o" * 100)),
     ("create-endpoint-name-100", create_endpoint(name="e" * 100)),
     ("vend-label-200", vend(presets=[1], label="l" * 200)),

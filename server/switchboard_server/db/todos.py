@@ -21,6 +21,7 @@ from switchboard_server.model import (
     Settled,
     Settlement,
     Todo,
+    TodoResult,
     TodoState,
 )
 
@@ -167,15 +168,34 @@ async def heartbeat_many(
 ) -> list[tuple[ItemOutcome, datetime | None]]:
     """Extends each (todo, lease) that is live: per item, in order, the outcome
     and the new expiry when applied. Todo ids must be distinct."""
+    ids = [todo_id for todo_id, _ in leases]
     rows = await conn.fetch(
         sql("todo_heartbeat_many"),
         owner_id,
         endpoint_id,
-        [todo_id for todo_id, _ in leases],
+        ids,
         [lease_id for _, lease_id in leases],
         lease,
     )
-    return [(ItemOutcome(r["outcome"]), r["lease_expires_at"]) for r in rows]
+    outcomes = [(ItemOutcome(r["outcome"]), r["lease_expires_at"]) for r in rows]
+    refused = [i for i, (o, _) in zip(ids, outcomes, strict=True) if o is ItemOutcome.NOT_CLAIMED]
+    if not refused:
+        return outcomes
+    # Rare: tell the cancelled apart (the function reports them as not claimed).
+    states = await conn.fetch(sql("todo_states"), refused, owner_id, endpoint_id)
+    cancelled = {r["id"] for r in states if r["state"] == TodoState.CANCELLED.value}
+    return [
+        (ItemOutcome.CANCELLED, None) if i in cancelled else (o, at)
+        for i, (o, at) in zip(ids, outcomes, strict=True)
+    ]
+
+
+def _item_outcome(outcome: str, todo: Todo | None) -> ItemOutcome:
+    """An item's outcome; a todo refused because it was cancelled is ``CANCELLED``."""
+    item = ItemOutcome(outcome)
+    if item is ItemOutcome.NOT_CLAIMED and todo is not None and todo.state is TodoState.CANCELLED:
+        return ItemOutcome.CANCELLED
+    return item
 
 
 async def settle(
@@ -188,7 +208,9 @@ async def settle(
     backoff_cap: timedelta,
 ) -> list[Settled]:
     """Completes, fails or releases claimed todos under their leases, each on
-    its own (see ``sb_settle``): per item, in order. Todo ids must be distinct."""
+    its own (see ``sb_settle``): per item, in order. Todo ids must be distinct.
+    A refusal because the todo was cancelled is ``CANCELLED``."""
+    with_results = any(s.result is not None for s in settlements)
     rows = await conn.fetch(
         sql("todo_settle"),
         owner_id,
@@ -200,14 +222,142 @@ async def settle(
         [s.permanent for s in settlements],
         backoff_base.total_seconds(),
         backoff_cap.total_seconds(),
+        # Without results (the common case) no result arrays are sent.
+        [s.result.data if s.result else None for s in settlements] if with_results else None,
+        [s.result.content_type if s.result else None for s in settlements]
+        if with_results
+        else None,
     )
+    settled = []
+    for r in rows:
+        todo = todo_from_record(r["todo"]) if r["todo"] is not None else None
+        settled.append(Settled(_item_outcome(r["outcome"], todo), todo))
+    return settled
+
+
+@dataclass(frozen=True)
+class Acted:
+    """What a cancel or requeue did with one todo: ``outcome`` (``applied``,
+    ``not_found``, or why it was refused), the todo after it (``None`` when not
+    found) and, for an applied cancel, the state it was cancelled from."""
+
+    outcome: str
+    todo: Todo | None
+    was: TodoState | None = None
+
+
+def _acted(rows: Sequence[Mapping[str, Any]]) -> list[Acted]:
     return [
-        Settled(
-            ItemOutcome(r["outcome"]),
+        Acted(
+            str(r["outcome"]),
             todo_from_record(r["todo"]) if r["todo"] is not None else None,
+            TodoState(r["was"]) if r.get("was") is not None else None,
         )
         for r in rows
     ]
+
+
+async def cancel(
+    conn: Conn, *, ids: Sequence[int], owner_id: uuid.UUID, endpoint_id: uuid.UUID | None
+) -> list[Acted]:
+    """Cancels pending and claimed todos, each on its own (see ``sb_cancel``):
+    per item, in order. Ids must be distinct."""
+    return _acted(await conn.fetch(sql("todo_cancel"), owner_id, endpoint_id, list(ids)))
+
+
+async def requeue(
+    conn: Conn,
+    *,
+    ids: Sequence[int],
+    owner_id: uuid.UUID,
+    endpoint_id: uuid.UUID | None,
+    delay: timedelta,
+    max_attempts: int | None,
+) -> list[Acted]:
+    """Sends dead and cancelled todos back to pending, each on its own (see
+    ``sb_requeue``): per item, in order. Ids must be distinct."""
+    rows = await conn.fetch(
+        sql("todo_requeue"), owner_id, endpoint_id, list(ids), delay, max_attempts
+    )
+    return _acted(rows)
+
+
+@dataclass(frozen=True)
+class TodoAuditRow:
+    """One recorded cancel or requeue."""
+
+    id: int
+    endpoint_id: uuid.UUID
+    action: str
+    todo_id: int | None
+    count: int
+    filter: str | None
+    actor_credential_id: uuid.UUID | None
+    actor_human_id: uuid.UUID | None
+    actor_endpoint_id: uuid.UUID | None
+    at: datetime
+
+
+async def insert_audit(
+    conn: Conn,
+    *,
+    owner_id: uuid.UUID,
+    endpoint_id: uuid.UUID,
+    action: str,
+    todo_id: int | None,
+    count: int,
+    filter_json: str | None,
+    actor_credential_id: uuid.UUID | None,
+    actor_human_id: uuid.UUID | None,
+    actor_endpoint_id: uuid.UUID | None,
+) -> None:
+    """Records a cancel or requeue."""
+    await conn.execute(
+        sql("todo_audit_insert"),
+        owner_id,
+        endpoint_id,
+        action,
+        todo_id,
+        count,
+        filter_json,
+        actor_credential_id,
+        actor_human_id,
+        actor_endpoint_id,
+    )
+
+
+async def list_audit(
+    conn: Conn,
+    *,
+    owner_id: uuid.UUID,
+    endpoint_id: uuid.UUID | None,
+    before_id: int | None,
+    limit: int,
+) -> list[TodoAuditRow]:
+    """An owner's cancels and requeues (one endpoint's, when given), newest first."""
+    rows = await conn.fetch(sql("todo_audit_list"), owner_id, endpoint_id, before_id, limit)
+    return [TodoAuditRow(**dict(r)) for r in rows]
+
+
+async def result(conn: Conn, *, todo_id: int) -> TodoResult | None:
+    """The result a todo's completion carried, if any."""
+    rec = await conn.fetchrow(sql("todo_result"), todo_id)
+    return TodoResult(bytes(rec["data"]), rec["content_type"]) if rec is not None else None
+
+
+async def get_by_dedup(
+    conn: Conn,
+    *,
+    endpoint_id: uuid.UUID,
+    owner_id: uuid.UUID,
+    webhook_id: str,
+    delivery_id: str,
+) -> Todo | None:
+    """The todo an endpoint of the owner ingested with a dedup key, or ``None``."""
+    rec = await conn.fetchrow(
+        sql("todo_get_by_dedup"), endpoint_id, owner_id, webhook_id, delivery_id
+    )
+    return todo_from_record(rec) if rec is not None else None
 
 
 async def get(
@@ -257,6 +407,73 @@ async def list_page(
     return [todo_from_record(r) for r in rows]
 
 
+async def list_by_dedup(
+    conn: Conn,
+    *,
+    endpoint_id: uuid.UUID,
+    owner_id: uuid.UUID,
+    queues: Sequence[str] | None,
+    states: Sequence[TodoState] | None,
+    dedup: tuple[str, str],
+) -> list[Todo]:
+    """The endpoint's todo with a dedup key, if it passes the filters (without payload)."""
+    rows = await conn.fetch(
+        sql("todo_list_dedup"),
+        endpoint_id,
+        owner_id,
+        list(queues) if queues else None,
+        [s.value for s in states] if states else None,
+        dedup[0],
+        dedup[1],
+    )
+    return [todo_from_record(r) for r in rows]
+
+
+@dataclass(frozen=True)
+class ErrorPage:
+    """Todos whose last error matched, and how far the bounded scan went: the
+    number of todos examined and the lowest id examined (``None``: none)."""
+
+    todos: list[Todo]
+    examined: int
+    examined_to: int | None
+
+
+async def list_by_error(
+    conn: Conn,
+    *,
+    endpoint_id: uuid.UUID,
+    owner_id: uuid.UUID,
+    queues: Sequence[str] | None,
+    states: Sequence[TodoState] | None,
+    contains: str,
+    limit: int,
+    before_id: int | None,
+    scan: int,
+) -> ErrorPage:
+    """Up to ``limit`` of an endpoint's todos below ``before_id`` whose last error
+    contains ``contains`` (ignoring case), newest first, among at most ``scan``
+    todos examined."""
+    rows = await conn.fetch(
+        sql("todo_list_error"),
+        endpoint_id,
+        owner_id,
+        list(queues) if queues else None,
+        [s.value for s in states] if states else None,
+        limit,
+        before_id,
+        contains,
+        scan,
+    )
+    first = rows[0]
+    todos = [
+        todo_from_record({k: v for k, v in r.items() if k not in ("examined", "examined_to")})
+        for r in rows
+        if r["id"] is not None
+    ]
+    return ErrorPage(todos, int(first["examined"]), first["examined_to"])
+
+
 async def reap_lapsed(conn: Conn, *, batch: int) -> list[tuple[int, TodoState, int]]:
     """Returns up to ``batch`` lapsed leases to pending (or dead): (id, new state, queue id)."""
     rows = await conn.fetch(sql("todo_reap_lapsed"), batch)
@@ -264,6 +481,6 @@ async def reap_lapsed(conn: Conn, *, batch: int) -> list[tuple[int, TodoState, i
 
 
 async def delete_finished(conn: Conn, *, older_than: timedelta, batch: int) -> int:
-    """Deletes up to ``batch`` done/dead todos finished before ``older_than`` ago."""
+    """Deletes up to ``batch`` done, dead or cancelled todos finished before ``older_than`` ago."""
     rows = await conn.fetch(sql("todo_delete_finished"), older_than, batch)
     return len(rows)

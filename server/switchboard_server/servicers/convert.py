@@ -16,7 +16,7 @@ from switchboard_server.admission import (
     Headroom,
     Policy,
 )
-from switchboard_server.dispatch import refusal_message
+from switchboard_server.dispatch import TodoAuditEntry, refusal_message
 from switchboard_server.doorbells import Doorbell
 from switchboard_server.model import (
     Attempt,
@@ -31,6 +31,7 @@ from switchboard_server.model import (
     PrincipalKind,
     Settled,
     Todo,
+    TodoResult,
     TodoState,
 )
 
@@ -39,6 +40,7 @@ TODO_STATE_TO_PROTO = {
     TodoState.CLAIMED: todo_pb2.TODO_STATE_CLAIMED,
     TodoState.DONE: todo_pb2.TODO_STATE_DONE,
     TodoState.DEAD: todo_pb2.TODO_STATE_DEAD,
+    TodoState.CANCELLED: todo_pb2.TODO_STATE_CANCELLED,
 }
 TODO_STATE_FROM_PROTO = {v: k for k, v in TODO_STATE_TO_PROTO.items()}
 
@@ -48,6 +50,7 @@ _OUTCOME = {
     AttemptOutcome.FAILED: todo_pb2.ATTEMPT_OUTCOME_FAILED,
     AttemptOutcome.RELEASED: todo_pb2.ATTEMPT_OUTCOME_RELEASED,
     AttemptOutcome.LAPSED: todo_pb2.ATTEMPT_OUTCOME_LAPSED,
+    AttemptOutcome.CANCELLED: todo_pb2.ATTEMPT_OUTCOME_CANCELLED,
 }
 
 GRANT_TO_PROTO = {
@@ -56,6 +59,8 @@ GRANT_TO_PROTO = {
     Grant.READ: admin_pb2.GRANT_READ,
     Grant.SET_ADMISSION_POLICY: admin_pb2.GRANT_SET_ADMISSION_POLICY,
     Grant.CLEAR_ADMISSION_POLICY: admin_pb2.GRANT_CLEAR_ADMISSION_POLICY,
+    Grant.CANCEL: admin_pb2.GRANT_CANCEL,
+    Grant.REQUEUE: admin_pb2.GRANT_REQUEUE,
 }
 GRANT_FROM_PROTO = {v: k for k, v in GRANT_TO_PROTO.items()}
 
@@ -198,8 +203,10 @@ def doorbell(value: Doorbell) -> dispatch_pb2.Doorbell:
     )
 
 
-def todo(value: Todo, admission: AdmissionStatus | None = None) -> todo_pb2.Todo:
-    """The wire form of a todo."""
+def todo(
+    value: Todo, admission: AdmissionStatus | None = None, result: TodoResult | None = None
+) -> todo_pb2.Todo:
+    """The wire form of a todo (with its result, when one is given)."""
     msg = todo_pb2.Todo(
         id=str(value.id),
         queue=queue_ref(value.endpoint_id, value.queue),
@@ -218,6 +225,9 @@ def todo(value: Todo, admission: AdmissionStatus | None = None) -> todo_pb2.Todo
     )
     if admission is not None:
         msg.admission.CopyFrom(admission_status(admission))
+    if result is not None:
+        msg.result.data = result.data
+        msg.result.content_type = result.content_type
     if value.dedup_webhook_id is not None and value.dedup_delivery_id is not None:
         msg.dedup.webhook_id = value.dedup_webhook_id
         msg.dedup.delivery_id = value.dedup_delivery_id
@@ -241,7 +251,30 @@ ITEM_OUTCOME = {
     ItemOutcome.STALE_LEASE: dispatch_pb2.BATCH_ITEM_STATUS_STALE_LEASE,
     ItemOutcome.NOT_CLAIMED: dispatch_pb2.BATCH_ITEM_STATUS_NOT_CLAIMED,
     ItemOutcome.NOT_FOUND: dispatch_pb2.BATCH_ITEM_STATUS_NOT_FOUND,
+    # Told apart by the message, and by the todo's state where the answer has one.
+    ItemOutcome.CANCELLED: dispatch_pb2.BATCH_ITEM_STATUS_NOT_CLAIMED,
 }
+
+_TODO_ACTION = {
+    "cancel": dispatch_pb2.TODO_ACTION_CANCEL,
+    "requeue": dispatch_pb2.TODO_ACTION_REQUEUE,
+}
+
+
+def todo_audit_entry(value: TodoAuditEntry) -> dispatch_pb2.TodoAuditEntry:
+    """The wire form of one audited cancel or requeue."""
+    return dispatch_pb2.TodoAuditEntry(
+        id=str(value.id),
+        action=_TODO_ACTION.get(value.action, dispatch_pb2.TODO_ACTION_UNSPECIFIED),
+        endpoint_id=str(value.endpoint_id),
+        todo_id=str(value.todo_id) if value.todo_id is not None else "",
+        count=value.count,
+        actor_human_id=str(value.actor_human_id or ""),
+        actor_endpoint_id=str(value.actor_endpoint_id or ""),
+        actor_credential_id=str(value.actor_credential_id or ""),
+        at=timestamp(value.at),
+        filter=value.filter or "",
+    )
 
 
 def settlement_result(todo_id: int, value: Settled) -> dispatch_pb2.SettlementResult:

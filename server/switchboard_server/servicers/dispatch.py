@@ -7,11 +7,11 @@ from datetime import timedelta
 from typing import Any
 
 import grpc
-from switchboard.v1 import dispatch_pb2, dispatch_pb2_grpc
+from switchboard.v1 import dispatch_pb2, dispatch_pb2_grpc, todo_pb2
 
 from switchboard_server import dispatch
 from switchboard_server.doorbells import DoorbellHub
-from switchboard_server.model import ItemOutcome, Lease, SettleAction, Settlement
+from switchboard_server.model import ItemOutcome, Lease, SettleAction, Settlement, TodoState
 from switchboard_server.servicers import convert
 from switchboard_server.servicers.interceptor import current_principal
 from switchboard_server.servicers.validate import (
@@ -19,9 +19,9 @@ from switchboard_server.servicers.validate import (
     MAX_ATTEMPTS_LIMIT,
     MAX_CLAIMANT,
     MAX_CONTENT_TYPE,
-    MAX_DEDUP_PART,
     MAX_DELAY,
     MAX_ERROR,
+    MAX_ERROR_FILTER,
     MAX_PAYLOAD_BYTES,
     Violations,
     free_text,
@@ -49,16 +49,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
         content_type = v.text("content_type", request.content_type, maximum=MAX_CONTENT_TYPE)
         dedup = None
         if request.HasField("dedup"):
-            webhook = v.text(
-                "dedup.webhook_id", request.dedup.webhook_id, maximum=MAX_DEDUP_PART, required=True
-            )
-            delivery = v.text(
-                "dedup.delivery_id",
-                request.dedup.delivery_id,
-                maximum=MAX_DEDUP_PART,
-                required=True,
-            )
-            dedup = (webhook, delivery)
+            dedup = v.dedup("dedup", request.dedup.webhook_id, request.dedup.delivery_id)
         max_attempts = DEFAULT_MAX_ATTEMPTS
         if request.HasField("max_attempts"):
             max_attempts = request.max_attempts
@@ -163,6 +154,9 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
                     message=""
                     if outcome is ItemOutcome.APPLIED
                     else dispatch.refusal_message(outcome, None),
+                    state=convert.TODO_STATE_TO_PROTO[TodoState.CANCELLED]
+                    if outcome is ItemOutcome.CANCELLED
+                    else todo_pb2.TODO_STATE_UNSPECIFIED,
                 )
                 for (todo_id, lease_id), (outcome, expires_at) in zip(refs, results, strict=True)
             ]
@@ -174,8 +168,11 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
         v = Violations()
         todo_id = v.todo_id("todo_id", request.todo_id)
         lease_id = v.lease_id("lease_id", request.lease_id)
+        result = None
+        if request.HasField("result"):
+            result = v.result("result", request.result.data, request.result.content_type)
         v.check()
-        todo = await self._dispatcher.complete(current_principal(), todo_id, lease_id)
+        todo = await self._dispatcher.complete(current_principal(), todo_id, lease_id, result)
         return dispatch_pb2.CompleteResponse(todo=convert.todo(todo))
 
     async def Fail(
@@ -216,6 +213,13 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
             if action is None:
                 v.add(f"settlements[{i}].action", "one of complete, fail or release is required")
                 continue
+            result = None
+            if action == "complete" and item.complete.HasField("result"):
+                result = v.result(
+                    f"settlements[{i}].complete.result",
+                    item.complete.result.data,
+                    item.complete.result.content_type,
+                )
             settlements.append(
                 Settlement(
                     todo_id,
@@ -223,6 +227,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
                     SettleAction(action),
                     free_text(item.fail.error, maximum=MAX_ERROR),
                     item.fail.permanent,
+                    result,
                 )
             )
         v.check()
@@ -238,11 +243,22 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
         self, request: dispatch_pb2.GetTodoRequest, context: Context
     ) -> dispatch_pb2.GetTodoResponse:
         v = Violations()
-        todo_id = v.todo_id("todo_id", request.todo_id)
-        v.check()
-        view, attempts = await self._dispatcher.get(current_principal(), todo_id)
+        principal = current_principal()
+        if request.HasField("dedup"):
+            if request.todo_id:
+                v.add("todo_id", "give either todo_id or dedup, not both")
+            dedup = v.dedup("dedup", request.dedup.webhook_id, request.dedup.delivery_id)
+            endpoint_id = v.parse_uuid("endpoint_id", request.endpoint_id, required=False)
+            v.check()
+            view, attempts = await self._dispatcher.get_by_dedup(principal, endpoint_id, dedup)
+        else:
+            if request.endpoint_id:
+                v.add("endpoint_id", "only with dedup")
+            todo_id = v.todo_id("todo_id", request.todo_id)
+            v.check()
+            view, attempts = await self._dispatcher.get(principal, todo_id)
         return dispatch_pb2.GetTodoResponse(
-            todo=convert.todo(view.todo, view.admission),
+            todo=convert.todo(view.todo, view.admission, view.result),
             attempts=[convert.attempt(a) for a in attempts],
         )
 
@@ -260,13 +276,77 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
                 states.append(convert.TODO_STATE_FROM_PROTO[state])
         page_size = v.page_size("page_size", request.page_size)
         before = v.page_token("page_token", request.page_token)
+        dedup = None
+        if request.HasField("dedup"):
+            dedup = v.dedup("dedup", request.dedup.webhook_id, request.dedup.delivery_id)
+        error_contains = None
+        if request.error_contains:
+            error_contains = v.text(
+                "error_contains", request.error_contains, maximum=MAX_ERROR_FILTER
+            )
+            if dedup is not None:
+                v.add("error_contains", "give either dedup or error_contains, not both")
         v.check()
-        views, more = await self._dispatcher.list(
-            current_principal(), endpoint_id, queues, states, page_size, before
+        views, after = await self._dispatcher.find(
+            current_principal(),
+            endpoint_id,
+            dispatch.TodoFilter(queues, states, dedup, error_contains),
+            page_size,
+            before,
         )
         return dispatch_pb2.ListTodosResponse(
             todos=[convert.todo(v.todo, v.admission) for v in views],
-            next_page_token=page_token_after(views[-1].todo.id) if more and views else "",
+            next_page_token=page_token_after(after) if after is not None else "",
+        )
+
+    async def CancelTodo(
+        self, request: dispatch_pb2.CancelTodoRequest, context: Context
+    ) -> dispatch_pb2.CancelTodoResponse:
+        v = Violations()
+        todo_id = v.todo_id("todo_id", request.todo_id)
+        v.check()
+        todo = await self._dispatcher.cancel(current_principal(), todo_id)
+        return dispatch_pb2.CancelTodoResponse(todo=convert.todo(todo))
+
+    async def RequeueTodo(
+        self, request: dispatch_pb2.RequeueTodoRequest, context: Context
+    ) -> dispatch_pb2.RequeueTodoResponse:
+        v = Violations()
+        todo_id = v.todo_id("todo_id", request.todo_id)
+        delay = v.duration(
+            "delay",
+            request.delay,
+            request.HasField("delay"),
+            minimum=timedelta(0),
+            maximum=MAX_DELAY,
+        )
+        max_attempts = None
+        if request.HasField("max_attempts"):
+            max_attempts = request.max_attempts
+            if not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
+                v.add("max_attempts", f"must be between 1 and {MAX_ATTEMPTS_LIMIT}")
+        v.check()
+        view = await self._dispatcher.requeue(
+            current_principal(), todo_id, delay or timedelta(0), max_attempts
+        )
+        return dispatch_pb2.RequeueTodoResponse(todo=convert.todo(view.todo, view.admission))
+
+    async def ListTodoAudit(
+        self, request: dispatch_pb2.ListTodoAuditRequest, context: Context
+    ) -> dispatch_pb2.ListTodoAuditResponse:
+        v = Violations()
+        endpoint_id = v.parse_uuid("endpoint_id", request.endpoint_id, required=False)
+        page_size = v.page_size("page_size", request.page_size)
+        before = v.page_token("page_token", request.page_token)
+        v.check()
+        entries = await self._dispatcher.audit(
+            current_principal(), endpoint_id, before, page_size + 1
+        )
+        more = len(entries) > page_size
+        entries = entries[:page_size]
+        return dispatch_pb2.ListTodoAuditResponse(
+            entries=[convert.todo_audit_entry(e) for e in entries],
+            next_page_token=page_token_after(entries[-1].id) if more and entries else "",
         )
 
     async def WatchReopen(

@@ -84,6 +84,8 @@ def status_for(exc: errors.SwitchboardError) -> grpc.Status:
         )
     if isinstance(exc, errors.Deferred):
         details.extend(_deferral_details(exc))
+    if isinstance(exc, errors.TodoCancelled):
+        details.append(error_details_pb2.ErrorInfo(reason="TODO_CANCELLED", domain="switchboard"))
     packed = []
     for detail in details:
         holder = any_pb2.Any()

@@ -15,6 +15,7 @@ from typing import Literal, Protocol
 from google.protobuf import duration_pb2
 
 from switchboard_server import errors
+from switchboard_server.model import TodoResult
 
 QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
 MAX_PAYLOAD_BYTES = 1024 * 1024
@@ -22,6 +23,10 @@ MAX_CONTENT_TYPE = 255
 MAX_DEDUP_PART = 200
 MAX_CLAIMANT = 200
 MAX_ERROR = 4096
+#: Bytes of a result a worker may leave with Complete.
+MAX_RESULT_BYTES = 64 * 1024
+#: Characters of ListTodos' error_contains filter.
+MAX_ERROR_FILTER = 200
 MAX_NAME = 100
 MAX_LABEL = 200
 MAX_URL = 2048
@@ -188,6 +193,22 @@ class Violations:
             self.add(field, f"must be between {minimum} and {maximum}")
             return None
         return delta
+
+    def dedup(self, field: str, webhook_id: str, delivery_id: str) -> tuple[str, str]:
+        """A dedup key: both parts required, each one-line text of at most
+        ``MAX_DEDUP_PART`` characters."""
+        return (
+            self.text(f"{field}.webhook_id", webhook_id, maximum=MAX_DEDUP_PART, required=True),
+            self.text(f"{field}.delivery_id", delivery_id, maximum=MAX_DEDUP_PART, required=True),
+        )
+
+    def result(self, field: str, data: bytes, content_type: str) -> TodoResult:
+        """A completion's result: at most ``MAX_RESULT_BYTES`` of data and a content
+        type (application/octet-stream when empty)."""
+        if len(data) > MAX_RESULT_BYTES:
+            self.add(f"{field}.data", f"at most {MAX_RESULT_BYTES} bytes")
+        content_type = self.text(f"{field}.content_type", content_type, maximum=MAX_CONTENT_TYPE)
+        return TodoResult(data, content_type or "application/octet-stream")
 
     def lease(self, request: LeaseRequest) -> timedelta | None:
         """A request's optional ``lease_duration`` (``MIN_LEASE`` to ``MAX_LEASE``)."""

@@ -41,6 +41,14 @@ class _GrantEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Grant.ValueType
     """Remove the endpoint's admission policies: lets the agent change its own
     budget. In no preset; must be named explicitly.
     """
+    GRANT_CANCEL: _Grant.ValueType  # 6
+    """Cancel the endpoint's pending and claimed todos (CancelTodo). Audited.
+    In no preset; must be named explicitly.
+    """
+    GRANT_REQUEUE: _Grant.ValueType  # 7
+    """Send the endpoint's dead and cancelled todos back to pending
+    (RequeueTodo). Audited. In no preset; must be named explicitly.
+    """
 
 class Grant(_Grant, metaclass=_GrantEnumTypeWrapper):
     """What an endpoint credential may do."""
@@ -59,6 +67,14 @@ its own budget. In no preset; must be named explicitly.
 GRANT_CLEAR_ADMISSION_POLICY: Grant.ValueType  # 5
 """Remove the endpoint's admission policies: lets the agent change its own
 budget. In no preset; must be named explicitly.
+"""
+GRANT_CANCEL: Grant.ValueType  # 6
+"""Cancel the endpoint's pending and claimed todos (CancelTodo). Audited.
+In no preset; must be named explicitly.
+"""
+GRANT_REQUEUE: Grant.ValueType  # 7
+"""Send the endpoint's dead and cancelled todos back to pending
+(RequeueTodo). Audited. In no preset; must be named explicitly.
 """
 Global___Grant: _TypeAlias = Grant  # noqa: Y015
 

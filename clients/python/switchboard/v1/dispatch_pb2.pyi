@@ -36,7 +36,9 @@ class _BatchItemStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Batch
     BATCH_ITEM_STATUS_STALE_LEASE: _BatchItemStatus.ValueType  # 2
     """Refused: the todo is claimed under another lease (taken over)."""
     BATCH_ITEM_STATUS_NOT_CLAIMED: _BatchItemStatus.ValueType  # 3
-    """Refused: the todo is no longer claimed (settled, reaped or retried)."""
+    """Refused: the todo is no longer claimed (settled, reaped, retried or
+    cancelled).
+    """
     BATCH_ITEM_STATUS_NOT_FOUND: _BatchItemStatus.ValueType  # 4
     """Refused: no such todo in the caller's scope."""
 
@@ -49,10 +51,30 @@ BATCH_ITEM_STATUS_APPLIED: BatchItemStatus.ValueType  # 1
 BATCH_ITEM_STATUS_STALE_LEASE: BatchItemStatus.ValueType  # 2
 """Refused: the todo is claimed under another lease (taken over)."""
 BATCH_ITEM_STATUS_NOT_CLAIMED: BatchItemStatus.ValueType  # 3
-"""Refused: the todo is no longer claimed (settled, reaped or retried)."""
+"""Refused: the todo is no longer claimed (settled, reaped, retried or
+cancelled).
+"""
 BATCH_ITEM_STATUS_NOT_FOUND: BatchItemStatus.ValueType  # 4
 """Refused: no such todo in the caller's scope."""
 Global___BatchItemStatus: _TypeAlias = BatchItemStatus  # noqa: Y015
+
+class _TodoAction:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TodoActionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TodoAction.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TODO_ACTION_UNSPECIFIED: _TodoAction.ValueType  # 0
+    TODO_ACTION_CANCEL: _TodoAction.ValueType  # 1
+    TODO_ACTION_REQUEUE: _TodoAction.ValueType  # 2
+
+class TodoAction(_TodoAction, metaclass=_TodoActionEnumTypeWrapper):
+    """What an audited operator action did."""
+
+TODO_ACTION_UNSPECIFIED: TodoAction.ValueType  # 0
+TODO_ACTION_CANCEL: TodoAction.ValueType  # 1
+TODO_ACTION_REQUEUE: TodoAction.ValueType  # 2
+Global___TodoAction: _TypeAlias = TodoAction  # noqa: Y015
 
 class _DoorbellCause:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -488,10 +510,15 @@ class HeartbeatResult(_message.Message):
     STATUS_FIELD_NUMBER: _builtins.int
     LEASE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
     todo_id: _builtins.str
     status: Global___BatchItemStatus.ValueType
     message: _builtins.str
     """With a refusal: why, for people."""
+    state: _todo_pb2.TodoState.ValueType
+    """With NOT_CLAIMED: the todo's state now (TODO_STATE_CANCELLED when it
+    was cancelled).
+    """
     @_builtins.property
     def lease(self) -> _todo_pb2.Lease:
         """With APPLIED: the extended lease."""
@@ -503,10 +530,11 @@ class HeartbeatResult(_message.Message):
         status: Global___BatchItemStatus.ValueType = ...,
         lease: _todo_pb2.Lease | None = ...,
         message: _builtins.str = ...,
+        state: _todo_pb2.TodoState.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "message", b"message", "status", b"status", "todo_id", b"todo_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "message", b"message", "state", b"state", "status", b"status", "todo_id", b"todo_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -518,17 +546,25 @@ class CompleteRequest(_message.Message):
 
     TODO_ID_FIELD_NUMBER: _builtins.int
     LEASE_ID_FIELD_NUMBER: _builtins.int
+    RESULT_FIELD_NUMBER: _builtins.int
     todo_id: _builtins.str
     lease_id: _builtins.str
+    @_builtins.property
+    def result(self) -> _todo_pb2.TodoResult:
+        """Optional: a small result to keep with the todo (at most 64 KiB), read
+        back with GetTodo.
+        """
+
     def __init__(
         self,
         *,
         todo_id: _builtins.str = ...,
         lease_id: _builtins.str = ...,
+        result: _todo_pb2.TodoResult | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_id", b"lease_id", "todo_id", b"todo_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_id", b"lease_id", "result", b"result", "todo_id", b"todo_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -718,12 +754,19 @@ class CompleteAction(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    RESULT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def result(self) -> _todo_pb2.TodoResult:
+        """Optional: a small result to keep with the todo (as in Complete)."""
+
     def __init__(
         self,
+        *,
+        result: _todo_pb2.TodoResult | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -837,15 +880,28 @@ class GetTodoRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TODO_ID_FIELD_NUMBER: _builtins.int
+    DEDUP_FIELD_NUMBER: _builtins.int
+    ENDPOINT_ID_FIELD_NUMBER: _builtins.int
     todo_id: _builtins.str
+    """The todo's id; or leave it empty and give `dedup`."""
+    endpoint_id: _builtins.str
+    """With dedup: the endpoint the key belongs to. Required for humans; an
+    endpoint credential may leave it empty to mean its own endpoint.
+    """
+    @_builtins.property
+    def dedup(self) -> _todo_pb2.DedupKey:
+        """Instead of todo_id: the dedup key the todo was ingested with."""
+
     def __init__(
         self,
         *,
         todo_id: _builtins.str = ...,
+        dedup: _todo_pb2.DedupKey | None = ...,
+        endpoint_id: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["dedup", b"dedup"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["todo_id", b"todo_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dedup", b"dedup", "endpoint_id", b"endpoint_id", "todo_id", b"todo_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -886,12 +942,20 @@ class ListTodosRequest(_message.Message):
     STATES_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    DEDUP_FIELD_NUMBER: _builtins.int
+    ERROR_CONTAINS_FIELD_NUMBER: _builtins.int
     endpoint_id: _builtins.str
     """Required for humans; an endpoint credential may leave it empty."""
     page_size: _builtins.int
     """1 to 500; defaults to 50."""
     page_token: _builtins.str
     """From a previous response's next_page_token."""
+    error_contains: _builtins.str
+    """Only todos whose last error contains this text, ignoring case (1 to 200
+    characters). Each page examines at most 10,000 of the endpoint's todos,
+    newest first: a page may hold fewer than page_size todos, or none, and
+    still carry a next_page_token to go on from.
+    """
     @_builtins.property
     def queues(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Only these queues (all when empty)."""
@@ -899,6 +963,10 @@ class ListTodosRequest(_message.Message):
     @_builtins.property
     def states(self) -> _containers.RepeatedScalarFieldContainer[_todo_pb2.TodoState.ValueType]:
         """Only these states (all when empty)."""
+
+    @_builtins.property
+    def dedup(self) -> _todo_pb2.DedupKey:
+        """Only the todo ingested with this dedup key (at most one)."""
 
     def __init__(
         self,
@@ -908,10 +976,12 @@ class ListTodosRequest(_message.Message):
         states: _abc.Iterable[_todo_pb2.TodoState.ValueType] | None = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        dedup: _todo_pb2.DedupKey | None = ...,
+        error_contains: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["dedup", b"dedup"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint_id", b"endpoint_id", "page_size", b"page_size", "page_token", b"page_token", "queues", b"queues", "states", b"states"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dedup", b"dedup", "endpoint_id", b"endpoint_id", "error_contains", b"error_contains", "page_size", b"page_size", "page_token", b"page_token", "queues", b"queues", "states", b"states"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -927,7 +997,7 @@ class ListTodosResponse(_message.Message):
     """Empty on the last page."""
     @_builtins.property
     def todos(self) -> _containers.RepeatedCompositeFieldContainer[_todo_pb2.Todo]:
-        """Without payloads."""
+        """Without payloads and results."""
 
     def __init__(
         self,
@@ -942,6 +1012,210 @@ class ListTodosResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListTodosResponse: _TypeAlias = ListTodosResponse  # noqa: Y015
+
+@_typing.final
+class CancelTodoRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TODO_ID_FIELD_NUMBER: _builtins.int
+    todo_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        todo_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["todo_id", b"todo_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelTodoRequest: _TypeAlias = CancelTodoRequest  # noqa: Y015
+
+@_typing.final
+class CancelTodoResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TODO_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def todo(self) -> _todo_pb2.Todo:
+        """The todo, now cancelled."""
+
+    def __init__(
+        self,
+        *,
+        todo: _todo_pb2.Todo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["todo", b"todo"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["todo", b"todo"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelTodoResponse: _TypeAlias = CancelTodoResponse  # noqa: Y015
+
+@_typing.final
+class RequeueTodoRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TODO_ID_FIELD_NUMBER: _builtins.int
+    DELAY_FIELD_NUMBER: _builtins.int
+    MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    todo_id: _builtins.str
+    max_attempts: _builtins.int
+    """Optional: the todo's new max_attempts, 1 to 100 and above its attempts
+    so far. By default it is raised, when needed, to allow one more attempt.
+    """
+    @_builtins.property
+    def delay(self) -> _duration_pb2.Duration:
+        """Optional: not claimable before this delay has passed (at most 365 days)."""
+
+    def __init__(
+        self,
+        *,
+        todo_id: _builtins.str = ...,
+        delay: _duration_pb2.Duration | None = ...,
+        max_attempts: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_attempts", b"_max_attempts", "delay", b"delay", "max_attempts", b"max_attempts"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_attempts", b"_max_attempts", "delay", b"delay", "max_attempts", b"max_attempts", "todo_id", b"todo_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_attempts: _TypeAlias = _typing.Literal["max_attempts"]  # noqa: Y015
+    _WhichOneofArgType__max_attempts: _TypeAlias = _typing.Literal["_max_attempts", b"_max_attempts"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_attempts) -> _WhichOneofReturnType__max_attempts | None: ...
+
+Global___RequeueTodoRequest: _TypeAlias = RequeueTodoRequest  # noqa: Y015
+
+@_typing.final
+class RequeueTodoResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TODO_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def todo(self) -> _todo_pb2.Todo:
+        """The todo, now pending."""
+
+    def __init__(
+        self,
+        *,
+        todo: _todo_pb2.Todo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["todo", b"todo"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["todo", b"todo"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RequeueTodoResponse: _TypeAlias = RequeueTodoResponse  # noqa: Y015
+
+@_typing.final
+class TodoAuditEntry(_message.Message):
+    """One audited cancel or requeue."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    ENDPOINT_ID_FIELD_NUMBER: _builtins.int
+    TODO_ID_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    ACTOR_HUMAN_ID_FIELD_NUMBER: _builtins.int
+    ACTOR_ENDPOINT_ID_FIELD_NUMBER: _builtins.int
+    ACTOR_CREDENTIAL_ID_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    FILTER_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    action: Global___TodoAction.ValueType
+    endpoint_id: _builtins.str
+    """The endpoint whose todos were acted on."""
+    todo_id: _builtins.str
+    """The todo, when one todo was named."""
+    count: _builtins.int
+    """How many todos changed."""
+    actor_human_id: _builtins.str
+    """The human who acted, or who vended the agent credential that did."""
+    actor_endpoint_id: _builtins.str
+    """Set when an agent (endpoint credential) acted."""
+    actor_credential_id: _builtins.str
+    filter: _builtins.str
+    """When todos were chosen by a filter: the filter, as JSON."""
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        action: Global___TodoAction.ValueType = ...,
+        endpoint_id: _builtins.str = ...,
+        todo_id: _builtins.str = ...,
+        count: _builtins.int = ...,
+        actor_human_id: _builtins.str = ...,
+        actor_endpoint_id: _builtins.str = ...,
+        actor_credential_id: _builtins.str = ...,
+        at: _timestamp_pb2.Timestamp | None = ...,
+        filter: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "actor_credential_id", b"actor_credential_id", "actor_endpoint_id", b"actor_endpoint_id", "actor_human_id", b"actor_human_id", "at", b"at", "count", b"count", "endpoint_id", b"endpoint_id", "filter", b"filter", "id", b"id", "todo_id", b"todo_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TodoAuditEntry: _TypeAlias = TodoAuditEntry  # noqa: Y015
+
+@_typing.final
+class ListTodoAuditRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINT_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    endpoint_id: _builtins.str
+    """Only this endpoint's entries. Humans may leave it empty for every
+    endpoint of their owner; an endpoint credential reads its own only.
+    """
+    page_size: _builtins.int
+    """1 to 500; defaults to 50."""
+    page_token: _builtins.str
+    def __init__(
+        self,
+        *,
+        endpoint_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint_id", b"endpoint_id", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTodoAuditRequest: _TypeAlias = ListTodoAuditRequest  # noqa: Y015
+
+@_typing.final
+class ListTodoAuditResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Empty on the last page."""
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___TodoAuditEntry]: ...
+    def __init__(
+        self,
+        *,
+        entries: _abc.Iterable[Global___TodoAuditEntry] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTodoAuditResponse: _TypeAlias = ListTodoAuditResponse  # noqa: Y015
 
 @_typing.final
 class WatchReopenRequest(_message.Message):

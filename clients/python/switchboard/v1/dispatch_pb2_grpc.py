@@ -90,6 +90,21 @@ class DispatchServiceStub:
                 request_serializer=switchboard_dot_v1_dot_dispatch__pb2.ListTodosRequest.SerializeToString,
                 response_deserializer=switchboard_dot_v1_dot_dispatch__pb2.ListTodosResponse.FromString,
                 _registered_method=True)
+        self.CancelTodo = channel.unary_unary(
+                '/switchboard.v1.DispatchService/CancelTodo',
+                request_serializer=switchboard_dot_v1_dot_dispatch__pb2.CancelTodoRequest.SerializeToString,
+                response_deserializer=switchboard_dot_v1_dot_dispatch__pb2.CancelTodoResponse.FromString,
+                _registered_method=True)
+        self.RequeueTodo = channel.unary_unary(
+                '/switchboard.v1.DispatchService/RequeueTodo',
+                request_serializer=switchboard_dot_v1_dot_dispatch__pb2.RequeueTodoRequest.SerializeToString,
+                response_deserializer=switchboard_dot_v1_dot_dispatch__pb2.RequeueTodoResponse.FromString,
+                _registered_method=True)
+        self.ListTodoAudit = channel.unary_unary(
+                '/switchboard.v1.DispatchService/ListTodoAudit',
+                request_serializer=switchboard_dot_v1_dot_dispatch__pb2.ListTodoAuditRequest.SerializeToString,
+                response_deserializer=switchboard_dot_v1_dot_dispatch__pb2.ListTodoAuditResponse.FromString,
+                _registered_method=True)
         self.WatchReopen = channel.unary_stream(
                 '/switchboard.v1.DispatchService/WatchReopen',
                 request_serializer=switchboard_dot_v1_dot_dispatch__pb2.WatchReopenRequest.SerializeToString,
@@ -171,7 +186,7 @@ class DispatchServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetTodo(self, request, context):
-        """Reads one todo with its attempts.
+        """Reads one todo with its attempts, by id or by dedup key.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -179,6 +194,35 @@ class DispatchServiceServicer:
 
     def ListTodos(self, request, context):
         """Lists todos of an endpoint, newest first, filtered and paged.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelTodo(self, request, context):
+        """Cancels a pending or claimed todo: it becomes cancelled at once. A
+        claimed todo's lease is void (the worker's next heartbeat or settle is
+        refused), its attempt ends as cancelled, its in-flight slot frees, and
+        the window unit its claim was charged stays charged. Done, dead and
+        cancelled todos are FAILED_PRECONDITION. Needs the cancel grant; audited.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RequeueTodo(self, request, context):
+        """Sends a dead or cancelled todo back to pending, claimable at once or
+        after a delay, with room for at least one more attempt; its attempts are
+        kept. It is then pending like any other: its queue's admission policy
+        decides when it is claimed. Pending, claimed and done todos are
+        FAILED_PRECONDITION. Needs the requeue grant; audited.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTodoAudit(self, request, context):
+        """The audit trail of cancels and requeues, newest first.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -251,6 +295,21 @@ def add_DispatchServiceServicer_to_server(servicer, server):
                     servicer.ListTodos,
                     request_deserializer=switchboard_dot_v1_dot_dispatch__pb2.ListTodosRequest.FromString,
                     response_serializer=switchboard_dot_v1_dot_dispatch__pb2.ListTodosResponse.SerializeToString,
+            ),
+            'CancelTodo': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelTodo,
+                    request_deserializer=switchboard_dot_v1_dot_dispatch__pb2.CancelTodoRequest.FromString,
+                    response_serializer=switchboard_dot_v1_dot_dispatch__pb2.CancelTodoResponse.SerializeToString,
+            ),
+            'RequeueTodo': grpc.unary_unary_rpc_method_handler(
+                    servicer.RequeueTodo,
+                    request_deserializer=switchboard_dot_v1_dot_dispatch__pb2.RequeueTodoRequest.FromString,
+                    response_serializer=switchboard_dot_v1_dot_dispatch__pb2.RequeueTodoResponse.SerializeToString,
+            ),
+            'ListTodoAudit': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTodoAudit,
+                    request_deserializer=switchboard_dot_v1_dot_dispatch__pb2.ListTodoAuditRequest.FromString,
+                    response_serializer=switchboard_dot_v1_dot_dispatch__pb2.ListTodoAuditResponse.SerializeToString,
             ),
             'WatchReopen': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchReopen,
@@ -556,6 +615,87 @@ class DispatchService:
             '/switchboard.v1.DispatchService/ListTodos',
             switchboard_dot_v1_dot_dispatch__pb2.ListTodosRequest.SerializeToString,
             switchboard_dot_v1_dot_dispatch__pb2.ListTodosResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelTodo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchboard.v1.DispatchService/CancelTodo',
+            switchboard_dot_v1_dot_dispatch__pb2.CancelTodoRequest.SerializeToString,
+            switchboard_dot_v1_dot_dispatch__pb2.CancelTodoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RequeueTodo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchboard.v1.DispatchService/RequeueTodo',
+            switchboard_dot_v1_dot_dispatch__pb2.RequeueTodoRequest.SerializeToString,
+            switchboard_dot_v1_dot_dispatch__pb2.RequeueTodoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTodoAudit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchboard.v1.DispatchService/ListTodoAudit',
+            switchboard_dot_v1_dot_dispatch__pb2.ListTodoAuditRequest.SerializeToString,
+            switchboard_dot_v1_dot_dispatch__pb2.ListTodoAuditResponse.FromString,
             options,
             channel_credentials,
             insecure,

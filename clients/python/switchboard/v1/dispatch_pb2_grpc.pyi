@@ -61,9 +61,25 @@ class DispatchServiceStub:
     item applied or refused on its own, with a result per item.
     """
     GetTodo: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.GetTodoRequest, _dispatch_pb2.GetTodoResponse]
-    """Reads one todo with its attempts."""
+    """Reads one todo with its attempts, by id or by dedup key."""
     ListTodos: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.ListTodosRequest, _dispatch_pb2.ListTodosResponse]
     """Lists todos of an endpoint, newest first, filtered and paged."""
+    CancelTodo: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.CancelTodoRequest, _dispatch_pb2.CancelTodoResponse]
+    """Cancels a pending or claimed todo: it becomes cancelled at once. A
+    claimed todo's lease is void (the worker's next heartbeat or settle is
+    refused), its attempt ends as cancelled, its in-flight slot frees, and
+    the window unit its claim was charged stays charged. Done, dead and
+    cancelled todos are FAILED_PRECONDITION. Needs the cancel grant; audited.
+    """
+    RequeueTodo: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.RequeueTodoRequest, _dispatch_pb2.RequeueTodoResponse]
+    """Sends a dead or cancelled todo back to pending, claimable at once or
+    after a delay, with room for at least one more attempt; its attempts are
+    kept. It is then pending like any other: its queue's admission policy
+    decides when it is claimed. Pending, claimed and done todos are
+    FAILED_PRECONDITION. Needs the requeue grant; audited.
+    """
+    ListTodoAudit: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.ListTodoAuditRequest, _dispatch_pb2.ListTodoAuditResponse]
+    """The audit trail of cancels and requeues, newest first."""
     WatchReopen: _grpc.UnaryStreamMultiCallable[_dispatch_pb2.WatchReopenRequest, _dispatch_pb2.WatchReopenResponse]
     """Streams doorbells: a queue the caller watches has claimable pending work
     (on creation, on attach, periodically while work waits, and once when a
@@ -104,9 +120,25 @@ class DispatchServiceAsyncStub(DispatchServiceStub):
     item applied or refused on its own, with a result per item.
     """
     GetTodo: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.GetTodoRequest, _dispatch_pb2.GetTodoResponse]  # type: ignore[assignment]
-    """Reads one todo with its attempts."""
+    """Reads one todo with its attempts, by id or by dedup key."""
     ListTodos: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.ListTodosRequest, _dispatch_pb2.ListTodosResponse]  # type: ignore[assignment]
     """Lists todos of an endpoint, newest first, filtered and paged."""
+    CancelTodo: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.CancelTodoRequest, _dispatch_pb2.CancelTodoResponse]  # type: ignore[assignment]
+    """Cancels a pending or claimed todo: it becomes cancelled at once. A
+    claimed todo's lease is void (the worker's next heartbeat or settle is
+    refused), its attempt ends as cancelled, its in-flight slot frees, and
+    the window unit its claim was charged stays charged. Done, dead and
+    cancelled todos are FAILED_PRECONDITION. Needs the cancel grant; audited.
+    """
+    RequeueTodo: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.RequeueTodoRequest, _dispatch_pb2.RequeueTodoResponse]  # type: ignore[assignment]
+    """Sends a dead or cancelled todo back to pending, claimable at once or
+    after a delay, with room for at least one more attempt; its attempts are
+    kept. It is then pending like any other: its queue's admission policy
+    decides when it is claimed. Pending, claimed and done todos are
+    FAILED_PRECONDITION. Needs the requeue grant; audited.
+    """
+    ListTodoAudit: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.ListTodoAuditRequest, _dispatch_pb2.ListTodoAuditResponse]  # type: ignore[assignment]
+    """The audit trail of cancels and requeues, newest first."""
     WatchReopen: _aio.UnaryStreamMultiCallable[_dispatch_pb2.WatchReopenRequest, _dispatch_pb2.WatchReopenResponse]  # type: ignore[assignment]
     """Streams doorbells: a queue the caller watches has claimable pending work
     (on creation, on attach, periodically while work waits, and once when a
@@ -204,7 +236,7 @@ class DispatchServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _dispatch_pb2.GetTodoRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_dispatch_pb2.GetTodoResponse, _abc.Awaitable[_dispatch_pb2.GetTodoResponse]]:
-        """Reads one todo with its attempts."""
+        """Reads one todo with its attempts, by id or by dedup key."""
 
     @_abc_1.abstractmethod
     def ListTodos(
@@ -213,6 +245,40 @@ class DispatchServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_dispatch_pb2.ListTodosResponse, _abc.Awaitable[_dispatch_pb2.ListTodosResponse]]:
         """Lists todos of an endpoint, newest first, filtered and paged."""
+
+    @_abc_1.abstractmethod
+    def CancelTodo(
+        self,
+        request: _dispatch_pb2.CancelTodoRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatch_pb2.CancelTodoResponse, _abc.Awaitable[_dispatch_pb2.CancelTodoResponse]]:
+        """Cancels a pending or claimed todo: it becomes cancelled at once. A
+        claimed todo's lease is void (the worker's next heartbeat or settle is
+        refused), its attempt ends as cancelled, its in-flight slot frees, and
+        the window unit its claim was charged stays charged. Done, dead and
+        cancelled todos are FAILED_PRECONDITION. Needs the cancel grant; audited.
+        """
+
+    @_abc_1.abstractmethod
+    def RequeueTodo(
+        self,
+        request: _dispatch_pb2.RequeueTodoRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatch_pb2.RequeueTodoResponse, _abc.Awaitable[_dispatch_pb2.RequeueTodoResponse]]:
+        """Sends a dead or cancelled todo back to pending, claimable at once or
+        after a delay, with room for at least one more attempt; its attempts are
+        kept. It is then pending like any other: its queue's admission policy
+        decides when it is claimed. Pending, claimed and done todos are
+        FAILED_PRECONDITION. Needs the requeue grant; audited.
+        """
+
+    @_abc_1.abstractmethod
+    def ListTodoAudit(
+        self,
+        request: _dispatch_pb2.ListTodoAuditRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatch_pb2.ListTodoAuditResponse, _abc.Awaitable[_dispatch_pb2.ListTodoAuditResponse]]:
+        """The audit trail of cancels and requeues, newest first."""
 
     @_abc_1.abstractmethod
     def WatchReopen(

@@ -35,6 +35,10 @@ class _TodoStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TodoState.V
     """Completed."""
     TODO_STATE_DEAD: _TodoState.ValueType  # 4
     """Dead-lettered: out of attempts, or failed permanently."""
+    TODO_STATE_CANCELLED: _TodoState.ValueType  # 5
+    """Cancelled by an operator (CancelTodo) while pending or claimed. Like done
+    and dead it is final until RequeueTodo sends it back to pending.
+    """
 
 class TodoState(_TodoState, metaclass=_TodoStateEnumTypeWrapper):
     """The lifecycle state of a todo."""
@@ -48,6 +52,10 @@ TODO_STATE_DONE: TodoState.ValueType  # 3
 """Completed."""
 TODO_STATE_DEAD: TodoState.ValueType  # 4
 """Dead-lettered: out of attempts, or failed permanently."""
+TODO_STATE_CANCELLED: TodoState.ValueType  # 5
+"""Cancelled by an operator (CancelTodo) while pending or claimed. Like done
+and dead it is final until RequeueTodo sends it back to pending.
+"""
 Global___TodoState: _TypeAlias = TodoState  # noqa: Y015
 
 class _AttemptOutcome:
@@ -64,6 +72,8 @@ class _AttemptOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Attemp
     ATTEMPT_OUTCOME_RELEASED: _AttemptOutcome.ValueType  # 4
     ATTEMPT_OUTCOME_LAPSED: _AttemptOutcome.ValueType  # 5
     """The lease lapsed: reaped, or taken over by another claim."""
+    ATTEMPT_OUTCOME_CANCELLED: _AttemptOutcome.ValueType  # 6
+    """The todo was cancelled while claimed: the lease was voided."""
 
 class AttemptOutcome(_AttemptOutcome, metaclass=_AttemptOutcomeEnumTypeWrapper):
     """How an attempt ended."""
@@ -76,6 +86,8 @@ ATTEMPT_OUTCOME_FAILED: AttemptOutcome.ValueType  # 3
 ATTEMPT_OUTCOME_RELEASED: AttemptOutcome.ValueType  # 4
 ATTEMPT_OUTCOME_LAPSED: AttemptOutcome.ValueType  # 5
 """The lease lapsed: reaped, or taken over by another claim."""
+ATTEMPT_OUTCOME_CANCELLED: AttemptOutcome.ValueType  # 6
+"""The todo was cancelled while claimed: the lease was voided."""
 Global___AttemptOutcome: _TypeAlias = AttemptOutcome  # noqa: Y015
 
 @_typing.final
@@ -126,6 +138,7 @@ class Todo(_message.Message):
     UPDATED_AT_FIELD_NUMBER: _builtins.int
     FINISHED_AT_FIELD_NUMBER: _builtins.int
     ADMISSION_FIELD_NUMBER: _builtins.int
+    RESULT_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     state: Global___TodoState.ValueType
     payload: _builtins.bytes
@@ -155,12 +168,18 @@ class Todo(_message.Message):
     def updated_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def finished_at(self) -> _timestamp_pb2.Timestamp:
-        """Set when the todo became done or dead."""
+        """Set when the todo became done, dead or cancelled."""
 
     @_builtins.property
     def admission(self) -> _admission_pb2.AdmissionStatus:
         """For a pending todo in a queue with an admission policy: whether the
         queue admits it now, and if not why and until when. Derived when read.
+        """
+
+    @_builtins.property
+    def result(self) -> Global___TodoResult:
+        """The result the worker's completion carried, if any. Only GetTodo fills
+        it in; every other call leaves it unset.
         """
 
     def __init__(
@@ -182,14 +201,41 @@ class Todo(_message.Message):
         updated_at: _timestamp_pb2.Timestamp | None = ...,
         finished_at: _timestamp_pb2.Timestamp | None = ...,
         admission: _admission_pb2.AdmissionStatus | None = ...,
+        result: Global___TodoResult | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "created_at", b"created_at", "dedup", b"dedup", "finished_at", b"finished_at", "lease_expires_at", b"lease_expires_at", "next_retry_at", b"next_retry_at", "queue", b"queue", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "created_at", b"created_at", "dedup", b"dedup", "finished_at", b"finished_at", "lease_expires_at", b"lease_expires_at", "next_retry_at", b"next_retry_at", "queue", b"queue", "result", b"result", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "attempt", b"attempt", "claimant", b"claimant", "content_type", b"content_type", "created_at", b"created_at", "dedup", b"dedup", "finished_at", b"finished_at", "id", b"id", "last_error", b"last_error", "lease_expires_at", b"lease_expires_at", "max_attempts", b"max_attempts", "next_retry_at", b"next_retry_at", "payload", b"payload", "queue", b"queue", "state", b"state", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "attempt", b"attempt", "claimant", b"claimant", "content_type", b"content_type", "created_at", b"created_at", "dedup", b"dedup", "finished_at", b"finished_at", "id", b"id", "last_error", b"last_error", "lease_expires_at", b"lease_expires_at", "max_attempts", b"max_attempts", "next_retry_at", b"next_retry_at", "payload", b"payload", "queue", b"queue", "result", b"result", "state", b"state", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Todo: _TypeAlias = Todo  # noqa: Y015
+
+@_typing.final
+class TodoResult(_message.Message):
+    """The small result a worker may leave when it completes a todo."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    CONTENT_TYPE_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    """At most 64 KiB."""
+    content_type: _builtins.str
+    """Defaults to application/octet-stream."""
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes = ...,
+        content_type: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content_type", b"content_type", "data", b"data"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TodoResult: _TypeAlias = TodoResult  # noqa: Y015
 
 @_typing.final
 class Lease(_message.Message):

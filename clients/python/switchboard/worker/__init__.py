@@ -61,7 +61,13 @@ Failure handling:
   lease is stale: the todo was taken over (or reaped) and belongs to someone
   else now; its handler is cancelled and the worker leaves the todo alone
   (``stats.lost``); other todos of the batch carry on;
-- a settlement refused for a stale lease is not retried (``stats.lost``);
+- a heartbeat refused because an operator cancelled the todo
+  (``CancelTodo``: ``FAILED_PRECONDITION`` with ``ErrorInfo`` reason
+  ``TODO_CANCELLED``, or an item ``NOT_CLAIMED`` in state cancelled) cancels
+  its handler the same way; nothing is sent for the todo
+  (``stats.cancelled``), and nothing is raised;
+- a settlement refused for a stale lease is not retried (``stats.lost``; a
+  todo cancelled meanwhile: ``stats.cancelled``);
 - transient RPC errors (``UNAVAILABLE``, ``DEADLINE_EXCEEDED`` and the like)
   are retried with jittered exponential backoff, settlements while their
   leases last (then ``stats.unsettled``: the server's reaper takes the

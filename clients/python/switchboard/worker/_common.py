@@ -11,6 +11,8 @@ from typing import TypeVar
 
 import grpc
 from google.protobuf import duration_pb2
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 from switchboard.v1 import todo_pb2
 
@@ -44,6 +46,22 @@ TRANSIENT_CODES = frozenset(
 
 #: Codes that mean the lease is no longer ours (taken over, reaped, or the todo is gone).
 _LEASE_LOST_CODES = frozenset({grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND})
+
+
+def _was_cancelled(err: grpc.aio.AioRpcError) -> bool:
+    """Whether a refused lease call says the todo was cancelled (``FAILED_PRECONDITION``
+    with ErrorInfo reason ``TODO_CANCELLED``)."""
+    if err.code() is not grpc.StatusCode.FAILED_PRECONDITION:
+        return False
+    try:
+        status = rpc_status.from_call(err)  # type: ignore[arg-type]
+    except ValueError:
+        return False
+    for detail in status.details if status is not None else ():
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info) and info.reason == "TODO_CANCELLED":
+            return True
+    return False
 
 
 class PermanentFailure(Exception):

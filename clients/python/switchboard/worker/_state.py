@@ -42,6 +42,8 @@ class _Held:
     settling: bool = False
     #: Set when the server said the lease is stale.
     lost: bool = False
+    #: With ``lost``: the lease is void because the todo was cancelled.
+    cancelled: bool = False
 
 
 class _WorkerBase:

@@ -3,7 +3,8 @@
 ``_start`` holds a claimed todo and starts its handler; ``_handler_done`` turns
 the finished handler into the todo's settlement (complete, fail, or release
 when cancelled) and queues it for the settler; ``_stale`` stops working on a
-todo whose lease the server says is no longer ours; ``_forget`` frees its slot.
+todo whose lease the server says is no longer ours (taken over, or the todo
+was cancelled by an operator); ``_forget`` frees its slot.
 """
 
 from __future__ import annotations
@@ -52,8 +53,12 @@ class _Handling(_WorkerBase):
         if held.lost:
             if not task.cancelled():
                 task.exception()  # retrieved: the outcome no longer matters
-            self.stats.lost += 1
-            log.warning("todo %s was taken over; its handler was cancelled", held.todo_id)
+            if held.cancelled:
+                self.stats.cancelled += 1
+                log.info("todo %s was cancelled; its handler was cancelled", held.todo_id)
+            else:
+                self.stats.lost += 1
+                log.warning("todo %s was taken over; its handler was cancelled", held.todo_id)
             self._forget(held)
             return
         settlement = dispatch_pb2.Settlement(todo_id=held.todo_id, lease_id=held.lease_id)
@@ -82,11 +87,13 @@ class _Handling(_WorkerBase):
             del self._held[held.todo_id]
         self._freed.set()
 
-    def _stale(self, held: _Held, why: str) -> None:
-        """The server said the lease is no longer ours: stop working on the todo."""
+    def _stale(self, held: _Held, why: str, *, cancelled: bool = False) -> None:
+        """The server said the lease is no longer ours (``cancelled``: because the
+        todo was cancelled): stop working on the todo."""
         if held.lost or held.settling or self._held.get(held.todo_id) is not held:
             return  # already gone, or its settlement's answer will tell
         held.lost = True
+        held.cancelled = cancelled
         if held.settlement is None:
             log.warning("lease on todo %s is stale (%s); cancelling its handler", held.todo_id, why)
             assert held.task is not None
@@ -94,5 +101,8 @@ class _Handling(_WorkerBase):
             return
         log.warning("lease on todo %s is stale (%s); dropping its settlement", held.todo_id, why)
         self._ready.remove(held)
-        self.stats.lost += 1
+        if cancelled:
+            self.stats.cancelled += 1
+        else:
+            self.stats.lost += 1
         self._forget(held)

@@ -3,7 +3,8 @@
 ``_heartbeats`` extends all leases held (and not being settled) together every
 ``heartbeat_every``, with one ``Heartbeat`` for a single lease or one
 ``HeartbeatTodos`` for several; a refusal marks that todo stale (its handler is
-cancelled), a failed call is tried again sooner.
+cancelled; counted as cancelled when the server says the todo was cancelled),
+a failed call is tried again sooner.
 """
 
 from __future__ import annotations
@@ -13,8 +14,14 @@ import time
 
 import grpc
 
-from switchboard.v1 import dispatch_pb2
-from switchboard.worker._common import _LEASE_LOST_CODES, _duration, _seconds, log
+from switchboard.v1 import dispatch_pb2, todo_pb2
+from switchboard.worker._common import (
+    _LEASE_LOST_CODES,
+    _duration,
+    _seconds,
+    _was_cancelled,
+    log,
+)
 from switchboard.worker._state import _Held
 from switchboard.worker.handling import _Handling
 
@@ -67,7 +74,8 @@ class _Leases(_Handling):
                 await self._unary("Heartbeat", self._stub.Heartbeat, request)
             except grpc.aio.AioRpcError as err:
                 if err.code() in _LEASE_LOST_CODES:
-                    self._stale(held, err.details() or err.code().name)
+                    why = err.details() or err.code().name
+                    self._stale(held, why, cancelled=_was_cancelled(err))
                     return True
                 log.warning("heartbeat failed (%s: %s)", err.code().name, err.details())
                 return False
@@ -95,7 +103,9 @@ class _Leases(_Handling):
                 self._extended(held, sent)
             elif result is not None and result.status in _REFUSED:
                 self._stale(
-                    held, result.message or dispatch_pb2.BatchItemStatus.Name(result.status)
+                    held,
+                    result.message or dispatch_pb2.BatchItemStatus.Name(result.status),
+                    cancelled=result.state == todo_pb2.TODO_STATE_CANCELLED,
                 )
             else:  # left out, or a status this client does not know: try it again soon
                 answered = False

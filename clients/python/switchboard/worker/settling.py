@@ -23,6 +23,7 @@ from switchboard.worker._common import (
     _Req,
     _Resp,
     _seconds,
+    _was_cancelled,
     log,
 )
 from switchboard.worker._state import _Held
@@ -127,7 +128,9 @@ class _Settling(_Waiting, _Handling):
                 return True
             except grpc.aio.AioRpcError as err:
                 if err.code() in _LEASE_LOST_CODES:
-                    self._settlement_refused(held, name, err.details() or "")
+                    self._settlement_refused(
+                        held, name, err.details() or "", cancelled=_was_cancelled(err)
+                    )
                     return False
                 remaining = held.expires - time.monotonic()
                 if err.code() not in TRANSIENT_CODES or remaining <= 0:
@@ -206,11 +209,22 @@ class _Settling(_Waiting, _Handling):
             self._count(s)
             return
         self._settlement_refused(
-            held, action, result.message if result is not None else "missing from the answer"
+            held,
+            action,
+            result.message if result is not None else "missing from the answer",
+            cancelled=result is not None and result.state == todo_pb2.TODO_STATE_CANCELLED,
         )
 
-    def _settlement_refused(self, held: _Held, action: str, why: str) -> None:
-        """A settlement refused for a stale lease: the todo is lost, never retried."""
+    def _settlement_refused(
+        self, held: _Held, action: str, why: str, *, cancelled: bool = False
+    ) -> None:
+        """A settlement refused for a stale lease: the todo is lost (or was
+        cancelled), never retried."""
         held.lost = True
+        held.cancelled = cancelled
+        if cancelled:
+            self.stats.cancelled += 1
+            log.info("%s of todo %s refused: the todo was cancelled", action, held.todo_id)
+            return
         self.stats.lost += 1
         log.warning("%s of todo %s refused: the lease is stale (%s)", action, held.todo_id, why)

@@ -11,7 +11,8 @@ class WorkerStats:
     """What a worker has done so far (counters only ever grow).
 
     Every claimed todo ends up in exactly one of ``completed``, ``failed``,
-    ``released``, ``lost`` or ``unsettled`` (once settled; see :attr:`Worker.held`).
+    ``released``, ``lost``, ``cancelled`` or ``unsettled`` (once settled; see
+    :attr:`Worker.held`).
     Deferrals are counted in ``deferred_waits`` and never in ``failed``.
     """
 
@@ -35,6 +36,10 @@ class WorkerStats:
     #: or settled by someone else. Their handlers were cancelled or their
     #: settlements refused; the todos belong to their new holders.
     lost: int = 0
+    #: Todos cancelled (``CancelTodo``) while the worker held them: a heartbeat
+    #: came back refused as cancelled and the handler was cancelled, or the
+    #: settlement was refused as cancelled. Nothing more is sent for them.
+    cancelled: int = 0
     #: Todos the worker gave up settling: the settle call kept failing until the
     #: lease ran out, or failed for good. The server's reaper takes them back.
     unsettled: int = 0

@@ -233,7 +233,9 @@ $$;
 -- outcome (applied | stale_lease | not_claimed | not_found) and the todo
 -- after the call (NULL when not found). Ids must be distinct. The refused
 -- are looked up only when there are any. The settled todos' in-flight slots
--- are freed (sb_gates_slot_freed).
+-- are freed (sb_gates_slot_freed). A completed item's p_results entry, when
+-- not NULL, is kept in todo_results with its p_result_types entry (both
+-- arrays may be NULL: no results).
 CREATE OR REPLACE FUNCTION sb_settle(
     p_owner_id uuid,
     p_endpoint_id uuid,
@@ -243,7 +245,9 @@ CREATE OR REPLACE FUNCTION sb_settle(
     p_errors text[],
     p_permanent boolean[],
     p_backoff_base float8,
-    p_backoff_cap float8
+    p_backoff_cap float8,
+    p_results bytea[],
+    p_result_types text[]
 ) RETURNS TABLE (ord bigint, outcome text, todo todos)
 LANGUAGE plpgsql
 -- Its statements' custom plans cost more to make (the planner cannot see
@@ -280,12 +284,21 @@ BEGIN
                    THEN 'released on the last attempt'
                    ELSE t.last_error END,
                lease_id = NULL, lease_expires_at = NULL, updated_at = v_now
-          FROM unnest(p_ids, p_leases, p_actions, p_errors, p_permanent)
-               WITH ORDINALITY AS i (id, lease_id, action, error, permanent, ord)
+          FROM unnest(p_ids, p_leases, p_actions, p_errors, p_permanent, p_results,
+                      p_result_types)
+               WITH ORDINALITY AS i (id, lease_id, action, error, permanent, result,
+                                     result_type, ord)
          WHERE t.id = i.id AND t.lease_id = i.lease_id AND t.state = 'claimed'
            AND t.owner_id = p_owner_id
            AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
-        RETURNING i.ord, i.action, i.error, t AS row
+        RETURNING i.ord, i.action, i.error, i.result, i.result_type, t AS row
+    ), kept AS (
+        INSERT INTO todo_results (todo_id, data, content_type)
+        SELECT (s.row).id, s.result, coalesce(s.result_type, 'application/octet-stream')
+          FROM settled s
+         WHERE s.action = 'complete' AND s.result IS NOT NULL
+        ON CONFLICT (todo_id) DO UPDATE
+           SET data = EXCLUDED.data, content_type = EXCLUDED.content_type
     ), closed AS (
         UPDATE attempts a
            SET outcome = CASE s.action WHEN 'complete' THEN 'completed'
@@ -310,6 +323,154 @@ BEGIN
                CASE WHEN t.id IS NULL THEN 'not_found'
                     WHEN t.state = 'claimed' THEN 'stale_lease'
                     ELSE 'not_claimed' END,
+               t
+          FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
+          LEFT JOIN todos t ON t.id = i.id AND t.owner_id = p_owner_id
+                           AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+         WHERE i.ord <> ALL (v_ords);
+    END IF;
+END;
+$$;
+
+-- sb_settle as servers of earlier releases call it (no results), during a
+-- rolling upgrade.
+CREATE OR REPLACE FUNCTION sb_settle(
+    p_owner_id uuid,
+    p_endpoint_id uuid,
+    p_ids bigint[],
+    p_leases uuid[],
+    p_actions text[],
+    p_errors text[],
+    p_permanent boolean[],
+    p_backoff_base float8,
+    p_backoff_cap float8
+) RETURNS TABLE (ord bigint, outcome text, todo todos)
+LANGUAGE sql AS $$
+    SELECT s.ord, s.outcome, s.todo
+      FROM sb_settle(p_owner_id, p_endpoint_id, p_ids, p_leases, p_actions, p_errors,
+                     p_permanent, p_backoff_base, p_backoff_cap, NULL, NULL) AS s
+$$;
+
+-- Cancels pending and claimed todos (ids distinct), each on its own, in one
+-- transaction (rows locked in id order). A claimed todo's lease is voided
+-- (its holder's next heartbeat or settle is refused: the todo is no longer
+-- claimed), its attempt ends as cancelled (the attempt row, and the window
+-- unit charged for it, stay), and its queue's in-flight slot frees
+-- (sb_gates_slot_freed). One row per item (in no particular order; ord is
+-- its 1-based position): outcome (applied | not_cancellable | not_found),
+-- the todo after the call (NULL when not found) and, when applied, the state
+-- it was cancelled from (pending | claimed).
+CREATE OR REPLACE FUNCTION sb_cancel(p_owner_id uuid, p_endpoint_id uuid, p_ids bigint[])
+RETURNS TABLE (ord bigint, outcome text, todo todos, was text)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan  -- as sb_settle
+AS $$
+DECLARE
+    v_now timestamptz := sb_now();
+    v_ords bigint[];
+    v_rows todos[];
+    v_was text[];
+    v_freed bigint[];
+BEGIN
+    PERFORM 1 FROM todos t
+     WHERE t.id = ANY (p_ids) AND t.owner_id = p_owner_id
+       AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+     ORDER BY t.id FOR UPDATE;
+    WITH target AS (
+        SELECT i.ord, t.id, t.state AS was
+          FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
+          JOIN todos t ON t.id = i.id
+         WHERE t.owner_id = p_owner_id
+           AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+           AND t.state IN ('pending', 'claimed')
+    ), cancelled AS (
+        UPDATE todos t
+           SET state = 'cancelled', lease_id = NULL, lease_expires_at = NULL,
+               finished_at = v_now, updated_at = v_now
+          FROM target g
+         WHERE t.id = g.id
+        RETURNING g.ord, g.was, t AS row
+    ), closed AS (
+        UPDATE attempts a SET outcome = 'cancelled', finished_at = v_now
+          FROM cancelled c
+         WHERE c.was = 'claimed' AND a.todo_id = (c.row).id AND a.number = (c.row).attempt
+    )
+    SELECT coalesce(array_agg(c.ord), '{}'), coalesce(array_agg(c.row), '{}'),
+           coalesce(array_agg(c.was), '{}'),
+           coalesce(array_agg(DISTINCT (c.row).queue_id) FILTER (WHERE c.was = 'claimed'), '{}')
+      INTO v_ords, v_rows, v_was, v_freed
+      FROM cancelled c;
+    IF cardinality(v_freed) > 0 THEN
+        PERFORM sb_gates_slot_freed(v_freed, v_now);
+    END IF;
+    RETURN QUERY SELECT v_ords[k], 'applied'::text, v_rows[k], v_was[k]
+                   FROM generate_subscripts(v_ords, 1) AS k;
+    IF cardinality(v_ords) < cardinality(p_ids) THEN
+        RETURN QUERY
+        SELECT i.ord, CASE WHEN t.id IS NULL THEN 'not_found' ELSE 'not_cancellable' END, t,
+               NULL::text
+          FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
+          LEFT JOIN todos t ON t.id = i.id AND t.owner_id = p_owner_id
+                           AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+         WHERE i.ord <> ALL (v_ords);
+    END IF;
+END;
+$$;
+
+-- Sends dead and cancelled todos (ids distinct) back to pending, each on its
+-- own, in one transaction (rows locked in id order): claimable after
+-- p_delay, with max_attempts set to p_max_attempts (which must be above the
+-- attempts so far), or when NULL raised as needed to allow one more attempt.
+-- Attempts are kept. A todo claimable at once rings its queue's doorbell as
+-- a new one does (sb_on_created: held back while admission defers the
+-- queue). One row per item (in no particular order; ord is its 1-based
+-- position): outcome (applied | not_requeueable | max_attempts_too_low |
+-- not_found) and the todo after the call (NULL when not found).
+CREATE OR REPLACE FUNCTION sb_requeue(
+    p_owner_id uuid,
+    p_endpoint_id uuid,
+    p_ids bigint[],
+    p_delay interval,
+    p_max_attempts integer
+) RETURNS TABLE (ord bigint, outcome text, todo todos)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan  -- as sb_settle
+AS $$
+DECLARE
+    v_now timestamptz := sb_now();
+    v_ords bigint[];
+    v_rows todos[];
+BEGIN
+    PERFORM 1 FROM todos t
+     WHERE t.id = ANY (p_ids) AND t.owner_id = p_owner_id
+       AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+     ORDER BY t.id FOR UPDATE;
+    WITH requeued AS (
+        UPDATE todos t
+           SET state = 'pending', next_retry_at = v_now + p_delay, finished_at = NULL,
+               max_attempts = coalesce(p_max_attempts, greatest(t.max_attempts, t.attempt + 1)),
+               updated_at = v_now
+          FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
+         WHERE t.id = i.id AND t.owner_id = p_owner_id
+           AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+           AND t.state IN ('dead', 'cancelled')
+           AND (p_max_attempts IS NULL OR p_max_attempts > t.attempt)
+        RETURNING i.ord, t AS row
+    )
+    SELECT coalesce(array_agg(r.ord), '{}'), coalesce(array_agg(r.row), '{}')
+      INTO v_ords, v_rows
+      FROM requeued r;
+    PERFORM sb_on_created(f.row, v_now)
+       FROM (SELECT DISTINCT ON (r.queue_id) r AS row
+               FROM unnest(v_rows) AS r ORDER BY r.queue_id) AS f;
+    RETURN QUERY SELECT v_ords[k], 'applied'::text, v_rows[k]
+                   FROM generate_subscripts(v_ords, 1) AS k;
+    IF cardinality(v_ords) < cardinality(p_ids) THEN
+        RETURN QUERY
+        SELECT i.ord,
+               CASE WHEN t.id IS NULL THEN 'not_found'
+                    WHEN t.state IN ('dead', 'cancelled') THEN 'max_attempts_too_low'
+                    ELSE 'not_requeueable' END,
                t
           FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
           LEFT JOIN todos t ON t.id = i.id AND t.owner_id = p_owner_id

@@ -19,12 +19,54 @@ SELECT outcome, lease_expires_at FROM sb_heartbeat($1, $2, $3, $4, $5) ORDER BY 
 -- name: todo_settle :many
 -- Completes, fails or releases claimed todos under their leases, each on
 -- its own; one row per item, in order. See sb_settle.
-SELECT outcome, todo FROM sb_settle($1, $2, $3, $4, $5, $6, $7, $8, $9) ORDER BY ord;
+SELECT outcome, todo FROM sb_settle($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ORDER BY ord;
+
+-- name: todo_states :many
+-- The states of the given todos in the caller's scope (why a lease call
+-- refused them).
+SELECT id, state FROM todos
+ WHERE id = ANY ($1::bigint[]) AND owner_id = $2 AND ($3::uuid IS NULL OR endpoint_id = $3);
+
+-- name: todo_cancel :many
+-- Cancels pending and claimed todos, each on its own; one row per item, in
+-- order. See sb_cancel.
+SELECT outcome, todo, was FROM sb_cancel($1, $2, $3) ORDER BY ord;
+
+-- name: todo_requeue :many
+-- Sends dead and cancelled todos back to pending, each on its own; one row
+-- per item, in order. See sb_requeue.
+SELECT outcome, todo FROM sb_requeue($1, $2, $3, $4, $5) ORDER BY ord;
+
+-- name: todo_audit_insert :exec
+-- Records a cancel or requeue.
+INSERT INTO todo_audit (owner_id, endpoint_id, action, todo_id, count, filter,
+                        actor_credential_id, actor_human_id, actor_endpoint_id, at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, sb_now());
+
+-- name: todo_audit_list :many
+-- An owner's cancels and requeues (of one endpoint's todos, when $2 is
+-- given), newest first; $3 is the cursor (the last id seen).
+SELECT id, endpoint_id, action, todo_id, count, filter, actor_credential_id,
+       actor_human_id, actor_endpoint_id, at
+  FROM todo_audit
+ WHERE owner_id = $1 AND ($2::uuid IS NULL OR endpoint_id = $2)
+   AND ($3::bigint IS NULL OR id < $3)
+ ORDER BY id DESC
+ LIMIT $4;
+
+-- name: todo_result :one
+-- The result a todo's completion carried, if any.
+SELECT data, content_type FROM todo_results WHERE todo_id = $1;
 
 -- name: todo_get :one
 -- One todo, if it is in the caller's scope.
 SELECT * FROM todos
  WHERE id = $1 AND owner_id = $2 AND ($3::uuid IS NULL OR endpoint_id = $3);
+
+-- name: todo_get_by_dedup :one
+-- The todo an endpoint ingested with a dedup key (todos_dedup_key finds it).
+SELECT * FROM todos
+ WHERE endpoint_id = $1 AND owner_id = $2 AND dedup_webhook_id = $3 AND dedup_delivery_id = $4;
 
 -- name: todo_attempts :many
 -- A todo's attempts, oldest first.
@@ -44,6 +86,49 @@ SELECT id, queue_id, owner_id, endpoint_id, queue, state, ''::bytea AS payload, 
    AND ($6::bigint IS NULL OR id < $6)
  ORDER BY id DESC
  LIMIT $5;
+
+-- name: todo_list_dedup :many
+-- todo_list for one dedup key: the todo ingested with it, if it passes the
+-- filters (todos_dedup_key finds it).
+SELECT id, queue_id, owner_id, endpoint_id, queue, state, ''::bytea AS payload, content_type,
+       attempt, max_attempts, next_retry_at, lease_id, lease_expires_at, claimant,
+       dedup_webhook_id, dedup_delivery_id, last_error, created_at, updated_at, finished_at
+  FROM todos
+ WHERE endpoint_id = $1 AND owner_id = $2
+   AND ($3::text[] IS NULL OR queue = ANY ($3))
+   AND ($4::text[] IS NULL OR state = ANY ($4))
+   AND dedup_webhook_id = $5 AND dedup_delivery_id = $6;
+
+-- name: todo_list_error :many
+-- todo_list for todos whose last error contains $7 (ignoring case): it
+-- examines at most $8 of the endpoint's todos below the cursor $6, newest
+-- first (the listing index, bounded), and returns up to $5 matches. Every
+-- row carries how many todos were examined and the lowest id examined
+-- (where the next page goes on from); with no match there is one row whose
+-- todo columns are NULL.
+WITH scanned AS (
+    SELECT id, last_error FROM todos
+     WHERE endpoint_id = $1 AND owner_id = $2
+       AND ($3::text[] IS NULL OR queue = ANY ($3))
+       AND ($4::text[] IS NULL OR state = ANY ($4))
+       AND ($6::bigint IS NULL OR id < $6)
+     ORDER BY id DESC
+     LIMIT $8
+), edge AS (
+    SELECT count(*) AS examined, min(id) AS examined_to FROM scanned
+), matched AS (
+    SELECT id FROM scanned WHERE strpos(lower(last_error), lower($7::text)) > 0
+     ORDER BY id DESC
+     LIMIT $5
+)
+SELECT e.examined, e.examined_to,
+       t.id, t.queue_id, t.owner_id, t.endpoint_id, t.queue, t.state, ''::bytea AS payload,
+       t.content_type, t.attempt, t.max_attempts, t.next_retry_at, t.lease_id,
+       t.lease_expires_at, t.claimant, t.dedup_webhook_id, t.dedup_delivery_id, t.last_error,
+       t.created_at, t.updated_at, t.finished_at
+  FROM edge e
+  LEFT JOIN (matched m JOIN todos t ON t.id = m.id) ON true
+ ORDER BY t.id DESC NULLS LAST;
 
 -- name: todo_reap_lapsed :many
 -- Returns up to $1 lapsed leases to pending (dead when no attempts are
@@ -75,11 +160,12 @@ WITH lapsed AS (
 SELECT reaped.id, reaped.state, reaped.queue_id FROM reaped, freed;
 
 -- name: todo_delete_finished :many
--- Deletes up to $2 done or dead todos (and, by cascade, their attempts)
--- that finished more than $1 ago. Never touches pending or claimed todos.
+-- Deletes up to $2 done, dead or cancelled todos (and, by cascade, their
+-- attempts and results) that finished more than $1 ago. Never touches
+-- pending or claimed todos.
 WITH old AS (
     SELECT id FROM todos
-     WHERE state IN ('done', 'dead') AND finished_at < sb_now() - $1::interval
+     WHERE state IN ('done', 'dead', 'cancelled') AND finished_at < sb_now() - $1::interval
      ORDER BY finished_at
      LIMIT $2
        FOR UPDATE SKIP LOCKED
