@@ -167,6 +167,58 @@ class TodoFilter:
 #: examines (newest first, by the listing index): a page costs a bounded scan.
 ERROR_SCAN = 10_000
 
+#: Todos per transaction of a bulk cancel or requeue by filter.
+BULK_CHUNK = 500
+#: At most how many of an endpoint's todos one chunk examines (by the listing
+#: index) to find its todos: a chunk costs a bounded scan however few match.
+BULK_SCAN = 10_000
+#: About how long one bulk call by filter goes on taking chunks before it
+#: returns with a page token (it always takes at least one).
+BULK_BUDGET = timedelta(seconds=5)
+
+
+@dataclass(frozen=True)
+class BulkFilter:
+    """Which of an endpoint's todos a bulk cancel or requeue acts on."""
+
+    endpoint_id: uuid.UUID | None
+    states: Sequence[TodoState]
+    queues: Sequence[str] = ()
+    created_before: datetime | None = None
+    created_after: datetime | None = None
+    error_contains: str | None = None
+
+    def as_json(self, endpoint_id: uuid.UUID) -> dict[str, Any]:
+        """The filter as the audit records it."""
+        data: dict[str, Any] = {
+            "endpoint_id": str(endpoint_id),
+            "states": [s.value for s in self.states],
+        }
+        if self.queues:
+            data["queues"] = list(self.queues)
+        if self.created_before is not None:
+            data["created_before"] = self.created_before.isoformat()
+        if self.created_after is not None:
+            data["created_after"] = self.created_after.isoformat()
+        if self.error_contains is not None:
+            data["error_contains"] = self.error_contains
+        return data
+
+
+@dataclass(frozen=True)
+class BulkProgress:
+    """What one bulk call by filter did: todos changed (a dry run: matched),
+    todos skipped because a concurrent transaction held them, and the id to
+    go on after (``None``: the filter is done)."""
+
+    count: int
+    skipped: int
+    after: int | None
+
+
+#: What a bulk cancel or requeue did with one named todo.
+BulkItem = todo_queries.Acted
+
 #: The audit record of a cancel or requeue.
 TodoAuditEntry = todo_queries.TodoAuditRow
 
@@ -710,6 +762,139 @@ class Dispatcher:
             (view,) = await self._views(conn, [todo])
         return view
 
+    async def _act(
+        self,
+        conn: Conn,
+        action: str,
+        ids: Sequence[int],
+        scope: Scope,
+        delay: timedelta,
+        max_attempts: int | None,
+    ) -> list[todo_queries.Acted]:
+        if action == "cancel":
+            acted = await todo_queries.cancel(
+                conn, ids=ids, owner_id=scope.owner_id, endpoint_id=scope.endpoint_id
+            )
+        else:
+            acted = await todo_queries.requeue(
+                conn,
+                ids=ids,
+                owner_id=scope.owner_id,
+                endpoint_id=scope.endpoint_id,
+                delay=delay,
+                max_attempts=max_attempts,
+            )
+        return acted
+
+    def _cancelled_claims(self, action: str, acted: Sequence[todo_queries.Acted]) -> None:
+        if action != "cancel":
+            return
+        for a in acted:
+            if a.outcome == "applied" and a.was is TodoState.CLAIMED:
+                self._metrics.attempts_ended(AttemptOutcome.CANCELLED)
+
+    async def bulk_by_ids(
+        self,
+        principal: Principal,
+        action: str,
+        ids: Sequence[int],
+        delay: timedelta = timedelta(0),
+        max_attempts: int | None = None,
+    ) -> list[todo_queries.Acted]:
+        """Cancels (``action`` ``cancel``) or requeues (``requeue``) distinct todos
+        in one transaction, each on its own: per id, in order, what was done.
+        One audit entry per endpoint whose todos changed."""
+        grant = Grant.CANCEL if action == "cancel" else Grant.REQUEUE
+        scope = require_tenant(principal, grant)
+        async with self._db.transaction() as conn:
+            acted = await self._act(conn, action, ids, scope, delay, max_attempts)
+            changed: dict[uuid.UUID, list[int]] = {}
+            for todo_id, a in zip(ids, acted, strict=True):
+                if a.outcome == "applied" and a.todo is not None:
+                    changed.setdefault(a.todo.endpoint_id, []).append(todo_id)
+            for endpoint_id, todo_ids in changed.items():
+                await _audit(
+                    conn,
+                    principal,
+                    endpoint_id,
+                    action,
+                    None,
+                    len(todo_ids),
+                    {"todo_ids": [str(i) for i in todo_ids]},
+                )
+        self._cancelled_claims(action, acted)
+        return acted
+
+    async def bulk_by_filter(
+        self,
+        principal: Principal,
+        action: str,
+        which: BulkFilter,
+        after: int | None,
+        *,
+        dry_run: bool = False,
+        delay: timedelta = timedelta(0),
+        max_attempts: int | None = None,
+    ) -> BulkProgress:
+        """Cancels or requeues an endpoint's todos that pass ``which``, above the
+        id ``after``, in chunks of ``BULK_CHUNK`` todos, a transaction each,
+        for about ``BULK_BUDGET``. Rows held by a concurrent transaction are
+        skipped, never waited for. With ``dry_run``, counts instead.
+
+        One audit entry per call (none for a dry run), written with the first
+        chunk; each chunk adds its count in its own transaction, so the entry
+        always matches what was committed.
+        """
+        grant = Grant.CANCEL if action == "cancel" else Grant.REQUEUE
+        scope = endpoint_scope(principal, grant, which.endpoint_id)
+        endpoint_id = scope.endpoint_id
+        assert endpoint_id is not None
+        async with self._db.connection() as conn:
+            await _require_endpoint(conn, principal, scope)
+        deadline = asyncio.get_running_loop().time() + BULK_BUDGET.total_seconds()
+        count = skipped = 0
+        cursor: int | None = after or 0
+        entry_id: int | None = None
+        while cursor is not None:
+            async with self._db.transaction() as conn:
+                chunk = await todo_queries.bulk_chunk(
+                    conn,
+                    owner_id=scope.owner_id,
+                    endpoint_id=endpoint_id,
+                    queues=which.queues,
+                    states=which.states,
+                    created_before=which.created_before,
+                    created_after=which.created_after,
+                    error_contains=which.error_contains,
+                    after_id=cursor,
+                    scan=BULK_SCAN,
+                    limit=BULK_SCAN if dry_run else BULK_CHUNK,
+                    lock=not dry_run,
+                )
+                cursor = chunk.next_after_id
+                if dry_run:
+                    count += chunk.matched
+                else:
+                    skipped += chunk.skipped
+                    acted = (
+                        await self._act(conn, action, chunk.ids, scope, delay, max_attempts)
+                        if chunk.ids
+                        else []
+                    )
+                    applied = sum(1 for a in acted if a.outcome == "applied")
+                    if entry_id is None:
+                        entry_id = await _open_audit(
+                            conn, principal, endpoint_id, action, which, after
+                        )
+                    if applied:
+                        await todo_queries.add_to_audit(conn, entry_id=entry_id, count=applied)
+                    count += applied
+            if not dry_run:
+                self._cancelled_claims(action, acted)
+            if asyncio.get_running_loop().time() >= deadline:
+                break
+        return BulkProgress(count, skipped, cursor)
+
     async def audit(
         self,
         principal: Principal,
@@ -821,6 +1006,32 @@ async def _audit(
         todo_id=todo_id,
         count=count,
         filter_json=json.dumps(filter_, sort_keys=True) if filter_ is not None else None,
+        actor_credential_id=principal.credential_id,
+        actor_human_id=principal.vended_by_human_id if is_agent else principal.human_id,
+        actor_endpoint_id=principal.endpoint_id if is_agent else None,
+    )
+
+
+async def _open_audit(
+    conn: Conn,
+    principal: Principal,
+    endpoint_id: uuid.UUID,
+    action: str,
+    which: BulkFilter,
+    after: int | None,
+) -> int:
+    """Records a bulk call by filter (count 0, each chunk adds its own)."""
+    is_agent = principal.kind is PrincipalKind.ENDPOINT
+    assert principal.owner_id is not None
+    filter_ = which.as_json(endpoint_id)
+    if after:
+        filter_["resumed_after_id"] = str(after)
+    return await todo_queries.open_audit(
+        conn,
+        owner_id=principal.owner_id,
+        endpoint_id=endpoint_id,
+        action=action,
+        filter_json=json.dumps(filter_, sort_keys=True),
         actor_credential_id=principal.credential_id,
         actor_human_id=principal.vended_by_human_id if is_agent else principal.human_id,
         actor_endpoint_id=principal.endpoint_id if is_agent else None,

@@ -466,6 +466,21 @@ def dedup_key() -> st.SearchStrategy[Any]:
     )
 
 
+def todo_filter(w: World) -> st.SearchStrategy[Any]:
+    """A bulk action's filter: often valid (an endpoint, states), often not."""
+    return message(
+        dispatch_pb2.TodoFilter,
+        {
+            "endpoint_id": ids(w.endpoint_ids),
+            "queues": many(QUEUE_NAMES, ["work", BUDGETED]),
+            "states": many(enums(5), [1, 2, 4, 5]),
+            "created_before": TIMESTAMPS,
+            "created_after": TIMESTAMPS,
+            "error_contains": texts("boom", "%", "x" * 201),
+        },
+    )
+
+
 def lease_ref(w: World) -> st.SearchStrategy[Any]:
     return lease_pair(w).map(lambda p: dispatch_pb2.LeaseRef(todo_id=p[0], lease_id=p[1]))
 
@@ -618,6 +633,32 @@ RPCS: dict[str, tuple[Stub, Callable[[World], st.SearchStrategy[Any]]]] = {
             dispatch_pb2.RequeueTodoRequest,
             {"delay": DURATIONS, "max_attempts": INT32},
             todo_id=todo_ids(w),
+        ),
+    ),
+    "CancelTodos": (
+        lambda c: c.dispatch.CancelTodos,
+        lambda w: message(
+            dispatch_pb2.CancelTodosRequest,
+            {
+                "todo_ids": many(todo_ids(w), w.todo_ids),
+                "filter": todo_filter(w),
+                "dry_run": st.booleans(),
+                "page_token": texts("djE6NQ", "v1:5"),
+            },
+        ),
+    ),
+    "RequeueTodos": (
+        lambda c: c.dispatch.RequeueTodos,
+        lambda w: message(
+            dispatch_pb2.RequeueTodosRequest,
+            {
+                "todo_ids": many(todo_ids(w), w.todo_ids),
+                "filter": todo_filter(w),
+                "dry_run": st.booleans(),
+                "page_token": texts("djE6NQ", "v1:5"),
+                "delay": DURATIONS,
+                "max_attempts": INT32,
+            },
         ),
     ),
     "ListTodoAudit": (

@@ -155,6 +155,23 @@ HUMAN_ONLY_PROBES: dict[str, Probe] = {
     "RequeueTodo": lambda c, m, i: c.dispatch.RequeueTodo(
         dispatch_pb2.RequeueTodoRequest(todo_id=i.pending), metadata=m
     ),
+    # By ids, another owner's todos are NOT_FOUND per item (test_bulk_actions).
+    "CancelTodos(filter)": lambda c, m, i: c.dispatch.CancelTodos(
+        dispatch_pb2.CancelTodosRequest(
+            filter=dispatch_pb2.TodoFilter(
+                endpoint_id=i.endpoint, states=[todo_pb2.TODO_STATE_PENDING]
+            )
+        ),
+        metadata=m,
+    ),
+    "RequeueTodos(filter)": lambda c, m, i: c.dispatch.RequeueTodos(
+        dispatch_pb2.RequeueTodosRequest(
+            filter=dispatch_pb2.TodoFilter(
+                endpoint_id=i.endpoint, states=[todo_pb2.TODO_STATE_DEAD]
+            )
+        ),
+        metadata=m,
+    ),
     "VendCredential": lambda c, m, i: c.admin.VendCredential(
         admin_pb2.VendCredentialRequest(
             endpoint_id=i.endpoint, presets=[admin_pb2.GRANT_PRESET_BASICS]
@@ -430,6 +447,12 @@ ALL_RPCS: dict[str, Callable[[Client, Metadata | None], Awaitable[Any]]] = {
     ),
     "ListTodoAudit": lambda c, m: c.dispatch.ListTodoAudit(
         dispatch_pb2.ListTodoAuditRequest(), metadata=m
+    ),
+    "CancelTodos": lambda c, m: c.dispatch.CancelTodos(
+        dispatch_pb2.CancelTodosRequest(todo_ids=["1"]), metadata=m
+    ),
+    "RequeueTodos": lambda c, m: c.dispatch.RequeueTodos(
+        dispatch_pb2.RequeueTodosRequest(todo_ids=["1"]), metadata=m
     ),
     "WhoAmI": lambda c, m: c.admin.WhoAmI(admin_pb2.WhoAmIRequest(), metadata=m),
     "CreateOwner": lambda c, m: c.admin.CreateOwner(

@@ -283,6 +283,84 @@ async def requeue(
 
 
 @dataclass(frozen=True)
+class Chunk:
+    """One chunk of a bulk action by filter (see ``sb_bulk_chunk``): the ids
+    taken and locked, how many passed the filter, how many of those a
+    concurrent transaction held, and the id the next chunk goes on after
+    (``None``: the filter is done)."""
+
+    ids: list[int]
+    matched: int
+    skipped: int
+    next_after_id: int | None
+
+
+async def bulk_chunk(
+    conn: Conn,
+    *,
+    owner_id: uuid.UUID,
+    endpoint_id: uuid.UUID,
+    queues: Sequence[str] | None,
+    states: Sequence[TodoState],
+    created_before: datetime | None,
+    created_after: datetime | None,
+    error_contains: str | None,
+    after_id: int,
+    scan: int,
+    limit: int,
+    lock: bool,
+) -> Chunk:
+    """Takes the next chunk of an endpoint's todos that pass a filter (locked
+    with SKIP LOCKED unless ``lock`` is false)."""
+    rec = await conn.fetchrow(
+        sql("todo_bulk_chunk"),
+        owner_id,
+        endpoint_id,
+        list(queues) if queues else None,
+        [s.value for s in states],
+        created_before,
+        created_after,
+        error_contains,
+        after_id,
+        scan,
+        limit,
+        lock,
+    )
+    assert rec is not None
+    return Chunk(list(rec["ids"]), rec["matched"], rec["skipped"], rec["next_after_id"])
+
+
+async def open_audit(
+    conn: Conn,
+    *,
+    owner_id: uuid.UUID,
+    endpoint_id: uuid.UUID,
+    action: str,
+    filter_json: str,
+    actor_credential_id: uuid.UUID | None,
+    actor_human_id: uuid.UUID | None,
+    actor_endpoint_id: uuid.UUID | None,
+) -> int:
+    """Records a bulk call by filter with a count of 0; returns the entry's id."""
+    entry_id = await conn.fetchval(
+        sql("todo_audit_open"),
+        owner_id,
+        endpoint_id,
+        action,
+        filter_json,
+        actor_credential_id,
+        actor_human_id,
+        actor_endpoint_id,
+    )
+    return int(entry_id)
+
+
+async def add_to_audit(conn: Conn, *, entry_id: int, count: int) -> None:
+    """Adds a chunk's changes to a bulk call's audit entry."""
+    await conn.execute(sql("todo_audit_add"), entry_id, count)
+
+
+@dataclass(frozen=True)
 class TodoAuditRow:
     """One recorded cancel or requeue."""
 

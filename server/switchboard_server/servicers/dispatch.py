@@ -17,6 +17,7 @@ from switchboard_server.servicers.interceptor import current_principal
 from switchboard_server.servicers.validate import (
     DEFAULT_MAX_ATTEMPTS,
     MAX_ATTEMPTS_LIMIT,
+    MAX_BATCH,
     MAX_CLAIMANT,
     MAX_CONTENT_TYPE,
     MAX_DELAY,
@@ -29,6 +30,103 @@ from switchboard_server.servicers.validate import (
 )
 
 Context = grpc.aio.ServicerContext[Any, Any]
+
+
+_BULK_STATES = {
+    "cancel": (TodoState.PENDING, TodoState.CLAIMED),
+    "requeue": (TodoState.DEAD, TodoState.CANCELLED),
+}
+
+#: Todo ids, or a filter and the id to go on after.
+_BulkTarget = tuple[list[int], dispatch.BulkFilter | None, int | None]
+
+
+def _bulk_target(
+    v: Violations,
+    request: dispatch_pb2.CancelTodosRequest | dispatch_pb2.RequeueTodosRequest,
+    action: str,
+) -> _BulkTarget:
+    """Checks a bulk request's ids or filter (exactly one of them)."""
+    if request.todo_ids:
+        if request.HasField("filter"):
+            v.add("filter", "give either todo_ids or filter, not both")
+        if request.dry_run:
+            v.add("dry_run", "only with filter")
+        if request.page_token:
+            v.add("page_token", "only with filter")
+        if len(request.todo_ids) > MAX_BATCH:
+            v.add("todo_ids", f"at most {MAX_BATCH} ids")
+        ids: list[int] = []
+        for i, raw in enumerate(request.todo_ids):
+            todo_id = v.todo_id(f"todo_ids[{i}]", raw)
+            if todo_id and todo_id in ids:
+                v.add(f"todo_ids[{i}]", "names a todo already in this call")
+            ids.append(todo_id)
+        return ids, None, None
+    if not request.HasField("filter"):
+        v.add("todo_ids", "give 1 to 500 todo_ids, or a filter")
+        return [], None, None
+    f = request.filter
+    allowed = _BULK_STATES[action]
+    states = []
+    if not f.states:
+        v.add(
+            "filter.states",
+            "required: " + " and/or ".join(s.value for s in allowed) + " (a filter never "
+            "matches every todo by accident)",
+        )
+    for i, state in enumerate(f.states):
+        got = convert.TODO_STATE_FROM_PROTO.get(state)
+        if got not in allowed:
+            v.add(f"filter.states[{i}]", "must be " + " or ".join(s.value for s in allowed))
+        elif got not in states:
+            states.append(got)
+    before = v.timestamp("filter.created_before", f.created_before, f.HasField("created_before"))
+    after_ts = v.timestamp("filter.created_after", f.created_after, f.HasField("created_after"))
+    if before is not None and after_ts is not None and after_ts >= before:
+        v.add("filter.created_after", "must be before created_before")
+    error_contains = None
+    if f.error_contains:
+        error_contains = v.text("filter.error_contains", f.error_contains, maximum=MAX_ERROR_FILTER)
+    which = dispatch.BulkFilter(
+        endpoint_id=v.parse_uuid("filter.endpoint_id", f.endpoint_id, required=False),
+        states=states,
+        queues=v.queue_names("filter.queues", f.queues),
+        created_before=before,
+        created_after=after_ts,
+        error_contains=error_contains,
+    )
+    return [], which, v.page_token("page_token", request.page_token)
+
+
+def convert_bulk_item(
+    action: str, todo_id: int, acted: dispatch.BulkItem
+) -> dispatch_pb2.BulkItemResult:
+    """One named todo's result in a bulk call."""
+    todo = acted.todo
+    if acted.outcome == "not_found" or todo is None:
+        return dispatch_pb2.BulkItemResult(
+            todo_id=str(todo_id),
+            status=dispatch_pb2.BULK_ITEM_STATUS_NOT_FOUND,
+            message="todo not found",
+        )
+    state = convert.TODO_STATE_TO_PROTO[todo.state]
+    if acted.outcome == "applied":
+        return dispatch_pb2.BulkItemResult(
+            todo_id=str(todo_id), status=dispatch_pb2.BULK_ITEM_STATUS_APPLIED, state=state
+        )
+    if acted.outcome == "max_attempts_too_low":
+        message = f"max_attempts must be above the todo's attempts so far ({todo.attempt})"
+    elif action == "cancel":
+        message = f"the todo is {todo.state.value}: only pending and claimed todos can be cancelled"
+    else:
+        message = f"the todo is {todo.state.value}: only dead and cancelled todos can be requeued"
+    return dispatch_pb2.BulkItemResult(
+        todo_id=str(todo_id),
+        status=dispatch_pb2.BULK_ITEM_STATUS_REFUSED,
+        state=state,
+        message=message,
+    )
 
 
 class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
@@ -330,6 +428,70 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
             current_principal(), todo_id, delay or timedelta(0), max_attempts
         )
         return dispatch_pb2.RequeueTodoResponse(todo=convert.todo(view.todo, view.admission))
+
+    async def CancelTodos(
+        self, request: dispatch_pb2.CancelTodosRequest, context: Context
+    ) -> dispatch_pb2.CancelTodosResponse:
+        v = Violations()
+        target = _bulk_target(v, request, "cancel")
+        v.check()
+        results, count, skipped, token = await self._bulk(
+            "cancel", target, request.dry_run, timedelta(0), None
+        )
+        return dispatch_pb2.CancelTodosResponse(
+            results=results, count=count, skipped=skipped, next_page_token=token
+        )
+
+    async def RequeueTodos(
+        self, request: dispatch_pb2.RequeueTodosRequest, context: Context
+    ) -> dispatch_pb2.RequeueTodosResponse:
+        v = Violations()
+        target = _bulk_target(v, request, "requeue")
+        delay = v.duration(
+            "delay",
+            request.delay,
+            request.HasField("delay"),
+            minimum=timedelta(0),
+            maximum=MAX_DELAY,
+        )
+        max_attempts = None
+        if request.HasField("max_attempts"):
+            max_attempts = request.max_attempts
+            if not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
+                v.add("max_attempts", f"must be between 1 and {MAX_ATTEMPTS_LIMIT}")
+        v.check()
+        results, count, skipped, token = await self._bulk(
+            "requeue", target, request.dry_run, delay or timedelta(0), max_attempts
+        )
+        return dispatch_pb2.RequeueTodosResponse(
+            results=results, count=count, skipped=skipped, next_page_token=token
+        )
+
+    async def _bulk(
+        self,
+        action: str,
+        target: _BulkTarget,
+        dry_run: bool,
+        delay: timedelta,
+        max_attempts: int | None,
+    ) -> tuple[list[dispatch_pb2.BulkItemResult], int, int, str]:
+        principal = current_principal()
+        ids, which, after = target
+        if which is None:
+            acted = await self._dispatcher.bulk_by_ids(principal, action, ids, delay, max_attempts)
+            results = [convert_bulk_item(action, i, a) for i, a in zip(ids, acted, strict=True)]
+            return results, sum(1 for a in acted if a.outcome == "applied"), 0, ""
+        progress = await self._dispatcher.bulk_by_filter(
+            principal,
+            action,
+            which,
+            after,
+            dry_run=dry_run,
+            delay=delay,
+            max_attempts=max_attempts,
+        )
+        token = page_token_after(progress.after) if progress.after is not None else ""
+        return [], progress.count, progress.skipped, token
 
     async def ListTodoAudit(
         self, request: dispatch_pb2.ListTodoAuditRequest, context: Context

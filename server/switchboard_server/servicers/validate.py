@@ -9,10 +9,10 @@ import re
 import urllib.parse
 import uuid
 from collections.abc import Iterable, Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Literal, Protocol
 
-from google.protobuf import duration_pb2
+from google.protobuf import duration_pb2, timestamp_pb2
 
 from switchboard_server import errors
 from switchboard_server.model import TodoResult
@@ -50,6 +50,9 @@ MAX_BATCH = 500
 MAX_TODO_ID_DIGITS = len(str(MAX_TODO_ID))
 #: A page token is base64 of ``v1:<todo id>``; far shorter than this.
 MAX_PAGE_TOKEN = 64
+#: The Timestamp range (0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z), in seconds.
+_MIN_TIMESTAMP = -62_135_596_800
+_MAX_TIMESTAMP = 253_402_300_799
 UUID_TEXT = re.compile(
     r"[0-9A-Fa-f]{8}-?[0-9A-Fa-f]{4}-?[0-9A-Fa-f]{4}-?[0-9A-Fa-f]{4}-?[0-9A-Fa-f]{12}"
 )
@@ -193,6 +196,19 @@ class Violations:
             self.add(field, f"must be between {minimum} and {maximum}")
             return None
         return delta
+
+    def timestamp(
+        self, field: str, value: timestamp_pb2.Timestamp, present: bool
+    ) -> datetime | None:
+        """An optional point in time (years 1 to 9999); ``None`` when absent."""
+        if not present:
+            return None
+        if not (
+            _MIN_TIMESTAMP <= value.seconds <= _MAX_TIMESTAMP and 0 <= value.nanos <= 999_999_999
+        ):
+            self.add(field, "must be a time between the years 1 and 9999")
+            return None
+        return value.ToDatetime(UTC)
 
     def dedup(self, field: str, webhook_id: str, delivery_id: str) -> tuple[str, str]:
         """A dedup key: both parts required, each one-line text of at most

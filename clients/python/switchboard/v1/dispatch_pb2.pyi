@@ -58,6 +58,36 @@ BATCH_ITEM_STATUS_NOT_FOUND: BatchItemStatus.ValueType  # 4
 """Refused: no such todo in the caller's scope."""
 Global___BatchItemStatus: _TypeAlias = BatchItemStatus  # noqa: Y015
 
+class _BulkItemStatus:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _BulkItemStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_BulkItemStatus.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    BULK_ITEM_STATUS_UNSPECIFIED: _BulkItemStatus.ValueType  # 0
+    BULK_ITEM_STATUS_APPLIED: _BulkItemStatus.ValueType  # 1
+    """Cancelled, or requeued."""
+    BULK_ITEM_STATUS_NOT_FOUND: _BulkItemStatus.ValueType  # 2
+    """No such todo in the caller's scope."""
+    BULK_ITEM_STATUS_REFUSED: _BulkItemStatus.ValueType  # 3
+    """The todo's state does not allow it (see state); or, for a requeue,
+    max_attempts is not above its attempts so far.
+    """
+
+class BulkItemStatus(_BulkItemStatus, metaclass=_BulkItemStatusEnumTypeWrapper):
+    """What a bulk cancel or requeue did with one named todo."""
+
+BULK_ITEM_STATUS_UNSPECIFIED: BulkItemStatus.ValueType  # 0
+BULK_ITEM_STATUS_APPLIED: BulkItemStatus.ValueType  # 1
+"""Cancelled, or requeued."""
+BULK_ITEM_STATUS_NOT_FOUND: BulkItemStatus.ValueType  # 2
+"""No such todo in the caller's scope."""
+BULK_ITEM_STATUS_REFUSED: BulkItemStatus.ValueType  # 3
+"""The todo's state does not allow it (see state); or, for a requeue,
+max_attempts is not above its attempts so far.
+"""
+Global___BulkItemStatus: _TypeAlias = BulkItemStatus  # noqa: Y015
+
 class _TodoAction:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -1108,6 +1138,249 @@ class RequeueTodoResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RequeueTodoResponse: _TypeAlias = RequeueTodoResponse  # noqa: Y015
+
+@_typing.final
+class TodoFilter(_message.Message):
+    """Which of an endpoint's todos a bulk cancel or requeue acts on: those that
+    pass every given condition.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINT_ID_FIELD_NUMBER: _builtins.int
+    QUEUES_FIELD_NUMBER: _builtins.int
+    STATES_FIELD_NUMBER: _builtins.int
+    CREATED_BEFORE_FIELD_NUMBER: _builtins.int
+    CREATED_AFTER_FIELD_NUMBER: _builtins.int
+    ERROR_CONTAINS_FIELD_NUMBER: _builtins.int
+    endpoint_id: _builtins.str
+    """Required for humans; an endpoint credential may leave it empty (its own)."""
+    error_contains: _builtins.str
+    """Only todos whose last error contains this text, ignoring case (1 to 200
+    characters).
+    """
+    @_builtins.property
+    def queues(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Only these queues (all when empty)."""
+
+    @_builtins.property
+    def states(self) -> _containers.RepeatedScalarFieldContainer[_todo_pb2.TodoState.ValueType]:
+        """Required, so that a filter never matches everything by accident: the
+        states to act on (CancelTodos: pending and/or claimed; RequeueTodos:
+        dead and/or cancelled).
+        """
+
+    @_builtins.property
+    def created_before(self) -> _timestamp_pb2.Timestamp:
+        """Only todos created before this time."""
+
+    @_builtins.property
+    def created_after(self) -> _timestamp_pb2.Timestamp:
+        """Only todos created at or after this time."""
+
+    def __init__(
+        self,
+        *,
+        endpoint_id: _builtins.str = ...,
+        queues: _abc.Iterable[_builtins.str] | None = ...,
+        states: _abc.Iterable[_todo_pb2.TodoState.ValueType] | None = ...,
+        created_before: _timestamp_pb2.Timestamp | None = ...,
+        created_after: _timestamp_pb2.Timestamp | None = ...,
+        error_contains: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_after", b"created_after", "created_before", b"created_before"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_after", b"created_after", "created_before", b"created_before", "endpoint_id", b"endpoint_id", "error_contains", b"error_contains", "queues", b"queues", "states", b"states"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TodoFilter: _TypeAlias = TodoFilter  # noqa: Y015
+
+@_typing.final
+class BulkItemResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TODO_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    todo_id: _builtins.str
+    status: Global___BulkItemStatus.ValueType
+    state: _todo_pb2.TodoState.ValueType
+    """The todo's state after this call (unset with NOT_FOUND)."""
+    message: _builtins.str
+    """With a refusal: why, for people."""
+    def __init__(
+        self,
+        *,
+        todo_id: _builtins.str = ...,
+        status: Global___BulkItemStatus.ValueType = ...,
+        state: _todo_pb2.TodoState.ValueType = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "state", b"state", "status", b"status", "todo_id", b"todo_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BulkItemResult: _TypeAlias = BulkItemResult  # noqa: Y015
+
+@_typing.final
+class CancelTodosRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TODO_IDS_FIELD_NUMBER: _builtins.int
+    FILTER_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    dry_run: _builtins.bool
+    """With filter: count the matching todos, change nothing."""
+    page_token: _builtins.str
+    """With filter: from a previous response's next_page_token."""
+    @_builtins.property
+    def todo_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """1 to 500 distinct todo ids; or leave it empty and give `filter`."""
+
+    @_builtins.property
+    def filter(self) -> Global___TodoFilter:
+        """Instead of todo_ids: which todos."""
+
+    def __init__(
+        self,
+        *,
+        todo_ids: _abc.Iterable[_builtins.str] | None = ...,
+        filter: Global___TodoFilter | None = ...,
+        dry_run: _builtins.bool = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "filter", b"filter", "page_token", b"page_token", "todo_ids", b"todo_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelTodosRequest: _TypeAlias = CancelTodosRequest  # noqa: Y015
+
+@_typing.final
+class CancelTodosResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    SKIPPED_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    count: _builtins.int
+    """How many todos this call changed (with dry_run: how many match, in the
+    part of the filter this call covered).
+    """
+    skipped: _builtins.int
+    """With filter: todos matched but held by a concurrent transaction at that
+    moment, not waited for and not changed.
+    """
+    next_page_token: _builtins.str
+    """With filter: empty when the filter is done; else repeat the request with it."""
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___BulkItemResult]:
+        """With todo_ids: one per id, in request order."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___BulkItemResult] | None = ...,
+        count: _builtins.int = ...,
+        skipped: _builtins.int = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "next_page_token", b"next_page_token", "results", b"results", "skipped", b"skipped"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelTodosResponse: _TypeAlias = CancelTodosResponse  # noqa: Y015
+
+@_typing.final
+class RequeueTodosRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TODO_IDS_FIELD_NUMBER: _builtins.int
+    FILTER_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    DELAY_FIELD_NUMBER: _builtins.int
+    MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    dry_run: _builtins.bool
+    """With filter: count the matching todos, change nothing."""
+    page_token: _builtins.str
+    """With filter: from a previous response's next_page_token."""
+    max_attempts: _builtins.int
+    """As in RequeueTodo, for every todo: a todo whose attempts so far are not
+    below it is refused (by id) or passed over (by filter).
+    """
+    @_builtins.property
+    def todo_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """1 to 500 distinct todo ids; or leave it empty and give `filter`."""
+
+    @_builtins.property
+    def filter(self) -> Global___TodoFilter:
+        """Instead of todo_ids: which todos."""
+
+    @_builtins.property
+    def delay(self) -> _duration_pb2.Duration:
+        """As in RequeueTodo, for every todo."""
+
+    def __init__(
+        self,
+        *,
+        todo_ids: _abc.Iterable[_builtins.str] | None = ...,
+        filter: Global___TodoFilter | None = ...,
+        dry_run: _builtins.bool = ...,
+        page_token: _builtins.str = ...,
+        delay: _duration_pb2.Duration | None = ...,
+        max_attempts: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_attempts", b"_max_attempts", "delay", b"delay", "filter", b"filter", "max_attempts", b"max_attempts"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_attempts", b"_max_attempts", "delay", b"delay", "dry_run", b"dry_run", "filter", b"filter", "max_attempts", b"max_attempts", "page_token", b"page_token", "todo_ids", b"todo_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_attempts: _TypeAlias = _typing.Literal["max_attempts"]  # noqa: Y015
+    _WhichOneofArgType__max_attempts: _TypeAlias = _typing.Literal["_max_attempts", b"_max_attempts"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_attempts) -> _WhichOneofReturnType__max_attempts | None: ...
+
+Global___RequeueTodosRequest: _TypeAlias = RequeueTodosRequest  # noqa: Y015
+
+@_typing.final
+class RequeueTodosResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    SKIPPED_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    count: _builtins.int
+    """As in CancelTodosResponse."""
+    skipped: _builtins.int
+    next_page_token: _builtins.str
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___BulkItemResult]:
+        """With todo_ids: one per id, in request order."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___BulkItemResult] | None = ...,
+        count: _builtins.int = ...,
+        skipped: _builtins.int = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "next_page_token", b"next_page_token", "results", b"results", "skipped", b"skipped"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RequeueTodosResponse: _TypeAlias = RequeueTodosResponse  # noqa: Y015
 
 @_typing.final
 class TodoAuditEntry(_message.Message):

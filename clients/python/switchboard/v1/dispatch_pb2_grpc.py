@@ -100,6 +100,16 @@ class DispatchServiceStub:
                 request_serializer=switchboard_dot_v1_dot_dispatch__pb2.RequeueTodoRequest.SerializeToString,
                 response_deserializer=switchboard_dot_v1_dot_dispatch__pb2.RequeueTodoResponse.FromString,
                 _registered_method=True)
+        self.CancelTodos = channel.unary_unary(
+                '/switchboard.v1.DispatchService/CancelTodos',
+                request_serializer=switchboard_dot_v1_dot_dispatch__pb2.CancelTodosRequest.SerializeToString,
+                response_deserializer=switchboard_dot_v1_dot_dispatch__pb2.CancelTodosResponse.FromString,
+                _registered_method=True)
+        self.RequeueTodos = channel.unary_unary(
+                '/switchboard.v1.DispatchService/RequeueTodos',
+                request_serializer=switchboard_dot_v1_dot_dispatch__pb2.RequeueTodosRequest.SerializeToString,
+                response_deserializer=switchboard_dot_v1_dot_dispatch__pb2.RequeueTodosResponse.FromString,
+                _registered_method=True)
         self.ListTodoAudit = channel.unary_unary(
                 '/switchboard.v1.DispatchService/ListTodoAudit',
                 request_serializer=switchboard_dot_v1_dot_dispatch__pb2.ListTodoAuditRequest.SerializeToString,
@@ -221,6 +231,31 @@ class DispatchServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelTodos(self, request, context):
+        """Cancels many pending and claimed todos (as CancelTodo does each): named
+        by id (up to 500, a result per item; ids outside the caller's scope are
+        NOT_FOUND per item), or chosen by a filter. A filter acts in chunks of at
+        most 500 todos, one transaction each, for about 5 seconds per call; when
+        todos may be left, the response carries next_page_token: repeat the same
+        request with it until it comes back empty. Todos that a concurrent
+        transaction holds at that moment are not waited for: they are counted in
+        `skipped` (call again to act on those that still match). With dry_run,
+        counts the todos the filter matches and changes nothing. Needs the
+        cancel grant; one audit entry per call and endpoint.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RequeueTodos(self, request, context):
+        """Sends many dead and cancelled todos back to pending (as RequeueTodo does
+        each): by id or by filter, chunked and resumable as CancelTodos. Needs
+        the requeue grant; one audit entry per call and endpoint.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListTodoAudit(self, request, context):
         """The audit trail of cancels and requeues, newest first.
         """
@@ -305,6 +340,16 @@ def add_DispatchServiceServicer_to_server(servicer, server):
                     servicer.RequeueTodo,
                     request_deserializer=switchboard_dot_v1_dot_dispatch__pb2.RequeueTodoRequest.FromString,
                     response_serializer=switchboard_dot_v1_dot_dispatch__pb2.RequeueTodoResponse.SerializeToString,
+            ),
+            'CancelTodos': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelTodos,
+                    request_deserializer=switchboard_dot_v1_dot_dispatch__pb2.CancelTodosRequest.FromString,
+                    response_serializer=switchboard_dot_v1_dot_dispatch__pb2.CancelTodosResponse.SerializeToString,
+            ),
+            'RequeueTodos': grpc.unary_unary_rpc_method_handler(
+                    servicer.RequeueTodos,
+                    request_deserializer=switchboard_dot_v1_dot_dispatch__pb2.RequeueTodosRequest.FromString,
+                    response_serializer=switchboard_dot_v1_dot_dispatch__pb2.RequeueTodosResponse.SerializeToString,
             ),
             'ListTodoAudit': grpc.unary_unary_rpc_method_handler(
                     servicer.ListTodoAudit,
@@ -669,6 +714,60 @@ class DispatchService:
             '/switchboard.v1.DispatchService/RequeueTodo',
             switchboard_dot_v1_dot_dispatch__pb2.RequeueTodoRequest.SerializeToString,
             switchboard_dot_v1_dot_dispatch__pb2.RequeueTodoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelTodos(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchboard.v1.DispatchService/CancelTodos',
+            switchboard_dot_v1_dot_dispatch__pb2.CancelTodosRequest.SerializeToString,
+            switchboard_dot_v1_dot_dispatch__pb2.CancelTodosResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RequeueTodos(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchboard.v1.DispatchService/RequeueTodos',
+            switchboard_dot_v1_dot_dispatch__pb2.RequeueTodosRequest.SerializeToString,
+            switchboard_dot_v1_dot_dispatch__pb2.RequeueTodosResponse.FromString,
             options,
             channel_credentials,
             insecure,

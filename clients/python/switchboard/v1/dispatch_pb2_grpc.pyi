@@ -78,6 +78,23 @@ class DispatchServiceStub:
     decides when it is claimed. Pending, claimed and done todos are
     FAILED_PRECONDITION. Needs the requeue grant; audited.
     """
+    CancelTodos: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.CancelTodosRequest, _dispatch_pb2.CancelTodosResponse]
+    """Cancels many pending and claimed todos (as CancelTodo does each): named
+    by id (up to 500, a result per item; ids outside the caller's scope are
+    NOT_FOUND per item), or chosen by a filter. A filter acts in chunks of at
+    most 500 todos, one transaction each, for about 5 seconds per call; when
+    todos may be left, the response carries next_page_token: repeat the same
+    request with it until it comes back empty. Todos that a concurrent
+    transaction holds at that moment are not waited for: they are counted in
+    `skipped` (call again to act on those that still match). With dry_run,
+    counts the todos the filter matches and changes nothing. Needs the
+    cancel grant; one audit entry per call and endpoint.
+    """
+    RequeueTodos: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.RequeueTodosRequest, _dispatch_pb2.RequeueTodosResponse]
+    """Sends many dead and cancelled todos back to pending (as RequeueTodo does
+    each): by id or by filter, chunked and resumable as CancelTodos. Needs
+    the requeue grant; one audit entry per call and endpoint.
+    """
     ListTodoAudit: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.ListTodoAuditRequest, _dispatch_pb2.ListTodoAuditResponse]
     """The audit trail of cancels and requeues, newest first."""
     WatchReopen: _grpc.UnaryStreamMultiCallable[_dispatch_pb2.WatchReopenRequest, _dispatch_pb2.WatchReopenResponse]
@@ -136,6 +153,23 @@ class DispatchServiceAsyncStub(DispatchServiceStub):
     kept. It is then pending like any other: its queue's admission policy
     decides when it is claimed. Pending, claimed and done todos are
     FAILED_PRECONDITION. Needs the requeue grant; audited.
+    """
+    CancelTodos: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.CancelTodosRequest, _dispatch_pb2.CancelTodosResponse]  # type: ignore[assignment]
+    """Cancels many pending and claimed todos (as CancelTodo does each): named
+    by id (up to 500, a result per item; ids outside the caller's scope are
+    NOT_FOUND per item), or chosen by a filter. A filter acts in chunks of at
+    most 500 todos, one transaction each, for about 5 seconds per call; when
+    todos may be left, the response carries next_page_token: repeat the same
+    request with it until it comes back empty. Todos that a concurrent
+    transaction holds at that moment are not waited for: they are counted in
+    `skipped` (call again to act on those that still match). With dry_run,
+    counts the todos the filter matches and changes nothing. Needs the
+    cancel grant; one audit entry per call and endpoint.
+    """
+    RequeueTodos: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.RequeueTodosRequest, _dispatch_pb2.RequeueTodosResponse]  # type: ignore[assignment]
+    """Sends many dead and cancelled todos back to pending (as RequeueTodo does
+    each): by id or by filter, chunked and resumable as CancelTodos. Needs
+    the requeue grant; one audit entry per call and endpoint.
     """
     ListTodoAudit: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.ListTodoAuditRequest, _dispatch_pb2.ListTodoAuditResponse]  # type: ignore[assignment]
     """The audit trail of cancels and requeues, newest first."""
@@ -270,6 +304,35 @@ class DispatchServiceServicer(metaclass=_abc_1.ABCMeta):
         kept. It is then pending like any other: its queue's admission policy
         decides when it is claimed. Pending, claimed and done todos are
         FAILED_PRECONDITION. Needs the requeue grant; audited.
+        """
+
+    @_abc_1.abstractmethod
+    def CancelTodos(
+        self,
+        request: _dispatch_pb2.CancelTodosRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatch_pb2.CancelTodosResponse, _abc.Awaitable[_dispatch_pb2.CancelTodosResponse]]:
+        """Cancels many pending and claimed todos (as CancelTodo does each): named
+        by id (up to 500, a result per item; ids outside the caller's scope are
+        NOT_FOUND per item), or chosen by a filter. A filter acts in chunks of at
+        most 500 todos, one transaction each, for about 5 seconds per call; when
+        todos may be left, the response carries next_page_token: repeat the same
+        request with it until it comes back empty. Todos that a concurrent
+        transaction holds at that moment are not waited for: they are counted in
+        `skipped` (call again to act on those that still match). With dry_run,
+        counts the todos the filter matches and changes nothing. Needs the
+        cancel grant; one audit entry per call and endpoint.
+        """
+
+    @_abc_1.abstractmethod
+    def RequeueTodos(
+        self,
+        request: _dispatch_pb2.RequeueTodosRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatch_pb2.RequeueTodosResponse, _abc.Awaitable[_dispatch_pb2.RequeueTodosResponse]]:
+        """Sends many dead and cancelled todos back to pending (as RequeueTodo does
+        each): by id or by filter, chunked and resumable as CancelTodos. Needs
+        the requeue grant; one audit entry per call and endpoint.
         """
 
     @_abc_1.abstractmethod

@@ -527,3 +527,82 @@ BEGIN
     END IF;
 END;
 $$;
+
+-- One chunk of a bulk cancel or requeue by filter: examines up to p_scan of
+-- an endpoint's todos with ids above p_after_id, in id order (the listing
+-- index), and takes up to p_limit of those that pass the filter (queues and
+-- error text optional; states required). Unless p_lock is false (a dry
+-- run), the taken rows are locked, in id order, with SKIP LOCKED: a todo
+-- that a concurrent transaction holds (a worker's settle, another bulk
+-- call) is never waited for, and is counted in `skipped`. Returns the ids
+-- taken (locked), how many matched, how many were skipped, and the id to
+-- go on after (NULL: nothing is left above it).
+CREATE OR REPLACE FUNCTION sb_bulk_chunk(
+    p_owner_id uuid,
+    p_endpoint_id uuid,
+    p_queues text[],
+    p_states text[],
+    p_created_before timestamptz,
+    p_created_after timestamptz,
+    p_error text,
+    p_after_id bigint,
+    p_scan integer,
+    p_limit integer,
+    p_lock boolean
+) RETURNS TABLE (ids bigint[], matched integer, skipped integer, next_after_id bigint)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_examined integer;
+    v_edge bigint;
+    v_matched bigint[];
+    v_locked bigint[];
+    v_next bigint;
+BEGIN
+    WITH scanned AS (
+        SELECT t.id, t.queue, t.state, t.created_at, t.last_error
+          FROM todos t
+         WHERE t.endpoint_id = p_endpoint_id AND t.owner_id = p_owner_id AND t.id > p_after_id
+         ORDER BY t.id
+         LIMIT p_scan
+    ), edge AS (
+        SELECT count(*)::integer AS examined, max(s.id) AS edge FROM scanned s
+    ), passed AS (
+        SELECT s.id FROM scanned s
+         WHERE s.state = ANY (p_states)
+           AND (p_queues IS NULL OR s.queue = ANY (p_queues))
+           AND (p_created_before IS NULL OR s.created_at < p_created_before)
+           AND (p_created_after IS NULL OR s.created_at >= p_created_after)
+           AND (p_error IS NULL OR strpos(lower(s.last_error), lower(p_error)) > 0)
+         ORDER BY s.id
+         LIMIT p_limit
+    )
+    SELECT e.examined, e.edge, coalesce((SELECT array_agg(p.id ORDER BY p.id) FROM passed p), '{}')
+      INTO v_examined, v_edge, v_matched
+      FROM edge e;
+    IF cardinality(v_matched) = p_limit THEN
+        v_next := v_matched[p_limit];  -- more may pass below the scan's edge
+    ELSIF v_examined = p_scan THEN
+        v_next := v_edge;
+    ELSE
+        v_next := NULL;
+    END IF;
+    IF NOT p_lock THEN
+        RETURN QUERY SELECT '{}'::bigint[], cardinality(v_matched), 0, v_next;
+        RETURN;
+    END IF;
+    -- Locked rows are rechecked against the states (a row changed since the
+    -- scan is taken only if it still passes).
+    SELECT coalesce(array_agg(l.id ORDER BY l.id), '{}') INTO v_locked
+      FROM (SELECT t.id FROM todos t
+             WHERE t.id = ANY (v_matched) AND t.state = ANY (p_states)
+             ORDER BY t.id
+             FOR UPDATE SKIP LOCKED) AS l;
+    RETURN QUERY
+    SELECT v_locked, cardinality(v_matched),
+           (SELECT count(*)::integer FROM todos t
+             WHERE t.id = ANY (v_matched) AND t.id <> ALL (v_locked)
+               AND t.state = ANY (p_states)),
+           v_next;
+END;
+$$;

@@ -37,6 +37,25 @@ SELECT outcome, todo, was FROM sb_cancel($1, $2, $3) ORDER BY ord;
 -- per item, in order. See sb_requeue.
 SELECT outcome, todo FROM sb_requeue($1, $2, $3, $4, $5) ORDER BY ord;
 
+-- name: todo_bulk_chunk :one
+-- One chunk of a bulk cancel or requeue by filter: the ids taken (locked,
+-- SKIP LOCKED), how many matched and were skipped, and where the next chunk
+-- goes on. See sb_bulk_chunk.
+SELECT ids, matched, skipped, next_after_id
+  FROM sb_bulk_chunk($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11);
+
+-- name: todo_audit_open :one
+-- Records a bulk cancel or requeue by filter, before its first chunk; each
+-- chunk then adds what it changed (todo_audit_add), in its own transaction.
+INSERT INTO todo_audit (owner_id, endpoint_id, action, todo_id, count, filter,
+                        actor_credential_id, actor_human_id, actor_endpoint_id, at)
+VALUES ($1, $2, $3, NULL, 0, $4, $5, $6, $7, sb_now())
+RETURNING id;
+
+-- name: todo_audit_add :exec
+-- Adds a chunk's changes to a bulk call's audit entry.
+UPDATE todo_audit SET count = count + $2 WHERE id = $1;
+
 -- name: todo_audit_insert :exec
 -- Records a cancel or requeue.
 INSERT INTO todo_audit (owner_id, endpoint_id, action, todo_id, count, filter,

@@ -1,0 +1,357 @@
+"""Bulk cancel and requeue (issue 15 item 3): by ids, each item on its own;
+by filter, in chunks of at most 500 todos (a transaction each, SKIP LOCKED),
+resumable with a page token, counted with a dry run, audited once per call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import grpc
+import pytest
+from google.protobuf import timestamp_pb2
+from switchboard.v1 import admin_pb2, dispatch_pb2, todo_pb2
+from switchboard_server import dispatch
+from switchboard_server.db import Database
+
+from tests.support.admission import ingest
+from tests.support.client import Client, Tenant, add_endpoint, auth, make_tenant
+from tests.support.errors import expect_code, violations
+
+PENDING = todo_pb2.TODO_STATE_PENDING
+DEAD = todo_pb2.TODO_STATE_DEAD
+CANCELLED = todo_pb2.TODO_STATE_CANCELLED
+APPLIED = dispatch_pb2.BULK_ITEM_STATUS_APPLIED
+NOT_FOUND = dispatch_pb2.BULK_ITEM_STATUS_NOT_FOUND
+REFUSED = dispatch_pb2.BULK_ITEM_STATUS_REFUSED
+Metadata = tuple[tuple[str, str], ...]
+
+
+async def seed_dead(db: Database, client: Client, tenant: Tenant, queue: str, n: int) -> None:
+    """``n`` dead todos in a queue of the tenant's endpoint (written directly:
+    thousands of claims and fails would only slow the test)."""
+    (seed,) = await ingest(client, tenant.agent, queue)
+    async with db.connection() as conn:
+        await conn.execute(
+            "INSERT INTO todos (queue_id, owner_id, endpoint_id, queue, state, payload,"
+            " content_type, attempt, max_attempts, next_retry_at, last_error, created_at,"
+            " updated_at, finished_at)"
+            " SELECT queue_id, owner_id, endpoint_id, queue, 'dead', payload, content_type,"
+            " 1, 1, next_retry_at, 'boom ' || (g % 2), created_at, updated_at, updated_at"
+            " FROM todos, generate_series(1, $2) AS g WHERE id = $1",
+            int(seed),
+            n,
+        )
+        await conn.execute("DELETE FROM todos WHERE id = $1", int(seed))
+
+
+async def states(db: Database, queue: str) -> dict[str, int]:
+    async with db.connection() as conn:
+        rows = await conn.fetch(
+            "SELECT state, count(*) AS n FROM todos WHERE queue = $1 GROUP BY state", queue
+        )
+    return {r["state"]: r["n"] for r in rows}
+
+
+async def audit_counts(db: Database) -> list[tuple[str, int, dict[str, Any] | None]]:
+    async with db.connection() as conn:
+        rows = await conn.fetch("SELECT action, count, filter FROM todo_audit ORDER BY id")
+    return [
+        (r["action"], r["count"], json.loads(r["filter"]) if r["filter"] else None) for r in rows
+    ]
+
+
+def flt(endpoint: str, *states: todo_pb2.TodoState.ValueType, **kw: Any) -> dispatch_pb2.TodoFilter:
+    return dispatch_pb2.TodoFilter(endpoint_id=endpoint, states=list(states), **kw)
+
+
+Bulk = TypeVar("Bulk", dispatch_pb2.CancelTodosRequest, dispatch_pb2.RequeueTodosRequest)
+
+
+def fresh(request: Bulk) -> Bulk:
+    """A copy of a bulk request from its first page."""
+    copied = type(request)()
+    copied.CopyFrom(request)
+    copied.page_token = ""
+    return copied
+
+
+def ts(year: int) -> timestamp_pb2.Timestamp:
+    stamp = timestamp_pb2.Timestamp()
+    stamp.FromDatetime(datetime(year, 1, 1, tzinfo=UTC))
+    return stamp
+
+
+async def requeue_all(
+    client: Client, metadata: Metadata, request: dispatch_pb2.RequeueTodosRequest
+) -> tuple[int, int, int]:
+    """Repeats a requeue by filter until done: (changed, skipped, calls)."""
+    request = fresh(request)
+    count = skipped = calls = 0
+    while True:
+        resp = await client.dispatch.RequeueTodos(request, metadata=metadata)
+        count, skipped, calls = count + resp.count, skipped + resp.skipped, calls + 1
+        if not resp.next_page_token:
+            return count, skipped, calls
+        request.page_token = resp.next_page_token
+
+
+async def cancel_all(
+    client: Client, metadata: Metadata, request: dispatch_pb2.CancelTodosRequest
+) -> tuple[int, int, int]:
+    request = fresh(request)
+    count = skipped = calls = 0
+    while True:
+        resp = await client.dispatch.CancelTodos(request, metadata=metadata)
+        count, skipped, calls = count + resp.count, skipped + resp.skipped, calls + 1
+        if not resp.next_page_token:
+            return count, skipped, calls
+        request.page_token = resp.next_page_token
+
+
+async def test_by_ids_each_on_its_own(client: Client, tenant: Tenant, db: Database) -> None:
+    other = await make_tenant(client, "bulk-other")
+    mine = await ingest(client, tenant.agent, "q", 3)
+    (theirs,) = await ingest(client, other.agent, "q")
+    await client.dispatch.CancelTodo(
+        dispatch_pb2.CancelTodoRequest(todo_id=mine[2]), metadata=tenant.human
+    )
+    resp = await client.dispatch.CancelTodos(
+        dispatch_pb2.CancelTodosRequest(todo_ids=[mine[0], theirs, mine[1], mine[2], "999999"]),
+        metadata=tenant.human,
+    )
+    assert [(r.todo_id, r.status) for r in resp.results] == [
+        (mine[0], APPLIED),
+        (theirs, NOT_FOUND),
+        (mine[1], APPLIED),
+        (mine[2], REFUSED),
+        ("999999", NOT_FOUND),
+    ]
+    assert resp.results[3].state == CANCELLED and "cancelled" in resp.results[3].message
+    assert resp.results[1].state == todo_pb2.TODO_STATE_UNSPECIFIED
+    assert resp.count == 2 and not resp.next_page_token
+    got = await client.dispatch.GetTodo(
+        dispatch_pb2.GetTodoRequest(todo_id=theirs), metadata=other.agent
+    )
+    assert got.todo.state == PENDING  # the other owner's todo is untouched
+
+    back = await client.dispatch.RequeueTodos(
+        dispatch_pb2.RequeueTodosRequest(todo_ids=[*mine, theirs]), metadata=tenant.human
+    )
+    assert [r.status for r in back.results] == [APPLIED, APPLIED, APPLIED, NOT_FOUND]
+    assert [r.state for r in back.results[:3]] == [PENDING] * 3
+    audit = await audit_counts(db)
+    assert [(a, n) for a, n, _ in audit[-2:]] == [("cancel", 2), ("requeue", 3)]
+    assert audit[-2][2] == {"todo_ids": [mine[0], mine[1]]}
+
+
+async def test_filter_dry_run_counts_and_changes_nothing(
+    client: Client, tenant: Tenant, db: Database
+) -> None:
+    await seed_dead(db, client, tenant, "dl", 40)
+    before = await states(db, "dl")
+    resp = await client.dispatch.RequeueTodos(
+        dispatch_pb2.RequeueTodosRequest(
+            filter=flt(tenant.endpoint_id, DEAD, error_contains="BOOM 1"), dry_run=True
+        ),
+        metadata=tenant.human,
+    )
+    assert (resp.count, resp.next_page_token) == (20, "")
+    for created, expected in (({"created_before": ts(2000)}, 0), ({"created_after": ts(2000)}, 40)):
+        resp = await client.dispatch.RequeueTodos(
+            dispatch_pb2.RequeueTodosRequest(
+                filter=flt(tenant.endpoint_id, DEAD, **created), dry_run=True
+            ),
+            metadata=tenant.human,
+        )
+        assert resp.count == expected
+    assert await states(db, "dl") == before == {"dead": 40}
+    assert await audit_counts(db) == []
+    # The same filter acts on those 20 only.
+    resp = await client.dispatch.RequeueTodos(
+        dispatch_pb2.RequeueTodosRequest(
+            filter=flt(tenant.endpoint_id, DEAD, error_contains="BOOM 1", queues=["dl"])
+        ),
+        metadata=tenant.human,
+    )
+    assert resp.count == 20
+    assert await states(db, "dl") == {"dead": 20, "pending": 20}
+    ((action, count, recorded),) = await audit_counts(db)
+    assert (action, count) == ("requeue", 20)
+    assert recorded == {
+        "endpoint_id": tenant.endpoint_id,
+        "states": ["dead"],
+        "queues": ["dl"],
+        "error_contains": "BOOM 1",
+    }
+
+
+async def test_filter_goes_in_chunks_and_resumes(
+    client: Client, tenant: Tenant, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await seed_dead(db, client, tenant, "big", 2000)
+    request = dispatch_pb2.RequeueTodosRequest(filter=flt(tenant.endpoint_id, DEAD))
+    # One chunk per call: each call returns a token to go on from.
+    monkeypatch.setattr(dispatch, "BULK_BUDGET", timedelta(0))
+    count, skipped, calls = await requeue_all(client, tenant.human, request)
+    assert (count, skipped) == (2000, 0)
+    assert calls >= 4  # 500 todos per transaction
+    assert await states(db, "big") == {"pending": 2000}
+    audit = await audit_counts(db)
+    assert len(audit) == calls and sum(n for _, n, _ in audit) == 2000
+    assert all(n <= dispatch.BULK_CHUNK for _, n, _ in audit)
+    # Within the default budget one call takes every chunk.
+    monkeypatch.undo()
+    cancel = dispatch_pb2.CancelTodosRequest(filter=flt(tenant.endpoint_id, PENDING))
+    resp = await client.dispatch.CancelTodos(cancel, metadata=tenant.human)
+    assert (resp.count, resp.next_page_token) == (2000, "")
+    assert await states(db, "big") == {"cancelled": 2000}
+
+
+async def test_concurrent_bulk_requeue_and_cancel(
+    client: Client, tenant: Tenant, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requeue (dead -> pending) races cancel (pending -> cancelled) over the same
+    1,000 todos: each todo ends in one state, and the audit counts match it."""
+    await seed_dead(db, client, tenant, "race", 1000)
+    monkeypatch.setattr(dispatch, "BULK_CHUNK", 50)
+    requeue = dispatch_pb2.RequeueTodosRequest(filter=flt(tenant.endpoint_id, DEAD))
+    cancel = dispatch_pb2.CancelTodosRequest(filter=flt(tenant.endpoint_id, PENDING))
+
+    async def cancels() -> tuple[int, int, int]:
+        total = [0, 0, 0]
+        for _ in range(6):
+            got = await cancel_all(client, tenant.human, cancel)
+            total = [a + b for a, b in zip(total, got, strict=True)]
+            await asyncio.sleep(0)
+        return total[0], total[1], total[2]
+
+    (requeued, _, _), (cancelled, _, _) = await asyncio.gather(
+        requeue_all(client, tenant.human, requeue), cancels()
+    )
+    # Whatever the race skipped, a repeat picks up.
+    more, _, _ = await requeue_all(client, tenant.human, requeue)
+    final = await states(db, "race")
+    assert sum(final.values()) == 1000 and final.get("dead", 0) == 0
+    assert requeued + more == 1000  # each dead todo requeued exactly once
+    assert final.get("cancelled", 0) == cancelled  # each cancel counted once
+    assert final.get("pending", 0) == 1000 - cancelled
+    audit = await audit_counts(db)
+    assert sum(n for a, n, _ in audit if a == "requeue") == 1000
+    assert sum(n for a, n, _ in audit if a == "cancel") == cancelled
+
+
+async def test_grants_and_isolation(client: Client, tenant: Tenant, db: Database) -> None:
+    other = await make_tenant(client, "bulk-iso")
+    await seed_dead(db, client, other, "theirs", 5)
+    await seed_dead(db, client, tenant, "mine", 5)
+    by_filter = dispatch_pb2.RequeueTodosRequest(filter=flt(other.endpoint_id, DEAD))
+    # Another owner's endpoint does not exist for this human, nor for an agent.
+    await expect_code(
+        client.dispatch.RequeueTodos(by_filter, metadata=tenant.human), grpc.StatusCode.NOT_FOUND
+    )
+    endpoint, token = await add_endpoint(
+        client, tenant, "ops", [admin_pb2.GRANT_REQUEUE, admin_pb2.GRANT_CANCEL]
+    )
+    await expect_code(
+        client.dispatch.RequeueTodos(by_filter, metadata=auth(token)), grpc.StatusCode.NOT_FOUND
+    )
+    # An agent acts on its own endpoint only, even of the same owner.
+    sibling = dispatch_pb2.RequeueTodosRequest(filter=flt(tenant.endpoint_id, DEAD))
+    await expect_code(
+        client.dispatch.RequeueTodos(sibling, metadata=auth(token)), grpc.StatusCode.NOT_FOUND
+    )
+    own = dispatch_pb2.RequeueTodosRequest(filter=flt("", DEAD))
+    assert (await client.dispatch.RequeueTodos(own, metadata=auth(token))).count == 0
+    # Without the grant (basics holds neither).
+    for call in (
+        client.dispatch.RequeueTodos(own, metadata=tenant.agent),
+        client.dispatch.CancelTodos(
+            dispatch_pb2.CancelTodosRequest(filter=flt("", PENDING)), metadata=tenant.agent
+        ),
+        client.dispatch.CancelTodos(
+            dispatch_pb2.CancelTodosRequest(todo_ids=["1"]), metadata=tenant.agent
+        ),
+    ):
+        await expect_code(call, grpc.StatusCode.PERMISSION_DENIED)
+    assert await states(db, "theirs") == {"dead": 5}
+    assert await states(db, "mine") == {"dead": 5}
+    assert endpoint
+
+
+@pytest.mark.parametrize(
+    ("request_", "field"),
+    [
+        (dispatch_pb2.CancelTodosRequest(), "todo_ids"),
+        (dispatch_pb2.CancelTodosRequest(filter=dispatch_pb2.TodoFilter()), "filter.states"),
+        (dispatch_pb2.CancelTodosRequest(filter=flt("", DEAD)), "filter.states[0]"),
+        (dispatch_pb2.RequeueTodosRequest(filter=flt("", PENDING)), "filter.states[0]"),
+        (dispatch_pb2.CancelTodosRequest(todo_ids=["1", "1"]), "todo_ids[1]"),
+        (dispatch_pb2.CancelTodosRequest(todo_ids=["x"]), "todo_ids[0]"),
+        (dispatch_pb2.CancelTodosRequest(todo_ids=[str(i) for i in range(1, 502)]), "todo_ids"),
+        (
+            dispatch_pb2.CancelTodosRequest(todo_ids=["1"], filter=flt("", PENDING)),
+            "filter",
+        ),
+        (dispatch_pb2.CancelTodosRequest(todo_ids=["1"], dry_run=True), "dry_run"),
+        (
+            dispatch_pb2.CancelTodosRequest(filter=flt("", PENDING, queues=["bad name"])),
+            "filter.queues[0]",
+        ),
+        (
+            dispatch_pb2.CancelTodosRequest(filter=flt("", PENDING, error_contains="x" * 201)),
+            "filter.error_contains",
+        ),
+        (
+            dispatch_pb2.CancelTodosRequest(filter=flt("", PENDING), page_token="nope"),
+            "page_token",
+        ),
+        (
+            dispatch_pb2.CancelTodosRequest(
+                filter=flt("", PENDING, created_after=ts(2030), created_before=ts(2020))
+            ),
+            "filter.created_after",
+        ),
+        (
+            dispatch_pb2.CancelTodosRequest(
+                filter=flt("", PENDING, created_before=timestamp_pb2.Timestamp(seconds=2**62))
+            ),
+            "filter.created_before",
+        ),
+        (
+            dispatch_pb2.RequeueTodosRequest(filter=flt("", DEAD), max_attempts=0),
+            "max_attempts",
+        ),
+    ],
+)
+async def test_bad_requests_change_nothing(
+    client: Client,
+    tenant: Tenant,
+    db: Database,
+    request_: dispatch_pb2.CancelTodosRequest | dispatch_pb2.RequeueTodosRequest,
+    field: str,
+) -> None:
+    await ingest(client, tenant.agent, "q", 2)
+    call: Awaitable[object]
+    if isinstance(request_, dispatch_pb2.CancelTodosRequest):
+        call = client.dispatch.CancelTodos(request_, metadata=tenant.human)
+    else:
+        call = client.dispatch.RequeueTodos(request_, metadata=tenant.human)
+    err = await expect_code(call, grpc.StatusCode.INVALID_ARGUMENT)
+    assert field in violations(err)
+    assert await states(db, "q") == {"pending": 2}
+    assert await audit_counts(db) == []
+
+
+async def test_human_needs_an_endpoint(client: Client, tenant: Tenant) -> None:
+    err = await expect_code(
+        client.dispatch.CancelTodos(
+            dispatch_pb2.CancelTodosRequest(filter=flt("", PENDING)), metadata=tenant.human
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    )
+    assert "endpoint_id" in violations(err)
