@@ -415,6 +415,77 @@ async def test_errors_are_readable_and_have_exit_codes(sb: Cli, tenant: Tenant) 
     assert denied.code == 3 and "PERMISSION_DENIED" in denied.err
 
 
+async def dead(client: Client, tenant: Tenant, queue: str, error: str) -> str:
+    """A todo that failed permanently, with ``error``."""
+    (todo_id,) = await ingest(client, tenant.agent, queue)
+    got = await client.dispatch.ClaimNext(
+        dispatch_pb2.ClaimNextRequest(queues=[queue], claimant="w"), metadata=tenant.agent
+    )
+    await client.dispatch.Fail(
+        dispatch_pb2.FailRequest(
+            todo_id=todo_id, lease_id=got.lease.lease_id, error=error, permanent=True
+        ),
+        metadata=tenant.agent,
+    )
+    return todo_id
+
+
+async def test_cancel_and_requeue_by_id_and_by_filter(
+    sb: Cli, client: Client, tenant: Tenant
+) -> None:
+    human, ep = tenant.human_token, tenant.endpoint_id
+    timeouts = [await dead(client, tenant, "jobs", f"timeout after {i}s") for i in range(3)]
+    other = await dead(client, tenant, "jobs", "bad input")
+    flt = ["--endpoint", ep, "--state", "dead", "--error-contains", "TIMEOUT"]
+
+    counted = await sb("todos", "requeue", *flt, "--dry-run", token=human)
+    assert counted.code == 0, counted.err
+    assert counted.lines() == ["3 todos match (dry run: nothing requeued)"]
+    # A filter without --yes and without a terminal is refused, and nothing changes.
+    refused = await sb("todos", "requeue", *flt, token=human)
+    assert refused.code == 2 and "--yes" in refused.err
+    no_state = await sb("todos", "requeue", "--endpoint", ep, "--yes", token=human)
+    assert no_state.code == 2 and "--state dead" in no_state.err
+    mixed = await sb("todos", "cancel", other, "--endpoint", ep, token=human)
+    assert mixed.code == 2
+    assert (await sb("todos", "requeue", *flt, "--dry-run", "--json", token=human)).json() == {
+        "dry_run": True,
+        "count": 3,
+    }
+
+    done = await sb("todos", "requeue", *flt, "--delay", "3600", "--yes", "--json", token=human)
+    assert done.code == 0, done.err
+    assert done.json() == {"count": 3, "skipped": 0}
+    pending = await sb(
+        "todos", "list", "--endpoint", ep, "--state", "pending", "--json", token=human
+    )
+    assert sorted(t["id"] for t in pending.json()["todos"]) == sorted(timeouts)
+
+    by_id = await sb("todos", "cancel", timeouts[0], other, "987654321", token=human)
+    assert by_id.code == 0, by_id.err
+    assert row(by_id.out, timeouts[0])[1:3] == ["applied", "cancelled"]
+    assert row(by_id.out, other)[1:3] == ["refused", "dead"]
+    assert row(by_id.out, "987654321")[1:3] == ["not_found", "-"]
+    assert by_id.lines()[-1] == "cancelled 1 of 3 todos"
+    listed = await sb("todos", "list", "--endpoint", ep, "--state", "cancelled", token=human)
+    assert listed.code == 0, listed.err
+    assert row(listed.out, timeouts[0])[2] == "cancelled"
+
+    again = await sb(
+        "todos", "requeue", timeouts[0], other, "--max-attempts", "3", "--json", token=human
+    )
+    assert again.code == 0, again.err
+    assert again.json()["count"] == 2
+    cancelled = await sb(
+        "todos", "cancel", "--endpoint", ep, "--state", "pending", "--queue", "jobs",
+        "--created-after", "2000-01-01", "--yes", token=human,
+    )  # fmt: skip
+    assert cancelled.lines() == ["cancelled 4 todos"], cancelled.err
+    # Without the grant: exit 3, as any denial.
+    denied = await sb("todos", "cancel", timeouts[1], token=tenant.endpoint_token)
+    assert denied.code == 3
+
+
 async def test_every_command_has_help_with_examples(sb: Cli) -> None:
     for args in (
         [],
@@ -433,6 +504,8 @@ async def test_every_command_has_help_with_examples(sb: Cli) -> None:
         ["todos"],
         ["todos", "list"],
         ["todos", "show"],
+        ["todos", "cancel"],
+        ["todos", "requeue"],
         ["queues"],
     ):
         ran = await sb(*args, "--help")

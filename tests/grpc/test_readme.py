@@ -13,9 +13,8 @@ import sys
 import tempfile
 
 import pytest
-from switchboard_server import app as server_app
 
-from tests.support.client import OPERATOR_TOKEN, Client, Tenant, make_tenant
+from tests.support.client import OPERATOR_TOKEN, Client, make_tenant
 from tests.support.doc_blocks import (
     ADMISSION_EXAMPLE,
     CLI_EXAMPLE,
@@ -127,28 +126,40 @@ async def test_readme_python_client_example_works(dsn: str) -> None:
 
 
 @pytest.mark.skipif(shutil.which("jq") is None, reason="the example uses jq")
-async def test_cli_example_works(tenant: Tenant, server: server_app.App) -> None:
-    script = CLI_EXAMPLE.text().replace("localhost:50051", server.address)
-    bin_dir = pathlib.Path(sys.executable).parent  # where `switchboard` is installed
-    with tempfile.TemporaryDirectory() as home:
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")},
-            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-            "XDG_CONFIG_HOME": home,  # never the user's own config file
-            "HUMAN": tenant.human_token,  # the quickstart's $HUMAN
-        }
-        proc = await asyncio.create_subprocess_exec(
-            "bash",
-            "-euo",
-            "pipefail",
-            "-c",
-            script,
-            env=env,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await asyncio.wait_for(proc.communicate(), 120)
+async def test_cli_example_works(dsn: str) -> None:
+    """docs/cli.md's example, pasted after the quickstart on the same server (it
+    uses the quickstart's $HUMAN; it once failed there with ALREADY_EXISTS)."""
+    server = await ServerProcess.start(dsn, env=serve_env())
+    try:
+        script = (
+            f"{QUICKSTART.text()}\necho '=== cli'\n{CLI_EXAMPLE.text()}".replace(
+                "localhost:50051", server.address
+            )
+        ).replace(". .venv/bin/activate", "")
+        bin_dir = pathlib.Path(sys.executable).parent  # where `switchboard` is installed
+        with tempfile.TemporaryDirectory() as home:
+            env = {
+                **{k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")},
+                "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+                "XDG_CONFIG_HOME": home,  # never the user's own config file
+                "SWITCHBOARD_OPERATOR_TOKEN": OPERATOR_TOKEN,
+            }
+            proc = await asyncio.create_subprocess_exec(
+                "bash",
+                "-euo",
+                "pipefail",
+                "-c",
+                script,
+                env=env,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            out, err = await asyncio.wait_for(proc.communicate(), 120)
+    finally:
+        await server.stop()
     assert proc.returncode == 0, err.decode()
-    text = out.decode()
+    text = out.decode().split("=== cli", 1)[1]
     assert "sbe_" in text  # the vended credential's token, shown once
     assert "America/Los_Angeles" in text  # the policy as set
+    assert "0 todos match (dry run: nothing requeued)" in text
+    assert "requeued 0 todos" in text

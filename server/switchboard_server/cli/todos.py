@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+import sys
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
+from google.protobuf import duration_pb2, timestamp_pb2
 from switchboard.v1 import dispatch_pb2, todo_pb2
 
 from switchboard_server.cli.common import endpoint_flag, group, leaf
@@ -30,7 +33,12 @@ _STATES = {
     "claimed": todo_pb2.TODO_STATE_CLAIMED,
     "done": todo_pb2.TODO_STATE_DONE,
     "dead": todo_pb2.TODO_STATE_DEAD,
+    "cancelled": todo_pb2.TODO_STATE_CANCELLED,
 }
+#: The states each bulk action takes (the server refuses the others).
+_ACTION_STATES = {"cancel": ["pending", "claimed"], "requeue": ["dead", "cancelled"]}
+#: Ids per CancelTodos or RequeueTodos call.
+_IDS_PER_CALL = 500
 
 
 async def todos_list(conn: Connection, args: argparse.Namespace, out: Output) -> int:
@@ -140,10 +148,177 @@ async def todos_show(conn: Connection, args: argparse.Namespace, out: Output) ->
     return EXIT_OK
 
 
+def _instant(flag: str, value: str | None) -> timestamp_pb2.Timestamp | None:
+    """An ISO 8601 time (UTC when it names no offset) as a Timestamp."""
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise UsageError(f"{flag}: not an ISO 8601 time: {value!r}") from exc
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    stamp = timestamp_pb2.Timestamp()
+    stamp.FromDatetime(moment)
+    return stamp
+
+
+def _filter(args: argparse.Namespace) -> dispatch_pb2.TodoFilter:
+    """The filter the flags give (``--state`` required: never everything by accident)."""
+    if not args.state:
+        choices = " or ".join(f"--state {s}" for s in _ACTION_STATES[args.todos_command])
+        raise UsageError(f"todos {args.todos_command}: give todo ids, or a filter with {choices}")
+    which = dispatch_pb2.TodoFilter(
+        endpoint_id=args.endpoint or "",
+        queues=args.queue or [],
+        states=[_STATES[s] for s in dict.fromkeys(args.state)],
+        error_contains=args.error_contains or "",
+    )
+    before = _instant("--created-before", args.created_before)
+    after = _instant("--created-after", args.created_after)
+    if before is not None:
+        which.created_before.CopyFrom(before)
+    if after is not None:
+        which.created_after.CopyFrom(after)
+    return which
+
+
+def _bulk_request(
+    args: argparse.Namespace, **fields: Any
+) -> dispatch_pb2.CancelTodosRequest | dispatch_pb2.RequeueTodosRequest:
+    if args.todos_command == "cancel":
+        return dispatch_pb2.CancelTodosRequest(**fields)
+    request = dispatch_pb2.RequeueTodosRequest(**fields)
+    if args.delay is not None:
+        if args.delay < 0:
+            raise UsageError("todos requeue: --delay must not be negative")
+        request.delay.CopyFrom(duration_pb2.Duration(seconds=args.delay))
+    if args.max_attempts is not None:
+        request.max_attempts = args.max_attempts
+    return request
+
+
+async def _call(
+    conn: Connection,
+    request: dispatch_pb2.CancelTodosRequest | dispatch_pb2.RequeueTodosRequest,
+) -> dispatch_pb2.CancelTodosResponse | dispatch_pb2.RequeueTodosResponse:
+    if isinstance(request, dispatch_pb2.CancelTodosRequest):
+        return await conn.dispatch.CancelTodos(
+            request, metadata=conn.metadata, timeout=conn.timeout
+        )
+    return await conn.dispatch.RequeueTodos(request, metadata=conn.metadata, timeout=conn.timeout)
+
+
+async def _by_filter(conn: Connection, args: argparse.Namespace, dry_run: bool) -> tuple[int, int]:
+    """Runs a bulk call by filter to its end, page token after page token:
+    (todos changed, or matched with ``dry_run``; todos skipped)."""
+    which = _filter(args)
+    count = skipped = 0
+    token = ""
+    while True:
+        request = _bulk_request(args, filter=which, dry_run=dry_run, page_token=token)
+        response = await _call(conn, request)
+        count, skipped = count + response.count, skipped + response.skipped
+        token = response.next_page_token
+        if not token:
+            return count, skipped
+
+
+_DONE = {"cancel": "cancelled", "requeue": "requeued"}
+
+
+async def todos_act(conn: Connection, args: argparse.Namespace, out: Output) -> int:
+    """Cancels or requeues todos named by id, or chosen by a filter."""
+    action = args.todos_command
+    filtering = any(
+        v
+        for v in (
+            args.endpoint,
+            args.queue,
+            args.state,
+            args.created_before,
+            args.created_after,
+            args.error_contains,
+        )
+    )
+    if args.todo_ids:
+        if filtering or args.dry_run:
+            raise UsageError(
+                f"todos {action}: give todo ids or filter flags (--endpoint, --queue, --state, "
+                "--created-before, --created-after, --error-contains, --dry-run), not both"
+            )
+        return await _by_ids(conn, args, out)
+    _filter(args)  # refuses a filter without --state before any call
+    if args.dry_run:
+        count, _ = await _by_filter(conn, args, dry_run=True)
+        if out.as_json:
+            out.json({"dry_run": True, "count": count})
+        else:
+            out.line(f"{count} todos match (dry run: nothing {_DONE[action]})")
+        return EXIT_OK
+    if not args.yes:
+        if sys.stdin is None or not sys.stdin.isatty():
+            raise UsageError(
+                f"todos {action}: a filter acts on every todo it matches: "
+                "add --yes (or try --dry-run first)"
+            )
+        count, _ = await _by_filter(conn, args, dry_run=True)
+        print(f"{action} {count} todos? [y/N] ", end="", file=out.err, flush=True)
+        if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+            print("nothing done", file=out.err)
+            return EXIT_OK
+    count, skipped = await _by_filter(conn, args, dry_run=False)
+    if out.as_json:
+        out.json({"count": count, "skipped": skipped})
+        return EXIT_OK
+    out.line(f"{_DONE[action]} {count} todos")
+    if skipped:
+        out.warn(
+            f"{skipped} matching todos were held by a worker or another call at that moment "
+            "and were skipped: run the command again for those that still match"
+        )
+    return EXIT_OK
+
+
+async def _by_ids(conn: Connection, args: argparse.Namespace, out: Output) -> int:
+    ids = list(dict.fromkeys(args.todo_ids))
+    results: list[dispatch_pb2.BulkItemResult] = []
+    for start in range(0, len(ids), _IDS_PER_CALL):
+        request = _bulk_request(args, todo_ids=ids[start : start + _IDS_PER_CALL])
+        results += (await _call(conn, request)).results
+    applied = sum(1 for r in results if r.status == dispatch_pb2.BULK_ITEM_STATUS_APPLIED)
+    if out.as_json:
+        out.json({"count": applied, "results": [to_dict(r) for r in results]})
+        return EXIT_OK
+    rows = [
+        [
+            r.todo_id,
+            short(dispatch_pb2.BulkItemStatus.Name(r.status), "BULK_ITEM_STATUS_"),
+            state_name(r.state) if r.state else NONE,
+            r.message or NONE,
+        ]
+        for r in results
+    ]
+    out.line(table(["ID", "RESULT", "STATE", "WHY"], rows))
+    out.line(f"{_DONE[args.todos_command]} {applied} of {len(results)} todos")
+    return EXIT_OK
+
+
 TODOS_EXAMPLES = """\
   switchboard todos list --endpoint $EP --queue investigations --state pending
   switchboard todos list --endpoint $EP --state dead --limit 200 --json
   switchboard todos show 42
+  switchboard todos requeue --endpoint $EP --state dead --queue investigations --dry-run
+  switchboard todos requeue --endpoint $EP --state dead --error-contains timeout --yes
+  switchboard todos cancel 41 42 43
+"""
+
+_FILTER_HELP = """\
+By id (up to any number, 500 per call): each todo on its own, a result per id.
+By filter (--state is required; --endpoint for a human token): every matching
+todo, 500 per transaction, the calls repeated until the server says done;
+--dry-run prints how many match and changes nothing; otherwise --yes is
+required (on a terminal the command asks instead; elsewhere it refuses, exit 2).
 """
 
 
@@ -177,3 +352,55 @@ def add_commands(sub: Subparsers) -> None:
         todos_show,
     )
     show.add_argument("todo_id", metavar="ID", help="todo id")
+    cancel = leaf(
+        todos,
+        "cancel",
+        "cancel pending and claimed todos, by id or by filter",
+        "  switchboard todos cancel 41 42 43\n"
+        "  switchboard todos cancel --endpoint $EP --state pending --queue triage --dry-run\n"
+        "  switchboard todos cancel --endpoint $EP --state pending --state claimed \\\n"
+        "    --created-before 2026-12-01T00:00:00Z --yes\n\n" + _FILTER_HELP,
+        todos_act,
+    )
+    _bulk_flags(cancel, "cancel")
+    requeue = leaf(
+        todos,
+        "requeue",
+        "send dead and cancelled todos back to pending, by id or by filter",
+        "  switchboard todos requeue 41 42 --delay 60\n"
+        "  switchboard todos requeue --endpoint $EP --state dead --dry-run\n"
+        "  switchboard todos requeue --endpoint $EP --state dead --error-contains timeout \\\n"
+        "    --max-attempts 10 --yes --json\n\n" + _FILTER_HELP,
+        todos_act,
+    )
+    _bulk_flags(requeue, "requeue")
+    requeue.add_argument(
+        "--delay", type=int, metavar="SECONDS", help="not claimable before this delay"
+    )
+    requeue.add_argument(
+        "--max-attempts",
+        type=int,
+        metavar="N",
+        help="each todo's new max attempts (default: raised to allow one more)",
+    )
+
+
+def _bulk_flags(p: argparse.ArgumentParser, action: str) -> None:
+    p.add_argument("todo_ids", nargs="*", metavar="ID", help="todo ids (or use a filter)")
+    endpoint_flag(p)
+    p.add_argument("--queue", action="append", metavar="Q", help="only this queue (repeatable)")
+    p.add_argument(
+        "--state",
+        action="append",
+        choices=_ACTION_STATES[action],
+        help="only this state (repeatable; required with a filter)",
+    )
+    p.add_argument("--created-before", metavar="TIME", help="only todos created before (ISO 8601)")
+    p.add_argument(
+        "--created-after", metavar="TIME", help="only todos created at or after (ISO 8601)"
+    )
+    p.add_argument(
+        "--error-contains", metavar="TEXT", help="only todos whose last error contains TEXT"
+    )
+    p.add_argument("--dry-run", action="store_true", help="print how many match; change nothing")
+    p.add_argument("--yes", action="store_true", help="act on a filter without asking")
