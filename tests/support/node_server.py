@@ -6,10 +6,13 @@ directory), builds the migrated template, prints ``{"ready": true}`` and then an
 request per stdin line with one JSON line on stdout (``{"seq": n, "result": ...}`` or
 ``{"seq": n, "error": "..."}``):
 
-- ``{"op": "server", "env": {...}}``: a fresh database and a ``switchboard serve`` child on
-  ``127.0.0.1:0`` (reopen sweep every 0.1 s, no periodic doorbells, plus ``env``), with an
-  owner, a human and an endpoint credential: ``{"id", "address", "operatorToken",
-  "humanToken", "endpointId", "endpointToken"}``;
+- ``{"op": "server", "env": {...}, "tls": "server" | "mutual"}``: a fresh database and a
+  ``switchboard serve`` child on ``127.0.0.1:0`` (reopen sweep every 0.1 s, no periodic
+  doorbells, plus ``env``), with an owner, a human and an endpoint credential: ``{"id",
+  "address", "operatorToken", "humanToken", "endpointId", "endpointToken"}``; with ``tls``
+  the server serves TLS with a certificate of a fresh test CA (and, ``mutual``, requires a
+  client certificate of it), and the answer adds the PEM paths ``ca``, ``clientCert`` and
+  ``clientKey``;
 - ``{"op": "kill", "id"}`` stops that server (SIGTERM); ``{"op": "start", "id"}`` starts it
   again on the same address and database;
 - ``{"op": "move_clock", "id", "seconds"}``, ``{"op": "set_clock", "id", "at"}`` (ISO 8601)
@@ -33,9 +36,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from switchboard import connect
 from switchboard_server.db import Database
 from switchboard_server.embedded_pg import EmbeddedPostgres
 
+from tests.support.certs import CertificateAuthority
 from tests.support.client import OPERATOR_TOKEN, Client, make_tenant
 from tests.support.databases import DatabaseFactory, db_now, move_clock, set_clock
 from tests.support.processes import ServerProcess
@@ -59,8 +64,9 @@ class _Served:
 
 
 class _Harness:
-    def __init__(self, factory: DatabaseFactory) -> None:
+    def __init__(self, factory: DatabaseFactory, folder: pathlib.Path) -> None:
         self.factory = factory
+        self.folder = folder
         self.servers: list[_Served] = []
 
     def _get(self, request: dict[str, Any]) -> _Served:
@@ -69,7 +75,7 @@ class _Harness:
     async def handle(self, request: dict[str, Any]) -> Any:
         op = request["op"]
         if op == "server":
-            return await self._server(dict(request.get("env") or {}))
+            return await self._server(dict(request.get("env") or {}), request.get("tls"))
         served = self._get(request)
         if op == "kill":
             if served.process is not None:
@@ -95,13 +101,29 @@ class _Harness:
             return [{k: _plain(v) for k, v in dict(row).items()} for row in rows]
         raise ValueError(f"unknown op {op!r}")
 
-    async def _server(self, env: dict[str, str]) -> dict[str, Any]:
+    async def _server(self, env: dict[str, str], tls: str | None) -> dict[str, Any]:
         dsn = await self.factory.create()
         env = {**SERVER_ENV, **env}
+        pem: dict[str, str] = {}
+        if tls is not None:
+            folder = pathlib.Path(tempfile.mkdtemp(prefix="sb-node-pki-", dir=self.folder))
+            ca = CertificateAuthority(folder)
+            server, client_cert = ca.issue("server"), ca.issue("client", server=False)
+            env["SWITCHBOARD_TLS_CERT"] = str(server.cert)
+            env["SWITCHBOARD_TLS_KEY"] = str(server.key)
+            if tls == "mutual":
+                env["SWITCHBOARD_TLS_CLIENT_CA"] = str(ca.path)
+            pem = {"ca": str(ca.path), "clientCert": str(client_cert.cert)}
+            pem["clientKey"] = str(client_cert.key)
         process = await ServerProcess.start(dsn, env)
         db = await Database.connect(dsn, min_size=1, max_size=2)
         self.servers.append(_Served(dsn, db, env, process, process.address))
-        client = Client(process.address)
+        channel = None
+        if pem:
+            cert = pem["clientCert"] if tls == "mutual" else None
+            key = pem["clientKey"] if tls == "mutual" else None
+            channel = connect.channel(process.address, cacert=pem["ca"], cert=cert, key=key)
+        client = Client(process.address, channel)
         try:
             tenant = await make_tenant(client, "acme")
         finally:
@@ -113,6 +135,7 @@ class _Harness:
             "humanToken": tenant.human_token,
             "endpointId": tenant.endpoint_id,
             "endpointToken": tenant.endpoint_token,
+            **pem,
         }
 
     async def close(self) -> None:
@@ -133,10 +156,10 @@ def _say(message: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-async def _serve(admin_dsn: str) -> None:
+async def _serve(admin_dsn: str, folder: pathlib.Path) -> None:
     factory = DatabaseFactory(admin_dsn)
     await factory.setup()
-    harness = _Harness(factory)
+    harness = _Harness(factory, folder)
     try:
         _say({"ready": True})
         while line := await asyncio.to_thread(sys.stdin.readline):
@@ -153,13 +176,13 @@ async def _serve(admin_dsn: str) -> None:
 def main() -> None:
     """Runs the harness until stdin closes."""
     url = os.environ.get("SWITCHBOARD_TEST_DATABASE_URL")
-    if url:
-        asyncio.run(_serve(url))
-        return
-    folder = pathlib.Path(tempfile.mkdtemp(prefix="sb-node-pg-"))
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="sb-node-"))
     try:
-        with EmbeddedPostgres(folder) as pg:
-            asyncio.run(_serve(pg.dsn))
+        if url:
+            asyncio.run(_serve(url, folder))
+            return
+        with EmbeddedPostgres(folder / "pg") as pg:
+            asyncio.run(_serve(pg.dsn, folder))
     finally:
         with contextlib.suppress(OSError):
             shutil.rmtree(folder, ignore_errors=True)

@@ -60,7 +60,7 @@ describe("the client against a real server", () => {
     await harness?.close();
   });
 
-  test("Ingest, GetTodo, ListTodos", async () => {
+  test("Ingest, GetTodo, ListTodos", { timeout: 60_000 }, async () => {
     const { todo, deduplicated } = await agent.dispatch.ingest({
       queue: { name: "work" },
       payload: bytes("hello"),
@@ -94,7 +94,7 @@ describe("the client against a real server", () => {
     await refused(Code.InvalidArgument, () => agent.dispatch.listTodos({ pageSize: 501 }));
   });
 
-  test("Claim, Heartbeat, Complete; and their refusals", async () => {
+  test("Claim, Heartbeat, Complete; and their refusals", { timeout: 60_000 }, async () => {
     const { todo } = await agent.dispatch.ingest({ queue: { name: "single" }, payload: bytes("1") });
     const claimed = await agent.dispatch.claim({ todoId: todo!.id, claimant: "ts", leaseDuration: { seconds: 60n } });
     assert.equal(claimed.todo?.state, TodoState.CLAIMED);
@@ -112,7 +112,7 @@ describe("the client against a real server", () => {
     await refused(Code.FailedPrecondition, () => agent.dispatch.complete({ todoId: todo!.id, leaseId }));
   });
 
-  test("ClaimNext, Fail, Release", async () => {
+  test("ClaimNext, Fail, Release", { timeout: 60_000 }, async () => {
     await refused(Code.Unauthenticated, () => stranger.dispatch.claimNext({ queues: ["retry"], claimant: "ts" }));
     const [a, b] = [
       await agent.dispatch.ingest({ queue: { name: "retry" }, payload: bytes("a") }),
@@ -140,7 +140,7 @@ describe("the client against a real server", () => {
     );
   });
 
-  test("batches: ClaimNext with max_todos, HeartbeatTodos, SettleTodos", async () => {
+  test("batches: ClaimNext with max_todos, HeartbeatTodos, SettleTodos", { timeout: 60_000 }, async () => {
     for (let i = 0; i < 3; i++) await agent.dispatch.ingest({ queue: { name: "batch" }, payload: bytes(`${i}`) });
     const batch = await agent.dispatch.claimNext({ queues: ["batch"], claimant: "ts", maxTodos: 10 });
     assert.equal(batch.claimed.length, 3);
@@ -174,7 +174,7 @@ describe("the client against a real server", () => {
     await refused(Code.InvalidArgument, () => agent.dispatch.settleTodos({ settlements: [] }));
   });
 
-  test("WatchReopen rings for a new todo; a bad token is refused", async () => {
+  test("WatchReopen rings for a new todo; a bad token is refused", { timeout: 60_000 }, async () => {
     const abort = new AbortController();
     let subscribed!: () => void;
     const headers = new Promise<void>((r) => (subscribed = r));
@@ -197,7 +197,7 @@ describe("the client against a real server", () => {
     });
   });
 
-  test("AdmissionService: SetPolicy, GetPolicy, ListPolicyAudit, ClearPolicy; and refusals", async () => {
+  test("AdmissionService: SetPolicy, GetPolicy, ListPolicyAudit, ClearPolicy; and refusals", { timeout: 60_000 }, async () => {
     const queue = queueRef("governed", server.endpointId);
     const set = await human.admission.setPolicy({ policy: { queue, maxInFlight: 2 } });
     assert.equal(set.policy?.maxInFlight, 2);
@@ -221,7 +221,7 @@ describe("the client against a real server", () => {
     await refused(Code.NotFound, () => human.admission.clearPolicy({ queue }));
   });
 
-  test("a deferred Claim decodes to ErrorInfo DEFERRED, the DeferralDetail and RetryInfo", async () => {
+  test("a deferred Claim decodes to ErrorInfo DEFERRED, the DeferralDetail and RetryInfo", { timeout: 60_000 }, async () => {
     const noon = new Date(Date.now() + 86_400_000);
     noon.setUTCHours(12, 0, 0, 0);
     await harness.setClock(server.id, noon);
@@ -256,5 +256,34 @@ describe("the client against a real server", () => {
     const got = await agent.dispatch.getTodo({ todoId: b.todo!.id });
     assert.equal(got.todo?.state, TodoState.PENDING);
     assert.equal(got.todo?.attempt, 0);
+  });
+
+  test("mutual TLS: a client certificate of the server's CA is let in, none is not", { timeout: 60_000 }, async () => {
+    const tls = await harness.server({ tls: "mutual" });
+    const target = tls.address.replace(/^127\.0\.0\.1:/, "localhost:");
+    const mutual = connect({
+      target,
+      token: tls.endpointToken,
+      cacert: tls.ca!,
+      cert: tls.clientCert!,
+      key: tls.clientKey!,
+      timeoutMs: 10_000,
+    });
+    const anonymous = connect({ target, token: tls.endpointToken, cacert: tls.ca!, timeoutMs: 10_000 });
+    const plaintext = connect({ target: tls.address, token: tls.endpointToken, timeoutMs: 10_000 });
+    try {
+      const { todo } = await mutual.dispatch.ingest({ queue: { name: "secure" }, payload: bytes("x") });
+      assert.equal(todo?.state, TodoState.PENDING);
+      // The handshake (or, in plaintext, the HTTP/2 preface) fails: no call gets through.
+      for (const c of [anonymous, plaintext]) {
+        await assert.rejects(c.dispatch.getTodo({ todoId: todo!.id }), (err) => {
+          const code = richError(err).code;
+          return code === Code.Unavailable || code === Code.Canceled;
+        });
+      }
+      assert.throws(() => connect({ target, cert: tls.clientCert! }), /needs its key/);
+    } finally {
+      for (const c of [mutual, anonymous, plaintext]) c.close();
+    }
   });
 });

@@ -25,6 +25,10 @@ export interface ServerInfo {
   humanToken: string;
   endpointId: string;
   endpointToken: string;
+  /** With TLS: PEM files of the test CA and of a client certificate it issued. */
+  ca?: string;
+  clientCert?: string;
+  clientKey?: string;
 }
 
 /** The harness process. */
@@ -79,9 +83,12 @@ export class Harness {
     });
   }
 
-  /** A fresh database and server, with an owner, a human and an endpoint credential. */
-  server(env: Record<string, string> = {}): Promise<ServerInfo> {
-    return this.request<ServerInfo>("server", { env });
+  /**
+   * A fresh database and server, with an owner, a human and an endpoint credential; with
+   * `tls`, serving TLS (`mutual`: requiring a client certificate).
+   */
+  server(options: { env?: Record<string, string>; tls?: "server" | "mutual" } = {}): Promise<ServerInfo> {
+    return this.request<ServerInfo>("server", { env: options.env ?? {}, tls: options.tls ?? null });
   }
 
   /** Stops a server (SIGTERM); {@link start} brings it back on the same address. */

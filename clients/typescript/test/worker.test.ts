@@ -3,7 +3,7 @@
  * window boundary's doorbell, a lease taken over mid-handler, and a server restart mid-drain.
  */
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
+import { after, afterEach, before, describe, test } from "node:test";
 
 import {
   DeferralReason,
@@ -21,6 +21,9 @@ import {
 import { Harness, eventually, quiet, sleep, type ServerInfo } from "./harness.js";
 
 const bytes = (s: string) => new TextEncoder().encode(s);
+
+/** Generous: a test that hangs fails instead of stalling CI. */
+const TEST_TIMEOUT = 120_000;
 
 /** Ingests `n` todos into `queue`, `parallel` calls at a time; their ids in order. */
 async function ingest(c: Connection, queue: string, n: number, parallel = 25): Promise<string[]> {
@@ -70,8 +73,15 @@ describe("the worker against a real server", () => {
     return { server, agent, human };
   }
 
+  const workers: Worker[] = [];
+
+  afterEach(async () => {
+    // A failed test must not leave its worker running (and the process alive).
+    for (const worker of workers.splice(0)) worker.stop();
+  });
+
   function workerFor(agent: Connection, queue: string, options: Partial<WorkerOptions>): Worker {
-    return new Worker({
+    const worker = new Worker({
       transport: agent.transport,
       handler: async () => {},
       queues: [queue],
@@ -79,9 +89,11 @@ describe("the worker against a real server", () => {
       log: quiet,
       ...options,
     });
+    workers.push(worker);
+    return worker;
   }
 
-  test("drains 1,000 todos with prefetch 100 and concurrency 100, each completed once", async () => {
+  test("drains 1,000 todos with prefetch 100 and concurrency 100, each completed once", { timeout: TEST_TIMEOUT }, async () => {
     const { server, agent } = await setUp();
     const ids = await ingest(agent, "work", 1000);
     const handled = new Map<string, number>();
@@ -114,7 +126,7 @@ describe("the worker against a real server", () => {
     assert.deepEqual(await outcomes(harness, server.id), [{ state: "done", n: 1000, completed: 1000 }]);
   });
 
-  test("a thrown error fails the todo; PermanentFailure dead-letters it", async () => {
+  test("a thrown error fails the todo; PermanentFailure dead-letters it", { timeout: TEST_TIMEOUT }, async () => {
     const { agent } = await setUp();
     const [retried, dead] = await ingest(agent, "flaky", 2, 1);
     const worker = workerFor(agent, "flaky", {
@@ -135,7 +147,7 @@ describe("the worker against a real server", () => {
     assert.equal(b.todo?.lastError, "PermanentFailure: bad payload");
   });
 
-  test("a budgeted queue: claims 5, sleeps to the boundary, wakes on WINDOW_BOUNDARY", async () => {
+  test("a budgeted queue: claims 5, sleeps to the boundary, wakes on WINDOW_BOUNDARY", { timeout: TEST_TIMEOUT }, async () => {
     const { server, agent, human } = await setUp();
     const noon = new Date(Date.now() + 86_400_000);
     noon.setUTCHours(12, 0, 0, 0);
@@ -188,7 +200,7 @@ describe("the worker against a real server", () => {
     assert.deepEqual([worker.stats.claimed, worker.stats.completed], [8, 8]);
   });
 
-  test("a lease taken over mid-handler: the handler is aborted, the refused settlement counted", async () => {
+  test("a lease taken over mid-handler: the handler is aborted, the refused settlement counted", { timeout: TEST_TIMEOUT }, async () => {
     const { server, agent } = await setUp();
     const [first, second] = await ingest(agent, "work", 2, 1);
     let aborted = false;
@@ -197,8 +209,9 @@ describe("the worker against a real server", () => {
     const started = new Set<string>();
     const worker = workerFor(agent, "work", {
       prefetch: 2,
+      // The takeover below must land before the first heartbeat, 9 s after the claim.
       leaseMs: 10_000,
-      heartbeatEveryMs: 2_000,
+      heartbeatEveryMs: 9_000,
       handler: async (todo: Todo, signal: AbortSignal) => {
         started.add(todo.id);
         if (todo.id === second) return opened; // finishes once taken over: its settlement is refused
@@ -212,9 +225,6 @@ describe("the worker against a real server", () => {
     });
     const run = worker.run({ maxTodos: 2 });
     await eventually(() => started.size === 2);
-    // Right after a heartbeat, so the takeover and the settlement land before the next one.
-    const beats = worker.stats.rpcCalls.HeartbeatTodos;
-    await eventually(() => worker.stats.rpcCalls.HeartbeatTodos > beats);
     await harness.moveClock(server.id, 60); // every lease lapses on the server's clock
     for (const expected of [first, second]) {
       const rival = await agent.dispatch.claimNext({ queues: ["work"], claimant: "rival" });
@@ -228,6 +238,7 @@ describe("the worker against a real server", () => {
     const s = worker.stats;
     assert.deepEqual([s.lost, s.completed, s.failed, s.released], [2, 0, 0, 0]);
     assert.equal(s.rpcCalls.SettleTodos, 1); // the second todo's, refused
+    assert.equal(s.rpcCalls.Heartbeat, 1); // the first todo's, refused: its handler aborted
     for (const todoId of [first!, second!]) {
       const got = await agent.dispatch.getTodo({ todoId });
       assert.equal(got.todo?.state, TodoState.CLAIMED);
@@ -235,13 +246,15 @@ describe("the worker against a real server", () => {
     }
   });
 
-  test("a server restart mid-drain: the worker reconnects, nothing lost or completed twice", async () => {
+  test("a server restart mid-drain: the worker reconnects, nothing lost or completed twice", { timeout: TEST_TIMEOUT }, async () => {
     const { server, agent } = await setUp();
     const ids = await ingest(agent, "work", 400);
     const handled = new Map<string, number>();
     const worker = workerFor(agent, "work", {
       prefetch: 20,
       concurrency: 20,
+      // A claim whose answer the stopping server never sent lapses soon and is taken over.
+      leaseMs: 5_000,
       handler: async (todo: Todo) => {
         handled.set(todo.id, (handled.get(todo.id) ?? 0) + 1);
         await sleep(20);
@@ -264,7 +277,7 @@ describe("the worker against a real server", () => {
     assert.deepEqual(await outcomes(harness, server.id), [{ state: "done", n: 400, completed: 400 }]);
   });
 
-  test("stop() through an AbortSignal: running handlers finish, their outcomes are flushed", async () => {
+  test("stop() through an AbortSignal: running handlers finish, their outcomes are flushed", { timeout: TEST_TIMEOUT }, async () => {
     const { agent } = await setUp();
     await ingest(agent, "work", 3, 1);
     const stop = new AbortController();

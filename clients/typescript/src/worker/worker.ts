@@ -304,8 +304,11 @@ export class Worker {
     const onAbort = () => this.stop();
     if (options.signal?.aborted) this.stop();
     options.signal?.addEventListener("abort", onAbort);
-    const watch = this.#watch();
-    const heartbeats = this.#heartbeats();
+    // Neither is expected to throw; if one does, say so rather than crash the process.
+    const watch = this.#watch().catch((err: unknown) => this.#log.error(`the doorbell watch died: ${errorText(err)}`));
+    const heartbeats = this.#heartbeats().catch((err: unknown) =>
+      this.#log.error(`the heartbeats died (leases will lapse): ${errorText(err)}`),
+    );
     let settlerError: { error: unknown } | undefined;
     const settlerDied = new Flag();
     const settler = this.#settler().catch((error: unknown) => {
