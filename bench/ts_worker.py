@@ -10,9 +10,10 @@ again and drains with the TypeScript ``Worker`` (clients/typescript/bench/drain.
 child process), in alternating order from round to round: both with ``prefetch`` todos per
 ``ClaimNext`` and as many handler slots, a no-op handler, settled in ``SettleTodos``
 batches. Each drain is timed inside its worker's process, from ``run()`` to its return
-(connection made before). Then the batched DB ceiling: the server's own claim and settle
-statements for batches of ``prefetch`` straight from asyncpg (bench/load.py
-``db_claim_loop``), with two workers: one claim and one settle in flight, as a worker has.
+(connection made before). After each pair, the batched DB ceiling as the main bench takes it
+(scenarios/ceilings.py ``db_batched``): the server's own claim and settle statements for
+batches of ``prefetch``, straight from asyncpg (bench/load.py ``db_claim_loop``), 64 workers,
+on a fresh backlog; then the queue is emptied for the next round.
 
 Prints a table and one JSON line with the medians: todos/s of each worker, the ratio
 TypeScript / Python, and each against the DB ceiling.
@@ -46,6 +47,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "clients" / "typescript"
 DRAIN_JS = PACKAGE / "build-test" / "bench" / "drain.js"
 QUEUE = "work"
+#: The batched DB ceiling's workers (the main bench's ``Params.workers``) and backlog.
+CEILING_WORKERS = 64
+CEILING_BACKLOG = 60_000
 
 
 async def _no_op(todo: todo_pb2.Todo) -> None:
@@ -113,7 +117,7 @@ async def run(todos: int, rounds: int, prefetch: int, database_url: str | None) 
         await sb.ingest(api, tenant, QUEUE)
         queue_id = int(await pool.fetchval(sql.QUEUE_ID, tenant.endpoint_id, QUEUE))
         await pool.execute("DELETE FROM todos WHERE queue_id = $1", queue_id)
-        rates: dict[str, list[float]] = {"python": [], "typescript": []}
+        rates: dict[str, list[float]] = {"python": [], "typescript": [], "ceiling": []}
         for r in range(rounds):
             order = ["python", "typescript"] if r % 2 == 0 else ["typescript", "python"]
             for side in order:
@@ -130,14 +134,17 @@ async def run(todos: int, rounds: int, prefetch: int, database_url: str | None) 
                     f"({result['seconds']:.2f}s; RPCs {result['stats']})",
                     file=sys.stderr,
                 )
-        await _seed(pool, queue_id, max(todos, 20_000))
-        ceiling = await measure(
-            db_claim_loop(pool, tenant, batch=prefetch),
-            workers=2,
-            warmup=1,
-            duration=5,
-            live=lambda _: None,
-        )
+            await _seed(pool, queue_id, CEILING_BACKLOG)
+            ceiling = await measure(
+                db_claim_loop(pool, tenant, batch=prefetch),
+                workers=CEILING_WORKERS,
+                warmup=1,
+                duration=4,
+                live=lambda _: None,
+            )
+            rates["ceiling"].append(ceiling.rate)
+            print(f"round {r + 1} DB ceiling: {ceiling.rate:8,.0f} todos/s", file=sys.stderr)
+            await pool.execute("DELETE FROM todos WHERE queue_id = $1", queue_id)
     finally:
         await pool.close()
         await api.close()
@@ -145,6 +152,7 @@ async def run(todos: int, rounds: int, prefetch: int, database_url: str | None) 
         await cluster.stop()
     py = statistics.median(rates["python"])
     ts = statistics.median(rates["typescript"])
+    db = statistics.median(rates["ceiling"])
     return {
         "todos": todos,
         "rounds": rounds,
@@ -152,9 +160,9 @@ async def run(todos: int, rounds: int, prefetch: int, database_url: str | None) 
         "python_todos_per_s": py,
         "typescript_todos_per_s": ts,
         "ratio_typescript_vs_python": ts / py,
-        "db_ceiling_batched_todos_per_s": ceiling.rate,
-        "python_vs_db_ceiling": py / ceiling.rate,
-        "typescript_vs_db_ceiling": ts / ceiling.rate,
+        "db_ceiling_batched_todos_per_s": db,
+        "python_vs_db_ceiling": py / db,
+        "typescript_vs_db_ceiling": ts / db,
     }
 
 

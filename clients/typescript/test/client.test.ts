@@ -174,7 +174,7 @@ describe("the client against a real server", () => {
     await refused(Code.InvalidArgument, () => agent.dispatch.settleTodos({ settlements: [] }));
   });
 
-  test("WatchReopen rings for a new todo; a bad token is refused", { timeout: 60_000 }, async () => {
+  test("WatchReopen rings for a new todo; a bad token is refused; a deadline ends it", { timeout: 60_000 }, async () => {
     const abort = new AbortController();
     let subscribed!: () => void;
     const headers = new Promise<void>((r) => (subscribed = r));
@@ -195,6 +195,14 @@ describe("the client against a real server", () => {
     await refused(Code.Unauthenticated, async () => {
       for await (const _ of stranger.dispatch.watchReopen({ queues: ["bell"] })) assert.fail("no doorbell");
     });
+    // A deadline ends a quiet stream.
+    const started = Date.now();
+    await refused(Code.DeadlineExceeded, async () => {
+      for await (const _ of agent.dispatch.watchReopen({ queues: ["quiet"] }, { timeoutMs: 300 })) {
+        assert.fail("no doorbell");
+      }
+    });
+    assert.ok(Date.now() - started < 5_000);
   });
 
   test("AdmissionService: SetPolicy, GetPolicy, ListPolicyAudit, ClearPolicy; and refusals", { timeout: 60_000 }, async () => {

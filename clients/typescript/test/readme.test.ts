@@ -21,6 +21,7 @@ const README = join(PACKAGE, "README.md");
 const NOT_RUN: Record<string, string> = {
   "npm ci --prefix clients/typescript": "CI runs it (.ci/run) before these very tests",
   "cd clients/typescript && npm test": "it is these tests",
+  "python -m bench.ts_worker --todos 5000 --rounds 3": "a benchmark of a minute or more; not a test",
 };
 
 function blocks(lang: string): string[] {
