@@ -1,0 +1,167 @@
+/**
+ * Connections to a Switchboard server: a gRPC (HTTP/2) transport, over TLS when the
+ * server serves TLS, with the bearer token on every call.
+ *
+ * ```ts
+ * const sb = connect({ target: "127.0.0.1:50051", token: "sbe_..." }); // plaintext
+ * const tls = connect({ target: "sb.internal:50051", cacert: "ca.pem", cert: "me.crt", key: "me.key" });
+ * await sb.dispatch.ingest({ queue: { name: "work" }, payload: new TextEncoder().encode("hi") });
+ * sb.close();
+ * ```
+ *
+ * Like the Python `switchboard.connect.channel`: a connection is TLS when any of
+ * `cacert`, `cert`, `key` is given, when `tls` is true, or when the target starts with
+ * `https://` (port 443 by default then). Without `cacert` a TLS connection trusts Node's
+ * default roots. `cert` and `key` (mutual TLS) go together. Files are PEM, read once here.
+ */
+import { readFileSync } from "node:fs";
+import type { SecureClientSessionOptions } from "node:http2";
+
+import type { MessageInitShape } from "@bufbuild/protobuf";
+import { createClient, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
+import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
+
+import { AdminService } from "./gen/switchboard/v1/admin_pb.js";
+import { AdmissionService } from "./gen/switchboard/v1/admission_pb.js";
+import { DispatchService } from "./gen/switchboard/v1/dispatch_pb.js";
+import type { QueueRefSchema } from "./gen/switchboard/v1/queue_pb.js";
+
+/** Where a server listens by default. */
+export const DEFAULT_TARGET = "127.0.0.1:50051";
+
+/** How to reach a server. */
+export interface ConnectOptions {
+  /** `host:port` (plaintext unless a TLS option is given) or `https://host[:port]`. */
+  target?: string;
+  /** A bearer token sent as `authorization: Bearer <token>` on every call. */
+  token?: string;
+  /** PEM file of the CA that signed the server's certificate (implies TLS). */
+  cacert?: string;
+  /** PEM client certificate for a server that requires mutual TLS (with `key`). */
+  cert?: string;
+  /** PEM private key of `cert`. */
+  key?: string;
+  /** TLS against Node's default roots, without a `cacert`. */
+  tls?: boolean;
+  /** Check the server's certificate for this name instead of the target's host. */
+  serverName?: string;
+  /** The deadline of every call, unless the call passes its own `timeoutMs`. */
+  timeoutMs?: number;
+  /** More interceptors (after the one that adds the token). */
+  interceptors?: Interceptor[];
+}
+
+/** A transport and the clients of the three services over it. */
+export interface Connection {
+  readonly transport: Transport;
+  readonly dispatch: Client<typeof DispatchService>;
+  readonly admission: Client<typeof AdmissionService>;
+  readonly admin: Client<typeof AdminService>;
+  /** Closes the HTTP/2 connection (calls in flight fail with `canceled`). */
+  close(): void;
+}
+
+/** `[host:port, tls]` of a target: `https://host[:port]` means TLS (port 443 by default). */
+export function splitTarget(target: string): [string, boolean] {
+  if (target.startsWith("https://")) {
+    const rest = target.slice("https://".length).replace(/\/+$/, "");
+    const afterBracket = rest.split("]").pop() ?? rest;
+    return [afterBracket.includes(":") ? rest : `${rest}:443`, true];
+  }
+  return [target, false];
+}
+
+function read(what: string, path: string): Buffer {
+  try {
+    return readFileSync(path);
+  } catch (err) {
+    const reason = err instanceof Error ? err.message : String(err);
+    throw new Error(`cannot read the ${what} ${path}: ${reason}`);
+  }
+}
+
+/** An interceptor that sends `authorization: Bearer <token>` (unless the call set one). */
+export function bearer(token: string): Interceptor {
+  return (next) => (req) => {
+    if (!req.header.has("authorization")) req.header.set("authorization", `Bearer ${token}`);
+    return next(req);
+  };
+}
+
+/** A gRPC transport to a server (see the module docs) and a way to close it. */
+export function createTransport(options: ConnectOptions = {}): {
+  transport: Transport;
+  close: () => void;
+} {
+  const [address, https] = splitTarget(options.target ?? DEFAULT_TARGET);
+  const { cacert, cert, key } = options;
+  const secure = Boolean(options.tls || https || cacert || cert || key);
+  if ((cert === undefined) !== (key === undefined)) {
+    throw new Error("a client certificate needs its key and a key its certificate");
+  }
+  if (!secure && options.serverName !== undefined) throw new Error("serverName needs TLS");
+  const baseUrl = `${secure ? "https" : "http"}://${address}`;
+  const nodeOptions: SecureClientSessionOptions = {};
+  if (secure) {
+    if (cacert !== undefined) nodeOptions.ca = read("CA certificate", cacert);
+    if (cert !== undefined && key !== undefined) {
+      nodeOptions.cert = read("client certificate", cert);
+      nodeOptions.key = read("client key", key);
+    }
+    if (options.serverName !== undefined) nodeOptions.servername = options.serverName;
+  }
+  const sessionManager = new Http2SessionManager(baseUrl, {}, nodeOptions);
+  const interceptors = [
+    ...(options.token !== undefined ? [bearer(options.token)] : []),
+    ...(options.interceptors ?? []),
+  ];
+  const transport = createGrpcTransport({
+    baseUrl,
+    sessionManager,
+    interceptors,
+    ...(options.timeoutMs !== undefined ? { defaultTimeoutMs: options.timeoutMs } : {}),
+  });
+  return { transport, close: () => sessionManager.abort() };
+}
+
+/** A transport and the three service clients (see the module docs). */
+export function connect(options: ConnectOptions = {}): Connection {
+  const { transport, close } = createTransport(options);
+  return {
+    transport,
+    dispatch: createClient(DispatchService, transport),
+    admission: createClient(AdmissionService, transport),
+    admin: createClient(AdminService, transport),
+    close,
+  };
+}
+
+/**
+ * {@link connect} from `SWITCHBOARD_SERVER` (default `127.0.0.1:50051`), `SWITCHBOARD_CACERT`,
+ * `SWITCHBOARD_CERT`, `SWITCHBOARD_KEY` and `SWITCHBOARD_TOKEN`, the `switchboard` command's settings.
+ */
+export function connectFromEnv(
+  env: Record<string, string | undefined> = process.env,
+  options: ConnectOptions = {},
+): Connection {
+  const pick = (name: string) => env[name] || undefined;
+  const fromEnv: ConnectOptions = { target: pick("SWITCHBOARD_SERVER") ?? DEFAULT_TARGET };
+  for (const [field, name] of [
+    ["cacert", "SWITCHBOARD_CACERT"],
+    ["cert", "SWITCHBOARD_CERT"],
+    ["key", "SWITCHBOARD_KEY"],
+    ["token", "SWITCHBOARD_TOKEN"],
+  ] as const) {
+    const value = pick(name);
+    if (value !== undefined) fromEnv[field] = value;
+  }
+  return connect({ ...fromEnv, ...options });
+}
+
+/**
+ * A `QueueRef` init: the queue `name` of `endpointId` (leave it out for an endpoint
+ * credential's own endpoint; human tokens must name it).
+ */
+export function queueRef(name: string, endpointId?: string): MessageInitShape<typeof QueueRefSchema> {
+  return endpointId ? { name, scope: { case: "endpointId", value: endpointId } } : { name };
+}

@@ -1,0 +1,34 @@
+/**
+ * The Switchboard TypeScript client: a gRPC connection ({@link connect}), rich errors
+ * ({@link richError}), the {@link Worker} helper, and the generated messages and services
+ * (also importable one file at a time from `@switchboard/client/gen/switchboard/v1/<file>_pb`).
+ */
+export {
+  DEFAULT_TARGET,
+  bearer,
+  connect,
+  connectFromEnv,
+  createTransport,
+  queueRef,
+  splitTarget,
+  type ConnectOptions,
+  type Connection,
+} from "./connection.js";
+export { Code, ConnectError, durationMs, isDeferred, richError, type RichError } from "./errors.js";
+export {
+  MAX_BATCH,
+  PermanentFailure,
+  TRANSIENT_CODES,
+  Worker,
+  type Handler,
+  type RunOptions,
+  type WorkerLogger,
+  type WorkerOptions,
+} from "./worker/worker.js";
+export { WORKER_RPCS, WorkerStats, type WorkerRpc } from "./worker/stats.js";
+export * from "./gen/switchboard/v1/admin_pb.js";
+export * from "./gen/switchboard/v1/admission_pb.js";
+export * from "./gen/switchboard/v1/dispatch_pb.js";
+export * from "./gen/switchboard/v1/queue_pb.js";
+export * from "./gen/switchboard/v1/todo_pb.js";
+export * from "./gen/google/rpc/error_details_pb.js";

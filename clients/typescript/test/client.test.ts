@@ -1,0 +1,297 @@
+/**
+ * Every RPC of DispatchService and AdmissionService, once with a success and once refused,
+ * against a real server; rich errors decoded into typed details.
+ */
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+
+import { timestampMs } from "@bufbuild/protobuf/wkt";
+
+import {
+  BatchItemStatus,
+  Code,
+  DeferralReason,
+  DoorbellCause,
+  PolicyAction,
+  TodoState,
+  WindowPeriod,
+  connect,
+  durationMs,
+  isDeferred,
+  queueRef,
+  richError,
+  type Connection,
+} from "../src/index.js";
+import { Harness, type ServerInfo } from "./harness.js";
+
+const bytes = (s: string) => new TextEncoder().encode(s);
+
+/** Runs `call`, expects it to fail with `code`; the decoded error. */
+async function refused(code: Code, call: () => Promise<unknown>) {
+  try {
+    await call();
+  } catch (err) {
+    const e = richError(err);
+    assert.equal(Code[e.code], Code[code], e.message);
+    return e;
+  }
+  assert.fail(`expected ${Code[code]}`);
+}
+
+describe("the client against a real server", () => {
+  let harness: Harness;
+  let server: ServerInfo;
+  let agent: Connection; // the endpoint credential
+  let human: Connection;
+  let stranger: Connection; // a token the server does not know
+  const NO_SUCH_TODO = "999999999";
+  const NO_SUCH_LEASE = "00000000-0000-4000-8000-000000000000";
+
+  before(async () => {
+    harness = await Harness.start();
+    server = await harness.server();
+    agent = connect({ target: server.address, token: server.endpointToken, timeoutMs: 10_000 });
+    human = connect({ target: server.address, token: server.humanToken, timeoutMs: 10_000 });
+    stranger = connect({ target: server.address, token: "sbe_not-a-real-token", timeoutMs: 10_000 });
+  });
+
+  after(async () => {
+    for (const c of [agent, human, stranger]) c?.close();
+    await harness?.close();
+  });
+
+  test("Ingest, GetTodo, ListTodos", { timeout: 60_000 }, async () => {
+    const { todo, deduplicated } = await agent.dispatch.ingest({
+      queue: { name: "work" },
+      payload: bytes("hello"),
+      contentType: "text/plain",
+      dedup: { webhookId: "wh", deliveryId: "d1" },
+    });
+    assert.ok(todo && !deduplicated);
+    assert.equal(todo.state, TodoState.PENDING);
+    const again = await agent.dispatch.ingest({
+      queue: { name: "work" },
+      payload: bytes("hello"),
+      dedup: { webhookId: "wh", deliveryId: "d1" },
+    });
+    assert.equal(again.todo?.id, todo.id);
+    assert.ok(again.deduplicated);
+    const bad = await refused(Code.InvalidArgument, () =>
+      agent.dispatch.ingest({ queue: { name: "no spaces allowed" }, payload: bytes("x") }),
+    );
+    assert.ok(bad.badRequest, "a BadRequest detail");
+    assert.ok(bad.badRequest.fieldViolations.some((v) => v.field.includes("queue")), JSON.stringify(bad.badRequest));
+
+    const got = await agent.dispatch.getTodo({ todoId: todo.id });
+    assert.equal(new TextDecoder().decode(got.todo?.payload), "hello");
+    await refused(Code.NotFound, () => agent.dispatch.getTodo({ todoId: NO_SUCH_TODO }));
+
+    const listed = await agent.dispatch.listTodos({ queues: ["work"], states: [TodoState.PENDING] });
+    assert.deepEqual(
+      listed.todos.map((t) => t.id),
+      [todo.id],
+    );
+    await refused(Code.InvalidArgument, () => agent.dispatch.listTodos({ pageSize: 501 }));
+  });
+
+  test("Claim, Heartbeat, Complete; and their refusals", { timeout: 60_000 }, async () => {
+    const { todo } = await agent.dispatch.ingest({ queue: { name: "single" }, payload: bytes("1") });
+    const claimed = await agent.dispatch.claim({ todoId: todo!.id, claimant: "ts", leaseDuration: { seconds: 60n } });
+    assert.equal(claimed.todo?.state, TodoState.CLAIMED);
+    const leaseId = claimed.lease!.leaseId;
+    await refused(Code.FailedPrecondition, () => agent.dispatch.claim({ todoId: todo!.id, claimant: "ts" }));
+
+    const beat = await agent.dispatch.heartbeat({ todoId: todo!.id, leaseId, leaseDuration: { seconds: 120n } });
+    assert.ok(beat.lease && timestampMs(beat.lease.expiresAt!) > Date.now() + 60_000);
+    await refused(Code.FailedPrecondition, () =>
+      agent.dispatch.heartbeat({ todoId: todo!.id, leaseId: NO_SUCH_LEASE }),
+    );
+
+    const done = await agent.dispatch.complete({ todoId: todo!.id, leaseId });
+    assert.equal(done.todo?.state, TodoState.DONE);
+    await refused(Code.FailedPrecondition, () => agent.dispatch.complete({ todoId: todo!.id, leaseId }));
+  });
+
+  test("ClaimNext, Fail, Release", { timeout: 60_000 }, async () => {
+    await refused(Code.Unauthenticated, () => stranger.dispatch.claimNext({ queues: ["retry"], claimant: "ts" }));
+    const [a, b] = [
+      await agent.dispatch.ingest({ queue: { name: "retry" }, payload: bytes("a") }),
+      await agent.dispatch.ingest({ queue: { name: "retry" }, payload: bytes("b") }),
+    ];
+    const first = await agent.dispatch.claimNext({ queues: ["retry"], claimant: "ts" });
+    assert.equal(first.todo?.id, a.todo?.id);
+    const failed = await agent.dispatch.fail({
+      todoId: first.todo!.id,
+      leaseId: first.lease!.leaseId,
+      error: "boom",
+      permanent: true,
+    });
+    assert.equal(failed.todo?.state, TodoState.DEAD);
+    await refused(Code.FailedPrecondition, () =>
+      agent.dispatch.fail({ todoId: first.todo!.id, leaseId: first.lease!.leaseId, error: "again" }),
+    );
+
+    const second = await agent.dispatch.claimNext({ queues: ["retry"], claimant: "ts" });
+    assert.equal(second.todo?.id, b.todo?.id);
+    const released = await agent.dispatch.release({ todoId: second.todo!.id, leaseId: second.lease!.leaseId });
+    assert.equal(released.todo?.state, TodoState.PENDING);
+    await refused(Code.FailedPrecondition, () =>
+      agent.dispatch.release({ todoId: second.todo!.id, leaseId: second.lease!.leaseId }),
+    );
+  });
+
+  test("batches: ClaimNext with max_todos, HeartbeatTodos, SettleTodos", { timeout: 60_000 }, async () => {
+    for (let i = 0; i < 3; i++) await agent.dispatch.ingest({ queue: { name: "batch" }, payload: bytes(`${i}`) });
+    const batch = await agent.dispatch.claimNext({ queues: ["batch"], claimant: "ts", maxTodos: 10 });
+    assert.equal(batch.claimed.length, 3);
+    assert.equal(batch.todo, undefined);
+    const leases = batch.claimed.map((c) => ({ todoId: c.todo!.id, leaseId: c.lease!.leaseId }));
+
+    const beats = await agent.dispatch.heartbeatTodos({
+      leases: [...leases, { todoId: NO_SUCH_TODO, leaseId: NO_SUCH_LEASE }],
+    });
+    assert.deepEqual(
+      beats.results.map((r) => r.status),
+      [BatchItemStatus.APPLIED, BatchItemStatus.APPLIED, BatchItemStatus.APPLIED, BatchItemStatus.NOT_FOUND],
+    );
+    await refused(Code.InvalidArgument, () => agent.dispatch.heartbeatTodos({ leases: [] }));
+
+    const settled = await agent.dispatch.settleTodos({
+      settlements: [
+        { ...leases[0]!, action: { case: "complete", value: {} } },
+        { ...leases[1]!, action: { case: "fail", value: { error: "nope" } } },
+        { ...leases[2]!, action: { case: "release", value: {} } },
+      ],
+    });
+    assert.deepEqual(
+      settled.results.map((r) => [r.status, r.state]),
+      [
+        [BatchItemStatus.APPLIED, TodoState.DONE],
+        [BatchItemStatus.APPLIED, TodoState.PENDING],
+        [BatchItemStatus.APPLIED, TodoState.PENDING],
+      ],
+    );
+    await refused(Code.InvalidArgument, () => agent.dispatch.settleTodos({ settlements: [] }));
+  });
+
+  test("WatchReopen rings for a new todo; a bad token is refused; a deadline ends it", { timeout: 60_000 }, async () => {
+    const abort = new AbortController();
+    let subscribed!: () => void;
+    const headers = new Promise<void>((r) => (subscribed = r));
+    const stream = agent.dispatch.watchReopen(
+      { queues: ["bell"] },
+      { signal: abort.signal, onHeader: () => subscribed() },
+    );
+    const iterator = stream[Symbol.asyncIterator]();
+    const first = iterator.next();
+    await headers;
+    await agent.dispatch.ingest({ queue: { name: "bell" }, payload: bytes("ring") });
+    const { value } = await first;
+    assert.equal(value?.doorbell?.queue?.name, "bell");
+    assert.equal(value?.doorbell?.cause, DoorbellCause.CREATED);
+    abort.abort();
+    await iterator.return?.();
+
+    await refused(Code.Unauthenticated, async () => {
+      for await (const _ of stranger.dispatch.watchReopen({ queues: ["bell"] })) assert.fail("no doorbell");
+    });
+    // A deadline ends a quiet stream.
+    const started = Date.now();
+    await refused(Code.DeadlineExceeded, async () => {
+      for await (const _ of agent.dispatch.watchReopen({ queues: ["quiet"] }, { timeoutMs: 300 })) {
+        assert.fail("no doorbell");
+      }
+    });
+    assert.ok(Date.now() - started < 5_000);
+  });
+
+  test("AdmissionService: SetPolicy, GetPolicy, ListPolicyAudit, ClearPolicy; and refusals", { timeout: 60_000 }, async () => {
+    const queue = queueRef("governed", server.endpointId);
+    const set = await human.admission.setPolicy({ policy: { queue, maxInFlight: 2 } });
+    assert.equal(set.policy?.maxInFlight, 2);
+    await refused(Code.InvalidArgument, () => human.admission.setPolicy({ policy: { queue } }));
+
+    const got = await human.admission.getPolicy({ queue });
+    assert.equal(got.policy?.maxInFlight, 2);
+    await refused(Code.NotFound, () =>
+      human.admission.getPolicy({ queue: queueRef("ungoverned", server.endpointId) }),
+    );
+
+    const audit = await human.admission.listPolicyAudit({ queue });
+    assert.deepEqual(
+      audit.entries.map((e) => e.action),
+      [PolicyAction.SET],
+    );
+    await refused(Code.InvalidArgument, () => human.admission.listPolicyAudit({ queue, pageSize: 501 }));
+
+    const cleared = await human.admission.clearPolicy({ queue });
+    assert.equal(cleared.policy?.maxInFlight, 2);
+    await refused(Code.NotFound, () => human.admission.clearPolicy({ queue }));
+  });
+
+  test("a deferred Claim decodes to ErrorInfo DEFERRED, the DeferralDetail and RetryInfo", { timeout: 60_000 }, async () => {
+    const noon = new Date(Date.now() + 86_400_000);
+    noon.setUTCHours(12, 0, 0, 0);
+    await harness.setClock(server.id, noon);
+    const boundary = new Date(noon);
+    boundary.setUTCHours(24, 0, 0, 0);
+    const queue = queueRef("budgeted", server.endpointId);
+    await human.admission.setPolicy({
+      policy: { queue, maxClaimsPerWindow: 1, window: { period: WindowPeriod.DAY, timeZone: "UTC", start: "00:00" } },
+    });
+    const [a, b] = [
+      await agent.dispatch.ingest({ queue: { name: "budgeted" }, payload: bytes("a") }),
+      await agent.dispatch.ingest({ queue: { name: "budgeted" }, payload: bytes("b") }),
+    ];
+    const claimed = await agent.dispatch.claim({ todoId: a.todo!.id, claimant: "ts" });
+    assert.equal(claimed.headroom?.windowRemaining, 0);
+
+    const e = await refused(Code.ResourceExhausted, () => agent.dispatch.claim({ todoId: b.todo!.id, claimant: "ts" }));
+    assert.ok(isDeferred(e.error));
+    assert.equal(e.errorInfo?.reason, "DEFERRED");
+    assert.equal(e.errorInfo?.domain, "switchboard");
+    assert.equal(e.deferral?.queue?.name, "budgeted");
+    assert.equal(e.deferral?.reason, DeferralReason.WINDOW_EXHAUSTED);
+    assert.equal(e.deferral?.exact, true);
+    assert.equal(e.deferral?.pending, 1n);
+    assert.equal(e.nextEligibleAt?.getTime(), boundary.getTime());
+    // The retry delay runs from the server's clock (noon) to the boundary: 12 hours.
+    assert.ok(e.retryInfo?.retryDelay);
+    assert.equal(e.retryDelayMs, durationMs(e.retryInfo.retryDelay));
+    const hours = e.retryDelayMs! / 3_600_000;
+    assert.ok(hours > 11.9 && hours <= 12, `retry delay ${hours} h`);
+    // A deferral is not a failure: the todo is untouched.
+    const got = await agent.dispatch.getTodo({ todoId: b.todo!.id });
+    assert.equal(got.todo?.state, TodoState.PENDING);
+    assert.equal(got.todo?.attempt, 0);
+  });
+
+  test("mutual TLS: a client certificate of the server's CA is let in, none is not", { timeout: 60_000 }, async () => {
+    const tls = await harness.server({ tls: "mutual" });
+    const target = tls.address.replace(/^127\.0\.0\.1:/, "localhost:");
+    const mutual = connect({
+      target,
+      token: tls.endpointToken,
+      cacert: tls.ca!,
+      cert: tls.clientCert!,
+      key: tls.clientKey!,
+      timeoutMs: 10_000,
+    });
+    const anonymous = connect({ target, token: tls.endpointToken, cacert: tls.ca!, timeoutMs: 10_000 });
+    const plaintext = connect({ target: tls.address, token: tls.endpointToken, timeoutMs: 10_000 });
+    try {
+      const { todo } = await mutual.dispatch.ingest({ queue: { name: "secure" }, payload: bytes("x") });
+      assert.equal(todo?.state, TodoState.PENDING);
+      // The handshake (or, in plaintext, the HTTP/2 preface) fails: no call gets through.
+      for (const c of [anonymous, plaintext]) {
+        await assert.rejects(c.dispatch.getTodo({ todoId: todo!.id }), (err) => {
+          const code = richError(err).code;
+          return code === Code.Unavailable || code === Code.Canceled;
+        });
+      }
+      assert.throws(() => connect({ target, cert: tls.clientCert! }), /needs its key/);
+    } finally {
+      for (const c of [mutual, anonymous, plaintext]) c.close();
+    }
+  });
+});

@@ -1,0 +1,306 @@
+/**
+ * The Worker against real server processes: a batched drain, a budgeted queue woken by its
+ * window boundary's doorbell, a lease taken over mid-handler, and a server restart mid-drain.
+ */
+import assert from "node:assert/strict";
+import { after, afterEach, before, describe, test } from "node:test";
+
+import {
+  DeferralReason,
+  DoorbellCause,
+  PermanentFailure,
+  TodoState,
+  Worker,
+  WindowPeriod,
+  connect,
+  queueRef,
+  type Connection,
+  type Todo,
+  type WorkerOptions,
+} from "../src/index.js";
+import { Harness, eventually, quiet, sleep, type ServerInfo } from "./harness.js";
+
+const bytes = (s: string) => new TextEncoder().encode(s);
+
+/** Generous: a test that hangs fails instead of stalling CI. */
+const TEST_TIMEOUT = 120_000;
+
+/** Ingests `n` todos into `queue`, `parallel` calls at a time; their ids in order. */
+async function ingest(c: Connection, queue: string, n: number, parallel = 25): Promise<string[]> {
+  const ids: string[] = new Array(n);
+  let next = 0;
+  await Promise.all(
+    Array.from({ length: Math.min(parallel, n) }, async () => {
+      while (next < n) {
+        const i = next++;
+        const { todo } = await c.dispatch.ingest({ queue: { name: queue }, payload: bytes(`${i}`) });
+        ids[i] = todo!.id;
+      }
+    }),
+  );
+  return ids;
+}
+
+/** States and completed attempts of every todo of the server's database. */
+async function outcomes(harness: Harness, id: number) {
+  return harness.query<{ state: string; n: number; completed: number }>(
+    id,
+    `SELECT t.state::text AS state, count(*)::int AS n,
+            sum((SELECT count(*) FROM attempts a WHERE a.todo_id = t.id AND a.outcome = 'completed'))::int
+              AS completed
+       FROM todos t GROUP BY t.state`,
+  );
+}
+
+describe("the worker against a real server", () => {
+  let harness: Harness;
+  const connections: Connection[] = [];
+
+  before(async () => {
+    harness = await Harness.start();
+  });
+
+  after(async () => {
+    for (const c of connections) c.close();
+    await harness?.close();
+  });
+
+  async function setUp(): Promise<{ server: ServerInfo; agent: Connection; human: Connection }> {
+    const server = await harness.server();
+    const agent = connect({ target: server.address, token: server.endpointToken, timeoutMs: 10_000 });
+    const human = connect({ target: server.address, token: server.humanToken, timeoutMs: 10_000 });
+    connections.push(agent, human);
+    return { server, agent, human };
+  }
+
+  const workers: Worker[] = [];
+
+  afterEach(async () => {
+    // A failed test must not leave its worker running (and the process alive).
+    for (const worker of workers.splice(0)) worker.stop();
+  });
+
+  function workerFor(agent: Connection, queue: string, options: Partial<WorkerOptions>): Worker {
+    const worker = new Worker({
+      transport: agent.transport,
+      handler: async () => {},
+      queues: [queue],
+      claimant: "ts-worker",
+      log: quiet,
+      ...options,
+    });
+    workers.push(worker);
+    return worker;
+  }
+
+  test("drains 1,000 todos with prefetch 100 and concurrency 100, each completed once", { timeout: TEST_TIMEOUT }, async () => {
+    const { server, agent } = await setUp();
+    const ids = await ingest(agent, "work", 1000);
+    const handled = new Map<string, number>();
+    let running = 0;
+    let mostRunning = 0;
+    const worker = workerFor(agent, "work", {
+      prefetch: 100,
+      concurrency: 100,
+      handler: async (todo: Todo) => {
+        running += 1;
+        mostRunning = Math.max(mostRunning, running);
+        handled.set(todo.id, (handled.get(todo.id) ?? 0) + 1);
+        await sleep(2);
+        running -= 1;
+      },
+    });
+    await worker.run({ maxTodos: 1000 });
+
+    assert.equal(handled.size, 1000);
+    assert.ok([...handled.values()].every((n) => n === 1));
+    assert.deepEqual(new Set(handled.keys()), new Set(ids));
+    assert.ok(mostRunning <= 100);
+    const s = worker.stats;
+    assert.deepEqual([s.claimed, s.completed, s.failed, s.lost, s.unsettled], [1000, 1000, 0, 0, 0]);
+    // Batches: a claim refills at least half the slots (50), at most prefetch (100).
+    assert.ok(s.batches >= 10 && s.batches <= 20, `batches ${s.batches}`);
+    assert.equal(s.rpcCalls.ClaimNext, s.batches, JSON.stringify(s.rpcCalls));
+    assert.ok(s.rpcCalls.SettleTodos >= 10 && s.rpcCalls.SettleTodos <= 100, JSON.stringify(s.rpcCalls));
+    assert.equal(s.rpcCalls.Complete + s.rpcCalls.Fail + s.rpcCalls.Release + s.rpcCalls.Heartbeat, 0);
+    assert.deepEqual(await outcomes(harness, server.id), [{ state: "done", n: 1000, completed: 1000 }]);
+  });
+
+  test("a thrown error fails the todo; PermanentFailure dead-letters it", { timeout: TEST_TIMEOUT }, async () => {
+    const { agent } = await setUp();
+    const [retried, dead] = await ingest(agent, "flaky", 2, 1);
+    const worker = workerFor(agent, "flaky", {
+      prefetch: 2,
+      handler: async (todo: Todo) => {
+        if (todo.id === dead) throw new PermanentFailure("bad payload");
+        throw new Error("try later");
+      },
+    });
+    await worker.run({ maxTodos: 2 });
+    const s = worker.stats;
+    assert.deepEqual([s.claimed, s.failed, s.deadLettered, s.completed], [2, 2, 1, 0]);
+    const a = await agent.dispatch.getTodo({ todoId: retried! });
+    assert.equal(a.todo?.state, TodoState.PENDING);
+    assert.equal(a.todo?.lastError, "Error: try later");
+    const b = await agent.dispatch.getTodo({ todoId: dead! });
+    assert.equal(b.todo?.state, TodoState.DEAD);
+    assert.equal(b.todo?.lastError, "PermanentFailure: bad payload");
+  });
+
+  test("a budgeted queue: claims 5, sleeps to the boundary, wakes on WINDOW_BOUNDARY", { timeout: TEST_TIMEOUT }, async () => {
+    const { server, agent, human } = await setUp();
+    const noon = new Date(Date.now() + 86_400_000);
+    noon.setUTCHours(12, 0, 0, 0);
+    await harness.setClock(server.id, noon);
+    const boundary = new Date(noon);
+    boundary.setUTCHours(24, 0, 0, 0);
+    await human.admission.setPolicy({
+      policy: {
+        queue: queueRef("budgeted", server.endpointId),
+        maxClaimsPerWindow: 5,
+        window: { period: WindowPeriod.DAY, timeZone: "UTC", start: "00:00" },
+      },
+    });
+    const ids = await ingest(agent, "budgeted", 8, 1);
+    const seen: string[] = [];
+    const worker = workerFor(agent, "budgeted", {
+      prefetch: 10,
+      handler: async (todo: Todo) => {
+        seen.push(todo.id);
+      },
+    });
+    const run = worker.run({ maxTodos: 8 });
+
+    // One batch of 5, cut short by the budget: settled, then asleep until the boundary.
+    await eventually(() => worker.stats.completed === 5 && worker.stats.deferredWaits >= 1);
+    const [deferred] = worker.lastDeferred;
+    assert.equal(deferred?.queue?.name, "budgeted");
+    assert.equal(deferred?.reason, DeferralReason.WINDOW_EXHAUSTED);
+    assert.ok(deferred?.exact);
+    assert.deepEqual(new Set(seen), new Set(ids.slice(0, 5)));
+    const rpcs = () => {
+      const { WatchReopen: _, ...unary } = worker.stats.rpcCalls;
+      return Object.values(unary).reduce((a, b) => a + b, 0);
+    };
+    const before = rpcs();
+    const claims = worker.stats.rpcCalls.ClaimNext;
+    await sleep(1500);
+    assert.equal(rpcs(), before, "no RPC while deferred");
+    const s = worker.stats;
+    assert.deepEqual([s.claimed, s.batches, s.cutShort, s.failed], [5, 1, 1, 0]);
+    // Only a doorbell ever woke it: the stream's ATTACHED ring may cross the first claim.
+    assert.ok(claims <= 1 + s.doorbells, JSON.stringify(s));
+
+    // The server's clock crosses the boundary; the reopen sweep rings the doorbell.
+    await harness.moveClock(server.id, (boundary.getTime() - (await harness.now(server.id)).getTime()) / 1000 + 1);
+    await run;
+    assert.ok(Date.now() < boundary.getTime() - 12 * 3_600_000, "woken by the doorbell, not the local clock");
+    assert.equal(worker.lastDoorbell?.cause, DoorbellCause.WINDOW_BOUNDARY);
+    assert.deepEqual(new Set(seen), new Set(ids));
+    assert.deepEqual([worker.stats.claimed, worker.stats.completed], [8, 8]);
+  });
+
+  test("a lease taken over mid-handler: the handler is aborted, the refused settlement counted", { timeout: TEST_TIMEOUT }, async () => {
+    const { server, agent } = await setUp();
+    const [first, second] = await ingest(agent, "work", 2, 1);
+    let aborted = false;
+    let gate!: () => void;
+    const opened = new Promise<void>((r) => (gate = r));
+    const started = new Set<string>();
+    const worker = workerFor(agent, "work", {
+      prefetch: 2,
+      // The takeover below must land before the first heartbeat, 9 s after the claim.
+      leaseMs: 10_000,
+      heartbeatEveryMs: 9_000,
+      handler: async (todo: Todo, signal: AbortSignal) => {
+        started.add(todo.id);
+        if (todo.id === second) return opened; // finishes once taken over: its settlement is refused
+        await new Promise<void>((resolve) =>
+          signal.addEventListener("abort", () => {
+            aborted = true;
+            resolve();
+          }),
+        );
+      },
+    });
+    const run = worker.run({ maxTodos: 2 });
+    await eventually(() => started.size === 2);
+    await harness.moveClock(server.id, 60); // every lease lapses on the server's clock
+    for (const expected of [first, second]) {
+      const rival = await agent.dispatch.claimNext({ queues: ["work"], claimant: "rival" });
+      assert.equal(rival.todo?.id, expected);
+      assert.equal(rival.todo?.attempt, 2);
+    }
+    gate();
+    await run; // resolves: a lost lease is counted, never thrown
+
+    assert.ok(aborted, "the first handler was aborted");
+    const s = worker.stats;
+    assert.deepEqual([s.lost, s.completed, s.failed, s.released], [2, 0, 0, 0]);
+    assert.equal(s.rpcCalls.SettleTodos, 1); // the second todo's, refused
+    assert.equal(s.rpcCalls.Heartbeat, 1); // the first todo's, refused: its handler aborted
+    for (const todoId of [first!, second!]) {
+      const got = await agent.dispatch.getTodo({ todoId });
+      assert.equal(got.todo?.state, TodoState.CLAIMED);
+      assert.equal(got.todo?.claimant, "rival");
+    }
+  });
+
+  test("a server restart mid-drain: the worker reconnects, nothing lost or completed twice", { timeout: TEST_TIMEOUT }, async () => {
+    const { server, agent } = await setUp();
+    const ids = await ingest(agent, "work", 400);
+    const handled = new Map<string, number>();
+    const worker = workerFor(agent, "work", {
+      prefetch: 20,
+      concurrency: 20,
+      // A claim whose answer the stopping server never sent lapses soon and is taken over.
+      leaseMs: 5_000,
+      handler: async (todo: Todo) => {
+        handled.set(todo.id, (handled.get(todo.id) ?? 0) + 1);
+        await sleep(20);
+      },
+    });
+    const run = worker.run({ maxTodos: 400 });
+    await eventually(() => worker.stats.completed >= 60);
+    await harness.kill(server.id);
+    const during = worker.stats.completed;
+    assert.ok(during < 400, "restarted mid-drain");
+    await harness.startAgain(server.id);
+    await run;
+
+    assert.equal(handled.size, 400);
+    assert.ok([...handled.values()].every((n) => n === 1), "no todo handled twice");
+    assert.deepEqual(new Set(handled.keys()), new Set(ids));
+    const s = worker.stats;
+    assert.deepEqual([s.claimed, s.completed, s.lost, s.unsettled], [400, 400, 0, 0]);
+    assert.ok(s.rpcCalls.WatchReopen >= 2, "the doorbell stream was reopened");
+    assert.deepEqual(await outcomes(harness, server.id), [{ state: "done", n: 400, completed: 400 }]);
+  });
+
+  test("stop() through an AbortSignal: running handlers finish, their outcomes are flushed", { timeout: TEST_TIMEOUT }, async () => {
+    const { agent } = await setUp();
+    await ingest(agent, "work", 3, 1);
+    const stop = new AbortController();
+    let finished = 0;
+    const worker = workerFor(agent, "work", {
+      prefetch: 3,
+      settleLingerMs: 60_000,
+      settleBatch: 100,
+      handler: async () => {
+        await sleep(200);
+        finished += 1;
+      },
+    });
+    const run = worker.run({ signal: stop.signal });
+    await eventually(() => worker.held === 3);
+    stop.abort();
+    await run;
+    assert.equal(finished, 3);
+    assert.equal(worker.stats.completed, 3);
+    // Flushed at once on stop (not after the 60 s linger), in SettleTodos batches.
+    assert.ok(worker.stats.rpcCalls.SettleTodos >= 1 && worker.stats.rpcCalls.SettleTodos <= 3);
+    assert.equal(worker.stats.rpcCalls.Complete, 0);
+    assert.equal(worker.held, 0);
+    assert.ok(!worker.watching.isSet);
+  });
+});
