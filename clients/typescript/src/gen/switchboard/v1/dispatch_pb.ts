@@ -10,7 +10,7 @@ import type { AdmissionPolicy, DeferredQueue, Headroom } from "./admission_pb.js
 import { file_switchboard_v1_admission } from "./admission_pb.js";
 import type { QueueRef } from "./queue_pb.js";
 import { file_switchboard_v1_queue } from "./queue_pb.js";
-import type { Attempt, DedupKey, Lease, Todo, TodoState } from "./todo_pb.js";
+import type { Attempt, DedupKey, Lease, Todo, TodoResult, TodoState } from "./todo_pb.js";
 import { file_switchboard_v1_todo } from "./todo_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -18,7 +18,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file switchboard/v1/dispatch.proto.
  */
 export const file_switchboard_v1_dispatch: GenFile = /*@__PURE__*/
-  fileDesc("Ch1zd2l0Y2hib2FyZC92MS9kaXNwYXRjaC5wcm90bxIOc3dpdGNoYm9hcmQudjEi3gEKDUluZ2VzdFJlcXVlc3QSJwoFcXVldWUYASABKAsyGC5zd2l0Y2hib2FyZC52MS5RdWV1ZVJlZhIPCgdwYXlsb2FkGAIgASgMEhQKDGNvbnRlbnRfdHlwZRgDIAEoCRInCgVkZWR1cBgEIAEoCzIYLnN3aXRjaGJvYXJkLnYxLkRlZHVwS2V5EhkKDG1heF9hdHRlbXB0cxgFIAEoBUgAiAEBEigKBWRlbGF5GAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQg8KDV9tYXhfYXR0ZW1wdHMiSgoOSW5nZXN0UmVzcG9uc2USIgoEdG9kbxgBIAEoCzIULnN3aXRjaGJvYXJkLnYxLlRvZG8SFAoMZGVkdXBsaWNhdGVkGAIgASgIImQKDENsYWltUmVxdWVzdBIPCgd0b2RvX2lkGAEgASgJEhAKCGNsYWltYW50GAIgASgJEjEKDmxlYXNlX2R1cmF0aW9uGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIrYBCg1DbGFpbVJlc3BvbnNlEiIKBHRvZG8YASABKAsyFC5zd2l0Y2hib2FyZC52MS5Ub2RvEiQKBWxlYXNlGAIgASgLMhUuc3dpdGNoYm9hcmQudjEuTGVhc2USKgoIaGVhZHJvb20YAyABKAsyGC5zd2l0Y2hib2FyZC52MS5IZWFkcm9vbRIvCgZwb2xpY3kYBCABKAsyHy5zd2l0Y2hib2FyZC52MS5BZG1pc3Npb25Qb2xpY3kijwEKEENsYWltTmV4dFJlcXVlc3QSEwoLZW5kcG9pbnRfaWQYASABKAkSDgoGcXVldWVzGAIgAygJEhAKCGNsYWltYW50GAMgASgJEjEKDmxlYXNlX2R1cmF0aW9uGAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhEKCW1heF90b2RvcxgFIAEoBSKoAgoRQ2xhaW1OZXh0UmVzcG9uc2USIgoEdG9kbxgBIAEoCzIULnN3aXRjaGJvYXJkLnYxLlRvZG8SJAoFbGVhc2UYAiABKAsyFS5zd2l0Y2hib2FyZC52MS5MZWFzZRINCgVlbXB0eRgDIAEoCBIvCghkZWZlcnJlZBgEIAMoCzIdLnN3aXRjaGJvYXJkLnYxLkRlZmVycmVkUXVldWUSKgoIaGVhZHJvb20YBSABKAsyGC5zd2l0Y2hib2FyZC52MS5IZWFkcm9vbRIvCgZwb2xpY3kYBiABKAsyHy5zd2l0Y2hib2FyZC52MS5BZG1pc3Npb25Qb2xpY3kSLAoHY2xhaW1lZBgHIAMoCzIbLnN3aXRjaGJvYXJkLnYxLkNsYWltZWRUb2RvIlcKC0NsYWltZWRUb2RvEiIKBHRvZG8YASABKAsyFC5zd2l0Y2hib2FyZC52MS5Ub2RvEiQKBWxlYXNlGAIgASgLMhUuc3dpdGNoYm9hcmQudjEuTGVhc2UiaAoQSGVhcnRiZWF0UmVxdWVzdBIPCgd0b2RvX2lkGAEgASgJEhAKCGxlYXNlX2lkGAIgASgJEjEKDmxlYXNlX2R1cmF0aW9uGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIjkKEUhlYXJ0YmVhdFJlc3BvbnNlEiQKBWxlYXNlGAEgASgLMhUuc3dpdGNoYm9hcmQudjEuTGVhc2UiLQoITGVhc2VSZWYSDwoHdG9kb19pZBgBIAEoCRIQCghsZWFzZV9pZBgCIAEoCSJ0ChVIZWFydGJlYXRUb2Rvc1JlcXVlc3QSKAoGbGVhc2VzGAEgAygLMhguc3dpdGNoYm9hcmQudjEuTGVhc2VSZWYSMQoObGVhc2VfZHVyYXRpb24YAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iSgoWSGVhcnRiZWF0VG9kb3NSZXNwb25zZRIwCgdyZXN1bHRzGAEgAygLMh8uc3dpdGNoYm9hcmQudjEuSGVhcnRiZWF0UmVzdWx0IooBCg9IZWFydGJlYXRSZXN1bHQSDwoHdG9kb19pZBgBIAEoCRIvCgZzdGF0dXMYAiABKA4yHy5zd2l0Y2hib2FyZC52MS5CYXRjaEl0ZW1TdGF0dXMSJAoFbGVhc2UYAyABKAsyFS5zd2l0Y2hib2FyZC52MS5MZWFzZRIPCgdtZXNzYWdlGAQgASgJIjQKD0NvbXBsZXRlUmVxdWVzdBIPCgd0b2RvX2lkGAEgASgJEhAKCGxlYXNlX2lkGAIgASgJIjYKEENvbXBsZXRlUmVzcG9uc2USIgoEdG9kbxgBIAEoCzIULnN3aXRjaGJvYXJkLnYxLlRvZG8iUgoLRmFpbFJlcXVlc3QSDwoHdG9kb19pZBgBIAEoCRIQCghsZWFzZV9pZBgCIAEoCRINCgVlcnJvchgDIAEoCRIRCglwZXJtYW5lbnQYBCABKAgiMgoMRmFpbFJlc3BvbnNlEiIKBHRvZG8YASABKAsyFC5zd2l0Y2hib2FyZC52MS5Ub2RvIjMKDlJlbGVhc2VSZXF1ZXN0Eg8KB3RvZG9faWQYASABKAkSEAoIbGVhc2VfaWQYAiABKAkiNQoPUmVsZWFzZVJlc3BvbnNlEiIKBHRvZG8YASABKAsyFC5zd2l0Y2hib2FyZC52MS5Ub2RvIkUKElNldHRsZVRvZG9zUmVxdWVzdBIvCgtzZXR0bGVtZW50cxgBIAMoCzIaLnN3aXRjaGJvYXJkLnYxLlNldHRsZW1lbnQiywEKClNldHRsZW1lbnQSDwoHdG9kb19pZBgBIAEoCRIQCghsZWFzZV9pZBgCIAEoCRIyCghjb21wbGV0ZRgDIAEoCzIeLnN3aXRjaGJvYXJkLnYxLkNvbXBsZXRlQWN0aW9uSAASKgoEZmFpbBgEIAEoCzIaLnN3aXRjaGJvYXJkLnYxLkZhaWxBY3Rpb25IABIwCgdyZWxlYXNlGAUgASgLMh0uc3dpdGNoYm9hcmQudjEuUmVsZWFzZUFjdGlvbkgAQggKBmFjdGlvbiIQCg5Db21wbGV0ZUFjdGlvbiIuCgpGYWlsQWN0aW9uEg0KBWVycm9yGAEgASgJEhEKCXBlcm1hbmVudBgCIAEoCCIPCg1SZWxlYXNlQWN0aW9uIkgKE1NldHRsZVRvZG9zUmVzcG9uc2USMQoHcmVzdWx0cxgBIAMoCzIgLnN3aXRjaGJvYXJkLnYxLlNldHRsZW1lbnRSZXN1bHQiwgEKEFNldHRsZW1lbnRSZXN1bHQSDwoHdG9kb19pZBgBIAEoCRIvCgZzdGF0dXMYAiABKA4yHy5zd2l0Y2hib2FyZC52MS5CYXRjaEl0ZW1TdGF0dXMSKAoFc3RhdGUYAyABKA4yGS5zd2l0Y2hib2FyZC52MS5Ub2RvU3RhdGUSMQoNbmV4dF9yZXRyeV9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHbWVzc2FnZRgFIAEoCSIhCg5HZXRUb2RvUmVxdWVzdBIPCgd0b2RvX2lkGAEgASgJImAKD0dldFRvZG9SZXNwb25zZRIiCgR0b2RvGAEgASgLMhQuc3dpdGNoYm9hcmQudjEuVG9kbxIpCghhdHRlbXB0cxgCIAMoCzIXLnN3aXRjaGJvYXJkLnYxLkF0dGVtcHQiiQEKEExpc3RUb2Rvc1JlcXVlc3QSEwoLZW5kcG9pbnRfaWQYASABKAkSDgoGcXVldWVzGAIgAygJEikKBnN0YXRlcxgDIAMoDjIZLnN3aXRjaGJvYXJkLnYxLlRvZG9TdGF0ZRIRCglwYWdlX3NpemUYBCABKAUSEgoKcGFnZV90b2tlbhgFIAEoCSJRChFMaXN0VG9kb3NSZXNwb25zZRIjCgV0b2RvcxgBIAMoCzIULnN3aXRjaGJvYXJkLnYxLlRvZG8SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIjkKEldhdGNoUmVvcGVuUmVxdWVzdBITCgtlbmRwb2ludF9pZBgBIAEoCRIOCgZxdWV1ZXMYAiADKAkimgEKCERvb3JiZWxsEicKBXF1ZXVlGAEgASgLMhguc3dpdGNoYm9hcmQudjEuUXVldWVSZWYSLAoFY2F1c2UYAiABKA4yHS5zd2l0Y2hib2FyZC52MS5Eb29yYmVsbENhdXNlEg8KB3BlbmRpbmcYAyABKAMSJgoCYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIkEKE1dhdGNoUmVvcGVuUmVzcG9uc2USKgoIZG9vcmJlbGwYASABKAsyGC5zd2l0Y2hib2FyZC52MS5Eb29yYmVsbCq6AQoPQmF0Y2hJdGVtU3RhdHVzEiEKHUJBVENIX0lURU1fU1RBVFVTX1VOU1BFQ0lGSUVEEAASHQoZQkFUQ0hfSVRFTV9TVEFUVVNfQVBQTElFRBABEiEKHUJBVENIX0lURU1fU1RBVFVTX1NUQUxFX0xFQVNFEAISIQodQkFUQ0hfSVRFTV9TVEFUVVNfTk9UX0NMQUlNRUQQAxIfChtCQVRDSF9JVEVNX1NUQVRVU19OT1RfRk9VTkQQBCrsAQoNRG9vcmJlbGxDYXVzZRIeChpET09SQkVMTF9DQVVTRV9VTlNQRUNJRklFRBAAEhoKFkRPT1JCRUxMX0NBVVNFX0NSRUFURUQQARIbChdET09SQkVMTF9DQVVTRV9BVFRBQ0hFRBACEhwKGERPT1JCRUxMX0NBVVNFX0hFQVJUQkVBVBADEiIKHkRPT1JCRUxMX0NBVVNFX1dJTkRPV19CT1VOREFSWRAEEh0KGURPT1JCRUxMX0NBVVNFX1NMT1RfRlJFRUQQBRIhCh1ET09SQkVMTF9DQVVTRV9QT0xJQ1lfQ0hBTkdFRBAGMtMHCg9EaXNwYXRjaFNlcnZpY2USRwoGSW5nZXN0Eh0uc3dpdGNoYm9hcmQudjEuSW5nZXN0UmVxdWVzdBoeLnN3aXRjaGJvYXJkLnYxLkluZ2VzdFJlc3BvbnNlEkQKBUNsYWltEhwuc3dpdGNoYm9hcmQudjEuQ2xhaW1SZXF1ZXN0Gh0uc3dpdGNoYm9hcmQudjEuQ2xhaW1SZXNwb25zZRJQCglDbGFpbU5leHQSIC5zd2l0Y2hib2FyZC52MS5DbGFpbU5leHRSZXF1ZXN0GiEuc3dpdGNoYm9hcmQudjEuQ2xhaW1OZXh0UmVzcG9uc2USUAoJSGVhcnRiZWF0EiAuc3dpdGNoYm9hcmQudjEuSGVhcnRiZWF0UmVxdWVzdBohLnN3aXRjaGJvYXJkLnYxLkhlYXJ0YmVhdFJlc3BvbnNlEl8KDkhlYXJ0YmVhdFRvZG9zEiUuc3dpdGNoYm9hcmQudjEuSGVhcnRiZWF0VG9kb3NSZXF1ZXN0GiYuc3dpdGNoYm9hcmQudjEuSGVhcnRiZWF0VG9kb3NSZXNwb25zZRJNCghDb21wbGV0ZRIfLnN3aXRjaGJvYXJkLnYxLkNvbXBsZXRlUmVxdWVzdBogLnN3aXRjaGJvYXJkLnYxLkNvbXBsZXRlUmVzcG9uc2USQQoERmFpbBIbLnN3aXRjaGJvYXJkLnYxLkZhaWxSZXF1ZXN0Ghwuc3dpdGNoYm9hcmQudjEuRmFpbFJlc3BvbnNlEkoKB1JlbGVhc2USHi5zd2l0Y2hib2FyZC52MS5SZWxlYXNlUmVxdWVzdBofLnN3aXRjaGJvYXJkLnYxLlJlbGVhc2VSZXNwb25zZRJWCgtTZXR0bGVUb2RvcxIiLnN3aXRjaGJvYXJkLnYxLlNldHRsZVRvZG9zUmVxdWVzdBojLnN3aXRjaGJvYXJkLnYxLlNldHRsZVRvZG9zUmVzcG9uc2USSgoHR2V0VG9kbxIeLnN3aXRjaGJvYXJkLnYxLkdldFRvZG9SZXF1ZXN0Gh8uc3dpdGNoYm9hcmQudjEuR2V0VG9kb1Jlc3BvbnNlElAKCUxpc3RUb2RvcxIgLnN3aXRjaGJvYXJkLnYxLkxpc3RUb2Rvc1JlcXVlc3QaIS5zd2l0Y2hib2FyZC52MS5MaXN0VG9kb3NSZXNwb25zZRJYCgtXYXRjaFJlb3BlbhIiLnN3aXRjaGJvYXJkLnYxLldhdGNoUmVvcGVuUmVxdWVzdBojLnN3aXRjaGJvYXJkLnYxLldhdGNoUmVvcGVuUmVzcG9uc2UwAWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_switchboard_v1_admission, file_switchboard_v1_queue, file_switchboard_v1_todo]);
+  fileDesc("Ch1zd2l0Y2hib2FyZC92MS9kaXNwYXRjaC5wcm90bxIOc3dpdGNoYm9hcmQudjEi3gEKDUluZ2VzdFJlcXVlc3QSJwoFcXVldWUYASABKAsyGC5zd2l0Y2hib2FyZC52MS5RdWV1ZVJlZhIPCgdwYXlsb2FkGAIgASgMEhQKDGNvbnRlbnRfdHlwZRgDIAEoCRInCgVkZWR1cBgEIAEoCzIYLnN3aXRjaGJvYXJkLnYxLkRlZHVwS2V5EhkKDG1heF9hdHRlbXB0cxgFIAEoBUgAiAEBEigKBWRlbGF5GAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQg8KDV9tYXhfYXR0ZW1wdHMiSgoOSW5nZXN0UmVzcG9uc2USIgoEdG9kbxgBIAEoCzIULnN3aXRjaGJvYXJkLnYxLlRvZG8SFAoMZGVkdXBsaWNhdGVkGAIgASgIImQKDENsYWltUmVxdWVzdBIPCgd0b2RvX2lkGAEgASgJEhAKCGNsYWltYW50GAIgASgJEjEKDmxlYXNlX2R1cmF0aW9uGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIrYBCg1DbGFpbVJlc3BvbnNlEiIKBHRvZG8YASABKAsyFC5zd2l0Y2hib2FyZC52MS5Ub2RvEiQKBWxlYXNlGAIgASgLMhUuc3dpdGNoYm9hcmQudjEuTGVhc2USKgoIaGVhZHJvb20YAyABKAsyGC5zd2l0Y2hib2FyZC52MS5IZWFkcm9vbRIvCgZwb2xpY3kYBCABKAsyHy5zd2l0Y2hib2FyZC52MS5BZG1pc3Npb25Qb2xpY3kijwEKEENsYWltTmV4dFJlcXVlc3QSEwoLZW5kcG9pbnRfaWQYASABKAkSDgoGcXVldWVzGAIgAygJEhAKCGNsYWltYW50GAMgASgJEjEKDmxlYXNlX2R1cmF0aW9uGAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhEKCW1heF90b2RvcxgFIAEoBSKoAgoRQ2xhaW1OZXh0UmVzcG9uc2USIgoEdG9kbxgBIAEoCzIULnN3aXRjaGJvYXJkLnYxLlRvZG8SJAoFbGVhc2UYAiABKAsyFS5zd2l0Y2hib2FyZC52MS5MZWFzZRINCgVlbXB0eRgDIAEoCBIvCghkZWZlcnJlZBgEIAMoCzIdLnN3aXRjaGJvYXJkLnYxLkRlZmVycmVkUXVldWUSKgoIaGVhZHJvb20YBSABKAsyGC5zd2l0Y2hib2FyZC52MS5IZWFkcm9vbRIvCgZwb2xpY3kYBiABKAsyHy5zd2l0Y2hib2FyZC52MS5BZG1pc3Npb25Qb2xpY3kSLAoHY2xhaW1lZBgHIAMoCzIbLnN3aXRjaGJvYXJkLnYxLkNsYWltZWRUb2RvIlcKC0NsYWltZWRUb2RvEiIKBHRvZG8YASABKAsyFC5zd2l0Y2hib2FyZC52MS5Ub2RvEiQKBWxlYXNlGAIgASgLMhUuc3dpdGNoYm9hcmQudjEuTGVhc2UiaAoQSGVhcnRiZWF0UmVxdWVzdBIPCgd0b2RvX2lkGAEgASgJEhAKCGxlYXNlX2lkGAIgASgJEjEKDmxlYXNlX2R1cmF0aW9uGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIjkKEUhlYXJ0YmVhdFJlc3BvbnNlEiQKBWxlYXNlGAEgASgLMhUuc3dpdGNoYm9hcmQudjEuTGVhc2UiLQoITGVhc2VSZWYSDwoHdG9kb19pZBgBIAEoCRIQCghsZWFzZV9pZBgCIAEoCSJ0ChVIZWFydGJlYXRUb2Rvc1JlcXVlc3QSKAoGbGVhc2VzGAEgAygLMhguc3dpdGNoYm9hcmQudjEuTGVhc2VSZWYSMQoObGVhc2VfZHVyYXRpb24YAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iSgoWSGVhcnRiZWF0VG9kb3NSZXNwb25zZRIwCgdyZXN1bHRzGAEgAygLMh8uc3dpdGNoYm9hcmQudjEuSGVhcnRiZWF0UmVzdWx0IrQBCg9IZWFydGJlYXRSZXN1bHQSDwoHdG9kb19pZBgBIAEoCRIvCgZzdGF0dXMYAiABKA4yHy5zd2l0Y2hib2FyZC52MS5CYXRjaEl0ZW1TdGF0dXMSJAoFbGVhc2UYAyABKAsyFS5zd2l0Y2hib2FyZC52MS5MZWFzZRIPCgdtZXNzYWdlGAQgASgJEigKBXN0YXRlGAUgASgOMhkuc3dpdGNoYm9hcmQudjEuVG9kb1N0YXRlImAKD0NvbXBsZXRlUmVxdWVzdBIPCgd0b2RvX2lkGAEgASgJEhAKCGxlYXNlX2lkGAIgASgJEioKBnJlc3VsdBgDIAEoCzIaLnN3aXRjaGJvYXJkLnYxLlRvZG9SZXN1bHQiNgoQQ29tcGxldGVSZXNwb25zZRIiCgR0b2RvGAEgASgLMhQuc3dpdGNoYm9hcmQudjEuVG9kbyJSCgtGYWlsUmVxdWVzdBIPCgd0b2RvX2lkGAEgASgJEhAKCGxlYXNlX2lkGAIgASgJEg0KBWVycm9yGAMgASgJEhEKCXBlcm1hbmVudBgEIAEoCCIyCgxGYWlsUmVzcG9uc2USIgoEdG9kbxgBIAEoCzIULnN3aXRjaGJvYXJkLnYxLlRvZG8iMwoOUmVsZWFzZVJlcXVlc3QSDwoHdG9kb19pZBgBIAEoCRIQCghsZWFzZV9pZBgCIAEoCSI1Cg9SZWxlYXNlUmVzcG9uc2USIgoEdG9kbxgBIAEoCzIULnN3aXRjaGJvYXJkLnYxLlRvZG8iRQoSU2V0dGxlVG9kb3NSZXF1ZXN0Ei8KC3NldHRsZW1lbnRzGAEgAygLMhouc3dpdGNoYm9hcmQudjEuU2V0dGxlbWVudCLLAQoKU2V0dGxlbWVudBIPCgd0b2RvX2lkGAEgASgJEhAKCGxlYXNlX2lkGAIgASgJEjIKCGNvbXBsZXRlGAMgASgLMh4uc3dpdGNoYm9hcmQudjEuQ29tcGxldGVBY3Rpb25IABIqCgRmYWlsGAQgASgLMhouc3dpdGNoYm9hcmQudjEuRmFpbEFjdGlvbkgAEjAKB3JlbGVhc2UYBSABKAsyHS5zd2l0Y2hib2FyZC52MS5SZWxlYXNlQWN0aW9uSABCCAoGYWN0aW9uIjwKDkNvbXBsZXRlQWN0aW9uEioKBnJlc3VsdBgBIAEoCzIaLnN3aXRjaGJvYXJkLnYxLlRvZG9SZXN1bHQiLgoKRmFpbEFjdGlvbhINCgVlcnJvchgBIAEoCRIRCglwZXJtYW5lbnQYAiABKAgiDwoNUmVsZWFzZUFjdGlvbiJIChNTZXR0bGVUb2Rvc1Jlc3BvbnNlEjEKB3Jlc3VsdHMYASADKAsyIC5zd2l0Y2hib2FyZC52MS5TZXR0bGVtZW50UmVzdWx0IsIBChBTZXR0bGVtZW50UmVzdWx0Eg8KB3RvZG9faWQYASABKAkSLwoGc3RhdHVzGAIgASgOMh8uc3dpdGNoYm9hcmQudjEuQmF0Y2hJdGVtU3RhdHVzEigKBXN0YXRlGAMgASgOMhkuc3dpdGNoYm9hcmQudjEuVG9kb1N0YXRlEjEKDW5leHRfcmV0cnlfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg8KB21lc3NhZ2UYBSABKAkiXwoOR2V0VG9kb1JlcXVlc3QSDwoHdG9kb19pZBgBIAEoCRInCgVkZWR1cBgCIAEoCzIYLnN3aXRjaGJvYXJkLnYxLkRlZHVwS2V5EhMKC2VuZHBvaW50X2lkGAMgASgJImAKD0dldFRvZG9SZXNwb25zZRIiCgR0b2RvGAEgASgLMhQuc3dpdGNoYm9hcmQudjEuVG9kbxIpCghhdHRlbXB0cxgCIAMoCzIXLnN3aXRjaGJvYXJkLnYxLkF0dGVtcHQiygEKEExpc3RUb2Rvc1JlcXVlc3QSEwoLZW5kcG9pbnRfaWQYASABKAkSDgoGcXVldWVzGAIgAygJEikKBnN0YXRlcxgDIAMoDjIZLnN3aXRjaGJvYXJkLnYxLlRvZG9TdGF0ZRIRCglwYWdlX3NpemUYBCABKAUSEgoKcGFnZV90b2tlbhgFIAEoCRInCgVkZWR1cBgGIAEoCzIYLnN3aXRjaGJvYXJkLnYxLkRlZHVwS2V5EhYKDmVycm9yX2NvbnRhaW5zGAcgASgJIlEKEUxpc3RUb2Rvc1Jlc3BvbnNlEiMKBXRvZG9zGAEgAygLMhQuc3dpdGNoYm9hcmQudjEuVG9kbxIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiJAoRQ2FuY2VsVG9kb1JlcXVlc3QSDwoHdG9kb19pZBgBIAEoCSI4ChJDYW5jZWxUb2RvUmVzcG9uc2USIgoEdG9kbxgBIAEoCzIULnN3aXRjaGJvYXJkLnYxLlRvZG8iewoSUmVxdWV1ZVRvZG9SZXF1ZXN0Eg8KB3RvZG9faWQYASABKAkSKAoFZGVsYXkYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SGQoMbWF4X2F0dGVtcHRzGAMgASgFSACIAQFCDwoNX21heF9hdHRlbXB0cyI5ChNSZXF1ZXVlVG9kb1Jlc3BvbnNlEiIKBHRvZG8YASABKAsyFC5zd2l0Y2hib2FyZC52MS5Ub2RvItsBCgpUb2RvRmlsdGVyEhMKC2VuZHBvaW50X2lkGAEgASgJEg4KBnF1ZXVlcxgCIAMoCRIpCgZzdGF0ZXMYAyADKA4yGS5zd2l0Y2hib2FyZC52MS5Ub2RvU3RhdGUSMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjEKDWNyZWF0ZWRfYWZ0ZXIYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhYKDmVycm9yX2NvbnRhaW5zGAYgASgJIowBCg5CdWxrSXRlbVJlc3VsdBIPCgd0b2RvX2lkGAEgASgJEi4KBnN0YXR1cxgCIAEoDjIeLnN3aXRjaGJvYXJkLnYxLkJ1bGtJdGVtU3RhdHVzEigKBXN0YXRlGAMgASgOMhkuc3dpdGNoYm9hcmQudjEuVG9kb1N0YXRlEg8KB21lc3NhZ2UYBCABKAkidwoSQ2FuY2VsVG9kb3NSZXF1ZXN0EhAKCHRvZG9faWRzGAEgAygJEioKBmZpbHRlchgCIAEoCzIaLnN3aXRjaGJvYXJkLnYxLlRvZG9GaWx0ZXISDwoHZHJ5X3J1bhgDIAEoCBISCgpwYWdlX3Rva2VuGAQgASgJIn8KE0NhbmNlbFRvZG9zUmVzcG9uc2USLwoHcmVzdWx0cxgBIAMoCzIeLnN3aXRjaGJvYXJkLnYxLkJ1bGtJdGVtUmVzdWx0Eg0KBWNvdW50GAIgASgDEg8KB3NraXBwZWQYAyABKAMSFwoPbmV4dF9wYWdlX3Rva2VuGAQgASgJIs4BChNSZXF1ZXVlVG9kb3NSZXF1ZXN0EhAKCHRvZG9faWRzGAEgAygJEioKBmZpbHRlchgCIAEoCzIaLnN3aXRjaGJvYXJkLnYxLlRvZG9GaWx0ZXISDwoHZHJ5X3J1bhgDIAEoCBISCgpwYWdlX3Rva2VuGAQgASgJEigKBWRlbGF5GAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhkKDG1heF9hdHRlbXB0cxgGIAEoBUgAiAEBQg8KDV9tYXhfYXR0ZW1wdHMigAEKFFJlcXVldWVUb2Rvc1Jlc3BvbnNlEi8KB3Jlc3VsdHMYASADKAsyHi5zd2l0Y2hib2FyZC52MS5CdWxrSXRlbVJlc3VsdBINCgVjb3VudBgCIAEoAxIPCgdza2lwcGVkGAMgASgDEhcKD25leHRfcGFnZV90b2tlbhgEIAEoCSKFAgoOVG9kb0F1ZGl0RW50cnkSCgoCaWQYASABKAkSKgoGYWN0aW9uGAIgASgOMhouc3dpdGNoYm9hcmQudjEuVG9kb0FjdGlvbhITCgtlbmRwb2ludF9pZBgDIAEoCRIPCgd0b2RvX2lkGAQgASgJEg0KBWNvdW50GAUgASgDEhYKDmFjdG9yX2h1bWFuX2lkGAYgASgJEhkKEWFjdG9yX2VuZHBvaW50X2lkGAcgASgJEhsKE2FjdG9yX2NyZWRlbnRpYWxfaWQYCCABKAkSJgoCYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBmZpbHRlchgKIAEoCSJSChRMaXN0VG9kb0F1ZGl0UmVxdWVzdBITCgtlbmRwb2ludF9pZBgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSJhChVMaXN0VG9kb0F1ZGl0UmVzcG9uc2USLwoHZW50cmllcxgBIAMoCzIeLnN3aXRjaGJvYXJkLnYxLlRvZG9BdWRpdEVudHJ5EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSI5ChJXYXRjaFJlb3BlblJlcXVlc3QSEwoLZW5kcG9pbnRfaWQYASABKAkSDgoGcXVldWVzGAIgAygJIpoBCghEb29yYmVsbBInCgVxdWV1ZRgBIAEoCzIYLnN3aXRjaGJvYXJkLnYxLlF1ZXVlUmVmEiwKBWNhdXNlGAIgASgOMh0uc3dpdGNoYm9hcmQudjEuRG9vcmJlbGxDYXVzZRIPCgdwZW5kaW5nGAMgASgDEiYKAmF0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJBChNXYXRjaFJlb3BlblJlc3BvbnNlEioKCGRvb3JiZWxsGAEgASgLMhguc3dpdGNoYm9hcmQudjEuRG9vcmJlbGwqugEKD0JhdGNoSXRlbVN0YXR1cxIhCh1CQVRDSF9JVEVNX1NUQVRVU19VTlNQRUNJRklFRBAAEh0KGUJBVENIX0lURU1fU1RBVFVTX0FQUExJRUQQARIhCh1CQVRDSF9JVEVNX1NUQVRVU19TVEFMRV9MRUFTRRACEiEKHUJBVENIX0lURU1fU1RBVFVTX05PVF9DTEFJTUVEEAMSHwobQkFUQ0hfSVRFTV9TVEFUVVNfTk9UX0ZPVU5EEAQqjgEKDkJ1bGtJdGVtU3RhdHVzEiAKHEJVTEtfSVRFTV9TVEFUVVNfVU5TUEVDSUZJRUQQABIcChhCVUxLX0lURU1fU1RBVFVTX0FQUExJRUQQARIeChpCVUxLX0lURU1fU1RBVFVTX05PVF9GT1VORBACEhwKGEJVTEtfSVRFTV9TVEFUVVNfUkVGVVNFRBADKloKClRvZG9BY3Rpb24SGwoXVE9ET19BQ1RJT05fVU5TUEVDSUZJRUQQABIWChJUT0RPX0FDVElPTl9DQU5DRUwQARIXChNUT0RPX0FDVElPTl9SRVFVRVVFEAIq7AEKDURvb3JiZWxsQ2F1c2USHgoaRE9PUkJFTExfQ0FVU0VfVU5TUEVDSUZJRUQQABIaChZET09SQkVMTF9DQVVTRV9DUkVBVEVEEAESGwoXRE9PUkJFTExfQ0FVU0VfQVRUQUNIRUQQAhIcChhET09SQkVMTF9DQVVTRV9IRUFSVEJFQVQQAxIiCh5ET09SQkVMTF9DQVVTRV9XSU5ET1dfQk9VTkRBUlkQBBIdChlET09SQkVMTF9DQVVTRV9TTE9UX0ZSRUVEEAUSIQodRE9PUkJFTExfQ0FVU0VfUE9MSUNZX0NIQU5HRUQQBjKRCwoPRGlzcGF0Y2hTZXJ2aWNlEkcKBkluZ2VzdBIdLnN3aXRjaGJvYXJkLnYxLkluZ2VzdFJlcXVlc3QaHi5zd2l0Y2hib2FyZC52MS5Jbmdlc3RSZXNwb25zZRJECgVDbGFpbRIcLnN3aXRjaGJvYXJkLnYxLkNsYWltUmVxdWVzdBodLnN3aXRjaGJvYXJkLnYxLkNsYWltUmVzcG9uc2USUAoJQ2xhaW1OZXh0EiAuc3dpdGNoYm9hcmQudjEuQ2xhaW1OZXh0UmVxdWVzdBohLnN3aXRjaGJvYXJkLnYxLkNsYWltTmV4dFJlc3BvbnNlElAKCUhlYXJ0YmVhdBIgLnN3aXRjaGJvYXJkLnYxLkhlYXJ0YmVhdFJlcXVlc3QaIS5zd2l0Y2hib2FyZC52MS5IZWFydGJlYXRSZXNwb25zZRJfCg5IZWFydGJlYXRUb2RvcxIlLnN3aXRjaGJvYXJkLnYxLkhlYXJ0YmVhdFRvZG9zUmVxdWVzdBomLnN3aXRjaGJvYXJkLnYxLkhlYXJ0YmVhdFRvZG9zUmVzcG9uc2USTQoIQ29tcGxldGUSHy5zd2l0Y2hib2FyZC52MS5Db21wbGV0ZVJlcXVlc3QaIC5zd2l0Y2hib2FyZC52MS5Db21wbGV0ZVJlc3BvbnNlEkEKBEZhaWwSGy5zd2l0Y2hib2FyZC52MS5GYWlsUmVxdWVzdBocLnN3aXRjaGJvYXJkLnYxLkZhaWxSZXNwb25zZRJKCgdSZWxlYXNlEh4uc3dpdGNoYm9hcmQudjEuUmVsZWFzZVJlcXVlc3QaHy5zd2l0Y2hib2FyZC52MS5SZWxlYXNlUmVzcG9uc2USVgoLU2V0dGxlVG9kb3MSIi5zd2l0Y2hib2FyZC52MS5TZXR0bGVUb2Rvc1JlcXVlc3QaIy5zd2l0Y2hib2FyZC52MS5TZXR0bGVUb2Rvc1Jlc3BvbnNlEkoKB0dldFRvZG8SHi5zd2l0Y2hib2FyZC52MS5HZXRUb2RvUmVxdWVzdBofLnN3aXRjaGJvYXJkLnYxLkdldFRvZG9SZXNwb25zZRJQCglMaXN0VG9kb3MSIC5zd2l0Y2hib2FyZC52MS5MaXN0VG9kb3NSZXF1ZXN0GiEuc3dpdGNoYm9hcmQudjEuTGlzdFRvZG9zUmVzcG9uc2USUwoKQ2FuY2VsVG9kbxIhLnN3aXRjaGJvYXJkLnYxLkNhbmNlbFRvZG9SZXF1ZXN0GiIuc3dpdGNoYm9hcmQudjEuQ2FuY2VsVG9kb1Jlc3BvbnNlElYKC1JlcXVldWVUb2RvEiIuc3dpdGNoYm9hcmQudjEuUmVxdWV1ZVRvZG9SZXF1ZXN0GiMuc3dpdGNoYm9hcmQudjEuUmVxdWV1ZVRvZG9SZXNwb25zZRJWCgtDYW5jZWxUb2RvcxIiLnN3aXRjaGJvYXJkLnYxLkNhbmNlbFRvZG9zUmVxdWVzdBojLnN3aXRjaGJvYXJkLnYxLkNhbmNlbFRvZG9zUmVzcG9uc2USWQoMUmVxdWV1ZVRvZG9zEiMuc3dpdGNoYm9hcmQudjEuUmVxdWV1ZVRvZG9zUmVxdWVzdBokLnN3aXRjaGJvYXJkLnYxLlJlcXVldWVUb2Rvc1Jlc3BvbnNlElwKDUxpc3RUb2RvQXVkaXQSJC5zd2l0Y2hib2FyZC52MS5MaXN0VG9kb0F1ZGl0UmVxdWVzdBolLnN3aXRjaGJvYXJkLnYxLkxpc3RUb2RvQXVkaXRSZXNwb25zZRJYCgtXYXRjaFJlb3BlbhIiLnN3aXRjaGJvYXJkLnYxLldhdGNoUmVvcGVuUmVxdWVzdBojLnN3aXRjaGJvYXJkLnYxLldhdGNoUmVvcGVuUmVzcG9uc2UwAWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_switchboard_v1_admission, file_switchboard_v1_queue, file_switchboard_v1_todo]);
 
 /**
  * @generated from message switchboard.v1.IngestRequest
@@ -439,6 +439,14 @@ export type HeartbeatResult = Message<"switchboard.v1.HeartbeatResult"> & {
    * @generated from field: string message = 4;
    */
   message: string;
+
+  /**
+   * With NOT_CLAIMED: the todo's state now (TODO_STATE_CANCELLED when it
+   * was cancelled).
+   *
+   * @generated from field: switchboard.v1.TodoState state = 5;
+   */
+  state: TodoState;
 };
 
 /**
@@ -461,6 +469,14 @@ export type CompleteRequest = Message<"switchboard.v1.CompleteRequest"> & {
    * @generated from field: string lease_id = 2;
    */
   leaseId: string;
+
+  /**
+   * Optional: a small result to keep with the todo (at most 64 KiB), read
+   * back with GetTodo.
+   *
+   * @generated from field: switchboard.v1.TodoResult result = 3;
+   */
+  result?: TodoResult | undefined;
 };
 
 /**
@@ -659,6 +675,12 @@ export const SettlementSchema: GenMessage<Settlement> = /*@__PURE__*/
  * @generated from message switchboard.v1.CompleteAction
  */
 export type CompleteAction = Message<"switchboard.v1.CompleteAction"> & {
+  /**
+   * Optional: a small result to keep with the todo (as in Complete).
+   *
+   * @generated from field: switchboard.v1.TodoResult result = 1;
+   */
+  result?: TodoResult | undefined;
 };
 
 /**
@@ -779,9 +801,26 @@ export const SettlementResultSchema: GenMessage<SettlementResult> = /*@__PURE__*
  */
 export type GetTodoRequest = Message<"switchboard.v1.GetTodoRequest"> & {
   /**
+   * The todo's id; or leave it empty and give `dedup`.
+   *
    * @generated from field: string todo_id = 1;
    */
   todoId: string;
+
+  /**
+   * Instead of todo_id: the dedup key the todo was ingested with.
+   *
+   * @generated from field: switchboard.v1.DedupKey dedup = 2;
+   */
+  dedup?: DedupKey | undefined;
+
+  /**
+   * With dedup: the endpoint the key belongs to. Required for humans; an
+   * endpoint credential may leave it empty to mean its own endpoint.
+   *
+   * @generated from field: string endpoint_id = 3;
+   */
+  endpointId: string;
 };
 
 /**
@@ -853,6 +892,23 @@ export type ListTodosRequest = Message<"switchboard.v1.ListTodosRequest"> & {
    * @generated from field: string page_token = 5;
    */
   pageToken: string;
+
+  /**
+   * Only the todo ingested with this dedup key (at most one).
+   *
+   * @generated from field: switchboard.v1.DedupKey dedup = 6;
+   */
+  dedup?: DedupKey | undefined;
+
+  /**
+   * Only todos whose last error contains this text, ignoring case (1 to 200
+   * characters). Each page examines at most 10,000 of the endpoint's todos,
+   * newest first: a page may hold fewer than page_size todos, or none, and
+   * still carry a next_page_token to go on from.
+   *
+   * @generated from field: string error_contains = 7;
+   */
+  errorContains: string;
 };
 
 /**
@@ -867,7 +923,7 @@ export const ListTodosRequestSchema: GenMessage<ListTodosRequest> = /*@__PURE__*
  */
 export type ListTodosResponse = Message<"switchboard.v1.ListTodosResponse"> & {
   /**
-   * Without payloads.
+   * Without payloads and results.
    *
    * @generated from field: repeated switchboard.v1.Todo todos = 1;
    */
@@ -887,6 +943,494 @@ export type ListTodosResponse = Message<"switchboard.v1.ListTodosResponse"> & {
  */
 export const ListTodosResponseSchema: GenMessage<ListTodosResponse> = /*@__PURE__*/
   messageDesc(file_switchboard_v1_dispatch, 29);
+
+/**
+ * @generated from message switchboard.v1.CancelTodoRequest
+ */
+export type CancelTodoRequest = Message<"switchboard.v1.CancelTodoRequest"> & {
+  /**
+   * @generated from field: string todo_id = 1;
+   */
+  todoId: string;
+};
+
+/**
+ * Describes the message switchboard.v1.CancelTodoRequest.
+ * Use `create(CancelTodoRequestSchema)` to create a new message.
+ */
+export const CancelTodoRequestSchema: GenMessage<CancelTodoRequest> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_dispatch, 30);
+
+/**
+ * @generated from message switchboard.v1.CancelTodoResponse
+ */
+export type CancelTodoResponse = Message<"switchboard.v1.CancelTodoResponse"> & {
+  /**
+   * The todo, now cancelled.
+   *
+   * @generated from field: switchboard.v1.Todo todo = 1;
+   */
+  todo?: Todo | undefined;
+};
+
+/**
+ * Describes the message switchboard.v1.CancelTodoResponse.
+ * Use `create(CancelTodoResponseSchema)` to create a new message.
+ */
+export const CancelTodoResponseSchema: GenMessage<CancelTodoResponse> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_dispatch, 31);
+
+/**
+ * @generated from message switchboard.v1.RequeueTodoRequest
+ */
+export type RequeueTodoRequest = Message<"switchboard.v1.RequeueTodoRequest"> & {
+  /**
+   * @generated from field: string todo_id = 1;
+   */
+  todoId: string;
+
+  /**
+   * Optional: not claimable before this delay has passed (at most 365 days).
+   *
+   * @generated from field: google.protobuf.Duration delay = 2;
+   */
+  delay?: Duration | undefined;
+
+  /**
+   * Optional: the todo's new max_attempts, 1 to 100 and above its attempts
+   * so far. By default it is raised, when needed, to allow one more attempt.
+   *
+   * @generated from field: optional int32 max_attempts = 3;
+   */
+  maxAttempts?: number | undefined;
+};
+
+/**
+ * Describes the message switchboard.v1.RequeueTodoRequest.
+ * Use `create(RequeueTodoRequestSchema)` to create a new message.
+ */
+export const RequeueTodoRequestSchema: GenMessage<RequeueTodoRequest> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_dispatch, 32);
+
+/**
+ * @generated from message switchboard.v1.RequeueTodoResponse
+ */
+export type RequeueTodoResponse = Message<"switchboard.v1.RequeueTodoResponse"> & {
+  /**
+   * The todo, now pending.
+   *
+   * @generated from field: switchboard.v1.Todo todo = 1;
+   */
+  todo?: Todo | undefined;
+};
+
+/**
+ * Describes the message switchboard.v1.RequeueTodoResponse.
+ * Use `create(RequeueTodoResponseSchema)` to create a new message.
+ */
+export const RequeueTodoResponseSchema: GenMessage<RequeueTodoResponse> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_dispatch, 33);
+
+/**
+ * Which of an endpoint's todos a bulk cancel or requeue acts on: those that
+ * pass every given condition.
+ *
+ * @generated from message switchboard.v1.TodoFilter
+ */
+export type TodoFilter = Message<"switchboard.v1.TodoFilter"> & {
+  /**
+   * Required for humans; an endpoint credential may leave it empty (its own).
+   *
+   * @generated from field: string endpoint_id = 1;
+   */
+  endpointId: string;
+
+  /**
+   * Only these queues (all when empty).
+   *
+   * @generated from field: repeated string queues = 2;
+   */
+  queues: string[];
+
+  /**
+   * Required, so that a filter never matches everything by accident: the
+   * states to act on (CancelTodos: pending and/or claimed; RequeueTodos:
+   * dead and/or cancelled).
+   *
+   * @generated from field: repeated switchboard.v1.TodoState states = 3;
+   */
+  states: TodoState[];
+
+  /**
+   * Only todos created before this time.
+   *
+   * @generated from field: google.protobuf.Timestamp created_before = 4;
+   */
+  createdBefore?: Timestamp | undefined;
+
+  /**
+   * Only todos created at or after this time.
+   *
+   * @generated from field: google.protobuf.Timestamp created_after = 5;
+   */
+  createdAfter?: Timestamp | undefined;
+
+  /**
+   * Only todos whose last error contains this text, ignoring case (1 to 200
+   * characters).
+   *
+   * @generated from field: string error_contains = 6;
+   */
+  errorContains: string;
+};
+
+/**
+ * Describes the message switchboard.v1.TodoFilter.
+ * Use `create(TodoFilterSchema)` to create a new message.
+ */
+export const TodoFilterSchema: GenMessage<TodoFilter> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_dispatch, 34);
+
+/**
+ * @generated from message switchboard.v1.BulkItemResult
+ */
+export type BulkItemResult = Message<"switchboard.v1.BulkItemResult"> & {
+  /**
+   * @generated from field: string todo_id = 1;
+   */
+  todoId: string;
+
+  /**
+   * @generated from field: switchboard.v1.BulkItemStatus status = 2;
+   */
+  status: BulkItemStatus;
+
+  /**
+   * The todo's state after this call (unset with NOT_FOUND).
+   *
+   * @generated from field: switchboard.v1.TodoState state = 3;
+   */
+  state: TodoState;
+
+  /**
+   * With a refusal: why, for people.
+   *
+   * @generated from field: string message = 4;
+   */
+  message: string;
+};
+
+/**
+ * Describes the message switchboard.v1.BulkItemResult.
+ * Use `create(BulkItemResultSchema)` to create a new message.
+ */
+export const BulkItemResultSchema: GenMessage<BulkItemResult> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_dispatch, 35);
+
+/**
+ * @generated from message switchboard.v1.CancelTodosRequest
+ */
+export type CancelTodosRequest = Message<"switchboard.v1.CancelTodosRequest"> & {
+  /**
+   * 1 to 500 distinct todo ids; or leave it empty and give `filter`.
+   *
+   * @generated from field: repeated string todo_ids = 1;
+   */
+  todoIds: string[];
+
+  /**
+   * Instead of todo_ids: which todos.
+   *
+   * @generated from field: switchboard.v1.TodoFilter filter = 2;
+   */
+  filter?: TodoFilter | undefined;
+
+  /**
+   * With filter: count the matching todos, change nothing.
+   *
+   * @generated from field: bool dry_run = 3;
+   */
+  dryRun: boolean;
+
+  /**
+   * With filter: from a previous response's next_page_token.
+   *
+   * @generated from field: string page_token = 4;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message switchboard.v1.CancelTodosRequest.
+ * Use `create(CancelTodosRequestSchema)` to create a new message.
+ */
+export const CancelTodosRequestSchema: GenMessage<CancelTodosRequest> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_dispatch, 36);
+
+/**
+ * @generated from message switchboard.v1.CancelTodosResponse
+ */
+export type CancelTodosResponse = Message<"switchboard.v1.CancelTodosResponse"> & {
+  /**
+   * With todo_ids: one per id, in request order.
+   *
+   * @generated from field: repeated switchboard.v1.BulkItemResult results = 1;
+   */
+  results: BulkItemResult[];
+
+  /**
+   * How many todos this call changed (with dry_run: how many match, in the
+   * part of the filter this call covered).
+   *
+   * @generated from field: int64 count = 2;
+   */
+  count: bigint;
+
+  /**
+   * With filter: todos matched but held by a concurrent transaction at that
+   * moment, not waited for and not changed.
+   *
+   * @generated from field: int64 skipped = 3;
+   */
+  skipped: bigint;
+
+  /**
+   * With filter: empty when the filter is done; else repeat the request with it.
+   *
+   * @generated from field: string next_page_token = 4;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message switchboard.v1.CancelTodosResponse.
+ * Use `create(CancelTodosResponseSchema)` to create a new message.
+ */
+export const CancelTodosResponseSchema: GenMessage<CancelTodosResponse> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_dispatch, 37);
+
+/**
+ * @generated from message switchboard.v1.RequeueTodosRequest
+ */
+export type RequeueTodosRequest = Message<"switchboard.v1.RequeueTodosRequest"> & {
+  /**
+   * 1 to 500 distinct todo ids; or leave it empty and give `filter`.
+   *
+   * @generated from field: repeated string todo_ids = 1;
+   */
+  todoIds: string[];
+
+  /**
+   * Instead of todo_ids: which todos.
+   *
+   * @generated from field: switchboard.v1.TodoFilter filter = 2;
+   */
+  filter?: TodoFilter | undefined;
+
+  /**
+   * With filter: count the matching todos, change nothing.
+   *
+   * @generated from field: bool dry_run = 3;
+   */
+  dryRun: boolean;
+
+  /**
+   * With filter: from a previous response's next_page_token.
+   *
+   * @generated from field: string page_token = 4;
+   */
+  pageToken: string;
+
+  /**
+   * As in RequeueTodo, for every todo.
+   *
+   * @generated from field: google.protobuf.Duration delay = 5;
+   */
+  delay?: Duration | undefined;
+
+  /**
+   * As in RequeueTodo, for every todo: a todo whose attempts so far are not
+   * below it is refused (by id) or passed over (by filter).
+   *
+   * @generated from field: optional int32 max_attempts = 6;
+   */
+  maxAttempts?: number | undefined;
+};
+
+/**
+ * Describes the message switchboard.v1.RequeueTodosRequest.
+ * Use `create(RequeueTodosRequestSchema)` to create a new message.
+ */
+export const RequeueTodosRequestSchema: GenMessage<RequeueTodosRequest> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_dispatch, 38);
+
+/**
+ * @generated from message switchboard.v1.RequeueTodosResponse
+ */
+export type RequeueTodosResponse = Message<"switchboard.v1.RequeueTodosResponse"> & {
+  /**
+   * With todo_ids: one per id, in request order.
+   *
+   * @generated from field: repeated switchboard.v1.BulkItemResult results = 1;
+   */
+  results: BulkItemResult[];
+
+  /**
+   * As in CancelTodosResponse.
+   *
+   * @generated from field: int64 count = 2;
+   */
+  count: bigint;
+
+  /**
+   * @generated from field: int64 skipped = 3;
+   */
+  skipped: bigint;
+
+  /**
+   * @generated from field: string next_page_token = 4;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message switchboard.v1.RequeueTodosResponse.
+ * Use `create(RequeueTodosResponseSchema)` to create a new message.
+ */
+export const RequeueTodosResponseSchema: GenMessage<RequeueTodosResponse> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_dispatch, 39);
+
+/**
+ * One audited cancel or requeue.
+ *
+ * @generated from message switchboard.v1.TodoAuditEntry
+ */
+export type TodoAuditEntry = Message<"switchboard.v1.TodoAuditEntry"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * @generated from field: switchboard.v1.TodoAction action = 2;
+   */
+  action: TodoAction;
+
+  /**
+   * The endpoint whose todos were acted on.
+   *
+   * @generated from field: string endpoint_id = 3;
+   */
+  endpointId: string;
+
+  /**
+   * The todo, when one todo was named.
+   *
+   * @generated from field: string todo_id = 4;
+   */
+  todoId: string;
+
+  /**
+   * How many todos changed.
+   *
+   * @generated from field: int64 count = 5;
+   */
+  count: bigint;
+
+  /**
+   * The human who acted, or who vended the agent credential that did.
+   *
+   * @generated from field: string actor_human_id = 6;
+   */
+  actorHumanId: string;
+
+  /**
+   * Set when an agent (endpoint credential) acted.
+   *
+   * @generated from field: string actor_endpoint_id = 7;
+   */
+  actorEndpointId: string;
+
+  /**
+   * @generated from field: string actor_credential_id = 8;
+   */
+  actorCredentialId: string;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp at = 9;
+   */
+  at?: Timestamp | undefined;
+
+  /**
+   * When todos were chosen by a filter: the filter, as JSON.
+   *
+   * @generated from field: string filter = 10;
+   */
+  filter: string;
+};
+
+/**
+ * Describes the message switchboard.v1.TodoAuditEntry.
+ * Use `create(TodoAuditEntrySchema)` to create a new message.
+ */
+export const TodoAuditEntrySchema: GenMessage<TodoAuditEntry> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_dispatch, 40);
+
+/**
+ * @generated from message switchboard.v1.ListTodoAuditRequest
+ */
+export type ListTodoAuditRequest = Message<"switchboard.v1.ListTodoAuditRequest"> & {
+  /**
+   * Only this endpoint's entries. Humans may leave it empty for every
+   * endpoint of their owner; an endpoint credential reads its own only.
+   *
+   * @generated from field: string endpoint_id = 1;
+   */
+  endpointId: string;
+
+  /**
+   * 1 to 500; defaults to 50.
+   *
+   * @generated from field: int32 page_size = 2;
+   */
+  pageSize: number;
+
+  /**
+   * @generated from field: string page_token = 3;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message switchboard.v1.ListTodoAuditRequest.
+ * Use `create(ListTodoAuditRequestSchema)` to create a new message.
+ */
+export const ListTodoAuditRequestSchema: GenMessage<ListTodoAuditRequest> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_dispatch, 41);
+
+/**
+ * @generated from message switchboard.v1.ListTodoAuditResponse
+ */
+export type ListTodoAuditResponse = Message<"switchboard.v1.ListTodoAuditResponse"> & {
+  /**
+   * @generated from field: repeated switchboard.v1.TodoAuditEntry entries = 1;
+   */
+  entries: TodoAuditEntry[];
+
+  /**
+   * Empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message switchboard.v1.ListTodoAuditResponse.
+ * Use `create(ListTodoAuditResponseSchema)` to create a new message.
+ */
+export const ListTodoAuditResponseSchema: GenMessage<ListTodoAuditResponse> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_dispatch, 42);
 
 /**
  * @generated from message switchboard.v1.WatchReopenRequest
@@ -913,7 +1457,7 @@ export type WatchReopenRequest = Message<"switchboard.v1.WatchReopenRequest"> & 
  * Use `create(WatchReopenRequestSchema)` to create a new message.
  */
 export const WatchReopenRequestSchema: GenMessage<WatchReopenRequest> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 30);
+  messageDesc(file_switchboard_v1_dispatch, 43);
 
 /**
  * A queue has claimable pending work. A hint: claim to find out.
@@ -949,7 +1493,7 @@ export type Doorbell = Message<"switchboard.v1.Doorbell"> & {
  * Use `create(DoorbellSchema)` to create a new message.
  */
 export const DoorbellSchema: GenMessage<Doorbell> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 31);
+  messageDesc(file_switchboard_v1_dispatch, 44);
 
 /**
  * @generated from message switchboard.v1.WatchReopenResponse
@@ -966,7 +1510,7 @@ export type WatchReopenResponse = Message<"switchboard.v1.WatchReopenResponse"> 
  * Use `create(WatchReopenResponseSchema)` to create a new message.
  */
 export const WatchReopenResponseSchema: GenMessage<WatchReopenResponse> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 32);
+  messageDesc(file_switchboard_v1_dispatch, 45);
 
 /**
  * What happened to one item of a batch call.
@@ -994,7 +1538,8 @@ export enum BatchItemStatus {
   STALE_LEASE = 2,
 
   /**
-   * Refused: the todo is no longer claimed (settled, reaped or retried).
+   * Refused: the todo is no longer claimed (settled, reaped, retried or
+   * cancelled).
    *
    * @generated from enum value: BATCH_ITEM_STATUS_NOT_CLAIMED = 3;
    */
@@ -1013,6 +1558,74 @@ export enum BatchItemStatus {
  */
 export const BatchItemStatusSchema: GenEnum<BatchItemStatus> = /*@__PURE__*/
   enumDesc(file_switchboard_v1_dispatch, 0);
+
+/**
+ * What a bulk cancel or requeue did with one named todo.
+ *
+ * @generated from enum switchboard.v1.BulkItemStatus
+ */
+export enum BulkItemStatus {
+  /**
+   * @generated from enum value: BULK_ITEM_STATUS_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Cancelled, or requeued.
+   *
+   * @generated from enum value: BULK_ITEM_STATUS_APPLIED = 1;
+   */
+  APPLIED = 1,
+
+  /**
+   * No such todo in the caller's scope.
+   *
+   * @generated from enum value: BULK_ITEM_STATUS_NOT_FOUND = 2;
+   */
+  NOT_FOUND = 2,
+
+  /**
+   * The todo's state does not allow it (see state); or, for a requeue,
+   * max_attempts is not above its attempts so far.
+   *
+   * @generated from enum value: BULK_ITEM_STATUS_REFUSED = 3;
+   */
+  REFUSED = 3,
+}
+
+/**
+ * Describes the enum switchboard.v1.BulkItemStatus.
+ */
+export const BulkItemStatusSchema: GenEnum<BulkItemStatus> = /*@__PURE__*/
+  enumDesc(file_switchboard_v1_dispatch, 1);
+
+/**
+ * What an audited operator action did.
+ *
+ * @generated from enum switchboard.v1.TodoAction
+ */
+export enum TodoAction {
+  /**
+   * @generated from enum value: TODO_ACTION_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * @generated from enum value: TODO_ACTION_CANCEL = 1;
+   */
+  CANCEL = 1,
+
+  /**
+   * @generated from enum value: TODO_ACTION_REQUEUE = 2;
+   */
+  REQUEUE = 2,
+}
+
+/**
+ * Describes the enum switchboard.v1.TodoAction.
+ */
+export const TodoActionSchema: GenEnum<TodoAction> = /*@__PURE__*/
+  enumDesc(file_switchboard_v1_dispatch, 2);
 
 /**
  * Why a doorbell rang.
@@ -1072,7 +1685,7 @@ export enum DoorbellCause {
  * Describes the enum switchboard.v1.DoorbellCause.
  */
 export const DoorbellCauseSchema: GenEnum<DoorbellCause> = /*@__PURE__*/
-  enumDesc(file_switchboard_v1_dispatch, 1);
+  enumDesc(file_switchboard_v1_dispatch, 3);
 
 /**
  * Hands todos to workers. Every call carries `authorization: Bearer <token>`.
@@ -1177,7 +1790,7 @@ export const DispatchService: GenService<{
     output: typeof SettleTodosResponseSchema;
   },
   /**
-   * Reads one todo with its attempts.
+   * Reads one todo with its attempts, by id or by dedup key.
    *
    * @generated from rpc switchboard.v1.DispatchService.GetTodo
    */
@@ -1195,6 +1808,75 @@ export const DispatchService: GenService<{
     methodKind: "unary";
     input: typeof ListTodosRequestSchema;
     output: typeof ListTodosResponseSchema;
+  },
+  /**
+   * Cancels a pending or claimed todo: it becomes cancelled at once. A
+   * claimed todo's lease is void (the worker's next heartbeat or settle is
+   * refused), its attempt ends as cancelled, its in-flight slot frees, and
+   * the window unit its claim was charged stays charged. Done, dead and
+   * cancelled todos are FAILED_PRECONDITION. Needs the cancel grant; audited.
+   *
+   * @generated from rpc switchboard.v1.DispatchService.CancelTodo
+   */
+  cancelTodo: {
+    methodKind: "unary";
+    input: typeof CancelTodoRequestSchema;
+    output: typeof CancelTodoResponseSchema;
+  },
+  /**
+   * Sends a dead or cancelled todo back to pending, claimable at once or
+   * after a delay, with room for at least one more attempt; its attempts are
+   * kept. It is then pending like any other: its queue's admission policy
+   * decides when it is claimed. Pending, claimed and done todos are
+   * FAILED_PRECONDITION. Needs the requeue grant; audited.
+   *
+   * @generated from rpc switchboard.v1.DispatchService.RequeueTodo
+   */
+  requeueTodo: {
+    methodKind: "unary";
+    input: typeof RequeueTodoRequestSchema;
+    output: typeof RequeueTodoResponseSchema;
+  },
+  /**
+   * Cancels many pending and claimed todos (as CancelTodo does each): named
+   * by id (up to 500, a result per item; ids outside the caller's scope are
+   * NOT_FOUND per item), or chosen by a filter. A filter acts in chunks of at
+   * most 500 todos, one transaction each, for about 5 seconds per call; when
+   * todos may be left, the response carries next_page_token: repeat the same
+   * request with it until it comes back empty. Todos that a concurrent
+   * transaction holds at that moment are not waited for: they are counted in
+   * `skipped` (call again to act on those that still match). With dry_run,
+   * counts the todos the filter matches and changes nothing. Needs the
+   * cancel grant; one audit entry per call and endpoint.
+   *
+   * @generated from rpc switchboard.v1.DispatchService.CancelTodos
+   */
+  cancelTodos: {
+    methodKind: "unary";
+    input: typeof CancelTodosRequestSchema;
+    output: typeof CancelTodosResponseSchema;
+  },
+  /**
+   * Sends many dead and cancelled todos back to pending (as RequeueTodo does
+   * each): by id or by filter, chunked and resumable as CancelTodos. Needs
+   * the requeue grant; one audit entry per call and endpoint.
+   *
+   * @generated from rpc switchboard.v1.DispatchService.RequeueTodos
+   */
+  requeueTodos: {
+    methodKind: "unary";
+    input: typeof RequeueTodosRequestSchema;
+    output: typeof RequeueTodosResponseSchema;
+  },
+  /**
+   * The audit trail of cancels and requeues, newest first.
+   *
+   * @generated from rpc switchboard.v1.DispatchService.ListTodoAudit
+   */
+  listTodoAudit: {
+    methodKind: "unary";
+    input: typeof ListTodoAuditRequestSchema;
+    output: typeof ListTodoAuditResponseSchema;
   },
   /**
    * Streams doorbells: a queue the caller watches has claimable pending work

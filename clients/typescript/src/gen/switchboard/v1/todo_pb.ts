@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file switchboard/v1/todo.proto.
  */
 export const file_switchboard_v1_todo: GenFile = /*@__PURE__*/
-  fileDesc("Chlzd2l0Y2hib2FyZC92MS90b2RvLnByb3RvEg5zd2l0Y2hib2FyZC52MSIzCghEZWR1cEtleRISCgp3ZWJob29rX2lkGAEgASgJEhMKC2RlbGl2ZXJ5X2lkGAIgASgJIrAECgRUb2RvEgoKAmlkGAEgASgJEicKBXF1ZXVlGAIgASgLMhguc3dpdGNoYm9hcmQudjEuUXVldWVSZWYSKAoFc3RhdGUYAyABKA4yGS5zd2l0Y2hib2FyZC52MS5Ub2RvU3RhdGUSDwoHcGF5bG9hZBgEIAEoDBIUCgxjb250ZW50X3R5cGUYBSABKAkSDwoHYXR0ZW1wdBgGIAEoBRIUCgxtYXhfYXR0ZW1wdHMYByABKAUSMQoNbmV4dF9yZXRyeV9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNAoQbGVhc2VfZXhwaXJlc19hdBgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIY2xhaW1hbnQYCiABKAkSJwoFZGVkdXAYCyABKAsyGC5zd2l0Y2hib2FyZC52MS5EZWR1cEtleRISCgpsYXN0X2Vycm9yGAwgASgJEi4KCmNyZWF0ZWRfYXQYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYDiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GA8gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCglhZG1pc3Npb24YECABKAsyHy5zd2l0Y2hib2FyZC52MS5BZG1pc3Npb25TdGF0dXMiSQoFTGVhc2USEAoIbGVhc2VfaWQYASABKAkSLgoKZXhwaXJlc19hdBgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAizAEKB0F0dGVtcHQSDgoGbnVtYmVyGAEgASgFEi4KCmNsYWltZWRfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCGNsYWltYW50GAMgASgJEi8KB291dGNvbWUYBCABKA4yHi5zd2l0Y2hib2FyZC52MS5BdHRlbXB0T3V0Y29tZRIvCgtmaW5pc2hlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDQoFZXJyb3IYBiABKAkqgQEKCVRvZG9TdGF0ZRIaChZUT0RPX1NUQVRFX1VOU1BFQ0lGSUVEEAASFgoSVE9ET19TVEFURV9QRU5ESU5HEAESFgoSVE9ET19TVEFURV9DTEFJTUVEEAISEwoPVE9ET19TVEFURV9ET05FEAMSEwoPVE9ET19TVEFURV9ERUFEEAQqwwEKDkF0dGVtcHRPdXRjb21lEh8KG0FUVEVNUFRfT1VUQ09NRV9VTlNQRUNJRklFRBAAEhsKF0FUVEVNUFRfT1VUQ09NRV9SVU5OSU5HEAESHQoZQVRURU1QVF9PVVRDT01FX0NPTVBMRVRFRBACEhoKFkFUVEVNUFRfT1VUQ09NRV9GQUlMRUQQAxIcChhBVFRFTVBUX09VVENPTUVfUkVMRUFTRUQQBBIaChZBVFRFTVBUX09VVENPTUVfTEFQU0VEEAViBnByb3RvMw", [file_google_protobuf_timestamp, file_switchboard_v1_admission, file_switchboard_v1_queue]);
+  fileDesc("Chlzd2l0Y2hib2FyZC92MS90b2RvLnByb3RvEg5zd2l0Y2hib2FyZC52MSIzCghEZWR1cEtleRISCgp3ZWJob29rX2lkGAEgASgJEhMKC2RlbGl2ZXJ5X2lkGAIgASgJItwECgRUb2RvEgoKAmlkGAEgASgJEicKBXF1ZXVlGAIgASgLMhguc3dpdGNoYm9hcmQudjEuUXVldWVSZWYSKAoFc3RhdGUYAyABKA4yGS5zd2l0Y2hib2FyZC52MS5Ub2RvU3RhdGUSDwoHcGF5bG9hZBgEIAEoDBIUCgxjb250ZW50X3R5cGUYBSABKAkSDwoHYXR0ZW1wdBgGIAEoBRIUCgxtYXhfYXR0ZW1wdHMYByABKAUSMQoNbmV4dF9yZXRyeV9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNAoQbGVhc2VfZXhwaXJlc19hdBgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIY2xhaW1hbnQYCiABKAkSJwoFZGVkdXAYCyABKAsyGC5zd2l0Y2hib2FyZC52MS5EZWR1cEtleRISCgpsYXN0X2Vycm9yGAwgASgJEi4KCmNyZWF0ZWRfYXQYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYDiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GA8gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCglhZG1pc3Npb24YECABKAsyHy5zd2l0Y2hib2FyZC52MS5BZG1pc3Npb25TdGF0dXMSKgoGcmVzdWx0GBEgASgLMhouc3dpdGNoYm9hcmQudjEuVG9kb1Jlc3VsdCIwCgpUb2RvUmVzdWx0EgwKBGRhdGEYASABKAwSFAoMY29udGVudF90eXBlGAIgASgJIkkKBUxlYXNlEhAKCGxlYXNlX2lkGAEgASgJEi4KCmV4cGlyZXNfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIswBCgdBdHRlbXB0Eg4KBm51bWJlchgBIAEoBRIuCgpjbGFpbWVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghjbGFpbWFudBgDIAEoCRIvCgdvdXRjb21lGAQgASgOMh4uc3dpdGNoYm9hcmQudjEuQXR0ZW1wdE91dGNvbWUSLwoLZmluaXNoZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg0KBWVycm9yGAYgASgJKpsBCglUb2RvU3RhdGUSGgoWVE9ET19TVEFURV9VTlNQRUNJRklFRBAAEhYKElRPRE9fU1RBVEVfUEVORElORxABEhYKElRPRE9fU1RBVEVfQ0xBSU1FRBACEhMKD1RPRE9fU1RBVEVfRE9ORRADEhMKD1RPRE9fU1RBVEVfREVBRBAEEhgKFFRPRE9fU1RBVEVfQ0FOQ0VMTEVEEAUq4gEKDkF0dGVtcHRPdXRjb21lEh8KG0FUVEVNUFRfT1VUQ09NRV9VTlNQRUNJRklFRBAAEhsKF0FUVEVNUFRfT1VUQ09NRV9SVU5OSU5HEAESHQoZQVRURU1QVF9PVVRDT01FX0NPTVBMRVRFRBACEhoKFkFUVEVNUFRfT1VUQ09NRV9GQUlMRUQQAxIcChhBVFRFTVBUX09VVENPTUVfUkVMRUFTRUQQBBIaChZBVFRFTVBUX09VVENPTUVfTEFQU0VEEAUSHQoZQVRURU1QVF9PVVRDT01FX0NBTkNFTExFRBAGYgZwcm90bzM", [file_google_protobuf_timestamp, file_switchboard_v1_admission, file_switchboard_v1_queue]);
 
 /**
  * The redelivery key of an ingest: a delivery with the same key on the same
@@ -130,7 +130,7 @@ export type Todo = Message<"switchboard.v1.Todo"> & {
   updatedAt?: Timestamp | undefined;
 
   /**
-   * Set when the todo became done or dead.
+   * Set when the todo became done, dead or cancelled.
    *
    * @generated from field: google.protobuf.Timestamp finished_at = 15;
    */
@@ -143,6 +143,14 @@ export type Todo = Message<"switchboard.v1.Todo"> & {
    * @generated from field: switchboard.v1.AdmissionStatus admission = 16;
    */
   admission?: AdmissionStatus | undefined;
+
+  /**
+   * The result the worker's completion carried, if any. Only GetTodo fills
+   * it in; every other call leaves it unset.
+   *
+   * @generated from field: switchboard.v1.TodoResult result = 17;
+   */
+  result?: TodoResult | undefined;
 };
 
 /**
@@ -151,6 +159,34 @@ export type Todo = Message<"switchboard.v1.Todo"> & {
  */
 export const TodoSchema: GenMessage<Todo> = /*@__PURE__*/
   messageDesc(file_switchboard_v1_todo, 1);
+
+/**
+ * The small result a worker may leave when it completes a todo.
+ *
+ * @generated from message switchboard.v1.TodoResult
+ */
+export type TodoResult = Message<"switchboard.v1.TodoResult"> & {
+  /**
+   * At most 64 KiB.
+   *
+   * @generated from field: bytes data = 1;
+   */
+  data: Uint8Array;
+
+  /**
+   * Defaults to application/octet-stream.
+   *
+   * @generated from field: string content_type = 2;
+   */
+  contentType: string;
+};
+
+/**
+ * Describes the message switchboard.v1.TodoResult.
+ * Use `create(TodoResultSchema)` to create a new message.
+ */
+export const TodoResultSchema: GenMessage<TodoResult> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_todo, 2);
 
 /**
  * A lease on a claimed todo. Every later call on the todo presents lease_id.
@@ -174,7 +210,7 @@ export type Lease = Message<"switchboard.v1.Lease"> & {
  * Use `create(LeaseSchema)` to create a new message.
  */
 export const LeaseSchema: GenMessage<Lease> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_todo, 2);
+  messageDesc(file_switchboard_v1_todo, 3);
 
 /**
  * One committed claim of a todo.
@@ -218,7 +254,7 @@ export type Attempt = Message<"switchboard.v1.Attempt"> & {
  * Use `create(AttemptSchema)` to create a new message.
  */
 export const AttemptSchema: GenMessage<Attempt> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_todo, 3);
+  messageDesc(file_switchboard_v1_todo, 4);
 
 /**
  * The lifecycle state of a todo.
@@ -258,6 +294,14 @@ export enum TodoState {
    * @generated from enum value: TODO_STATE_DEAD = 4;
    */
   DEAD = 4,
+
+  /**
+   * Cancelled by an operator (CancelTodo) while pending or claimed. Like done
+   * and dead it is final until RequeueTodo sends it back to pending.
+   *
+   * @generated from enum value: TODO_STATE_CANCELLED = 5;
+   */
+  CANCELLED = 5,
 }
 
 /**
@@ -305,6 +349,13 @@ export enum AttemptOutcome {
    * @generated from enum value: ATTEMPT_OUTCOME_LAPSED = 5;
    */
   LAPSED = 5,
+
+  /**
+   * The todo was cancelled while claimed: the lease was voided.
+   *
+   * @generated from enum value: ATTEMPT_OUTCOME_CANCELLED = 6;
+   */
+  CANCELLED = 6,
 }
 
 /**
