@@ -714,8 +714,7 @@ class Dispatcher:
                     "cancelled"
                 )
             await _audit(conn, principal, todo.endpoint_id, "cancel", todo_id, 1)
-        if acted.was is TodoState.CLAIMED:
-            self._metrics.attempts_ended(AttemptOutcome.CANCELLED)
+        self._metrics.cancelled(_changed([acted]))
         return todo
 
     async def requeue(
@@ -760,6 +759,7 @@ class Dispatcher:
                 )
             await _audit(conn, principal, todo.endpoint_id, "requeue", todo_id, 1)
             (view,) = await self._views(conn, [todo])
+        self._metrics.requeued(_changed([acted]))
         return view
 
     async def _act(
@@ -983,6 +983,12 @@ def _acted_on(acted: todo_queries.Acted) -> Todo:
     if acted.outcome == "not_found" or acted.todo is None:
         raise errors.NotFound("todo not found")
     return acted.todo
+
+
+def _changed(acted: Sequence[todo_queries.Acted]) -> list[tuple[str, TodoState]]:
+    """The todos a cancel or requeue changed, as ``(queue, state before)``:
+    what ``Metrics.cancelled`` and ``Metrics.requeued`` count once it commits."""
+    return [(a.todo.queue, a.was) for a in acted if a.todo is not None and a.was is not None]
 
 
 async def _audit(

@@ -4,10 +4,10 @@ One ``Metrics`` object per server process, with its own registry (several
 servers may share a Python process in tests). It holds two kinds of series:
 
 * counters and histograms of what this process did (claims, refusals, units
-  charged, attempts, claim transactions, RPCs), per process: sum them over
-  replicas;
+  charged, attempts, cancels and requeues, claim transactions, RPCs), per
+  process: sum them over replicas;
 * gauges derived from the database at scrape time (policies by status,
-  deferred and live todos), the same on every replica: do not sum them.
+  deferred, live and dead todos), the same on every replica: do not sum them.
 
 No owner, endpoint or team label, ever. The ``queue`` label takes at most
 ``queue_labels`` distinct names: counters keep the first names this process
@@ -43,7 +43,7 @@ from switchboard_server import errors, tracing
 from switchboard_server.admission import Deferral, DeferralReason
 from switchboard_server.db import Database
 from switchboard_server.db import metrics as metric_queries
-from switchboard_server.model import AttemptOutcome
+from switchboard_server.model import AttemptOutcome, TodoState
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +135,21 @@ class Metrics:
             ["reason", "queue"],
             registry=r,
         )
+        self.todos_cancelled = Counter(
+            "switchboard_todos_cancelled",
+            "Todos cancelled (each todo a cancel changed, single or bulk), by queue and the "
+            "state it was cancelled from: pending or claimed (a cancelled claim also ends its "
+            f"attempt: todo_attempts outcome cancelled). {_PER_PROCESS}",
+            ["queue", "from"],
+            registry=r,
+        )
+        self.todos_requeued = Counter(
+            "switchboard_todos_requeued",
+            "Todos sent back to pending (each todo a requeue changed, single or bulk), by "
+            f"queue and the state it was requeued from: dead or cancelled. {_PER_PROCESS}",
+            ["queue", "from"],
+            registry=r,
+        )
         self.claim_duration = Histogram(
             "switchboard_claim_duration_seconds",
             "Duration of the claim transaction (Claim and ClaimNext), by outcome: claimed, "
@@ -194,6 +209,30 @@ class Metrics:
         if count:
             self.todo_attempts.labels(outcome.value).inc(count)
 
+    def cancelled(self, changed: Iterable[tuple[str, TodoState]]) -> None:
+        """Counts the todos a cancel changed, as ``(queue, state cancelled from)``
+        pairs, and the attempts of the claimed ones as ended (cancelled)."""
+        counts = self._by_queue_and_state(changed)
+        for (label, was), count in counts.items():
+            self.todos_cancelled.labels(label, was.value).inc(count)
+        self.attempts_ended(
+            AttemptOutcome.CANCELLED,
+            sum(n for (_, was), n in counts.items() if was is TodoState.CLAIMED),
+        )
+
+    def requeued(self, changed: Iterable[tuple[str, TodoState]]) -> None:
+        """Counts the todos a requeue changed, as ``(queue, state requeued from)`` pairs."""
+        for (label, was), count in self._by_queue_and_state(changed).items():
+            self.todos_requeued.labels(label, was.value).inc(count)
+
+    def _by_queue_and_state(
+        self, changed: Iterable[tuple[str, TodoState]]
+    ) -> dict[tuple[str, TodoState], int]:
+        counts: dict[tuple[str, TodoState], int] = defaultdict(int)
+        for queue, was in changed:
+            counts[(self.queue_label(queue), was)] += 1
+        return counts
+
     def rpc(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
         """Counts and times one finished RPC."""
         self.rpc_requests.labels(method, code.name).inc()
@@ -247,6 +286,7 @@ class Metrics:
             async with db.connection() as conn:
                 policies = await metric_queries.policy_statuses(conn)
                 live = await metric_queries.live_todos(conn)
+                dead = await metric_queries.dead_todos(conn)
         except errors.Unavailable as exc:
             log.warning(
                 "database gauges left out of this scrape", extra={"error": exc.message[:200]}
@@ -283,7 +323,16 @@ class Metrics:
         counts = {(row.state, row.queue): float(row.todos) for row in live}
         for (state, queue), value in sorted(fold_queues(counts, self.queue_labels).items()):
             todos_family.add_metric([state, queue], value)
-        return [policies_family, deferred_family, todos_family]
+        dead_family = GaugeMetricFamily(
+            "switchboard_dead_todos",
+            "Dead todos (the dead-letter backlog: not yet requeued, nor removed by retention) "
+            f"by queue (the largest backlogs by name, the rest as __other__). {_SHARED}",
+            labels=["queue"],
+        )
+        backlog = {("dead", row.queue): float(row.todos) for row in dead}
+        for (_, queue), value in sorted(fold_queues(backlog, self.queue_labels).items()):
+            dead_family.add_metric([queue], value)
+        return [policies_family, deferred_family, todos_family, dead_family]
 
 
 _DEFERRAL_REASONS = frozenset(r.value for r in DeferralReason)

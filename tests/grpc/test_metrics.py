@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import aiohttp
+import grpc
 import pytest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,7 +23,17 @@ from tests.support.client import Client, Tenant
 from tests.support.databases import move_clock
 
 #: Every label any switchboard metric may carry (``le`` is the histograms' own).
-ALLOWED_LABELS = {"queue", "reason", "status", "state", "outcome", "method", "code", "le"}
+ALLOWED_LABELS = {
+    "queue",
+    "reason",
+    "status",
+    "state",
+    "from",
+    "outcome",
+    "method",
+    "code",
+    "le",
+}
 CLAIM_NEXT = "switchboard.v1.DispatchService/ClaimNext"
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -161,6 +172,85 @@ async def test_metrics_count_claims_refusals_units_and_attempts(
     assert series(samples, "switchboard_deferred_todos") == {}
 
 
+async def dead_todo(client: Client, tenant: Tenant, queue: str) -> str:
+    """A todo failed on its only attempt: dead."""
+    (todo_id,) = await ingest(client, tenant.agent, queue, max_attempts=1)
+    got = await claim_next(client, tenant, queue)
+    assert got.todo.id == todo_id
+    await client.dispatch.Fail(
+        dispatch_pb2.FailRequest(todo_id=todo_id, lease_id=got.lease.lease_id, error="boom"),
+        metadata=tenant.agent,
+    )
+    return todo_id
+
+
+async def cancel(client: Client, tenant: Tenant, todo_id: str) -> None:
+    await client.dispatch.CancelTodo(
+        dispatch_pb2.CancelTodoRequest(todo_id=todo_id), metadata=tenant.human
+    )
+
+
+async def requeue(client: Client, tenant: Tenant, todo_id: str) -> None:
+    await client.dispatch.RequeueTodo(
+        dispatch_pb2.RequeueTodoRequest(todo_id=todo_id), metadata=tenant.human
+    )
+
+
+def by_queue_and_from(samples: Samples, name: str) -> dict[tuple[str, str], float]:
+    return {(dict(k)["queue"], dict(k)["from"]): v for k, v in series(samples, name).items()}
+
+
+def by_queue(samples: Samples, name: str) -> dict[str, float]:
+    return {dict(k)["queue"]: v for k, v in series(samples, name).items()}
+
+
+CANCELLED = "switchboard_todos_cancelled_total"
+REQUEUED = "switchboard_todos_requeued_total"
+DEAD = "switchboard_dead_todos"
+
+
+async def test_cancels_requeues_and_the_dead_letter_backlog_are_counted_per_todo(
+    server: server_app.App, client: Client, tenant: Tenant
+) -> None:
+    first, second, third = await ingest(client, tenant.agent, "work", 3)
+    assert (await claim_next(client, tenant, "work")).todo.id == first
+    # Two pending todos and the claimed one are cancelled; a second cancel
+    # changes nothing and counts nothing.
+    await cancel(client, tenant, second)
+    await cancel(client, tenant, third)
+    await cancel(client, tenant, first)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await cancel(client, tenant, first)
+    assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    dead = [await dead_todo(client, tenant, "letters") for _ in range(3)]
+
+    families, samples = await scrape(server)
+    assert_no_tenant_labels(families)
+    assert by_queue_and_from(samples, CANCELLED) == {("work", "pending"): 2, ("work", "claimed"): 1}
+    assert series(samples, REQUEUED) == {}
+    assert value(samples, "switchboard_todo_attempts_total", outcome="cancelled") == 1
+    assert by_queue(samples, DEAD) == {"letters": 3}
+    assert "same on every replica" in families[DEAD].documentation
+    assert "Per process" in families["switchboard_todos_cancelled"].documentation
+
+    # Two dead todos and a cancelled one are requeued; requeueing a pending one is refused.
+    await requeue(client, tenant, dead[0])
+    await requeue(client, tenant, dead[1])
+    await requeue(client, tenant, first)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await requeue(client, tenant, dead[0])
+    assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+
+    _, samples = await scrape(server)
+    assert by_queue_and_from(samples, REQUEUED) == {
+        ("letters", "dead"): 2,
+        ("work", "cancelled"): 1,
+    }
+    assert by_queue(samples, DEAD) == {"letters": 1}
+    # The requeued todos are live again.
+    assert value(samples, "switchboard_todos", state="pending", queue="letters") == 2
+
+
 @pytest.fixture
 def settings(settings: Settings) -> Settings:
     """A queue-label cap of 3, a short lock timeout, and a fast reaper for lapses."""
@@ -209,6 +299,39 @@ async def test_queue_label_is_capped_with_other(
     }
     queues = {dict(k).get("queue") for (_, k) in samples} - {None}
     assert queues <= {"q1", "q2", "q3", "q4", "q5", "__other__"}
+
+
+async def test_the_new_series_keep_the_queue_label_cap(
+    server: server_app.App, client: Client, tenant: Tenant
+) -> None:
+    # Queue d<i> gets i dead todos, dead-lettered in order d1..d5; then one
+    # todo of each queue is requeued, and cancelled, in the same order.
+    dead: dict[int, list[str]] = {}
+    for i in range(1, 6):
+        dead[i] = [await dead_todo(client, tenant, f"d{i}") for _ in range(i)]
+    for i in range(1, 6):
+        await requeue(client, tenant, dead[i][0])
+    for i in range(1, 6):
+        await cancel(client, tenant, dead[i][0])
+
+    families, samples = await scrape(server)
+    assert_no_tenant_labels(families)
+    # Counters: the first three names this process saw (d1..d3 claimed
+    # first), then __other__.
+    assert by_queue_and_from(samples, REQUEUED) == {
+        ("d1", "dead"): 1,
+        ("d2", "dead"): 1,
+        ("d3", "dead"): 1,
+        ("__other__", "dead"): 2,
+    }
+    assert by_queue_and_from(samples, CANCELLED) == {
+        ("d1", "pending"): 1,
+        ("d2", "pending"): 1,
+        ("d3", "pending"): 1,
+        ("__other__", "pending"): 2,
+    }
+    # The gauge: the three largest backlogs (i - 1 dead left in d<i>), the rest folded.
+    assert by_queue(samples, DEAD) == {"d3": 2, "d4": 3, "d5": 4, "__other__": 1}
 
 
 async def test_admission_unavailable_is_counted_and_gauges_fail_soft(
@@ -267,11 +390,18 @@ async def test_database_gauges_are_the_same_on_every_replica(
     await set_policy(client, tenant.human, "q0", endpoint_id=tenant.endpoint_id, max_in_flight=0)
     assert (await claim_next(client, tenant)).todo.queue != "q0"
 
-    gauges = ("switchboard_admission_policies", "switchboard_deferred_todos", "switchboard_todos")
+    await dead_todo(client, tenant, "letters")
+    gauges = (
+        "switchboard_admission_policies",
+        "switchboard_deferred_todos",
+        "switchboard_todos",
+        "switchboard_dead_todos",
+    )
     (_, one), (_, two) = await asyncio.gather(scrape(server), scrape(replica))
     for name in gauges:
         assert series(one, name) == series(two, name), name
     assert value(one, "switchboard_deferred_todos", reason="paused", queue="q0") == 5
+    assert value(one, "switchboard_dead_todos", queue="letters") == 1
     # Counters are per process: the replica claimed nothing.
     assert series(two, "switchboard_todos_claimed_total") == {}
-    assert sum(series(one, "switchboard_todos_claimed_total").values()) == 1
+    assert sum(series(one, "switchboard_todos_claimed_total").values()) == 2

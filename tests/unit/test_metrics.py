@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 from switchboard_server.config import Settings
-from switchboard_server.metrics import OTHER_QUEUE, QueueLabels, fold_queues, top_queues
+from switchboard_server.metrics import OTHER_QUEUE, Metrics, QueueLabels, fold_queues, top_queues
+from switchboard_server.model import TodoState
 
 
 def test_counters_keep_the_first_names_seen() -> None:
@@ -40,3 +41,33 @@ def test_the_cap_is_configured_from_the_environment() -> None:
     assert Settings.from_env({"SWITCHBOARD_METRICS_QUEUE_LABELS": "3"}).metrics_queue_labels == 3
     with pytest.raises(ValueError, match="SWITCHBOARD_METRICS_QUEUE_LABELS"):
         Settings.from_env({"SWITCHBOARD_METRICS_QUEUE_LABELS": "-1"})
+
+
+def test_cancels_and_requeues_count_each_todo_changed_under_the_cap() -> None:
+    # A bulk cancel or requeue hands over every todo it changed at once.
+    metrics = Metrics(queue_labels=2)
+    metrics.cancelled(
+        [
+            ("a", TodoState.PENDING),
+            ("a", TodoState.CLAIMED),
+            ("b", TodoState.PENDING),
+            ("c", TodoState.CLAIMED),
+            ("a", TodoState.PENDING),
+        ]
+    )
+    metrics.requeued([("c", TodoState.DEAD), ("a", TodoState.CANCELLED)])
+    metrics.cancelled([])
+
+    def sample(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, labels)
+
+    cancelled = "switchboard_todos_cancelled_total"
+    assert sample(cancelled, queue="a", **{"from": "pending"}) == 2
+    assert sample(cancelled, queue="a", **{"from": "claimed"}) == 1
+    assert sample(cancelled, queue="b", **{"from": "pending"}) == 1
+    assert sample(cancelled, queue=OTHER_QUEUE, **{"from": "claimed"}) == 1
+    requeued = "switchboard_todos_requeued_total"
+    assert sample(requeued, queue=OTHER_QUEUE, **{"from": "dead"}) == 1
+    assert sample(requeued, queue="a", **{"from": "cancelled"}) == 1
+    # The claimed ones also ended their attempts.
+    assert sample("switchboard_todo_attempts_total", outcome="cancelled") == 2

@@ -1,6 +1,6 @@
 """Queries behind the operator's database-derived gauges: one function per named query.
 
-Both read shared state only, so every replica answers alike. Any database
+They read shared state only, so every replica answers alike. Any database
 error (a lock that times out included) becomes ``errors.Unavailable``: the
 scrape then leaves these gauges out rather than failing.
 """
@@ -34,6 +34,14 @@ class LiveTodosRow:
     todos: int
 
 
+@dataclass(frozen=True)
+class DeadTodosRow:
+    """Dead todos in the queues of one name."""
+
+    queue: str
+    todos: int
+
+
 async def policy_statuses(conn: Conn) -> list[PolicyStatusRow]:
     """Every policy's status (``metrics_policies``)."""
     try:
@@ -50,3 +58,12 @@ async def live_todos(conn: Conn) -> list[LiveTodosRow]:
     except asyncpg.PostgresError as exc:
         raise errors.Unavailable(f"cannot count todos: {exc}") from exc
     return [LiveTodosRow(r["queue"], r["state"], int(r["todos"])) for r in rows]
+
+
+async def dead_todos(conn: Conn) -> list[DeadTodosRow]:
+    """Dead todos (not yet removed by retention) per queue name (``metrics_dead_todos``)."""
+    try:
+        rows = await conn.fetch(sql("metrics_dead_todos"))
+    except asyncpg.PostgresError as exc:
+        raise errors.Unavailable(f"cannot count dead todos: {exc}") from exc
+    return [DeadTodosRow(r["queue"], int(r["todos"])) for r in rows]

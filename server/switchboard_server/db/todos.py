@@ -239,7 +239,7 @@ async def settle(
 class Acted:
     """What a cancel or requeue did with one todo: ``outcome`` (``applied``,
     ``not_found``, or why it was refused), the todo after it (``None`` when not
-    found) and, for an applied cancel, the state it was cancelled from."""
+    found) and, when applied, the state it was cancelled or requeued from."""
 
     outcome: str
     todo: Todo | None

@@ -425,14 +425,15 @@ $$;
 -- a new one does (sb_on_created: held back while admission defers the
 -- queue). One row per item (in no particular order; ord is its 1-based
 -- position): outcome (applied | not_requeueable | max_attempts_too_low |
--- not_found) and the todo after the call (NULL when not found).
+-- not_found), the todo after the call (NULL when not found) and, when
+-- applied, the state it was requeued from (dead | cancelled).
 CREATE OR REPLACE FUNCTION sb_requeue(
     p_owner_id uuid,
     p_endpoint_id uuid,
     p_ids bigint[],
     p_delay interval,
     p_max_attempts integer
-) RETURNS TABLE (ord bigint, outcome text, todo todos)
+) RETURNS TABLE (ord bigint, outcome text, todo todos, was text)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan  -- as sb_settle
 AS $$
@@ -440,30 +441,37 @@ DECLARE
     v_now timestamptz := sb_now();
     v_ords bigint[];
     v_rows todos[];
+    v_was text[];
 BEGIN
     PERFORM 1 FROM todos t
      WHERE t.id = ANY (p_ids) AND t.owner_id = p_owner_id
        AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
      ORDER BY t.id FOR UPDATE;
-    WITH requeued AS (
+    WITH target AS (
+        SELECT i.ord, t.id, t.state AS was
+          FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
+          JOIN todos t ON t.id = i.id
+         WHERE t.owner_id = p_owner_id
+           AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+           AND t.state IN ('dead', 'cancelled')
+           AND (p_max_attempts IS NULL OR p_max_attempts > t.attempt)
+    ), requeued AS (
         UPDATE todos t
            SET state = 'pending', next_retry_at = v_now + p_delay, finished_at = NULL,
                max_attempts = coalesce(p_max_attempts, greatest(t.max_attempts, t.attempt + 1)),
                updated_at = v_now
-          FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
-         WHERE t.id = i.id AND t.owner_id = p_owner_id
-           AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
-           AND t.state IN ('dead', 'cancelled')
-           AND (p_max_attempts IS NULL OR p_max_attempts > t.attempt)
-        RETURNING i.ord, t AS row
+          FROM target g
+         WHERE t.id = g.id
+        RETURNING g.ord, g.was, t AS row
     )
-    SELECT coalesce(array_agg(r.ord), '{}'), coalesce(array_agg(r.row), '{}')
-      INTO v_ords, v_rows
+    SELECT coalesce(array_agg(r.ord), '{}'), coalesce(array_agg(r.row), '{}'),
+           coalesce(array_agg(r.was), '{}')
+      INTO v_ords, v_rows, v_was
       FROM requeued r;
     PERFORM sb_on_created(f.row, v_now)
        FROM (SELECT DISTINCT ON (r.queue_id) r AS row
                FROM unnest(v_rows) AS r ORDER BY r.queue_id) AS f;
-    RETURN QUERY SELECT v_ords[k], 'applied'::text, v_rows[k]
+    RETURN QUERY SELECT v_ords[k], 'applied'::text, v_rows[k], v_was[k]
                    FROM generate_subscripts(v_ords, 1) AS k;
     IF cardinality(v_ords) < cardinality(p_ids) THEN
         RETURN QUERY
@@ -471,7 +479,7 @@ BEGIN
                CASE WHEN t.id IS NULL THEN 'not_found'
                     WHEN t.state IN ('dead', 'cancelled') THEN 'max_attempts_too_low'
                     ELSE 'not_requeueable' END,
-               t
+               t, NULL::text
           FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
           LEFT JOIN todos t ON t.id = i.id AND t.owner_id = p_owner_id
                            AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)

@@ -27,3 +27,13 @@ SELECT q.name AS queue, c.state, sum(c.n)::bigint AS todos
   ) AS c
   JOIN queues q ON q.id = c.queue_id
  GROUP BY q.name, c.state;
+
+-- name: metrics_dead_todos :many
+-- Dead todos not yet removed by retention, per queue name (summed over every
+-- owner's queues of that name): the dead-letter backlog. Counted per queue
+-- id from the dead-only partial index todos_dead_idx (an index-only scan,
+-- as long as the backlog), before the names are joined in.
+SELECT q.name AS queue, sum(c.n)::bigint AS todos
+  FROM (SELECT queue_id, count(*) AS n FROM todos WHERE state = 'dead' GROUP BY queue_id) AS c
+  JOIN queues q ON q.id = c.queue_id
+ GROUP BY q.name;

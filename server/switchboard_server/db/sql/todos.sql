@@ -35,7 +35,7 @@ SELECT outcome, todo, was FROM sb_cancel($1, $2, $3) ORDER BY ord;
 -- name: todo_requeue :many
 -- Sends dead and cancelled todos back to pending, each on its own; one row
 -- per item, in order. See sb_requeue.
-SELECT outcome, todo FROM sb_requeue($1, $2, $3, $4, $5) ORDER BY ord;
+SELECT outcome, todo, was FROM sb_requeue($1, $2, $3, $4, $5) ORDER BY ord;
 
 -- name: todo_bulk_chunk :one
 -- One chunk of a bulk cancel or requeue by filter: the ids taken (locked,
