@@ -786,12 +786,13 @@ class Dispatcher:
             )
         return acted
 
-    def _cancelled_claims(self, action: str, acted: Sequence[todo_queries.Acted]) -> None:
-        if action != "cancel":
-            return
-        for a in acted:
-            if a.outcome == "applied" and a.was is TodoState.CLAIMED:
-                self._metrics.attempts_ended(AttemptOutcome.CANCELLED)
+    def _count_changed(self, action: str, acted: Sequence[todo_queries.Acted]) -> None:
+        """Counts the todos a bulk call changed (a cancelled claim is also an ended attempt)."""
+        changed = _changed(acted)
+        if action == "cancel":
+            self._metrics.cancelled(changed)
+        else:
+            self._metrics.requeued(changed)
 
     async def bulk_by_ids(
         self,
@@ -822,7 +823,7 @@ class Dispatcher:
                     len(todo_ids),
                     {"todo_ids": [str(i) for i in todo_ids]},
                 )
-        self._cancelled_claims(action, acted)
+        self._count_changed(action, acted)
         return acted
 
     async def bulk_by_filter(
@@ -890,7 +891,7 @@ class Dispatcher:
                         await todo_queries.add_to_audit(conn, entry_id=entry_id, count=applied)
                     count += applied
             if not dry_run:
-                self._cancelled_claims(action, acted)
+                self._count_changed(action, acted)
             if asyncio.get_running_loop().time() >= deadline:
                 break
         return BulkProgress(count, skipped, cursor)

@@ -12,7 +12,7 @@ import grpc
 import pytest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
-from switchboard.v1 import admission_pb2, dispatch_pb2, queue_pb2
+from switchboard.v1 import admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
 from switchboard_server import app as server_app
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
@@ -405,3 +405,27 @@ async def test_database_gauges_are_the_same_on_every_replica(
     # Counters are per process: the replica claimed nothing.
     assert series(two, "switchboard_todos_claimed_total") == {}
     assert sum(series(one, "switchboard_todos_claimed_total").values()) == 2
+
+
+async def test_bulk_cancels_and_requeues_are_counted_per_todo(
+    server: server_app.App, client: Client, tenant: Tenant
+) -> None:
+    ids = await ingest(client, tenant.agent, "bulk", 3)
+    assert (await claim_next(client, tenant, "bulk")).todo.id == ids[0]
+    await client.dispatch.CancelTodos(
+        dispatch_pb2.CancelTodosRequest(todo_ids=ids), metadata=tenant.human
+    )
+    _, samples = await scrape(server)
+    assert by_queue_and_from(samples, CANCELLED) == {("bulk", "pending"): 2, ("bulk", "claimed"): 1}
+    assert value(samples, "switchboard_todo_attempts_total", outcome="cancelled") == 1
+
+    await client.dispatch.RequeueTodos(
+        dispatch_pb2.RequeueTodosRequest(
+            filter=dispatch_pb2.TodoFilter(
+                endpoint_id=tenant.endpoint_id, states=[todo_pb2.TODO_STATE_CANCELLED]
+            )
+        ),
+        metadata=tenant.human,
+    )
+    _, samples = await scrape(server)
+    assert by_queue_and_from(samples, REQUEUED) == {("bulk", "cancelled"): 3}
