@@ -375,6 +375,8 @@ def db_claim_loop(
                         not_permanent[:n],
                         backoff_base,
                         backoff_cap,
+                        None,  # no results: the server sends none either
+                        None,
                     )
                 t2 = time.perf_counter()
                 if len(rows) != n or any(r["outcome"] != "applied" for r in rows):

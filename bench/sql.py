@@ -23,7 +23,7 @@ from switchboard_server.db.queries import sql
 #: $6 todos (about $7 bytes at most) of one of the endpoint's queues, claimed
 #: by the claimants $4 (one for all, or one each).
 CLAIM_NEXT = sql("todo_claim_next")
-#: ``SELECT outcome, todo FROM sb_settle($1..$9)``: completes, fails or
+#: ``SELECT outcome, todo FROM sb_settle($1..$11)``: completes, fails or
 #: releases claimed todos under their leases; one row per item, in order.
 SETTLE = sql("todo_settle")
 
