@@ -88,6 +88,14 @@ async def test_quick_bench_runs_every_scenario_and_writes_its_json(pg_admin_dsn:
             assert median(figures, f"ratio.{name}.b{b}_vs_unbatched") > 0
             assert median(figures, f"ratio.{name}.b{b}_vs_db") > 0
 
+    # The bare-queue reference at B = 1 and each batch size, and the DB
+    # ceilings' per-round ratios to it.
+    for b in (1, *batches):
+        assert median(figures, f"bare.b{b}.todos_per_s") > 0
+        for name in ("db", "db_budgeted"):
+            assert median(figures, f"ratio.{name}.b{b}_vs_bare") > 0
+    assert result["other"]["bare"]["backlog"] == params["large_backlog"]
+
     # The pgqueuer reference: both drains measured, the limit never reached.
     assert result["other"]["pgq"]["version"] == "1.6.0"
     for key in ("defaults", "limit"):
@@ -98,13 +106,17 @@ async def test_quick_bench_runs_every_scenario_and_writes_its_json(pg_admin_dsn:
 
     # Every target is judged, the new one among them.
     targets = {t["scenario"]: t for t in result["targets"]}
-    assert len(targets) == 9
+    assert len(targets) == 15
     assert all(isinstance(t["pass"], bool) for t in targets.values())
+    versus_bare = [t for s, t in targets.items() if s.endswith("vs the bare queue")]
+    assert [t["target"] for t in versus_bare] == ["≥ 0.6", "≥ 0.5", "≥ 0.6", "≥ 0.6"]
+    assert all(t["ratio"] > 0 for t in versus_bare)
+    assert len([s for s in targets if "no collapse" in s]) == 2
     (versus,) = [t for s, t in targets.items() if "pgqueuer" in s]
     assert versus["target"] == "≥ 1.5" and versus["ratio"] > 0
 
     # No batched or pgqueuer measurement had errors.
-    assert not [n for n in result["notes"] if "batches of" in n or "pgqueuer" in n]
+    assert not [n for n in result["notes"] if "batches of" in n or "pgqueuer" in n or "bare" in n]
 
     # Its databases, Switchboard's and pgqueuer's, were dropped.
     assert len(result["databases"]) == 2
