@@ -282,7 +282,10 @@ BEGIN
                lease_id = NULL, lease_expires_at = NULL, updated_at = v_now
           FROM unnest(p_ids, p_leases, p_actions, p_errors, p_permanent)
                WITH ORDINALITY AS i (id, lease_id, action, error, permanent, ord)
-         WHERE t.id = i.id AND t.lease_id = i.lease_id AND t.state = 'claimed'
+         -- A matching lease means claimed (todos_lease_matches_state): no state
+         -- test here, or the generic plan may walk every claimed row through a
+         -- claimed-only index, with the items as the inner loop.
+         WHERE t.id = i.id AND t.lease_id = i.lease_id
            AND t.owner_id = p_owner_id
            AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
         RETURNING i.ord, i.action, i.error, t AS row
@@ -344,7 +347,10 @@ BEGIN
         UPDATE todos t
            SET lease_expires_at = v_now + p_lease, updated_at = v_now
           FROM unnest(p_ids, p_leases) WITH ORDINALITY AS i (id, lease_id, ord)
-         WHERE t.id = i.id AND t.lease_id = i.lease_id AND t.state = 'claimed'
+         -- A matching lease means claimed (todos_lease_matches_state): no state
+         -- test here, or the generic plan may walk every claimed row through a
+         -- claimed-only index, with the items as the inner loop.
+         WHERE t.id = i.id AND t.lease_id = i.lease_id
            AND t.owner_id = p_owner_id
            AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
         RETURNING i.ord
