@@ -13,8 +13,9 @@ each measurement:
 * per function: total and self time per todo (``pg_stat_user_functions``);
 * wait events of the active backends, sampled every 20 ms;
 * afterwards: the queue tables' dead rows and HOT updates, the pending
-  indexes' pages (``pgstatindex``), and the buffers a probe of the first
-  100 claimable todos reads (dead index entries at the queue's head).
+  indexes' pages (``pgstatindex``), the buffers a probe of the first 100
+  claimable todos reads (dead index entries at the queue's head), and what
+  the planner believes of ``todos.state`` (its last ANALYZE).
 
 In the last round each measurement also runs with auto_explain on the
 load's sessions (1 statement in ``EXPLAIN_SAMPLE``, nested ones included):
@@ -155,6 +156,7 @@ class Profiler:
             f1 = await conn.fetch(sql.FUNCTION_TIMES)
             tables = [dict(r) for r in await conn.fetch(sql.QUEUE_TABLE_HEALTH)]
             indexes = [dict(r) for r in await conn.fetch(sql.PENDING_INDEX_HEALTH)]
+            state_stats = await conn.fetchrow(sql.STATE_STATISTICS)
             main_q = await b.queue_id(b.tenants["main"], "work")
             probes = {}
             for table in ("todos", "bare_todos"):
@@ -205,6 +207,7 @@ class Profiler:
             "wait_samples": samples,
             "tables": tables,
             "pending_indexes": indexes,
+            "todos_state_statistics": dict(state_stats) if state_stats else None,
             "head_probe": probes,
         }
         if explain:

@@ -393,3 +393,12 @@ SET auto_explain.sample_rate = {rate};
 
 #: auto_explain off again on this session.
 EXPLAIN_OFF = "SET auto_explain.log_min_duration = -1"
+
+#: What the planner believes of todos.state (its shares at the last ANALYZE),
+#: when that was, and rows changed since.
+STATE_STATISTICS = """
+SELECT s.most_common_vals::text AS vals, s.most_common_freqs::text AS freqs,
+       t.last_autoanalyze, t.last_analyze, t.n_mod_since_analyze
+  FROM pg_stats s JOIN pg_stat_user_tables t ON t.relname = s.tablename
+ WHERE s.tablename = 'todos' AND s.attname = 'state'
+"""
