@@ -18,7 +18,8 @@ each measurement:
   the planner believes of ``todos.state`` (its last ANALYZE).
 
 In the last round each measurement also runs with auto_explain on the
-load's sessions (1 statement in ``EXPLAIN_SAMPLE``, nested ones included):
+load's sessions (a share ``EXPLAIN_SAMPLE`` of the statements, 5 % with
+``--quick``, whose windows are short; nested ones included):
 the plans actually run under load, their buffers, and the rows a
 ``FOR UPDATE SKIP LOCKED`` skipped (rows its scan returned that it did not
 lock). Prints the top statements; writes
@@ -54,6 +55,8 @@ from bench.scenarios.ceilings import BUDGETED, UNBUDGETED, Ceilings
 
 #: Share of the load's top-level statements auto_explain logs (with their nested ones).
 EXPLAIN_SAMPLE = 0.01
+#: The same in a quick run, whose short windows would otherwise log few plans.
+EXPLAIN_SAMPLE_QUICK = 0.05
 #: Seconds between two samples of pg_stat_activity.
 WAIT_EVERY = 0.02
 
@@ -89,6 +92,7 @@ class Profiler:
     def __init__(self, bench: Bench, pgdata_log: Any) -> None:
         self.b = bench
         self.log = pgdata_log
+        self.sample = EXPLAIN_SAMPLE_QUICK if bench.p.mode == "quick" else EXPLAIN_SAMPLE
         self.records: list[dict[str, Any]] = []
 
     async def flush_stats(self) -> None:
@@ -126,7 +130,7 @@ class Profiler:
             f0 = await conn.fetch(sql.FUNCTION_TIMES)
             log_at = self.log.stat().st_size if explain and self.log.exists() else 0
             if explain:
-                await self.on_every_session(sql.EXPLAIN_ON.format(rate=EXPLAIN_SAMPLE))
+                await self.on_every_session(sql.EXPLAIN_ON.format(rate=self.sample))
             waits: Counter[str] = Counter()
             samples = 0
             stop = asyncio.Event()
@@ -475,7 +479,7 @@ async def run_profile(quick: bool, database_url: str | None, runs: int | None) -
             "loadavg_after": [round(x, 2) for x in load_after],
         },
         "params": asdict(params),
-        "explain_sample_rate": EXPLAIN_SAMPLE,
+        "explain_sample_rate": EXPLAIN_SAMPLE_QUICK if quick else EXPLAIN_SAMPLE,
         "measurements": records,
     }
     folder = report.RESULTS / "tmp" if quick else report.RESULTS

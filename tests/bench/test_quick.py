@@ -167,3 +167,39 @@ async def test_quick_idle_bench_runs_and_writes_its_json() -> None:
     targets = result["targets"]
     assert len(targets) == 3
     assert all(isinstance(t["pass"], bool) for t in targets)
+
+
+async def test_quick_profile_reads_statements_functions_waits_and_plans() -> None:
+    # Its own embedded PostgreSQL, restarted with pg_stat_statements preloaded.
+    code, out, err = await run_bench("--profile", "--quick")
+    assert code == 0, err[-3000:]
+    line = next(x for x in err.splitlines() if x.startswith("results: "))
+    path = ROOT / line.removeprefix("results: ").strip()
+    assert path.parent == ROOT / "bench" / "results" / "tmp"
+    assert path.name.endswith("-profile.json")
+    try:
+        result = json.loads(path.read_text())
+    finally:
+        path.unlink(missing_ok=True)
+
+    assert result["bench"] == "profile" and result["mode"] == "quick"
+    measured = [(m["name"], m["batch"]) for m in result["measurements"]]
+    assert measured == [(name, b) for name in ("bare", "db", "db_budgeted") for b in (1, 10, 100)]
+    for m in result["measurements"]:
+        assert m["todos_per_s"] > 0 and m["db_ms_per_todo"] > 0
+        top = [s["query"] for s in m["statements"] if s["toplevel"]]
+        claim = "bare_todos" if m["name"] == "bare" else "sb_claim_next_for"
+        assert any(claim in q for q in top), top[:3]
+        if m["name"] != "bare":
+            # Nested statements (inside the PL/pgSQL functions) and function times.
+            assert any(not s["toplevel"] for s in m["statements"])
+            assert any(f["function"] == "sb_settle" for f in m["functions"])
+        assert m["wait_samples"] > 0 and m["waits"]
+        assert {i["index"] for i in m["pending_indexes"]} == {
+            "todos_pending_idx",
+            "bare_todos_pending_idx",
+        }
+        assert set(m["head_probe"]) == {"todos", "bare_todos"}
+        # One round in --quick: it is the last, so auto_explain's plans are there.
+        assert m["plans"] and all(p["median_plan"] for p in m["plans"])
+    assert "## round 1: db B=100" in out
