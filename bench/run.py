@@ -23,7 +23,9 @@ Results: a table on stdout, ``bench/results/<date>-<commit>.json``,
 ``bench/results/latest.md``, and the README's Performance section (full
 runs only; ``--quick`` writes to ``bench/results/tmp/``).
 
-``python -m bench --idle`` runs the idle bench instead (``bench/idle/``).
+``python -m bench --idle`` runs the idle bench instead (``bench/idle/``);
+``python -m bench --profile`` shows where the database time goes
+(``bench/profile.py``).
 """
 
 from __future__ import annotations
@@ -93,6 +95,12 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the idle bench instead (bench/idle/): what 5,000 idle budgeted queues, a third "
         "of them full, cost PostgreSQL with 1 and 2 replicas, and SLOT_FREED latency",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="where the database time goes instead (bench/profile.py): pg_stat_statements, "
+        "function times, wait events and plans of the bare reference and the DB ceilings",
     )
     p.add_argument(
         "--idle-seconds",
@@ -217,7 +225,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--idle takes neither --combine-max nor --runs")
     if args.idle_seconds is not None and not args.idle:
         p.error("--idle-seconds needs --idle")
+    if args.profile and (args.idle or args.combine_max is not None):
+        p.error("--profile takes neither --idle nor --combine-max")
     try:
+        if args.profile:
+            from bench.profile import run_profile
+
+            return asyncio.run(run_profile(args.quick, args.database_url, args.runs))
         if args.idle:
             from bench.idle import run_idle
 

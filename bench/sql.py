@@ -240,3 +240,165 @@ PGQ_UNSUCCESSFUL = """
 SELECT count(*) FROM pgqueuer_log
  WHERE status IN ('exception', 'failed', 'canceled') AND created >= $1
 """
+
+# -- The bare-queue reference (bench/scenarios/bare.py). ----------------------
+#
+# The simplest correct claim and complete on a table of the same shape as
+# ``todos``: its columns, defaults, checks and storage options, but only the
+# primary key and the pending index a claim walks (no attempts, no policy,
+# no gates, no JSON). What PostgreSQL itself costs per todo on this machine.
+
+#: ``bare_todos``: todos' columns, defaults and checks (not its foreign key or
+#: its other indexes), its fillfactor and autovacuum settings (0001).
+BARE_CREATE = """
+CREATE TABLE bare_todos (
+    LIKE todos INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING IDENTITY
+) WITH (fillfactor = 85, autovacuum_vacuum_scale_factor = 0.02,
+        autovacuum_vacuum_insert_scale_factor = 0.05);
+ALTER TABLE bare_todos ADD PRIMARY KEY (id);
+CREATE INDEX bare_todos_pending_idx ON bare_todos (queue_id, next_retry_at, id)
+ WHERE state = 'pending';
+"""
+
+#: Done history like the main queue's (``SEED_HISTORY``, without attempts):
+#: $2 done todos copying queue $1's identity, created from $3 every $4.
+BARE_SEED_HISTORY = f"""
+INSERT INTO bare_todos (queue_id, owner_id, endpoint_id, queue, state, payload, content_type,
+                        attempt, max_attempts, next_retry_at, claimant, created_at, updated_at,
+                        finished_at)
+SELECT q.id, q.owner_id, q.endpoint_id, q.name, 'done', {_PAYLOAD}, 'application/json',
+       1, 5, t.at, 'seed-worker', t.at, t.at + interval '2 seconds',
+       t.at + interval '2 seconds'
+  FROM queues q
+ CROSS JOIN generate_series(1, $2::integer) AS g
+ CROSS JOIN LATERAL (SELECT $3::timestamptz + (g - 1) * $4::interval AS at) AS t
+ WHERE q.id = $1
+"""
+
+#: A pending backlog like ``SEED_PENDING`` on one queue: $2 todos of queue
+#: $1, max_attempts $3, eligible from $4 every $5.
+BARE_SEED_PENDING = f"""
+INSERT INTO bare_todos (queue_id, owner_id, endpoint_id, queue, state, payload, content_type,
+                        attempt, max_attempts, next_retry_at, created_at, updated_at)
+SELECT q.id, q.owner_id, q.endpoint_id, q.name, 'pending', {_PAYLOAD}, 'application/json',
+       0, $3::integer, t.at, t.at, t.at
+  FROM queues q
+ CROSS JOIN generate_series(0, $2::integer - 1) AS g
+ CROSS JOIN LATERAL (SELECT $4::timestamptz + g * $5::interval AS at) AS t
+ WHERE q.id = $1
+"""
+
+#: Statistics and a visibility map for the seeded bare table.
+BARE_VACUUM_ANALYZE = "VACUUM ANALYZE bare_todos"
+
+#: Pending todos of the bare table's queue $1.
+BARE_PENDING_COUNT = "SELECT count(*) FROM bare_todos WHERE queue_id = $1 AND state = 'pending'"
+
+#: The bare claim: up to $4 eligible pending todos of queue $1, oldest first,
+#: skipping locked rows, claimed by $2 for the lease $3 in one statement.
+BARE_CLAIM = """
+UPDATE bare_todos t
+   SET state = 'claimed', attempt = t.attempt + 1, lease_id = gen_random_uuid(),
+       lease_expires_at = now() + $3::interval, claimant = $2, updated_at = now()
+ WHERE t.id IN (
+       SELECT p.id FROM bare_todos p
+        WHERE p.queue_id = $1 AND p.state = 'pending' AND p.next_retry_at <= now()
+        ORDER BY p.next_retry_at, p.id
+        LIMIT $4
+          FOR UPDATE SKIP LOCKED)
+RETURNING t.id, t.lease_id, t.payload
+"""
+
+#: Claims committed so far on the todos table (attempt rows written, the
+#: seeded history's included; cumulative statistics, up to a second late).
+CLAIMS_SO_FAR = "SELECT n_tup_ins FROM pg_stat_user_tables WHERE relname = 'attempts'"
+
+#: The bare complete: the todos $1 still held under their leases $2, done.
+BARE_COMPLETE = """
+UPDATE bare_todos t
+   SET state = 'done', lease_id = NULL, lease_expires_at = NULL, finished_at = now(),
+       updated_at = now()
+  FROM unnest($1::bigint[], $2::uuid[]) AS s(id, lease_id)
+ WHERE t.id = s.id AND t.lease_id = s.lease_id AND t.state = 'claimed'
+"""
+
+# -- The profile (bench/profile.py; pg_stat_statements, pgstattuple). --------
+
+#: The contrib extensions a profiled run installs in the bench database.
+PROFILE_EXTENSIONS = (
+    "CREATE EXTENSION IF NOT EXISTS pg_stat_statements; CREATE EXTENSION IF NOT EXISTS pgstattuple"
+)
+
+#: Every statement's cumulative figures in this database (top-level and nested).
+STATEMENTS = """
+SELECT queryid, toplevel, query, calls, total_exec_time, rows, shared_blks_hit,
+       shared_blks_read, shared_blks_dirtied, wal_records, wal_bytes::bigint AS wal_bytes
+  FROM pg_stat_statements
+ WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+"""
+
+#: Every function's calls and times so far (track_functions = all).
+FUNCTION_TIMES = """
+SELECT funcname, calls, total_time, self_time FROM pg_stat_user_functions
+"""
+
+#: Makes this backend flush its pending statistics at its next transaction end.
+FORCE_STATS_FLUSH = "SELECT pg_stat_force_next_flush()"
+
+#: What the database's active backends are doing now (no wait event: on CPU).
+WAIT_SAMPLE = """
+SELECT coalesce(wait_event_type, 'CPU') AS type, coalesce(wait_event, '-') AS event,
+       count(*) AS n
+  FROM pg_stat_activity
+ WHERE datname = current_database() AND state = 'active' AND pid <> pg_backend_pid()
+ GROUP BY 1, 2
+"""
+
+#: The queue tables' live and dead rows, updates (HOT among them), vacuums.
+QUEUE_TABLE_HEALTH = """
+SELECT relname, n_live_tup, n_dead_tup, n_tup_upd, n_tup_hot_upd, n_tup_newpage_upd,
+       autovacuum_count, autoanalyze_count
+  FROM pg_stat_user_tables WHERE relname IN ('todos', 'bare_todos', 'attempts')
+"""
+
+#: The claim indexes' physical state (pgstattuple's pgstatindex: reads them whole).
+PENDING_INDEX_HEALTH = """
+SELECT i.relname AS index, s.leaf_pages, s.deleted_pages, s.empty_pages, s.avg_leaf_density,
+       pg_relation_size(i.oid) AS bytes
+  FROM pg_class i CROSS JOIN LATERAL pgstatindex(i.oid::regclass) AS s
+ WHERE i.relname IN ('todos_pending_idx', 'bare_todos_pending_idx')
+"""
+
+#: The first 100 claimable todos of a queue, as the claims find them (the
+#: table name and queue id are formatted in by the profile): the buffers it
+#: reads tell how many dead index entries sit at the queue's head.
+HEAD_PROBE = """
+EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)
+SELECT id FROM {table} WHERE queue_id = {queue_id} AND state = 'pending'
+   AND next_retry_at <= now() ORDER BY next_retry_at, id LIMIT 100
+"""
+
+#: auto_explain on this session (superuser): every statement, nested ones
+#: too, with actual rows and buffers, in JSON, into the server log.
+EXPLAIN_ON = """
+LOAD 'auto_explain';
+SET auto_explain.log_min_duration = 0;
+SET auto_explain.log_analyze = on;
+SET auto_explain.log_buffers = on;
+SET auto_explain.log_timing = on;
+SET auto_explain.log_nested_statements = on;
+SET auto_explain.log_format = 'json';
+SET auto_explain.sample_rate = {rate};
+"""
+
+#: auto_explain off again on this session.
+EXPLAIN_OFF = "SET auto_explain.log_min_duration = -1"
+
+#: What the planner believes of todos.state (its shares at the last ANALYZE),
+#: when that was, and rows changed since.
+STATE_STATISTICS = """
+SELECT s.most_common_vals::text AS vals, s.most_common_freqs::text AS freqs,
+       t.last_autoanalyze, t.last_analyze, t.n_mod_since_analyze
+  FROM pg_stats s JOIN pg_stat_user_tables t ON t.relname = s.tablename
+ WHERE s.tablename = 'todos' AND s.attname = 'state'
+"""

@@ -88,6 +88,14 @@ async def test_quick_bench_runs_every_scenario_and_writes_its_json(pg_admin_dsn:
             assert median(figures, f"ratio.{name}.b{b}_vs_unbatched") > 0
             assert median(figures, f"ratio.{name}.b{b}_vs_db") > 0
 
+    # The bare-queue reference at B = 1 and each batch size, and the DB
+    # ceilings' per-round ratios to it.
+    for b in (1, *batches):
+        assert median(figures, f"bare.b{b}.todos_per_s") > 0
+        for name in ("db", "db_budgeted"):
+            assert median(figures, f"ratio.{name}.b{b}_vs_bare") > 0
+    assert result["other"]["bare"]["backlog"] == params["large_backlog"]
+
     # The pgqueuer reference: both drains measured, the limit never reached.
     assert result["other"]["pgq"]["version"] == "1.6.0"
     for key in ("defaults", "limit"):
@@ -98,13 +106,17 @@ async def test_quick_bench_runs_every_scenario_and_writes_its_json(pg_admin_dsn:
 
     # Every target is judged, the new one among them.
     targets = {t["scenario"]: t for t in result["targets"]}
-    assert len(targets) == 9
+    assert len(targets) == 15
     assert all(isinstance(t["pass"], bool) for t in targets.values())
+    versus_bare = [t for s, t in targets.items() if s.endswith("vs the bare queue")]
+    assert [t["target"] for t in versus_bare] == ["≥ 0.6", "≥ 0.5", "≥ 0.6", "≥ 0.6"]
+    assert all(t["ratio"] > 0 for t in versus_bare)
+    assert len([s for s in targets if "no collapse" in s]) == 2
     (versus,) = [t for s, t in targets.items() if "pgqueuer" in s]
     assert versus["target"] == "≥ 1.5" and versus["ratio"] > 0
 
     # No batched or pgqueuer measurement had errors.
-    assert not [n for n in result["notes"] if "batches of" in n or "pgqueuer" in n]
+    assert not [n for n in result["notes"] if "batches of" in n or "pgqueuer" in n or "bare" in n]
 
     # Its databases, Switchboard's and pgqueuer's, were dropped.
     assert len(result["databases"]) == 2
@@ -155,3 +167,39 @@ async def test_quick_idle_bench_runs_and_writes_its_json() -> None:
     targets = result["targets"]
     assert len(targets) == 3
     assert all(isinstance(t["pass"], bool) for t in targets)
+
+
+async def test_quick_profile_reads_statements_functions_waits_and_plans() -> None:
+    # Its own embedded PostgreSQL, restarted with pg_stat_statements preloaded.
+    code, out, err = await run_bench("--profile", "--quick")
+    assert code == 0, err[-3000:]
+    line = next(x for x in err.splitlines() if x.startswith("results: "))
+    path = ROOT / line.removeprefix("results: ").strip()
+    assert path.parent == ROOT / "bench" / "results" / "tmp"
+    assert path.name.endswith("-profile.json")
+    try:
+        result = json.loads(path.read_text())
+    finally:
+        path.unlink(missing_ok=True)
+
+    assert result["bench"] == "profile" and result["mode"] == "quick"
+    measured = [(m["name"], m["batch"]) for m in result["measurements"]]
+    assert measured == [(name, b) for name in ("bare", "db", "db_budgeted") for b in (1, 10, 100)]
+    for m in result["measurements"]:
+        assert m["todos_per_s"] > 0 and m["db_ms_per_todo"] > 0
+        top = [s["query"] for s in m["statements"] if s["toplevel"]]
+        claim = "bare_todos" if m["name"] == "bare" else "sb_claim_next_for"
+        assert any(claim in q for q in top), top[:3]
+        if m["name"] != "bare":
+            # Nested statements (inside the PL/pgSQL functions) and function times.
+            assert any(not s["toplevel"] for s in m["statements"])
+            assert any(f["function"] == "sb_settle" for f in m["functions"])
+        assert m["wait_samples"] > 0 and m["waits"]
+        assert {i["index"] for i in m["pending_indexes"]} == {
+            "todos_pending_idx",
+            "bare_todos_pending_idx",
+        }
+        assert set(m["head_probe"]) == {"todos", "bare_todos"}
+        # One round in --quick: it is the last, so auto_explain's plans are there.
+        assert m["plans"] and all(p["median_plan"] for p in m["plans"])
+    assert "## round 1: db B=100" in out

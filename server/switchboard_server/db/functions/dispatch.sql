@@ -288,7 +288,10 @@ BEGIN
                       p_result_types)
                WITH ORDINALITY AS i (id, lease_id, action, error, permanent, result,
                                      result_type, ord)
-         WHERE t.id = i.id AND t.lease_id = i.lease_id AND t.state = 'claimed'
+         -- A matching lease means claimed (todos_lease_matches_state): no state
+         -- test here, or the generic plan may walk every claimed row through a
+         -- claimed-only index, with the items as the inner loop.
+         WHERE t.id = i.id AND t.lease_id = i.lease_id
            AND t.owner_id = p_owner_id
            AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
         RETURNING i.ord, i.action, i.error, i.result, i.result_type, t AS row
@@ -513,7 +516,10 @@ BEGIN
         UPDATE todos t
            SET lease_expires_at = v_now + p_lease, updated_at = v_now
           FROM unnest(p_ids, p_leases) WITH ORDINALITY AS i (id, lease_id, ord)
-         WHERE t.id = i.id AND t.lease_id = i.lease_id AND t.state = 'claimed'
+         -- A matching lease means claimed (todos_lease_matches_state): no state
+         -- test here, or the generic plan may walk every claimed row through a
+         -- claimed-only index, with the items as the inner loop.
+         WHERE t.id = i.id AND t.lease_id = i.lease_id
            AND t.owner_id = p_owner_id
            AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
         RETURNING i.ord

@@ -1,0 +1,90 @@
+"""Settling a batch probes its todos by primary key, whatever the statistics say about claims.
+
+``sb_settle`` runs generic plans, which cannot see how many items the arrays
+hold. With statistics taken while nothing was claimed (a fresh ANALYZE of a
+seeded queue), a state test beside the lease match let the planner walk
+every claimed row through a claimed-only partial index, with the items as
+the inner loop: under 64 batch claimers of 100 that made a 100-item settle
+cost about 670 ms instead of about 12 (``docs/performance.md``, "Where the
+database time goes"). Here the claimed-only indexes must not be read at all.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import asyncpg
+from switchboard_server.db import Database
+from switchboard_server.db import tenancy as tenancy_queries
+from switchboard_server.db import todos as todo_queries
+
+CLAIMED_ONLY = ("todos_claimed_idx", "todos_lease_expiry_idx")
+
+
+async def _tuples_read(conn: asyncpg.Connection, names: tuple[str, ...]) -> int:
+    """Index entries read through these indexes so far (this session's flushed first)."""
+    await conn.fetchval("SELECT pg_stat_force_next_flush()")
+    await conn.fetchval("SELECT 1")
+    await conn.fetchval("SELECT pg_stat_clear_snapshot()")
+    value = await conn.fetchval(
+        "SELECT sum(idx_tup_read) FROM pg_stat_user_indexes WHERE indexrelname = ANY($1::text[])",
+        list(names),
+    )
+    return int(value or 0)
+
+
+async def test_a_batch_settle_does_not_walk_the_claimed_rows(db: Database, dsn: str) -> None:
+    async with db.transaction() as conn:
+        owner = await tenancy_queries.create_owner(conn, "settle-plan")
+        endpoint = await tenancy_queries.create_endpoint(conn, owner.id, "agent")
+        todo, _ = await todo_queries.ingest(
+            conn,
+            owner_id=owner.id,
+            endpoint_id=endpoint.id,
+            queue="work",
+            payload=b"p",
+            content_type="text/plain",
+            max_attempts=5,
+            delay=timedelta(0),
+            webhook_id=None,
+            delivery_id=None,
+        )
+    conn = await asyncpg.connect(dsn)
+    try:
+        # A seeded queue, analyzed while nothing is claimed.
+        await conn.execute(
+            """
+            INSERT INTO todos (queue_id, owner_id, endpoint_id, queue, payload, content_type,
+                               max_attempts, next_retry_at, created_at, updated_at)
+            SELECT t.queue_id, t.owner_id, t.endpoint_id, t.queue, t.payload, t.content_type,
+                   5, t.next_retry_at, t.created_at, t.updated_at
+              FROM todos t CROSS JOIN generate_series(1, 5000)
+             WHERE t.id = $1
+            """,
+            todo.id,
+        )
+        await conn.execute("ANALYZE todos")
+        claimed = await conn.fetchval(
+            "SELECT todos FROM sb_claim_next_for($1, $2, NULL, ARRAY['w'], $3, 300, 100000000)",
+            owner.id,
+            endpoint.id,
+            timedelta(minutes=5),
+        )
+        assert len(claimed) == 300
+        before = await _tuples_read(conn, CLAIMED_ONLY)
+        for offset in (0, 100):  # twice: the second call runs the cached generic plan
+            batch = claimed[offset : offset + 100]
+            rows = await conn.fetch(
+                "SELECT outcome FROM sb_settle($1, $2, $3, $4, $5, $6, $7, 1, 60)",
+                owner.id,
+                endpoint.id,
+                [t["id"] for t in batch],
+                [t["lease_id"] for t in batch],
+                ["complete"] * 100,
+                [None] * 100,
+                [False] * 100,
+            )
+            assert [r["outcome"] for r in rows] == ["applied"] * 100
+        assert await _tuples_read(conn, CLAIMED_ONLY) == before
+    finally:
+        await conn.close()
