@@ -36,6 +36,9 @@ MAX_BATCH = 500
 TRANSIENT_CODES = frozenset(
     {
         grpc.StatusCode.UNAVAILABLE,
+        # A server that stops cancels the calls it has in flight; a call this
+        # process cancels raises asyncio.CancelledError instead.
+        grpc.StatusCode.CANCELLED,
         grpc.StatusCode.DEADLINE_EXCEEDED,
         grpc.StatusCode.ABORTED,
         grpc.StatusCode.RESOURCE_EXHAUSTED,

@@ -25,9 +25,14 @@ import { WorkerStats, type WorkerRpc } from "./stats.js";
 /** Most todos one `ClaimNext` may claim, and most items of a batch call (the server's limit). */
 export const MAX_BATCH = 500;
 
-/** Codes worth retrying: the server or the network may answer differently later. */
+/**
+ * Codes worth retrying: the server or the network may answer differently later.
+ * `Canceled` too: a server that stops cancels the calls it has in flight (the
+ * worker's own stop ends its loops before any retry).
+ */
 export const TRANSIENT_CODES: ReadonlySet<Code> = new Set([
   Code.Unavailable,
+  Code.Canceled,
   Code.DeadlineExceeded,
   Code.Aborted,
   Code.ResourceExhausted,
