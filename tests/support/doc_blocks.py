@@ -105,4 +105,8 @@ NOT_RUN: dict[Block, str] = {
         "names a public receiver (the hook egress policy resolves it); "
         "tests/grpc/test_hook_signatures.py rotates a secret through SetNotifyHook"
     ),
+    Block("docs/performance.md", "sh", "scripts/bench --profile"): (
+        "a full profile takes about 4 minutes; tests/bench/test_quick.py runs "
+        "`python -m bench --profile --quick`"
+    ),
 }
