@@ -1,14 +1,19 @@
 /**
- * Every RPC of DispatchService and AdmissionService, once with a success and once refused,
+ * Every RPC of DispatchService and AdmissionService, once with a success and once refused
+ * (a test below checks the list against the service descriptors),
  * against a real server; rich errors decoded into typed details.
  */
 import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
 import { after, before, describe, test } from "node:test";
 
 import { timestampMs } from "@bufbuild/protobuf/wkt";
 
 import {
+  AdmissionService,
   BatchItemStatus,
+  BulkItemStatus,
+  DispatchService,
   Code,
   DeferralReason,
   DoorbellCause,
@@ -172,6 +177,43 @@ describe("the client against a real server", () => {
       ],
     );
     await refused(Code.InvalidArgument, () => agent.dispatch.settleTodos({ settlements: [] }));
+  });
+
+  test("every RPC of DispatchService and AdmissionService is called in this file", () => {
+    const source = readFileSync(new URL(import.meta.url), "utf8");
+    const missing = [...DispatchService.methods, ...AdmissionService.methods]
+      .map((m) => m.localName)
+      .filter((name) => !source.includes(`.${name}(`));
+    assert.deepEqual(missing, []);
+  });
+
+  test("CancelTodo, RequeueTodo, CancelTodos, RequeueTodos, ListTodoAudit; and refusals", { timeout: 60_000 }, async () => {
+    const a = (await agent.dispatch.ingest({ queue: { name: "ops" }, payload: bytes("a") })).todo!;
+    const b = (await agent.dispatch.ingest({ queue: { name: "ops" }, payload: bytes("b") })).todo!;
+    // A basics credential has neither the cancel nor the requeue grant; the human has both.
+    await refused(Code.PermissionDenied, () => agent.dispatch.cancelTodo({ todoId: a.id }));
+    assert.equal((await human.dispatch.cancelTodo({ todoId: a.id })).todo!.state, TodoState.CANCELLED);
+    await refused(Code.FailedPrecondition, () => human.dispatch.cancelTodo({ todoId: a.id }));
+    await refused(Code.PermissionDenied, () => agent.dispatch.requeueTodo({ todoId: a.id }));
+    assert.equal((await human.dispatch.requeueTodo({ todoId: a.id })).todo!.state, TodoState.PENDING);
+    await refused(Code.FailedPrecondition, () => human.dispatch.requeueTodo({ todoId: a.id }));
+
+    const cancelled = await human.dispatch.cancelTodos({ todoIds: [a.id, b.id, NO_SUCH_TODO] });
+    assert.deepEqual(
+      cancelled.results.map((r) => r.status),
+      [BulkItemStatus.APPLIED, BulkItemStatus.APPLIED, BulkItemStatus.NOT_FOUND],
+    );
+    await refused(Code.InvalidArgument, () => human.dispatch.cancelTodos({}));
+    const filter = { endpointId: server.endpointId, queues: ["ops"], states: [TodoState.CANCELLED] };
+    const counted = await human.dispatch.requeueTodos({ filter, dryRun: true });
+    assert.equal(counted.count, 2n);
+    const requeued = await human.dispatch.requeueTodos({ filter });
+    assert.equal(requeued.count, 2n);
+    await refused(Code.PermissionDenied, () => agent.dispatch.requeueTodos({ filter }));
+
+    const audit = await human.dispatch.listTodoAudit({ endpointId: server.endpointId });
+    assert.ok(audit.entries.length >= 4, `${audit.entries.length} audit entries`);
+    await refused(Code.InvalidArgument, () => human.dispatch.listTodoAudit({ pageSize: 501 }));
   });
 
   test("WatchReopen rings for a new todo; a bad token is refused; a deadline ends it", { timeout: 60_000 }, async () => {
