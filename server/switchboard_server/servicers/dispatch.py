@@ -411,22 +411,9 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
     ) -> dispatch_pb2.RequeueTodoResponse:
         v = Violations()
         todo_id = v.todo_id("todo_id", request.todo_id)
-        delay = v.duration(
-            "delay",
-            request.delay,
-            request.HasField("delay"),
-            minimum=timedelta(0),
-            maximum=MAX_DELAY,
-        )
-        max_attempts = None
-        if request.HasField("max_attempts"):
-            max_attempts = request.max_attempts
-            if not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
-                v.add("max_attempts", f"must be between 1 and {MAX_ATTEMPTS_LIMIT}")
+        delay, max_attempts = _requeue_options(v, request)
         v.check()
-        view = await self._dispatcher.requeue(
-            current_principal(), todo_id, delay or timedelta(0), max_attempts
-        )
+        view = await self._dispatcher.requeue(current_principal(), todo_id, delay, max_attempts)
         return dispatch_pb2.RequeueTodoResponse(todo=convert.todo(view.todo, view.admission))
 
     async def CancelTodos(
@@ -447,21 +434,10 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
     ) -> dispatch_pb2.RequeueTodosResponse:
         v = Violations()
         target = _bulk_target(v, request, "requeue")
-        delay = v.duration(
-            "delay",
-            request.delay,
-            request.HasField("delay"),
-            minimum=timedelta(0),
-            maximum=MAX_DELAY,
-        )
-        max_attempts = None
-        if request.HasField("max_attempts"):
-            max_attempts = request.max_attempts
-            if not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
-                v.add("max_attempts", f"must be between 1 and {MAX_ATTEMPTS_LIMIT}")
+        delay, max_attempts = _requeue_options(v, request)
         v.check()
         results, count, skipped, token = await self._bulk(
-            "requeue", target, request.dry_run, delay or timedelta(0), max_attempts
+            "requeue", target, request.dry_run, delay, max_attempts
         )
         return dispatch_pb2.RequeueTodosResponse(
             results=results, count=count, skipped=skipped, next_page_token=token
@@ -524,3 +500,23 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
             await context.send_initial_metadata(())
             async for bell in subscription:
                 yield dispatch_pb2.WatchReopenResponse(doorbell=convert.doorbell(bell))
+
+
+def _requeue_options(
+    v: Violations, request: dispatch_pb2.RequeueTodoRequest | dispatch_pb2.RequeueTodosRequest
+) -> tuple[timedelta, int | None]:
+    """A requeue's delay (none: at once) and its new ``max_attempts`` (none: raised to
+    allow one more attempt), as RequeueTodo and RequeueTodos both take them."""
+    delay = v.duration(
+        "delay",
+        request.delay,
+        request.HasField("delay"),
+        minimum=timedelta(0),
+        maximum=MAX_DELAY,
+    )
+    max_attempts = None
+    if request.HasField("max_attempts"):
+        max_attempts = request.max_attempts
+        if not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
+            v.add("max_attempts", f"must be between 1 and {MAX_ATTEMPTS_LIMIT}")
+    return delay or timedelta(0), max_attempts
