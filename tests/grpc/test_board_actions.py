@@ -13,19 +13,24 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import re
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 
 import aiohttp
 import grpc
 import pytest
-from switchboard.v1 import admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
+from switchboard.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
+from switchboard_server import errors
+from switchboard_server.admission import AdmissionControl
 from switchboard_server.app import App
+from switchboard_server.auth import Authenticator
+from switchboard_server.db import Database
 from switchboard_server.web import board as board_module
 
 from tests.support.admission import ingest, set_policy
 from tests.support.browser import Browser, require_browser
-from tests.support.client import Client, Tenant, make_tenant
+from tests.support.client import Client, Tenant, add_endpoint, make_tenant
 from tests.support.errors import expect_code
 from tests.support.protos import dur
 
@@ -338,7 +343,7 @@ async def test_requeue_all_by_filter_is_audited_like_the_rpc(
     status, _, location = await board.post(
         queue + "/todos/act", [("action", "requeue"), ("scope", "all")]
     )
-    assert status == 303 and location.endswith("?acted=requeue&applied=3&refused=0")
+    assert status == 303 and location.endswith("?acted=requeue&applied=3&busy=0")
     assert [await state_of(client, tenant, i) for i in dead] == [PENDING] * 3
     (entry,) = await audit(client, tenant)
     assert entry.action == dispatch_pb2.TODO_ACTION_REQUEUE and entry.count == 3
@@ -450,3 +455,29 @@ async def test_counts_wording_and_fragments(client: Client, tenant: Tenant, boar
             board.base + queue + "/fragments/counts", allow_redirects=False
         ) as resp:
             assert resp.status == 303
+
+
+async def test_pause_and_resume_need_an_agents_policy_grants(
+    client: Client, tenant: Tenant, db: Database
+) -> None:
+    """The board signs humans in only (they hold every grant); the domain calls
+    it uses check an endpoint credential's grants as SetPolicy and ClearPolicy do."""
+    await ingest(client, tenant.agent, QUEUE, 1)
+    admission = AdmissionControl(db)
+    authenticate = Authenticator(db, None).authenticate
+    endpoint = uuid.UUID(tenant.endpoint_id)
+    _, setter = await add_endpoint(
+        client, tenant, "setter", grants=[admin_pb2.GRANT_SET_ADMISSION_POLICY]
+    )
+    basics = await authenticate(f"Bearer {tenant.endpoint_token}")
+    with pytest.raises(errors.PermissionDenied, match="set_admission_policy"):
+        await admission.pause(basics, endpoint, QUEUE)
+    # Another endpoint's credential does not reach this queue at all.
+    with pytest.raises(errors.NotFound):
+        await admission.pause(await authenticate(f"Bearer {setter}"), endpoint, QUEUE)
+    human = await authenticate(f"Bearer {tenant.human_token}")
+    await admission.pause(human, endpoint, QUEUE)  # no policy before: resuming clears
+    with pytest.raises(errors.PermissionDenied, match="set_admission_policy"):
+        await admission.resume(basics, endpoint, QUEUE)
+    assert (await admission.resume(human, endpoint, QUEUE)) is None
+    assert await policy_audit(client, tenant, QUEUE) == ["clear", "set"]

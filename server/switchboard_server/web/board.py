@@ -285,13 +285,17 @@ def acted_notice(query: Mapping[str, str]) -> str | None:
     if action not in ACTIONS:
         return None
     done = "cancelled" if action == "cancel" else "requeued"
-    applied, refused, missing = (_count(query, k) for k in ("applied", "refused", "missing"))
+    applied, refused, missing, busy = (
+        _count(query, k) for k in ("applied", "refused", "missing", "busy")
+    )
     text = f"{applied} todo{'' if applied == 1 else 's'} {done}."
     if refused:
         states = "pending or claimed" if action == "cancel" else "dead or cancelled"
         text += f" {refused} left as they were (no longer {states})."
     if missing:
         text += f" {missing} not found among yours."
+    if busy:
+        text += f" {busy} skipped while another change held them."
     if query.get("more") == "1":
         text += " More remain: act on the rest again."
     return text
@@ -762,7 +766,7 @@ class Board:
                 BulkFilter(endpoint_id, ACTIONS[action], queues=(name,)),
                 _cursor(_text(form, "after")),
             )
-            query = f"acted={action}&applied={progress.count}&refused={progress.skipped}"
+            query = f"acted={action}&applied={progress.count}&busy={progress.skipped}"
             if progress.after is not None:
                 query += "&more=1"
             raise _Redirect(f"{queue_url(endpoint_id, name)}?{query}")
