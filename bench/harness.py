@@ -80,6 +80,10 @@ class Params:
     queues: int = 100
     exhausted: int = 90
     subscribers: int = 1000
+    #: Scenario 8: dead todos requeued by filter in each round, and the
+    #: workers claiming from the endpoint's other queues meanwhile.
+    bulk_dead: int = 100_000
+    bulk_workers: int = 16
 
     @classmethod
     def full(cls) -> Params:
@@ -119,6 +123,7 @@ class Params:
             batch_duration=1,
             drain_reserve=60_000,
             pgq_backlog=30_000,
+            bulk_dead=20_000,
         )
 
 

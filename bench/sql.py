@@ -87,6 +87,26 @@ SELECT q.id, q.owner_id, q.endpoint_id, q.name, 'pending', {_PAYLOAD}, 'applicat
  CROSS JOIN LATERAL (SELECT $4::timestamptz + g * $5::interval AS at) AS t
 """
 
+#: A dead-letter backlog: $2 todos of queue $1 that died on their last of 5
+#: attempts (no attempt rows: a requeue needs none), created from $3 every $4.
+SEED_DEAD = f"""
+INSERT INTO todos (queue_id, owner_id, endpoint_id, queue, state, payload, content_type,
+                   attempt, max_attempts, next_retry_at, last_error, created_at, updated_at,
+                   finished_at)
+SELECT q.id, q.owner_id, q.endpoint_id, q.name, 'dead', {_PAYLOAD}, 'application/json',
+       5, 5, t.at, 'bench: upstream answered 503', t.at, t.at, t.at
+  FROM queues q
+ CROSS JOIN generate_series(1, $2::integer) AS g
+ CROSS JOIN LATERAL (SELECT $3::timestamptz + (g - 1) * $4::interval AS at) AS t
+ WHERE q.id = $1
+"""
+
+#: Empties a queue (the bulk scenario's dead-letter queue, between rounds).
+DELETE_QUEUE_TODOS = "DELETE FROM todos WHERE queue_id = $1"
+
+#: A queue's todos by state.
+QUEUE_STATES = "SELECT state, count(*) AS n FROM todos WHERE queue_id = $1 GROUP BY state"
+
 #: After seeding: fresh statistics and a visibility map, as a long-running
 #: installation has.
 VACUUM_ANALYZE = "VACUUM ANALYZE"

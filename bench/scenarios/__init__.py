@@ -22,6 +22,7 @@ data of its own makes them in a phase of its own.
   900   memory: server RSS after the drains
   1000  fairness: scenario 5
   1100  fanout_latency: scenario 6 (and memory's RSS with streams)
+  1150  bulk_requeue: scenario 8
   1200  dataset: table statistics
   ====  =========================================================
 
@@ -30,7 +31,7 @@ data of its own makes them in a phase of its own.
   20 reference (pgqueuer's drains);
 * ``targets()``, ``ceilings()``, ``sections()``: its rows of the report,
   in ``report_order`` (the scenario numbers: ceilings 0, drain 1,
-  reference 3.5, backlog 4, fairness 5, fanout_latency 6, memory 7).
+  reference 3.5, backlog 4, fairness 5, fanout_latency 6, memory 7, bulk_requeue 8).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import itertools
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, time, timedelta
 from typing import Any
 
@@ -383,33 +383,73 @@ class AdmissionControl:
             if queue_id is None:
                 raise errors.NotFound("endpoint not found")
             row = await admission_queries.lock_policy(conn, queue_id, scope.owner_id)
-            before = policy_of(row, endpoint, queue) if row.active else None
-            now = await clock.now(conn)
-            # Without a window limit the old schedule is kept: the current
-            # window's count carries over if a window limit comes back.
-            bounds: list[datetime] = list(row.window_bounds)
-            refresh_at = None
-            if limits.window is not None:
-                bounds = schedule(limits.window, now)
-                refresh_at = bounds[REFRESH_INDEX]
-                await _carry_count(conn, row, now, bounds[0])
-            stored = await admission_queries.store_policy(
-                conn,
-                row.id,
-                active=True,
-                max_in_flight=limits.max_in_flight,
-                max_claims_per_window=limits.max_claims_per_window,
-                window_period=limits.window.period.value if limits.window else None,
-                window_zone=limits.window.zone if limits.window else None,
-                window_start=limits.window.start.strftime("%H:%M") if limits.window else None,
-                window_weekday=limits.window.weekday if limits.window else None,
-                window_bounds=bounds,
-                schedule_refresh_at=refresh_at,
+            return await _store(conn, principal, row, endpoint, queue, limits)
+
+    async def pause(
+        self, principal: Principal, endpoint_id: uuid.UUID | None, queue: str
+    ) -> Policy:
+        """Pauses a queue: its policy with 0 in flight (its window kept), or a
+        policy of 0 in flight when it has none. An ordinary ``set``, audited as
+        one; ``FailedPrecondition`` when the queue is paused already."""
+        scope, endpoint = policy_scope(principal, endpoint_id, Grant.SET_ADMISSION_POLICY)
+        async with self._db.transaction() as conn:
+            queue_id = await admission_queries.queue_find(conn, endpoint, scope.owner_id, queue)
+            if queue_id is None:
+                raise errors.NotFound("queue not found")
+            row = await admission_queries.lock_policy(conn, queue_id, scope.owner_id)
+            current = policy_of(row, endpoint, queue) if row.active else None
+            if current is not None and paused(current):
+                raise errors.FailedPrecondition("the queue is paused already")
+            limits = (
+                replace(current.limits, max_in_flight=0)
+                if current is not None
+                else Limits(0, None, None)
             )
-            after = policy_of(stored, endpoint, queue)
-            await _audit(conn, principal, stored, "set", before, after)
-            await doorbell_queries.recheck_gate(conn, queue_id)
-        return after
+            return await _store(conn, principal, row, endpoint, queue, limits)
+
+    async def resume_target(
+        self, principal: Principal, endpoint_id: uuid.UUID | None, queue: str
+    ) -> Resume | None:
+        """What ``resume`` would restore, when the queue is paused (see ``before_pause``)."""
+        scope, endpoint = policy_scope(principal, endpoint_id, None)
+        async with self._db.transaction() as conn:
+            queue_id = await admission_queries.queue_find(conn, endpoint, scope.owner_id, queue)
+            row = await admission_queries.get_active_policy(conn, queue_id) if queue_id else None
+            if queue_id is None or row is None or not paused(policy_of(row, endpoint, queue)):
+                return None
+            return await before_pause(conn, queue_id, scope.owner_id, endpoint, queue)
+
+    async def resume(
+        self, principal: Principal, endpoint_id: uuid.UUID | None, queue: str
+    ) -> Policy | None:
+        """Puts back the policy the queue had before it was paused (``before_pause``):
+        a ``set`` of it, or a ``clear`` when it had none, audited as such.
+        Returns the restored policy (``None``: none). ``FailedPrecondition``
+        when the queue is not paused or no earlier policy is recorded."""
+        scope, endpoint = policy_scope(principal, endpoint_id, Grant.SET_ADMISSION_POLICY)
+        async with self._db.transaction() as conn:
+            queue_id = await admission_queries.queue_find(conn, endpoint, scope.owner_id, queue)
+            if queue_id is None:
+                raise errors.NotFound("queue not found")
+            row = await admission_queries.lock_policy(conn, queue_id, scope.owner_id)
+            if not row.active or not paused(policy_of(row, endpoint, queue)):
+                raise errors.FailedPrecondition("the queue is not paused")
+            target = await before_pause(conn, queue_id, scope.owner_id, endpoint, queue)
+            if target is None:
+                raise errors.FailedPrecondition(
+                    "no policy from before the pause is recorded: set one instead"
+                )
+            if target.policy is None:
+                if Grant.CLEAR_ADMISSION_POLICY not in principal.grants and (
+                    principal.kind is PrincipalKind.ENDPOINT
+                ):
+                    raise errors.PermissionDenied(
+                        "this credential lacks the 'clear_admission_policy' grant, which "
+                        "resuming to no policy needs"
+                    )
+                await _clear(conn, principal, row, endpoint, queue)
+                return None
+            return await _store(conn, principal, row, endpoint, queue, target.policy.limits)
 
     async def clear(
         self, principal: Principal, endpoint_id: uuid.UUID | None, queue: str
@@ -423,23 +463,7 @@ class AdmissionControl:
             row = await admission_queries.lock_policy(conn, queue_id, scope.owner_id)
             if not row.active:
                 raise errors.NotFound("no admission policy for this queue")
-            before = policy_of(row, endpoint, queue)
-            stored = await admission_queries.store_policy(
-                conn,
-                row.id,
-                active=False,
-                max_in_flight=row.max_in_flight,
-                max_claims_per_window=row.max_claims_per_window,
-                window_period=row.window_period,
-                window_zone=row.window_zone,
-                window_start=row.window_start,
-                window_weekday=row.window_weekday,
-                window_bounds=row.window_bounds,
-                schedule_refresh_at=row.schedule_refresh_at,
-            )
-            await _audit(conn, principal, stored, "clear", before, None)
-            await doorbell_queries.recheck_gate(conn, queue_id)
-        return before
+            return await _clear(conn, principal, row, endpoint, queue)
 
     async def audit(
         self,
@@ -473,6 +497,115 @@ class AdmissionControl:
             )
             for r in rows
         ]
+
+
+def paused(policy: Policy) -> bool:
+    """Whether a policy pauses its queue (a limit of 0, as ``sb_admission_eval`` reads it)."""
+    return policy.limits.max_in_flight == 0 or policy.limits.max_claims_per_window == 0
+
+
+@dataclass(frozen=True)
+class Resume:
+    """What resuming a paused queue puts back: a policy, or none (``policy`` ``None``)."""
+
+    policy: Policy | None
+    #: The audit entry that paused the queue.
+    paused_by: int
+
+
+#: At most how many of a queue's policy changes ``before_pause`` reads.
+RESUME_SCAN = 1000
+
+
+async def before_pause(
+    conn: Conn, queue_id: int, owner_id: uuid.UUID, endpoint: uuid.UUID, queue: str
+) -> Resume | None:
+    """The policy a paused queue had before it was paused, from its audit trail.
+
+    Newest first, the entries whose ``after`` is paused lead back to the one
+    that paused the queue: the newest whose ``before`` is not paused (or is
+    no policy). Its ``before`` is what resuming restores: edits made while
+    paused are skipped, and a pause set by hand (0 in the policy form) is
+    undone the same way. ``None`` when the trail does not say (an entry
+    whose ``after`` is not paused comes first, or none within ``RESUME_SCAN``).
+    """
+    before_id: int | None = None
+    seen = 0
+    while seen < RESUME_SCAN:
+        rows = await admission_queries.list_audit(conn, queue_id, owner_id, before_id, 100)
+        for r in rows:
+            after = policy_from_json(r.after, endpoint, queue) if r.after else None
+            if after is None or not paused(after):
+                return None
+            prior = policy_from_json(r.before, endpoint, queue) if r.before else None
+            if prior is None or not paused(prior):
+                return Resume(prior, r.id)
+        if len(rows) < 100:
+            return None
+        seen += len(rows)
+        before_id = rows[-1].id
+    return None
+
+
+async def _store(
+    conn: Conn,
+    principal: Principal,
+    row: PolicyRow,
+    endpoint: uuid.UUID,
+    queue: str,
+    limits: Limits,
+) -> Policy:
+    """Stores ``limits`` as the locked row's active policy; audited as a ``set``."""
+    before = policy_of(row, endpoint, queue) if row.active else None
+    now = await clock.now(conn)
+    # Without a window limit the old schedule is kept: the current
+    # window's count carries over if a window limit comes back.
+    bounds: list[datetime] = list(row.window_bounds)
+    refresh_at = None
+    if limits.window is not None:
+        bounds = schedule(limits.window, now)
+        refresh_at = bounds[REFRESH_INDEX]
+        await _carry_count(conn, row, now, bounds[0])
+    stored = await admission_queries.store_policy(
+        conn,
+        row.id,
+        active=True,
+        max_in_flight=limits.max_in_flight,
+        max_claims_per_window=limits.max_claims_per_window,
+        window_period=limits.window.period.value if limits.window else None,
+        window_zone=limits.window.zone if limits.window else None,
+        window_start=limits.window.start.strftime("%H:%M") if limits.window else None,
+        window_weekday=limits.window.weekday if limits.window else None,
+        window_bounds=bounds,
+        schedule_refresh_at=refresh_at,
+    )
+    after = policy_of(stored, endpoint, queue)
+    await _audit(conn, principal, stored, "set", before, after)
+    await doorbell_queries.recheck_gate(conn, row.queue_id)
+    return after
+
+
+async def _clear(
+    conn: Conn, principal: Principal, row: PolicyRow, endpoint: uuid.UUID, queue: str
+) -> Policy:
+    """Deactivates the locked row's active policy (counters kept); audited as a ``clear``."""
+    before = policy_of(row, endpoint, queue)
+    stored = await admission_queries.store_policy(
+        conn,
+        row.id,
+        active=False,
+        max_in_flight=row.max_in_flight,
+        max_claims_per_window=row.max_claims_per_window,
+        window_period=row.window_period,
+        window_zone=row.window_zone,
+        window_start=row.window_start,
+        window_weekday=row.window_weekday,
+        window_bounds=row.window_bounds,
+        schedule_refresh_at=row.schedule_refresh_at,
+    )
+    await _audit(conn, principal, stored, "clear", before, None)
+    await doorbell_queries.recheck_gate(conn, row.queue_id)
+    return before
 
 
 async def _use_now(conn: Conn, row: PolicyRow, queue_id: int, policy: Policy) -> Headroom | None:

@@ -19,6 +19,7 @@ from switchboard_server.admission import (
     Limits,
     Policy,
     admission_status,
+    paused,
 )
 from switchboard_server.db import Database
 from switchboard_server.db import queues as queue_queries
@@ -35,7 +36,9 @@ class QueueSummary:
 
     ``ready`` counts pending todos past their retry time: what a claim would
     take now but for the budget, so it is the deferred count when the queue
-    is deferred. ``status`` is ``None`` for a queue without a policy.
+    is deferred; the rest of ``pending`` (``waiting``) waits for its retry
+    time (a backoff, or a delay given at ingest). ``dead`` counts the
+    dead-letter backlog. ``status`` is ``None`` for a queue without a policy.
     """
 
     endpoint_id: uuid.UUID
@@ -44,6 +47,7 @@ class QueueSummary:
     pending: int
     ready: int
     claimed: int
+    dead: int
     policy: Policy | None
     window_used: int | None
     window_started_at: datetime | None
@@ -55,6 +59,21 @@ class QueueSummary:
     def deferred(self) -> int:
         """Todos that would be claimable now but for the budget."""
         return self.ready if self.status is not None and self.status.deferred else 0
+
+    @property
+    def claimable(self) -> int:
+        """Pending todos a claim would take now (past their retry time, admitted)."""
+        return self.ready - self.deferred
+
+    @property
+    def waiting(self) -> int:
+        """Pending todos not yet past their retry time (whatever the budget)."""
+        return self.pending - self.ready
+
+    @property
+    def paused(self) -> bool:
+        """Whether the queue's policy pauses it."""
+        return self.policy is not None and paused(self.policy)
 
     @property
     def window_limit(self) -> int | None:
@@ -117,6 +136,7 @@ class Overview:
             pending=row.pending,
             ready=row.ready,
             claimed=row.claimed,
+            dead=row.dead,
             policy=_policy(row),
             window_used=row.window_used,
             window_started_at=row.window_started_at,

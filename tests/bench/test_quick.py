@@ -104,9 +104,19 @@ async def test_quick_bench_runs_every_scenario_and_writes_its_json(pg_admin_dsn:
     assert median(figures, "pgq.limit.max_picked") < params["pgq_limit"]
     assert median(figures, "ratio.s2.b100_vs_pgq_limit") > 0
 
+    # Scenario 8: each round requeued every dead todo by filter, in more than
+    # one chunk's worth, while the other queues' claims were measured.
+    for name in ("before", "during"):
+        assert median(figures, f"s8.{name}.claim_p99_ms") > 0
+        assert median(figures, f"s8.{name}.claims_per_s") > 0
+    assert median(figures, "ratio.s8.p99_during_vs_before") > 0
+    for row in result["other"]["s8_rounds"]:
+        assert row["requeued"] == row["pending_after"] == params["bulk_dead"]
+        assert row["dead_after"] == 0 and row["claims_during"] > 0
+
     # Every target is judged, the new one among them.
     targets = {t["scenario"]: t for t in result["targets"]}
-    assert len(targets) == 15
+    assert len(targets) == 16
     assert all(isinstance(t["pass"], bool) for t in targets.values())
     versus_bare = [t for s, t in targets.items() if s.endswith("vs the bare queue")]
     assert [t["target"] for t in versus_bare] == ["≥ 0.6", "≥ 0.5", "≥ 0.6", "≥ 0.6"]

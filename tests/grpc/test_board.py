@@ -278,6 +278,10 @@ async def test_another_owners_queues_never_appear_and_agent_tokens_cannot_sign_i
         await browser.open(path)
         assert await browser.text("h1") == "Not found"
         assert "globex" not in await browser.text()
+    # Their todo is not found by the search either (and no action is offered).
+    await browser.open(f"/board/search?q={secret_todo}")
+    assert await browser.text("#search-message") == f"No todo #{secret_todo} among yours."
+    assert not await browser.exists("form[action$='/todos/confirm']")
 
 
 async def test_board_http_statuses_session_cookie_and_csrf(

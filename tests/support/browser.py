@@ -127,6 +127,10 @@ class Browser:
 
         await asyncio.to_thread(click_and_wait)
 
+    async def tick(self, css: str) -> None:
+        """Clicks a checkbox (or anything else that loads no page)."""
+        await asyncio.to_thread(lambda: self._find(css).click())
+
     async def cookies(self) -> list[dict[str, object]]:
         """The cookies the browser holds for the current page."""
         return await asyncio.to_thread(self.driver.get_cookies)

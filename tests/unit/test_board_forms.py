@@ -7,6 +7,8 @@ from datetime import UTC, datetime, time, timedelta
 
 from switchboard_server.admission import Limits, Policy
 from switchboard_server.web.board import (
+    acted_notice,
+    dedup_candidates,
     form_field,
     parse_limits,
     payload_preview,
@@ -113,3 +115,30 @@ def test_sessions_expire_are_dropped_and_evict_the_oldest() -> None:
     expired = Sessions(ttl=timedelta(seconds=-1))
     sid, _ = expired.create("sbh_x", "x")
     assert expired.get(sid) is None
+
+
+def test_dedup_keys_split_at_each_slash() -> None:
+    assert dedup_candidates("github/d-1") == [("github", "d-1")]
+    assert dedup_candidates("gh/acme/d-1") == [("gh", "acme/d-1"), ("gh/acme", "d-1")]
+    assert dedup_candidates("/x") == dedup_candidates("x/") == dedup_candidates("plain") == []
+    assert len(dedup_candidates("/".join("a" * 20))) == 8
+
+
+def test_the_notice_after_an_action_reads_numbers_only() -> None:
+    assert acted_notice({"acted": "requeue", "applied": "2"}) == "2 todos requeued."
+    assert acted_notice(
+        {
+            "acted": "cancel",
+            "applied": "1",
+            "refused": "1",
+            "missing": "2",
+            "busy": "3",
+            "more": "1",
+        }
+    ) == (
+        "1 todo cancelled. 1 left as they were (no longer pending or claimed). "
+        "2 not found among yours. 3 skipped while another change held them. "
+        "More remain: act on the rest again."
+    )
+    assert acted_notice({"acted": "requeue", "applied": "<b>"}) == "0 todos requeued."
+    assert acted_notice({"acted": "drop", "applied": "1"}) is None

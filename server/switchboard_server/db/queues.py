@@ -21,6 +21,7 @@ class QueueOverviewRow:
     pending: int
     ready: int
     claimed: int
+    dead: int
     policy_id: int | None
     max_in_flight: int | None
     max_claims_per_window: int | None

@@ -9,6 +9,19 @@ authorization and audit) and shows the audit trail; a todo's page shows its
 attempts. Handlers hold no SQL: they call the same domain objects as the
 servicers (``Dispatcher``, ``AdmissionControl``) and ``Overview``.
 
+Operators act from it too: a queue's page lists its dead letters (last
+error, attempts) and its pending todos with checkboxes; requeueing or
+cancelling some (or all) of them goes through a confirmation page showing
+how many, then ``Dispatcher.bulk_by_ids`` or ``bulk_by_filter``, exactly
+as ``CancelTodos``/``RequeueTodos`` do (grants, owner scope, audit). A
+todo's page cancels or requeues that one todo the same way. Pause and
+resume are ``AdmissionControl.pause``/``resume``: ordinary audited policy
+changes (0 in flight, then the policy from before the pause, read back
+from the audit trail). The search finds a todo by id or dedup key. Counts
+refresh by themselves: ``board.js`` fetches the ``fragments`` routes,
+which render the same markup as the page (without scripts the page is
+simply as loaded).
+
 Only human tokens sign in. Sessions and CSRF are described in
 ``web.sessions``; every POST must also come from the board's own origin.
 Failed sign-ins are throttled per client address (``web.throttle``); the
@@ -31,7 +44,8 @@ from multidict import MultiDictProxy
 
 from switchboard_server import errors
 from switchboard_server.admission import AuditEntry, DeferralReason, Limits, Policy
-from switchboard_server.model import Principal, PrincipalKind, TodoState
+from switchboard_server.dispatch import BulkFilter
+from switchboard_server.model import Principal, PrincipalKind, Todo, TodoState
 from switchboard_server.overview import Names, Overview, QueueSummary
 from switchboard_server.tenancy import Tenancy
 from switchboard_server.web.proxies import Proxies
@@ -65,6 +79,20 @@ AUDIT_PAGE = 50
 #: Payload bytes shown on a todo's page.
 PAYLOAD_PREVIEW = 64 * 1024
 _MAX_ID = 2**63 - 1
+#: At most how many todos one confirmation names (as ``CancelTodos`` by ids).
+MAX_SELECTED = 500
+#: Seconds between the script's refreshes of a page's counts.
+REFRESH_SECONDS = 10
+#: The longest search text read.
+MAX_SEARCH = 1024
+#: At most how many ways a dedup key's ``/`` splits are tried.
+MAX_DEDUP_SPLITS = 8
+
+#: What each action does to which states, for the confirmation and the filter.
+ACTIONS = {
+    "cancel": (TodoState.PENDING,),
+    "requeue": (TodoState.DEAD,),
+}
 
 POLICY_FIELDS = (
     "max_in_flight",
@@ -86,6 +114,10 @@ _NOTICES = {
     "saved": "Policy saved.",
     "cleared": "Policy cleared: the queue admits everything.",
     "nopolicy": "There was no policy to clear.",
+    "paused": "Queue paused: its policy now allows 0 in flight (the change is audited).",
+    "resumed": "Queue resumed: the policy it had before the pause is back (audited).",
+    "resumed_none": "Queue resumed: it had no policy before the pause, so the policy is "
+    "cleared (audited).",
 }
 _SIGNIN_NOTICES = {
     "signedout": "You are signed out.",
@@ -231,6 +263,60 @@ def _text(form: MultiDictProxy[Any], key: str) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _todo_ids(values: list[str]) -> list[int]:
+    """Distinct todo ids of a form, in order; ``_Refused`` (400) for anything else."""
+    ids: list[int] = []
+    for raw in values:
+        if not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or int(raw) > _MAX_ID:
+            raise _Refused(400, "Not a todo", "The form named something that is not a todo id.")
+        if int(raw) not in ids:
+            ids.append(int(raw))
+    return ids
+
+
+def _count(form: Mapping[str, Any], key: str) -> int:
+    raw = form.get(key, "")
+    return int(raw) if isinstance(raw, str) and raw.isascii() and raw.isdigit() else 0
+
+
+def acted_notice(query: Mapping[str, str]) -> str | None:
+    """The notice after a cancel or requeue, from its redirect's query (numbers only)."""
+    action = query.get("acted")
+    if action not in ACTIONS:
+        return None
+    done = "cancelled" if action == "cancel" else "requeued"
+    applied, refused, missing, busy = (
+        _count(query, k) for k in ("applied", "refused", "missing", "busy")
+    )
+    text = f"{applied} todo{'' if applied == 1 else 's'} {done}."
+    if refused:
+        states = "pending or claimed" if action == "cancel" else "dead or cancelled"
+        text += f" {refused} left as they were (no longer {states})."
+    if missing:
+        text += f" {missing} not found among yours."
+    if busy:
+        text += f" {busy} skipped while another change held them."
+    if query.get("more") == "1":
+        text += " More remain: act on the rest again."
+    return text
+
+
+def dedup_candidates(text: str) -> list[tuple[str, str]]:
+    """The ways ``webhook/delivery`` may be read (a webhook id may hold ``/`` too)."""
+    out = []
+    for i, ch in enumerate(text):
+        if ch == "/" and 0 < i < len(text) - 1:
+            out.append((text[:i], text[i + 1 :]))
+    return out[:MAX_DEDUP_SPLITS]
+
+
+def _cursor(raw: str) -> int | None:
+    """A page cursor (a todo id) from a query or form; ``None`` when absent or malformed."""
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or int(raw) > _MAX_ID:
+        return None
+    return int(raw)
+
+
 def _queue_params(request: web.Request) -> tuple[uuid.UUID, str]:
     try:
         endpoint_id = uuid.UUID(request.match_info["endpoint_id"])
@@ -245,6 +331,7 @@ async def _security_headers(request: web.Request, response: web.StreamResponse) 
     response.headers.setdefault(
         "Content-Security-Policy",
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        "connect-src 'self'; "
         "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     )
     response.headers.setdefault("X-Content-Type-Options", "nosniff")
@@ -288,6 +375,8 @@ class Board:
                 )
             except errors.PermissionDenied as exc:
                 return self._error(request, 403, "Not allowed", exc.message)
+            except errors.InvalidArgument as exc:
+                return self._error(request, 400, "Not accepted", exc.message)
             except errors.Unavailable:
                 return self._error(
                     request, 503, "Unavailable", "The database is unavailable; try again."
@@ -471,14 +560,28 @@ class Board:
             queues=queues,
             deferred_by_reason=[(r.value, totals[r]) for r in DeferralReason if totals[r]],
             observed_at=queues[0].observed_at if queues else None,
+            refresh=REFRESH_SECONDS,
         )
+
+    async def queue_rows(self, request: web.Request) -> web.StreamResponse:
+        """The index's rows of queues, as the page renders them (the script's refresh)."""
+        _session, principal = await self._signed_in(request)
+        queues = await self._overview.queues(principal)
+        return self._html("fragment_queue_rows.html", queues=queues)
+
+    async def queue_counts(self, request: web.Request) -> web.StreamResponse:
+        """A queue's budget and counts, as its page renders them (the script's refresh)."""
+        _session, principal = await self._signed_in(request)
+        endpoint_id, name = _queue_params(request)
+        summary = await self._overview.queue(principal, endpoint_id, name)
+        return self._html("fragment_budget.html", q=summary)
 
     async def queue_page(self, request: web.Request) -> web.StreamResponse:
         """One queue: its budget, pending todos, policy form and audit trail."""
         session, principal = await self._signed_in(request)
         endpoint_id, name = _queue_params(request)
         summary = await self._overview.queue(principal, endpoint_id, name)
-        notice = _NOTICES.get(request.query.get("done", ""))
+        notice = _NOTICES.get(request.query.get("done", "")) or acted_notice(request.query)
         return await self._render_queue(request, session, principal, summary, notice=notice)
 
     async def _render_queue(
@@ -493,13 +596,19 @@ class Board:
         status: int = 200,
         notice: str | None = None,
     ) -> web.Response:
-        before_raw = request.query.get("before", "")
-        before = int(before_raw) if before_raw.isascii() and before_raw.isdigit() else None
-        if before is not None and before > _MAX_ID:
-            before = None
+        before = _cursor(request.query.get("before", ""))
+        dead_before = _cursor(request.query.get("dead_before", ""))
         dispatcher = self._deps.dispatcher
         pending, more_pending = await dispatcher.list(
             principal, q.endpoint_id, [q.queue], [TodoState.PENDING], PAGE, before
+        )
+        dead, more_dead = await dispatcher.list(
+            principal, q.endpoint_id, [q.queue], [TodoState.DEAD], PAGE, dead_before
+        )
+        resume = (
+            await self._deps.admission.resume_target(principal, q.endpoint_id, q.queue)
+            if q.paused
+            else None
         )
         claimed, more_claimed = await dispatcher.list(
             principal, q.endpoint_id, [q.queue], [TodoState.CLAIMED], PAGE, None
@@ -519,6 +628,11 @@ class Board:
             pending=pending,
             more_pending=more_pending,
             before=before,
+            dead=dead,
+            more_dead=more_dead,
+            dead_before=dead_before,
+            resume=resume,
+            refresh=REFRESH_SECONDS,
             claimed=claimed,
             more_claimed=more_claimed,
             audit=audit,
@@ -584,7 +698,175 @@ class Board:
             zone=window.zone if window else "UTC",
             payload=payload_preview(todo.payload),
             observed_at=summary.observed_at,
+            notice=acted_notice(request.query),
         )
+
+    # ------------------------------------------------------------------ acting on todos
+
+    async def confirm(self, request: web.Request) -> web.StreamResponse:
+        """The confirmation of a cancel or requeue: what, and how many. Changes nothing.
+
+        The form names an ``action`` (``cancel`` or ``requeue``) and either
+        ``scope=all`` (every pending, or every dead, todo of the queue) or
+        up to ``MAX_SELECTED`` ``todo`` ids.
+        """
+        session, principal = await self._signed_in(request)
+        endpoint_id, name = _queue_params(request)
+        form = await self._form(request, session)
+        summary = await self._overview.queue(principal, endpoint_id, name)
+        action = _text(form, "action")
+        if action not in ACTIONS:
+            raise _Refused(400, "Nothing to do", "Choose to cancel or to requeue.")
+        everything = _text(form, "scope") == "all"
+        ids = (
+            []
+            if everything
+            else _todo_ids([v for v in form.getall("todo", []) if isinstance(v, str)])
+        )
+        if not everything and not ids:
+            raise _Refused(400, "Nothing selected", "Select at least one todo, then try again.")
+        if len(ids) > MAX_SELECTED:
+            raise _Refused(
+                400,
+                "Too many selected",
+                f"Select at most {MAX_SELECTED} todos at once, or act on all of them.",
+            )
+        count = (
+            (summary.pending if action == "cancel" else summary.dead) if everything else len(ids)
+        )
+        return self._html(
+            "confirm.html",
+            session=session,
+            q=summary,
+            action=action,
+            everything=everything,
+            ids=ids,
+            count=count,
+            back=_text(form, "back") if _text(form, "back") == "todo" else "queue",
+            after=_cursor(_text(form, "after")),
+        )
+
+    async def act(self, request: web.Request) -> web.StreamResponse:
+        """Cancels or requeues what a confirmation named, as ``CancelTodos`` and
+        ``RequeueTodos`` do: by ids (each on its own; none found among the
+        owner's is 404), or every pending (dead) todo of the queue by filter,
+        one call's worth of chunks per confirmation (the rest: act again)."""
+        session, principal = await self._signed_in(request)
+        endpoint_id, name = _queue_params(request)
+        form = await self._form(request, session)
+        await self._overview.queue(principal, endpoint_id, name)  # 404 unless the owner's
+        action = _text(form, "action")
+        if action not in ACTIONS:
+            raise _Refused(400, "Nothing to do", "Choose to cancel or to requeue.")
+        dispatcher = self._deps.dispatcher
+        if _text(form, "scope") == "all":
+            progress = await dispatcher.bulk_by_filter(
+                principal,
+                action,
+                BulkFilter(endpoint_id, ACTIONS[action], queues=(name,)),
+                _cursor(_text(form, "after")),
+            )
+            query = f"acted={action}&applied={progress.count}&busy={progress.skipped}"
+            if progress.after is not None:
+                query += "&more=1"
+            raise _Redirect(f"{queue_url(endpoint_id, name)}?{query}")
+        ids = _todo_ids([v for v in form.getall("todo", []) if isinstance(v, str)])
+        if not ids or len(ids) > MAX_SELECTED:
+            raise _Refused(400, "Nothing selected", f"Select between 1 and {MAX_SELECTED} todos.")
+        acted = await dispatcher.bulk_by_ids(principal, action, ids)
+        outcomes = Counter(
+            "applied" if a.outcome == "applied" else "missing" if a.todo is None else "refused"
+            for a in acted
+        )
+        if outcomes["missing"] == len(ids):
+            raise errors.NotFound("no such todo among yours")
+        query = "&".join(f"{k}={outcomes[k]}" for k in ("applied", "refused", "missing"))
+        if _text(form, "back") == "todo" and len(ids) == 1:
+            raise _Redirect(f"/board/todos/{ids[0]}?acted={action}&{query}")
+        raise _Redirect(f"{queue_url(endpoint_id, name)}?acted={action}&{query}")
+
+    async def pause(self, request: web.Request) -> web.StreamResponse:
+        """Pauses the queue through ``AdmissionControl.pause`` (audited as a ``set``)."""
+        session, principal = await self._signed_in(request)
+        endpoint_id, name = _queue_params(request)
+        await self._form(request, session)
+        await self._overview.queue(principal, endpoint_id, name)  # 404 unless the owner's
+        try:
+            await self._deps.admission.pause(principal, endpoint_id, name)
+        except errors.FailedPrecondition as exc:
+            raise _Refused(409, "Already paused", exc.message) from None
+        raise _Redirect(f"{queue_url(endpoint_id, name)}?done=paused")
+
+    async def resume(self, request: web.Request) -> web.StreamResponse:
+        """Resumes the queue through ``AdmissionControl.resume`` (a ``set`` or ``clear``)."""
+        session, principal = await self._signed_in(request)
+        endpoint_id, name = _queue_params(request)
+        await self._form(request, session)
+        await self._overview.queue(principal, endpoint_id, name)  # 404 unless the owner's
+        try:
+            restored = await self._deps.admission.resume(principal, endpoint_id, name)
+        except errors.FailedPrecondition as exc:
+            raise _Refused(409, "Not resumed", exc.message) from None
+        done = "resumed" if restored is not None else "resumed_none"
+        raise _Redirect(f"{queue_url(endpoint_id, name)}?done={done}")
+
+    async def search(self, request: web.Request) -> web.StreamResponse:
+        """Finds a todo by id, or by dedup key (``webhook-id/delivery-id``) on
+        one endpoint or on each of the owner's; one match opens its page."""
+        session, principal = await self._signed_in(request)
+        text = request.query.get("q", "").strip()
+        names = await self._overview.names(principal)
+        endpoints = sorted(names.endpoints.items(), key=lambda e: e[1])
+        chosen_raw = request.query.get("endpoint", "")
+        chosen = next((e for e, _n in endpoints if str(e) == chosen_raw), None)
+
+        def page(status: int, message: str | None, found: list[Todo]) -> web.Response:
+            return self._html(
+                "search.html",
+                status,
+                session=session,
+                text=text,
+                endpoints=endpoints,
+                chosen=chosen,
+                message=message,
+                found=found,
+                endpoint_names=names.endpoints,
+            )
+
+        if not text:
+            return page(200, None, [])
+        if len(text) > MAX_SEARCH:
+            return page(400, f"Enter at most {MAX_SEARCH} characters.", [])
+        if text.isascii() and text.isdigit():
+            if len(text) > 19 or int(text) > _MAX_ID:
+                return page(404, f"No todo #{text} among yours.", [])
+            try:
+                view, _attempts = await self._deps.dispatcher.get(principal, int(text))
+            except errors.NotFound:
+                return page(404, f"No todo #{text} among yours.", [])
+            raise _Redirect(f"/board/todos/{view.todo.id}")
+        candidates = dedup_candidates(text)
+        if not candidates:
+            return page(
+                400,
+                "Enter a todo id (digits) or a dedup key as webhook-id/delivery-id.",
+                [],
+            )
+        found: dict[int, Todo] = {}
+        for endpoint_id in [chosen] if chosen is not None else [e for e, _n in endpoints]:
+            for dedup in candidates:
+                try:
+                    view, _attempts = await self._deps.dispatcher.get_by_dedup(
+                        principal, endpoint_id, dedup
+                    )
+                except errors.NotFound:
+                    continue
+                found[view.todo.id] = view.todo
+        if len(found) == 1:
+            raise _Redirect(f"/board/todos/{next(iter(found))}")
+        if not found:
+            return page(404, f"No todo with the dedup key {text} among yours.", [])
+        return page(200, None, sorted(found.values(), key=lambda t: t.id))
 
     async def static(self, request: web.Request) -> web.StreamResponse:
         """The board's CSS and script."""
@@ -619,6 +901,15 @@ def add_board(app: web.Application, deps: WebDeps, proxies: Proxies | None = Non
     app.router.add_post(
         "/board/queues/{endpoint_id}/{queue}/policy/clear", guard(board.clear_policy)
     )
+    app.router.add_get("/board/fragments/queues", guard(board.queue_rows))
+    app.router.add_get(
+        "/board/queues/{endpoint_id}/{queue}/fragments/counts", guard(board.queue_counts)
+    )
+    app.router.add_post("/board/queues/{endpoint_id}/{queue}/todos/confirm", guard(board.confirm))
+    app.router.add_post("/board/queues/{endpoint_id}/{queue}/todos/act", guard(board.act))
+    app.router.add_post("/board/queues/{endpoint_id}/{queue}/pause", guard(board.pause))
+    app.router.add_post("/board/queues/{endpoint_id}/{queue}/resume", guard(board.resume))
+    app.router.add_get("/board/search", guard(board.search))
     app.router.add_get(r"/board/todos/{todo_id:\d+}", guard(board.todo_page))
     app.router.add_get("/board/static/{name}", board.static)
     app.on_response_prepare.append(_security_headers)

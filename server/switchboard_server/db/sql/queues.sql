@@ -1,8 +1,8 @@
 -- name: queue_overview :many
 -- Each queue of an owner ($1), optionally of one endpoint ($2) and one name
 -- ($3), in one statement (no per-queue round-trips): pending, ready (pending
--- and past its retry time, so claimable but for a budget) and claimed
--- counts, the active policy, the current window's bounds and units charged
+-- and past its retry time, so claimable but for a budget), claimed and dead
+-- (todos_dead_idx) counts, the active policy, the current window's bounds and units charged
 -- (also when paused), and the derived admission from sb_queue_admission
 -- (unlocked, failing closed). The current window is the last stored
 -- boundary at or before now, as in sb_admission_eval; none when the
@@ -15,6 +15,8 @@ SELECT q.id AS queue_id, q.endpoint_id, e.name AS endpoint_name, q.name,
            AS ready,
        (SELECT count(*) FROM todos t
          WHERE t.queue_id = q.id AND t.state = 'claimed') AS claimed,
+       (SELECT count(*) FROM todos t
+         WHERE t.queue_id = q.id AND t.state = 'dead') AS dead,
        p.id AS policy_id, p.max_in_flight, p.max_claims_per_window, p.window_period,
        p.window_zone, p.window_start, p.window_weekday, p.updated_at AS policy_updated_at,
        cw.started_at AS window_started_at, cw.ends_at AS window_ends_at,
