@@ -1,0 +1,2 @@
+-- Placeholder for another branch's migration 0011 (versions must be 1..n
+-- without gaps); dropped when the branches are merged.
