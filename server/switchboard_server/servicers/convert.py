@@ -231,6 +231,10 @@ def todo(
     if value.dedup_webhook_id is not None and value.dedup_delivery_id is not None:
         msg.dedup.webhook_id = value.dedup_webhook_id
         msg.dedup.delivery_id = value.dedup_delivery_id
+    if value.idempotency_key is not None:
+        msg.idempotency_key = value.idempotency_key
+    if value.traceparent is not None:
+        msg.traceparent = value.traceparent
     return msg
 
 
