@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -172,14 +171,12 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
         results = await self._dispatcher.ingest_many(
             current_principal(), endpoint_id, items, tracing.traceparent(context)
         )
-        return dispatch_pb2.IngestTodosResponse(
-            results=[
-                dispatch_pb2.IngestResult(
-                    todo=convert.todo(replace(todo, payload=b"")), deduplicated=deduplicated
-                )
-                for todo, deduplicated in results
-            ]
-        )
+        response = dispatch_pb2.IngestTodosResponse()
+        for todo, deduplicated in results:
+            result = response.results.add(deduplicated=deduplicated)
+            result.todo.CopyFrom(convert.todo(todo))
+            result.todo.payload = b""  # the caller has it
+        return response
 
     async def Claim(
         self, request: dispatch_pb2.ClaimRequest, context: Context
