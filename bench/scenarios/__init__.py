@@ -12,6 +12,7 @@ data of its own makes them in a phase of its own.
 
   ====  =========================================================
   100   dataset: tenants and queues through the API, clock offset
+  150   ingest: its own tenant and queue
   200   dataset: history on the main queue, the 10k backlog
   300   memory: server RSS, idle
   400   backlog: scenario 4 at 10k pending
@@ -28,10 +29,12 @@ data of its own makes them in a phase of its own.
 
 * ``steps()``: what it does in each round, at its place in the round
   (``Step.at``): 10 drain (ceilings and scenarios 1-3, single and batched),
-  20 reference (pgqueuer's drains);
+  20 reference (pgqueuer's drains), 30 ingest (scenario 9: its ceiling,
+  IngestTodos, single Ingests);
 * ``targets()``, ``ceilings()``, ``sections()``: its rows of the report,
   in ``report_order`` (the scenario numbers: ceilings 0, drain 1,
-  reference 3.5, backlog 4, fairness 5, fanout_latency 6, memory 7, bulk_requeue 8).
+  reference 3.5, backlog 4, fairness 5, fanout_latency 6, memory 7, bulk_requeue 8,
+  ingest 9).
 """
 
 from __future__ import annotations

@@ -107,9 +107,14 @@ class _ClaimFor:
     lease: timedelta
 
 
+#: How long after its todo finished an idempotency key still deduplicates,
+#: unless the ingest says otherwise.
+DEFAULT_IDEMPOTENCY_RETENTION = timedelta(hours=24)
+
+
 @dataclass(frozen=True)
 class IngestRequest:
-    """A validated ingest."""
+    """A validated ingest (at most one key: ``dedup`` or ``idempotency_key``)."""
 
     endpoint_id: uuid.UUID | None
     queue: str
@@ -118,6 +123,29 @@ class IngestRequest:
     max_attempts: int
     delay: timedelta
     dedup: tuple[str, str] | None
+    idempotency_key: str | None = None
+    idempotency_retention: timedelta = DEFAULT_IDEMPOTENCY_RETENTION
+
+    def new_todo(self, traceparent: str | None) -> todo_queries.NewTodo:
+        """The todo to insert, with the producer's trace context."""
+        return todo_queries.NewTodo(
+            queue=self.queue,
+            payload=self.payload,
+            content_type=self.content_type,
+            max_attempts=self.max_attempts,
+            delay=self.delay,
+            webhook_id=self.dedup[0] if self.dedup else None,
+            delivery_id=self.dedup[1] if self.dedup else None,
+            idempotency_key=self.idempotency_key,
+            idempotency_retention=self.idempotency_retention
+            if self.idempotency_key is not None
+            else None,
+            traceparent=traceparent,
+        )
+
+
+#: An ingested todo and whether a key matched an existing one instead.
+Ingested = tuple[Todo, bool]
 
 
 @dataclass(frozen=True)
@@ -161,6 +189,7 @@ class TodoFilter:
     states: Sequence[TodoState] = ()
     dedup: tuple[str, str] | None = None
     error_contains: str | None = None
+    idempotency_key: str | None = None
 
 
 #: At most how many of an endpoint's todos one page filtered by error text
@@ -290,6 +319,9 @@ class Dispatcher:
         self._heartbeats: Combiner[_ExtendFor, tuple[int, uuid.UUID], Extended] = Combiner(
             self._extend_each, max_batch=settings.combine_max
         )
+        self._ingests: Combiner[_Caller, todo_queries.NewTodo, Ingested] = Combiner(
+            self._ingest_each, max_batch=settings.combine_max
+        )
         self._releasing: set[asyncio.Task[None]] = set()
 
     @property
@@ -297,23 +329,51 @@ class Dispatcher:
         """The tunables this dispatcher runs with."""
         return self._settings
 
-    async def ingest(self, principal: Principal, req: IngestRequest) -> tuple[Todo, bool]:
-        """Creates a todo, or returns the existing one for a repeated dedup key."""
+    async def ingest(
+        self, principal: Principal, req: IngestRequest, traceparent: str | None = None
+    ) -> Ingested:
+        """Creates a todo, or returns the existing one for a key it holds.
+
+        Concurrent single ingests of one endpoint share a transaction
+        (``combine_max``): one commit, and one doorbell per queue, for all.
+        """
         scope = endpoint_scope(principal, Grant.INGEST, req.endpoint_id)
         assert scope.endpoint_id is not None
+        caller = _Caller(scope.owner_id, scope.endpoint_id)
+        item = req.new_todo(traceparent)
+        if self._settings.combine_max > 1:
+            return await self._ingests.submit(caller, item)
+        (result,) = await self._ingest(caller, [item])
+        return result
+
+    async def ingest_many(
+        self,
+        principal: Principal,
+        endpoint_id: uuid.UUID | None,
+        reqs: Sequence[IngestRequest],
+        traceparent: str | None = None,
+    ) -> list[Ingested]:
+        """Creates todos of one endpoint (any of its queues) in one transaction:
+        per item, in order, the todo and whether a key matched an existing one
+        (or an earlier item's)."""
+        scope = endpoint_scope(principal, Grant.INGEST, endpoint_id)
+        assert scope.endpoint_id is not None
+        caller = _Caller(scope.owner_id, scope.endpoint_id)
+        return await self._ingest(caller, [r.new_todo(traceparent) for r in reqs])
+
+    async def _ingest(
+        self, caller: _Caller, items: Sequence[todo_queries.NewTodo]
+    ) -> list[Ingested]:
+        assert caller.endpoint_id is not None
         async with self._db.statement() as conn:
-            return await todo_queries.ingest(
-                conn,
-                owner_id=scope.owner_id,
-                endpoint_id=scope.endpoint_id,
-                queue=req.queue,
-                payload=req.payload,
-                content_type=req.content_type,
-                max_attempts=req.max_attempts,
-                delay=req.delay,
-                webhook_id=req.dedup[0] if req.dedup else None,
-                delivery_id=req.dedup[1] if req.dedup else None,
+            return await todo_queries.ingest_many(
+                conn, owner_id=caller.owner_id, endpoint_id=caller.endpoint_id, items=items
             )
+
+    async def _ingest_each(
+        self, caller: _Caller, items: list[todo_queries.NewTodo]
+    ) -> list[Ingested | Again]:
+        return list(await self._ingest(caller, items))
 
     async def claim(
         self, principal: Principal, todo_id: int, claimant: str, lease: timedelta | None
@@ -622,6 +682,21 @@ class Dispatcher:
                 raise errors.NotFound("todo not found")
             return await self._full_view(conn, todo)
 
+    async def get_by_key(
+        self, principal: Principal, endpoint_id: uuid.UUID | None, queue: str, key: str
+    ) -> tuple[TodoView, list[Attempt]]:
+        """The todo that holds an idempotency key in an endpoint's queue, as
+        ``get`` reads it."""
+        scope = endpoint_scope(principal, Grant.READ, endpoint_id)
+        assert scope.endpoint_id is not None
+        async with self._db.transaction() as conn:
+            todo = await todo_queries.get_by_key(
+                conn, endpoint_id=scope.endpoint_id, owner_id=scope.owner_id, queue=queue, key=key
+            )
+            if todo is None:
+                raise errors.NotFound("todo not found")
+            return await self._full_view(conn, todo)
+
     async def _full_view(self, conn: Conn, todo: Todo) -> tuple[TodoView, list[Attempt]]:
         attempts = await todo_queries.attempts(conn, todo_id=todo.id)
         result = (
@@ -663,6 +738,19 @@ class Dispatcher:
                 )
                 if before is not None:
                     rows = [t for t in rows if t.id < before]
+            elif which.idempotency_key is not None:
+                rows = await todo_queries.list_by_key(
+                    conn,
+                    endpoint_id=scope.endpoint_id,
+                    owner_id=scope.owner_id,
+                    queues=queues,
+                    states=states,
+                    key=which.idempotency_key,
+                )
+                rows = [t for t in rows if before is None or t.id < before]
+                if len(rows) > page_size:
+                    rows = rows[:page_size]
+                    after = rows[-1].id
             elif which.error_contains is not None:
                 page = await todo_queries.list_by_error(
                     conn,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 
 class TodoState(enum.Enum):
@@ -83,6 +83,12 @@ class Todo:
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+    #: The producer's idempotency key (unique per queue while it deduplicates).
+    idempotency_key: str | None = None
+    #: How long after the todo finished its key still deduplicates.
+    idempotency_retention: timedelta | None = None
+    #: The W3C traceparent of the producer's Ingest call, if it sent one.
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,17 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
+import grpc
 from opentelemetry import trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from switchboard_server import errors
+from switchboard_server.model import Todo
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
@@ -43,6 +48,9 @@ ATTR_CLAIM_OUTCOME = "switchboard.claim.outcome"
 ATTR_REFUSAL_REASON = "switchboard.refusal_reason"
 ATTR_DEFERRED_QUEUES = "switchboard.deferred.queues"
 ATTR_DEFERRED_REASONS = "switchboard.deferred.reasons"
+ATTR_ATTEMPT = "switchboard.todo.attempt"
+
+_PROPAGATOR = TraceContextTextMapPropagator()
 
 _EXPORTERS = ("otlp", "console")
 _DEFAULT_SERVICE_NAME = "switchboard"
@@ -113,6 +121,55 @@ def configure(env: Mapping[str, str] | None = None) -> bool:
     trace.set_tracer_provider(provider)
     log.info("tracing on", extra={"exporters": ",".join(names)})
     return True
+
+
+#: A W3C traceparent of version 00 (what a producer's call may carry).
+_TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def traceparent(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+    """The trace context an ingested todo keeps: the current (server) span's
+    when tracing is on, so that the worker's span is its child; else the
+    caller's own ``traceparent`` metadata, when it sent a valid one (a plain
+    lookup, nothing else); ``None`` when there is none."""
+    if enabled():
+        ctx = trace.get_current_span().get_span_context()
+        if ctx.is_valid:
+            return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+    for key, value in context.invocation_metadata() or ():
+        if key == "traceparent" and isinstance(value, str):
+            value = value.strip().lower()
+            return value if _TRACEPARENT.fullmatch(value) else None
+    return None
+
+
+def record_waits(todos: Iterable[Todo]) -> None:
+    """Adds to each claimed todo's trace (the one it was ingested in) a span
+    ``switchboard.todo.wait``: from its creation to this claim (both on the
+    database's clock), linked to the current (claim) span. Nothing when
+    tracing is off or a todo carries no trace context."""
+    if not enabled():
+        return
+    claim = trace.get_current_span().get_span_context()
+    links = [trace.Link(claim)] if claim.is_valid else []
+    for todo in todos:
+        if not todo.traceparent:
+            continue
+        parent = _PROPAGATOR.extract({"traceparent": todo.traceparent})
+        if not trace.get_current_span(parent).get_span_context().is_valid:
+            continue
+        span = tracer.start_span(
+            "switchboard.todo.wait",
+            context=parent,
+            links=links,
+            start_time=_nanos(todo.created_at),
+            attributes={ATTR_QUEUE: todo.queue, ATTR_ATTEMPT: todo.attempt},
+        )
+        span.end(end_time=_nanos(todo.updated_at))
+
+
+def _nanos(at: datetime) -> int:
+    return int(at.timestamp()) * 1_000_000_000 + at.microsecond * 1000
 
 
 _test_relay: _Relay | None = None

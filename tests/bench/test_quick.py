@@ -114,9 +114,15 @@ async def test_quick_bench_runs_every_scenario_and_writes_its_json(pg_admin_dsn:
         assert row["requeued"] == row["pending_after"] == params["bulk_dead"]
         assert row["dead_after"] == 0 and row["claims_during"] > 0
 
+    # Scenario 9: IngestTodos, single Ingests and the insert ceiling, each measured.
+    for name in ("s9.b100", "s9.single", "ceiling.db_insert.b100"):
+        assert median(figures, f"{name}.todos_per_s") > 0
+    assert median(figures, "ratio.s9.b100_vs_db") > 0
+    assert not [n for n in result["notes"] if "s9 " in n or "insert" in n]
+
     # Every target is judged, the new one among them.
     targets = {t["scenario"]: t for t in result["targets"]}
-    assert len(targets) == 16
+    assert len(targets) == 17
     assert all(isinstance(t["pass"], bool) for t in targets.values())
     versus_bare = [t for s, t in targets.items() if s.endswith("vs the bare queue")]
     assert [t["target"] for t in versus_bare] == ["≥ 0.6", "≥ 0.5", "≥ 0.6", "≥ 0.6"]

@@ -514,3 +514,33 @@ async def test_every_command_has_help_with_examples(sb: Cli) -> None:
     queues_help = (await sb("queues", "--help")).out
     assert "cost:" in queues_help and "GetPolicy per queue" in queues_help
     assert "4 not found" in (await sb("policy", "set", "--help")).out
+
+
+async def test_todos_ingest_sends_a_json_lines_file_in_batches(
+    sb: Cli, tenant: Tenant, tmp_path: pathlib.Path
+) -> None:
+    lines = [json.dumps({"text": f"t{i}", "idempotency_key": f"k{i % 3}"}) for i in range(5)]
+    lines.insert(2, "")  # blank lines are skipped
+    lines.append(json.dumps({"queue": {"name": "other"}, "payload": "aGk=", "maxAttempts": 2}))
+    path = tmp_path / "todos.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    ran = await sb(
+        "todos", "ingest", str(path), "--queue", "orders", "--batch", "2",
+        token=tenant.endpoint_token,
+    )  # fmt: skip
+    assert ran.code == 0, ran.err
+    assert ran.lines()[-1] == "created 4, deduplicated 2"
+    assert row(ran.out, "5")[2:] == ["orders", "deduplicated"]  # k0 again, in another batch
+    assert row(ran.out, "7")[2:] == ["other", "created"]
+    shown = await sb("todos", "show", row(ran.out, "1")[1], token=tenant.endpoint_token)
+    assert "idempotency key" in shown.out and "k0" in shown.out
+    as_json = await sb(
+        "todos", "ingest", str(path), "--queue", "orders", "--json", token=tenant.endpoint_token
+    )
+    assert [r.get("deduplicated", False) for r in as_json.json()["results"]] == [
+        True, True, True, True, True, False,
+    ]  # fmt: skip
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{"nope": 1}\n')
+    refused = await sb("todos", "ingest", str(bad), "--queue", "q", token=tenant.endpoint_token)
+    assert refused.code == 2 and "line 2" in refused.err

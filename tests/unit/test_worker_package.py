@@ -59,6 +59,7 @@ def test_public_names_import_from_the_package() -> None:
         "concurrency",
         "settle_batch",
         "settle_linger",
+        "trace",
     ]
     for method in ("run", "stop"):
         assert callable(getattr(Worker, method))

@@ -99,6 +99,36 @@ describe("the client against a real server", () => {
     await refused(Code.InvalidArgument, () => agent.dispatch.listTodos({ pageSize: 501 }));
   });
 
+  test("IngestTodos with idempotency keys; GetTodo and ListTodos by key", { timeout: 60_000 }, async () => {
+    const { results } = await agent.dispatch.ingestTodos({
+      todos: [
+        { queue: { name: "keyed" }, payload: bytes("a"), idempotencyKey: "order-1" },
+        { queue: { name: "keyed" }, payload: bytes("b"), idempotencyKey: "order-1" },
+        { queue: { name: "other" }, payload: bytes("c"), idempotencyRetention: undefined },
+      ],
+    });
+    assert.deepEqual(
+      results.map((r) => r.deduplicated),
+      [false, true, false],
+    );
+    const first = results[0]!.todo!;
+    const second = results[1]!.todo!;
+    assert.equal(second.id, first.id);
+    assert.equal(first.idempotencyKey, "order-1");
+    assert.equal(first.traceparent, "");
+    const byKey = await agent.dispatch.getTodo({ idempotencyKey: { queue: "keyed", key: "order-1" } });
+    assert.equal(byKey.todo?.id, first.id);
+    const listed = await agent.dispatch.listTodos({ idempotencyKey: "order-1" });
+    assert.deepEqual(
+      listed.todos.map((t) => t.id),
+      [first.id],
+    );
+    const bad = await refused(Code.InvalidArgument, () =>
+      agent.dispatch.ingestTodos({ todos: [{ queue: { name: "keyed" } }, { queue: { name: "bad name" } }] }),
+    );
+    assert.ok(bad.badRequest?.fieldViolations.some((v) => v.field === "todos[1].queue.name"));
+  });
+
   test("Claim, Heartbeat, Complete; and their refusals", { timeout: 60_000 }, async () => {
     const { todo } = await agent.dispatch.ingest({ queue: { name: "single" }, payload: bytes("1") });
     const claimed = await agent.dispatch.claim({ todoId: todo!.id, claimant: "ts", leaseDuration: { seconds: 60n } });

@@ -1,13 +1,16 @@
-"""``switchboard todos``: list an endpoint's todos and show one, over gRPC."""
+"""``switchboard todos``: ingest todos from JSON lines, list an endpoint's todos and show
+one, cancel and requeue them, over gRPC."""
 
 from __future__ import annotations
 
 import argparse
+import base64
+import json
 import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from google.protobuf import duration_pb2, timestamp_pb2
+from google.protobuf import duration_pb2, json_format, timestamp_pb2
 from switchboard.v1 import dispatch_pb2, todo_pb2
 
 from switchboard_server.cli.common import endpoint_flag, group, leaf
@@ -86,6 +89,93 @@ async def todos_list(conn: Connection, args: argparse.Namespace, out: Output) ->
     return EXIT_OK
 
 
+#: Todos per IngestTodos call of ``todos ingest`` (default; the server takes 500).
+_INGEST_BATCH = 100
+
+
+def _ingest_line(number: int, text: str, default_queue: str | None) -> dispatch_pb2.IngestRequest:
+    """One JSON line: an IngestRequest in the proto's JSON form, plus two
+    shorthands: ``"queue": "name"`` and ``"text"`` (a UTF-8 payload)."""
+    try:
+        value = json.loads(text)
+        if not isinstance(value, dict):
+            raise ValueError("a JSON object is needed")
+        if isinstance(value.get("queue"), str):
+            value["queue"] = {"name": value["queue"]}
+        if "text" in value:
+            body = value.pop("text")
+            if not isinstance(body, str):
+                raise ValueError("text must be a string")
+            value["payload"] = base64.b64encode(body.encode()).decode()
+        if default_queue is not None:
+            value.setdefault("queue", {}).setdefault("name", default_queue)
+        return json_format.ParseDict(value, dispatch_pb2.IngestRequest())
+    except (ValueError, json_format.ParseError) as exc:
+        raise UsageError(f"todos ingest: line {number}: {exc}") from exc
+
+
+def _read_lines(path: str) -> list[str]:
+    """The lines of a file, or of stdin for ``-`` (read whole: a CLI call's input)."""
+    if path == "-":
+        return sys.stdin.read().splitlines()
+    try:
+        with open(path, encoding="utf-8") as stream:
+            return stream.read().splitlines()
+    except OSError as exc:
+        raise UsageError(f"todos ingest: {exc}") from exc
+
+
+async def todos_ingest(conn: Connection, args: argparse.Namespace, out: Output) -> int:
+    """Ingests the todos of a JSON lines file, ``--batch`` per IngestTodos call."""
+    if not 1 <= args.batch <= 500:
+        raise UsageError("todos ingest: --batch must be between 1 and 500")
+    items = [
+        (n, _ingest_line(n, line, args.queue))
+        for n, line in enumerate(_read_lines(args.file), start=1)
+        if line.strip()
+    ]
+    if not items:
+        raise UsageError("todos ingest: no todos in the input")
+    rows: list[list[str]] = []
+    results: list[dict[str, Any]] = []
+    for start in range(0, len(items), args.batch):
+        chunk = items[start : start + args.batch]
+        try:
+            response = await conn.dispatch.IngestTodos(
+                dispatch_pb2.IngestTodosRequest(
+                    endpoint_id=args.endpoint or "", todos=[request for _, request in chunk]
+                ),
+                metadata=conn.metadata,
+                timeout=conn.timeout,
+            )
+        except Exception:
+            if start:
+                print(
+                    f"todos ingest: lines up to {chunk[0][0] - 1} were ingested; "
+                    f"from line {chunk[0][0]} on, nothing (an item's index counts from "
+                    f"line {chunk[0][0]})",
+                    file=out.err,
+                )
+            raise
+        for (number, _), result in zip(chunk, response.results, strict=True):
+            results.append({"line": number, **to_dict(result)})
+            rows.append(
+                [
+                    str(number),
+                    result.todo.id,
+                    result.todo.queue.name,
+                    "deduplicated" if result.deduplicated else "created",
+                ]
+            )
+    if out.as_json:
+        out.json({"results": results})
+        return EXIT_OK
+    out.line(table(["LINE", "ID", "QUEUE", "RESULT"], rows))
+    created = sum(1 for r in rows if r[3] == "created")
+    out.line(f"created {created}, deduplicated {len(rows) - created}")
+    return EXIT_OK
+
+
 def _payload(todo: todo_pb2.Todo) -> str:
     size = f"{len(todo.payload)} bytes"
     try:
@@ -123,6 +213,8 @@ async def todos_show(conn: Connection, args: argparse.Namespace, out: Output) ->
                 ("claimant", t.claimant or NONE),
                 ("last error", t.last_error or NONE),
                 ("dedup key", dedup),
+                ("idempotency key", t.idempotency_key or NONE),
+                ("traceparent", t.traceparent or NONE),
                 ("content type", t.content_type or NONE),
                 ("payload", _payload(t)),
                 ("created at", when(t.created_at)),
@@ -305,6 +397,7 @@ async def _by_ids(conn: Connection, args: argparse.Namespace, out: Output) -> in
 
 
 TODOS_EXAMPLES = """\
+  switchboard todos ingest todos.jsonl --queue investigations
   switchboard todos list --endpoint $EP --queue investigations --state pending
   switchboard todos list --endpoint $EP --state dead --limit 200 --json
   switchboard todos show 42
@@ -344,6 +437,29 @@ def add_commands(sub: Subparsers) -> None:
         "--limit", type=int, default=50, metavar="N", help="most todos (default 50)"
     )
     listing.add_argument("--page-token", metavar="TOKEN", help="continue a previous listing")
+    ingest = leaf(
+        todos,
+        "ingest",
+        "ingest todos from a JSON lines file, in IngestTodos batches",
+        "  switchboard todos ingest todos.jsonl --queue investigations\n"
+        '  printf \'%s\\n\' \'{"text": "hello", "idempotency_key": "order-42"}\' |\n'
+        "    switchboard todos ingest - --queue orders --json\n\n"
+        "Each line is an IngestRequest in the proto's JSON form (payload base64), or\n"
+        'with "text" for a UTF-8 payload and "queue" as a plain name. Each batch is\n'
+        "one transaction: a bad item refuses its whole batch (INVALID_ARGUMENT names\n"
+        "todos[i], i counted from the batch's first line); earlier batches stay.\n",
+        todos_ingest,
+    )
+    ingest.add_argument("file", metavar="FILE", help="JSON lines, or - for stdin")
+    endpoint_flag(ingest)
+    ingest.add_argument("--queue", metavar="Q", help="the queue of lines that name none")
+    ingest.add_argument(
+        "--batch",
+        type=int,
+        default=_INGEST_BATCH,
+        metavar="N",
+        help=f"todos per call (1 to 500, default {_INGEST_BATCH})",
+    )
     show = leaf(
         todos,
         "show",

@@ -40,6 +40,61 @@ def _not_found(exc: asyncpg.PostgresError) -> bool:
     return getattr(exc, "sqlstate", None) == _NOT_FOUND_SQLSTATE
 
 
+@dataclass(frozen=True)
+class NewTodo:
+    """One todo to ingest: its queue (of the call's endpoint) and fields, and at
+    most one key: a dedup key (``webhook_id`` and ``delivery_id``) or an
+    idempotency key with its retention."""
+
+    queue: str
+    payload: bytes
+    content_type: str
+    max_attempts: int
+    delay: timedelta
+    webhook_id: str | None = None
+    delivery_id: str | None = None
+    idempotency_key: str | None = None
+    idempotency_retention: timedelta | None = None
+    #: The W3C traceparent of the producer's call.
+    traceparent: str | None = None
+
+
+async def ingest_many(
+    conn: Conn,
+    *,
+    owner_id: uuid.UUID,
+    endpoint_id: uuid.UUID,
+    items: Sequence[NewTodo],
+) -> list[tuple[Todo, bool]]:
+    """Creates todos of one endpoint (see ``sb_ingest_many``): per item, in
+    order, the todo and whether an existing one was returned instead."""
+    webhooks = any(i.webhook_id is not None for i in items)
+    keys = any(i.idempotency_key is not None for i in items)
+    traced = any(i.traceparent is not None for i in items)
+    try:
+        rows = await conn.fetch(
+            sql("todo_ingest_many"),
+            owner_id,
+            endpoint_id,
+            [i.queue for i in items],
+            [i.payload for i in items],
+            [i.content_type for i in items],
+            [i.max_attempts for i in items],
+            [i.delay for i in items],
+            # Without keys (the common case) no key arrays are sent.
+            [i.webhook_id for i in items] if webhooks else None,
+            [i.delivery_id for i in items] if webhooks else None,
+            [i.idempotency_key for i in items] if keys else None,
+            [i.idempotency_retention for i in items] if keys else None,
+            [i.traceparent for i in items] if traced else None,
+        )
+    except asyncpg.PostgresError as exc:
+        if _not_found(exc):
+            raise errors.NotFound("endpoint not found") from exc
+        raise
+    return [(todo_from_record(r["todo"]), bool(r["deduplicated"])) for r in rows]
+
+
 async def ingest(
     conn: Conn,
     *,
@@ -54,25 +109,13 @@ async def ingest(
     delivery_id: str | None,
 ) -> tuple[Todo, bool]:
     """Creates a todo; returns it and whether an existing one was returned instead."""
-    try:
-        rec = await conn.fetchrow(
-            sql("todo_ingest"),
-            owner_id,
-            endpoint_id,
-            queue,
-            payload,
-            content_type,
-            max_attempts,
-            delay,
-            webhook_id,
-            delivery_id,
-        )
-    except asyncpg.PostgresError as exc:
-        if _not_found(exc):
-            raise errors.NotFound("endpoint not found") from exc
-        raise
-    assert rec is not None
-    return todo_from_record(rec["todo"]), bool(rec["deduplicated"])
+    (result,) = await ingest_many(
+        conn,
+        owner_id=owner_id,
+        endpoint_id=endpoint_id,
+        items=[NewTodo(queue, payload, content_type, max_attempts, delay, webhook_id, delivery_id)],
+    )
+    return result
 
 
 @dataclass(frozen=True)
@@ -438,6 +481,14 @@ async def get_by_dedup(
     return todo_from_record(rec) if rec is not None else None
 
 
+async def get_by_key(
+    conn: Conn, *, endpoint_id: uuid.UUID, owner_id: uuid.UUID, queue: str, key: str
+) -> Todo | None:
+    """The todo that holds an idempotency key in an endpoint's queue, or ``None``."""
+    rec = await conn.fetchrow(sql("todo_get_by_key"), endpoint_id, owner_id, queue, key)
+    return todo_from_record(rec) if rec is not None else None
+
+
 async def get(
     conn: Conn, *, todo_id: int, owner_id: uuid.UUID, endpoint_id: uuid.UUID | None
 ) -> Todo | None:
@@ -503,6 +554,28 @@ async def list_by_dedup(
         [s.value for s in states] if states else None,
         dedup[0],
         dedup[1],
+    )
+    return [todo_from_record(r) for r in rows]
+
+
+async def list_by_key(
+    conn: Conn,
+    *,
+    endpoint_id: uuid.UUID,
+    owner_id: uuid.UUID,
+    queues: Sequence[str] | None,
+    states: Sequence[TodoState] | None,
+    key: str,
+) -> list[Todo]:
+    """The endpoint's todos that hold an idempotency key (one per queue at
+    most), if they pass the filters, newest first (without payloads)."""
+    rows = await conn.fetch(
+        sql("todo_list_key"),
+        endpoint_id,
+        owner_id,
+        list(queues) if queues else None,
+        [s.value for s in states] if states else None,
+        key,
     )
     return [todo_from_record(r) for r in rows]
 

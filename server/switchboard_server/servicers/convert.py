@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 
 from google.protobuf import timestamp_pb2
 from switchboard.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
@@ -71,13 +71,23 @@ KIND_TO_PROTO = {
 }
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
-    """A Timestamp for an aware datetime; ``None`` stays unset."""
+    """A Timestamp for an aware datetime (a naive one is taken as UTC); ``None``
+    stays unset. Computed from the difference to the epoch: several times
+    cheaper than ``FromDatetime``, which every todo of a batch pays five times."""
     if value is None:
         return None
-    ts = timestamp_pb2.Timestamp()
-    ts.FromDatetime(value)
-    return ts
+    if value.tzinfo is None:
+        ts = timestamp_pb2.Timestamp()
+        ts.FromDatetime(value)
+        return ts
+    delta = value - _EPOCH
+    return timestamp_pb2.Timestamp(
+        seconds=delta.days * 86400 + delta.seconds, nanos=delta.microseconds * 1000
+    )
 
 
 REASON_TO_PROTO = {
@@ -231,6 +241,10 @@ def todo(
     if value.dedup_webhook_id is not None and value.dedup_delivery_id is not None:
         msg.dedup.webhook_id = value.dedup_webhook_id
         msg.dedup.delivery_id = value.dedup_delivery_id
+    if value.idempotency_key is not None:
+        msg.idempotency_key = value.idempotency_key
+    if value.traceparent is not None:
+        msg.traceparent = value.traceparent
     return msg
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 from switchboard.v1 import dispatch_pb2, dispatch_pb2_grpc, todo_pb2
 
-from switchboard_server import dispatch
+from switchboard_server import dispatch, tracing
 from switchboard_server.doorbells import DoorbellHub
 from switchboard_server.model import ItemOutcome, Lease, SettleAction, Settlement, TodoState
 from switchboard_server.servicers import convert
@@ -20,9 +20,11 @@ from switchboard_server.servicers.validate import (
     MAX_BATCH,
     MAX_CLAIMANT,
     MAX_CONTENT_TYPE,
+    MAX_DEDUP_PART,
     MAX_DELAY,
     MAX_ERROR,
     MAX_ERROR_FILTER,
+    MAX_IDEMPOTENCY_RETENTION,
     MAX_PAYLOAD_BYTES,
     Violations,
     free_text,
@@ -140,40 +142,41 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
         self, request: dispatch_pb2.IngestRequest, context: Context
     ) -> dispatch_pb2.IngestResponse:
         v = Violations()
-        endpoint_id = v.parse_uuid("queue.endpoint_id", request.queue.endpoint_id, required=False)
-        queue = v.queue_name("queue.name", request.queue.name)
-        if len(request.payload) > MAX_PAYLOAD_BYTES:
-            v.add("payload", f"at most {MAX_PAYLOAD_BYTES} bytes")
-        content_type = v.text("content_type", request.content_type, maximum=MAX_CONTENT_TYPE)
-        dedup = None
-        if request.HasField("dedup"):
-            dedup = v.dedup("dedup", request.dedup.webhook_id, request.dedup.delivery_id)
-        max_attempts = DEFAULT_MAX_ATTEMPTS
-        if request.HasField("max_attempts"):
-            max_attempts = request.max_attempts
-            if not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
-                v.add("max_attempts", f"must be between 1 and {MAX_ATTEMPTS_LIMIT}")
-        delay = v.duration(
-            "delay",
-            request.delay,
-            request.HasField("delay"),
-            minimum=timedelta(0),
-            maximum=MAX_DELAY,
-        )
+        item = _ingest_item(v, "", request)
         v.check()
         todo, deduplicated = await self._dispatcher.ingest(
-            current_principal(),
-            dispatch.IngestRequest(
-                endpoint_id=endpoint_id,
-                queue=queue,
-                payload=request.payload,
-                content_type=content_type or "application/octet-stream",
-                max_attempts=max_attempts,
-                delay=delay or timedelta(0),
-                dedup=dedup,
-            ),
+            current_principal(), item, tracing.traceparent(context)
         )
         return dispatch_pb2.IngestResponse(todo=convert.todo(todo), deduplicated=deduplicated)
+
+    async def IngestTodos(
+        self, request: dispatch_pb2.IngestTodosRequest, context: Context
+    ) -> dispatch_pb2.IngestTodosResponse:
+        v = Violations()
+        endpoint_id = v.parse_uuid("endpoint_id", request.endpoint_id, required=False)
+        if not 1 <= len(request.todos) <= MAX_BATCH:
+            v.add("todos", f"must hold between 1 and {MAX_BATCH} items")
+        items = [_ingest_item(v, f"todos[{i}].", t) for i, t in enumerate(request.todos)]
+        for i, item in enumerate(items):
+            if item.endpoint_id is None:
+                continue
+            if endpoint_id is None:
+                endpoint_id = item.endpoint_id  # the first item that names one
+            elif item.endpoint_id != endpoint_id:
+                v.add(
+                    f"todos[{i}].queue.endpoint_id",
+                    "must be empty or the call's endpoint (every item goes to one endpoint)",
+                )
+        v.check()
+        results = await self._dispatcher.ingest_many(
+            current_principal(), endpoint_id, items, tracing.traceparent(context)
+        )
+        response = dispatch_pb2.IngestTodosResponse()
+        for todo, deduplicated in results:
+            result = response.results.add(deduplicated=deduplicated)
+            result.todo.CopyFrom(convert.todo(todo))
+            result.todo.payload = b""  # the caller has it
+        return response
 
     async def Claim(
         self, request: dispatch_pb2.ClaimRequest, context: Context
@@ -184,6 +187,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
         lease = v.lease(request)
         v.check()
         claimed = await self._dispatcher.claim(current_principal(), todo_id, claimant, lease)
+        tracing.record_waits([claimed.todo])
         response = dispatch_pb2.ClaimResponse(
             todo=convert.todo(claimed.todo), lease=convert.lease(claimed.lease)
         )
@@ -205,6 +209,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
         result = await self._dispatcher.claim_next(
             current_principal(), endpoint_id, queues, claimant, lease, max_todos
         )
+        tracing.record_waits(c.todo for c in result.claimed)
         deferred = [convert.deferred_queue(d) for d in result.deferred]
         if not result.claimed:
             return dispatch_pb2.ClaimNextResponse(empty=True, deferred=deferred)
@@ -342,16 +347,32 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
     ) -> dispatch_pb2.GetTodoResponse:
         v = Violations()
         principal = current_principal()
-        if request.HasField("dedup"):
+        by_dedup, by_key = request.HasField("dedup"), request.HasField("idempotency_key")
+        if by_dedup or by_key:
             if request.todo_id:
-                v.add("todo_id", "give either todo_id or dedup, not both")
-            dedup = v.dedup("dedup", request.dedup.webhook_id, request.dedup.delivery_id)
+                v.add("todo_id", "give one of todo_id, dedup or idempotency_key")
+            if by_dedup and by_key:
+                v.add("idempotency_key", "give either dedup or idempotency_key, not both")
             endpoint_id = v.parse_uuid("endpoint_id", request.endpoint_id, required=False)
-            v.check()
-            view, attempts = await self._dispatcher.get_by_dedup(principal, endpoint_id, dedup)
+            if by_key:
+                queue = v.queue_name("idempotency_key.queue", request.idempotency_key.queue)
+                key = v.text(
+                    "idempotency_key.key",
+                    request.idempotency_key.key,
+                    maximum=MAX_DEDUP_PART,
+                    required=True,
+                )
+                v.check()
+                view, attempts = await self._dispatcher.get_by_key(
+                    principal, endpoint_id, queue, key
+                )
+            else:
+                dedup = v.dedup("dedup", request.dedup.webhook_id, request.dedup.delivery_id)
+                v.check()
+                view, attempts = await self._dispatcher.get_by_dedup(principal, endpoint_id, dedup)
         else:
             if request.endpoint_id:
-                v.add("endpoint_id", "only with dedup")
+                v.add("endpoint_id", "only with dedup or idempotency_key")
             todo_id = v.todo_id("todo_id", request.todo_id)
             v.check()
             view, attempts = await self._dispatcher.get(principal, todo_id)
@@ -384,11 +405,18 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
             )
             if dedup is not None:
                 v.add("error_contains", "give either dedup or error_contains, not both")
+        key = None
+        if request.idempotency_key:
+            key = v.text(
+                "idempotency_key", request.idempotency_key, maximum=MAX_DEDUP_PART, required=True
+            )
+            if dedup is not None or error_contains is not None:
+                v.add("idempotency_key", "give one of dedup, error_contains or idempotency_key")
         v.check()
         views, after = await self._dispatcher.find(
             current_principal(),
             endpoint_id,
-            dispatch.TodoFilter(queues, states, dedup, error_contains),
+            dispatch.TodoFilter(queues, states, dedup, error_contains, key),
             page_size,
             before,
         )
@@ -500,6 +528,61 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
             await context.send_initial_metadata(())
             async for bell in subscription:
                 yield dispatch_pb2.WatchReopenResponse(doorbell=convert.doorbell(bell))
+
+
+def _ingest_item(
+    v: Violations, at: str, request: dispatch_pb2.IngestRequest
+) -> dispatch.IngestRequest:
+    """One validated ingest; ``at`` prefixes its fields (``todos[3].``)."""
+    endpoint_id = v.parse_uuid(f"{at}queue.endpoint_id", request.queue.endpoint_id, required=False)
+    queue = v.queue_name(f"{at}queue.name", request.queue.name)
+    if len(request.payload) > MAX_PAYLOAD_BYTES:
+        v.add(f"{at}payload", f"at most {MAX_PAYLOAD_BYTES} bytes")
+    content_type = v.text(f"{at}content_type", request.content_type, maximum=MAX_CONTENT_TYPE)
+    dedup = None
+    if request.HasField("dedup"):
+        dedup = v.dedup(f"{at}dedup", request.dedup.webhook_id, request.dedup.delivery_id)
+    max_attempts = DEFAULT_MAX_ATTEMPTS
+    if request.HasField("max_attempts"):
+        max_attempts = request.max_attempts
+        if not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
+            v.add(f"{at}max_attempts", f"must be between 1 and {MAX_ATTEMPTS_LIMIT}")
+    delay = v.duration(
+        f"{at}delay",
+        request.delay,
+        request.HasField("delay"),
+        minimum=timedelta(0),
+        maximum=MAX_DELAY,
+    )
+    key = None
+    if request.idempotency_key:
+        key = v.text(
+            f"{at}idempotency_key", request.idempotency_key, maximum=MAX_DEDUP_PART, required=True
+        )
+        if dedup is not None:
+            v.add(f"{at}idempotency_key", "give either dedup or idempotency_key, not both")
+    retention = v.duration(
+        f"{at}idempotency_retention",
+        request.idempotency_retention,
+        request.HasField("idempotency_retention"),
+        minimum=timedelta(0),
+        maximum=MAX_IDEMPOTENCY_RETENTION,
+    )
+    if retention is not None and key is None:
+        v.add(f"{at}idempotency_retention", "only with idempotency_key")
+    return dispatch.IngestRequest(
+        endpoint_id=endpoint_id,
+        queue=queue,
+        payload=request.payload,
+        content_type=content_type or "application/octet-stream",
+        max_attempts=max_attempts,
+        delay=delay or timedelta(0),
+        dedup=dedup,
+        idempotency_key=key,
+        idempotency_retention=dispatch.DEFAULT_IDEMPOTENCY_RETENTION
+        if retention is None
+        else retention,
+    )
 
 
 def _requeue_options(

@@ -21,6 +21,8 @@ QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
 MAX_PAYLOAD_BYTES = 1024 * 1024
 MAX_CONTENT_TYPE = 255
 MAX_DEDUP_PART = 200
+#: How long an idempotency key may deduplicate after its todo finished.
+MAX_IDEMPOTENCY_RETENTION = timedelta(days=30)
 MAX_CLAIMANT = 200
 MAX_ERROR = 4096
 #: Bytes of a result a worker may leave with Complete.

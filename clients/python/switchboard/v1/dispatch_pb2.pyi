@@ -154,11 +154,21 @@ class IngestRequest(_message.Message):
     DEDUP_FIELD_NUMBER: _builtins.int
     MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
     DELAY_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_RETENTION_FIELD_NUMBER: _builtins.int
     payload: _builtins.bytes
     content_type: _builtins.str
     """Defaults to application/octet-stream."""
     max_attempts: _builtins.int
     """Defaults to 5; 1 to 100."""
+    idempotency_key: _builtins.str
+    """Optional: the producer's own key for this todo, unique per endpoint and
+    queue (at most 200 characters; not together with `dedup`). While the todo
+    that holds it is pending or claimed, and for `idempotency_retention`
+    after it finished, an ingest with the same key in the same queue returns
+    that todo (deduplicated) instead of creating another; after that the key
+    makes a new todo. Exact under concurrency, across replicas.
+    """
     @_builtins.property
     def queue(self) -> _queue_pb2.QueueRef: ...
     @_builtins.property
@@ -169,6 +179,13 @@ class IngestRequest(_message.Message):
     def delay(self) -> _duration_pb2.Duration:
         """Optional: not claimable before this delay has passed (at most 365 days)."""
 
+    @_builtins.property
+    def idempotency_retention(self) -> _duration_pb2.Duration:
+        """With idempotency_key: how long after its todo finished (done, dead or
+        cancelled) the key still deduplicates. Defaults to 24 hours; 0 to 30
+        days. Retention keeps a finished todo at least this long.
+        """
+
     def __init__(
         self,
         *,
@@ -178,10 +195,12 @@ class IngestRequest(_message.Message):
         dedup: _todo_pb2.DedupKey | None = ...,
         max_attempts: _builtins.int | None = ...,
         delay: _duration_pb2.Duration | None = ...,
+        idempotency_key: _builtins.str = ...,
+        idempotency_retention: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_attempts", b"_max_attempts", "dedup", b"dedup", "delay", b"delay", "max_attempts", b"max_attempts", "queue", b"queue"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_attempts", b"_max_attempts", "dedup", b"dedup", "delay", b"delay", "idempotency_retention", b"idempotency_retention", "max_attempts", b"max_attempts", "queue", b"queue"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_attempts", b"_max_attempts", "content_type", b"content_type", "dedup", b"dedup", "delay", b"delay", "max_attempts", b"max_attempts", "payload", b"payload", "queue", b"queue"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_attempts", b"_max_attempts", "content_type", b"content_type", "dedup", b"dedup", "delay", b"delay", "idempotency_key", b"idempotency_key", "idempotency_retention", b"idempotency_retention", "max_attempts", b"max_attempts", "payload", b"payload", "queue", b"queue"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_attempts: _TypeAlias = _typing.Literal["max_attempts"]  # noqa: Y015
     _WhichOneofArgType__max_attempts: _TypeAlias = _typing.Literal["_max_attempts", b"_max_attempts"]  # noqa: Y015
@@ -212,6 +231,89 @@ class IngestResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___IngestResponse: _TypeAlias = IngestResponse  # noqa: Y015
+
+@_typing.final
+class IngestTodosRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINT_ID_FIELD_NUMBER: _builtins.int
+    TODOS_FIELD_NUMBER: _builtins.int
+    endpoint_id: _builtins.str
+    """The endpoint whose queues the todos go to. An endpoint credential may
+    leave it empty to mean its own endpoint. An item's queue.endpoint_id may
+    be empty (this endpoint) or must name the same endpoint.
+    """
+    @_builtins.property
+    def todos(self) -> _containers.RepeatedCompositeFieldContainer[Global___IngestRequest]:
+        """1 to 500 todos, each as Ingest takes it. The whole request must fit in
+        one message (about 1 MiB): large payloads go in smaller calls.
+        """
+
+    def __init__(
+        self,
+        *,
+        endpoint_id: _builtins.str = ...,
+        todos: _abc.Iterable[Global___IngestRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint_id", b"endpoint_id", "todos", b"todos"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IngestTodosRequest: _TypeAlias = IngestTodosRequest  # noqa: Y015
+
+@_typing.final
+class IngestTodosResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___IngestResult]:
+        """One per item, in request order."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___IngestResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IngestTodosResponse: _TypeAlias = IngestTodosResponse  # noqa: Y015
+
+@_typing.final
+class IngestResult(_message.Message):
+    """What IngestTodos did with one item."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TODO_FIELD_NUMBER: _builtins.int
+    DEDUPLICATED_FIELD_NUMBER: _builtins.int
+    deduplicated: _builtins.bool
+    """True when a key matched an existing todo (or an earlier item of the same
+    call) and nothing was created for this item.
+    """
+    @_builtins.property
+    def todo(self) -> _todo_pb2.Todo:
+        """The todo created, or the existing one a key matched; without its payload."""
+
+    def __init__(
+        self,
+        *,
+        todo: _todo_pb2.Todo | None = ...,
+        deduplicated: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["todo", b"todo"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deduplicated", b"deduplicated", "todo", b"todo"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IngestResult: _TypeAlias = IngestResult  # noqa: Y015
 
 @_typing.final
 class ClaimRequest(_message.Message):
@@ -912,15 +1014,23 @@ class GetTodoRequest(_message.Message):
     TODO_ID_FIELD_NUMBER: _builtins.int
     DEDUP_FIELD_NUMBER: _builtins.int
     ENDPOINT_ID_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     todo_id: _builtins.str
     """The todo's id; or leave it empty and give `dedup`."""
     endpoint_id: _builtins.str
-    """With dedup: the endpoint the key belongs to. Required for humans; an
-    endpoint credential may leave it empty to mean its own endpoint.
+    """With dedup or idempotency_key: the endpoint the key belongs to. Required
+    for humans; an endpoint credential may leave it empty to mean its own
+    endpoint.
     """
     @_builtins.property
     def dedup(self) -> _todo_pb2.DedupKey:
         """Instead of todo_id: the dedup key the todo was ingested with."""
+
+    @_builtins.property
+    def idempotency_key(self) -> Global___IdempotencyKeyRef:
+        """Instead of todo_id: the queue and idempotency key of the todo that holds
+        the key now.
+        """
 
     def __init__(
         self,
@@ -928,14 +1038,39 @@ class GetTodoRequest(_message.Message):
         todo_id: _builtins.str = ...,
         dedup: _todo_pb2.DedupKey | None = ...,
         endpoint_id: _builtins.str = ...,
+        idempotency_key: Global___IdempotencyKeyRef | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["dedup", b"dedup"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["dedup", b"dedup", "idempotency_key", b"idempotency_key"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dedup", b"dedup", "endpoint_id", b"endpoint_id", "todo_id", b"todo_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dedup", b"dedup", "endpoint_id", b"endpoint_id", "idempotency_key", b"idempotency_key", "todo_id", b"todo_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetTodoRequest: _TypeAlias = GetTodoRequest  # noqa: Y015
+
+@_typing.final
+class IdempotencyKeyRef(_message.Message):
+    """A todo's idempotency key: unique per endpoint and queue."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUE_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    queue: _builtins.str
+    key: _builtins.str
+    def __init__(
+        self,
+        *,
+        queue: _builtins.str = ...,
+        key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "queue", b"queue"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IdempotencyKeyRef: _TypeAlias = IdempotencyKeyRef  # noqa: Y015
 
 @_typing.final
 class GetTodoResponse(_message.Message):
@@ -974,6 +1109,7 @@ class ListTodosRequest(_message.Message):
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     DEDUP_FIELD_NUMBER: _builtins.int
     ERROR_CONTAINS_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     endpoint_id: _builtins.str
     """Required for humans; an endpoint credential may leave it empty."""
     page_size: _builtins.int
@@ -986,6 +1122,8 @@ class ListTodosRequest(_message.Message):
     newest first: a page may hold fewer than page_size todos, or none, and
     still carry a next_page_token to go on from.
     """
+    idempotency_key: _builtins.str
+    """Only the todos that hold this idempotency key (at most one per queue)."""
     @_builtins.property
     def queues(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Only these queues (all when empty)."""
@@ -1008,10 +1146,11 @@ class ListTodosRequest(_message.Message):
         page_token: _builtins.str = ...,
         dedup: _todo_pb2.DedupKey | None = ...,
         error_contains: _builtins.str = ...,
+        idempotency_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["dedup", b"dedup"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dedup", b"dedup", "endpoint_id", b"endpoint_id", "error_contains", b"error_contains", "page_size", b"page_size", "page_token", b"page_token", "queues", b"queues", "states", b"states"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dedup", b"dedup", "endpoint_id", b"endpoint_id", "error_contains", b"error_contains", "idempotency_key", b"idempotency_key", "page_size", b"page_size", "page_token", b"page_token", "queues", b"queues", "states", b"states"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

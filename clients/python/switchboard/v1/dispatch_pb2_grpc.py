@@ -40,6 +40,11 @@ class DispatchServiceStub:
                 request_serializer=switchboard_dot_v1_dot_dispatch__pb2.IngestRequest.SerializeToString,
                 response_deserializer=switchboard_dot_v1_dot_dispatch__pb2.IngestResponse.FromString,
                 _registered_method=True)
+        self.IngestTodos = channel.unary_unary(
+                '/switchboard.v1.DispatchService/IngestTodos',
+                request_serializer=switchboard_dot_v1_dot_dispatch__pb2.IngestTodosRequest.SerializeToString,
+                response_deserializer=switchboard_dot_v1_dot_dispatch__pb2.IngestTodosResponse.FromString,
+                _registered_method=True)
         self.Claim = channel.unary_unary(
                 '/switchboard.v1.DispatchService/Claim',
                 request_serializer=switchboard_dot_v1_dot_dispatch__pb2.ClaimRequest.SerializeToString,
@@ -128,6 +133,18 @@ class DispatchServiceServicer:
 
     def Ingest(self, request, context):
         """Creates a todo, or returns the existing one for a repeated dedup key.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def IngestTodos(self, request, context):
+        """Creates up to 500 todos of one endpoint, in any of its queues, in one
+        transaction: any invalid item makes the call INVALID_ARGUMENT (the
+        field names the item: `todos[3].queue.name`) and nothing is written.
+        Each item is deduplicated as Ingest does it, also against an earlier
+        item of the same call. Each queue that got new claimable work rings its
+        doorbell once per call. Needs the ingest grant.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -281,6 +298,11 @@ def add_DispatchServiceServicer_to_server(servicer, server):
                     request_deserializer=switchboard_dot_v1_dot_dispatch__pb2.IngestRequest.FromString,
                     response_serializer=switchboard_dot_v1_dot_dispatch__pb2.IngestResponse.SerializeToString,
             ),
+            'IngestTodos': grpc.unary_unary_rpc_method_handler(
+                    servicer.IngestTodos,
+                    request_deserializer=switchboard_dot_v1_dot_dispatch__pb2.IngestTodosRequest.FromString,
+                    response_serializer=switchboard_dot_v1_dot_dispatch__pb2.IngestTodosResponse.SerializeToString,
+            ),
             'Claim': grpc.unary_unary_rpc_method_handler(
                     servicer.Claim,
                     request_deserializer=switchboard_dot_v1_dot_dispatch__pb2.ClaimRequest.FromString,
@@ -390,6 +412,33 @@ class DispatchService:
             '/switchboard.v1.DispatchService/Ingest',
             switchboard_dot_v1_dot_dispatch__pb2.IngestRequest.SerializeToString,
             switchboard_dot_v1_dot_dispatch__pb2.IngestResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def IngestTodos(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchboard.v1.DispatchService/IngestTodos',
+            switchboard_dot_v1_dot_dispatch__pb2.IngestTodosRequest.SerializeToString,
+            switchboard_dot_v1_dot_dispatch__pb2.IngestTodosResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -35,6 +35,14 @@ class DispatchServiceStub:
     def __new__(cls, channel: _aio.Channel) -> DispatchServiceAsyncStub: ...
     Ingest: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.IngestRequest, _dispatch_pb2.IngestResponse]
     """Creates a todo, or returns the existing one for a repeated dedup key."""
+    IngestTodos: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.IngestTodosRequest, _dispatch_pb2.IngestTodosResponse]
+    """Creates up to 500 todos of one endpoint, in any of its queues, in one
+    transaction: any invalid item makes the call INVALID_ARGUMENT (the
+    field names the item: `todos[3].queue.name`) and nothing is written.
+    Each item is deduplicated as Ingest does it, also against an earlier
+    item of the same call. Each queue that got new claimable work rings its
+    doorbell once per call. Needs the ingest grant.
+    """
     Claim: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.ClaimRequest, _dispatch_pb2.ClaimResponse]
     """Claims one specific todo. A todo whose queue's admission policy defers
     it fails with RESOURCE_EXHAUSTED (ErrorInfo reason "DEFERRED", a
@@ -111,6 +119,14 @@ class DispatchServiceAsyncStub(DispatchServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Ingest: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.IngestRequest, _dispatch_pb2.IngestResponse]  # type: ignore[assignment]
     """Creates a todo, or returns the existing one for a repeated dedup key."""
+    IngestTodos: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.IngestTodosRequest, _dispatch_pb2.IngestTodosResponse]  # type: ignore[assignment]
+    """Creates up to 500 todos of one endpoint, in any of its queues, in one
+    transaction: any invalid item makes the call INVALID_ARGUMENT (the
+    field names the item: `todos[3].queue.name`) and nothing is written.
+    Each item is deduplicated as Ingest does it, also against an earlier
+    item of the same call. Each queue that got new claimable work rings its
+    doorbell once per call. Needs the ingest grant.
+    """
     Claim: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.ClaimRequest, _dispatch_pb2.ClaimResponse]  # type: ignore[assignment]
     """Claims one specific todo. A todo whose queue's admission policy defers
     it fails with RESOURCE_EXHAUSTED (ErrorInfo reason "DEFERRED", a
@@ -190,6 +206,20 @@ class DispatchServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_dispatch_pb2.IngestResponse, _abc.Awaitable[_dispatch_pb2.IngestResponse]]:
         """Creates a todo, or returns the existing one for a repeated dedup key."""
+
+    @_abc_1.abstractmethod
+    def IngestTodos(
+        self,
+        request: _dispatch_pb2.IngestTodosRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatch_pb2.IngestTodosResponse, _abc.Awaitable[_dispatch_pb2.IngestTodosResponse]]:
+        """Creates up to 500 todos of one endpoint, in any of its queues, in one
+        transaction: any invalid item makes the call INVALID_ARGUMENT (the
+        field names the item: `todos[3].queue.name`) and nothing is written.
+        Each item is deduplicated as Ingest does it, also against an earlier
+        item of the same call. Each queue that got new claimable work rings its
+        doorbell once per call. Needs the ingest grant.
+        """
 
     @_abc_1.abstractmethod
     def Claim(

@@ -45,6 +45,10 @@ class Worker(_Claiming, _Leases, _Settling):
             ``prefetch`` when that is less (at least 1).
         settle_linger: the longest an outcome waits for others to join its
             ``SettleTodos`` while handlers are still running (default 50 ms).
+        trace: how each handler's span relates to the trace its todo carries
+            (``child``, the default; ``link``; or ``off``). Spans are recorded
+            only with OpenTelemetry and a tracer provider installed; see
+            :mod:`switchboard.worker.tracing`.
     """
 
     # ------------------------------------------------------------------ public

@@ -20,6 +20,7 @@ import grpc
 from switchboard.v1 import admission_pb2, dispatch_pb2, dispatch_pb2_grpc
 from switchboard.worker._common import MAX_BATCH, Handler, _Req, _Resp, _seconds
 from switchboard.worker.stats import WorkerStats
+from switchboard.worker.tracing import TRACE_MODES, TraceMode
 
 
 @dataclass(eq=False)
@@ -67,6 +68,7 @@ class _WorkerBase:
         concurrency: int | None = None,
         settle_batch: int | None = None,
         settle_linger: timedelta = timedelta(milliseconds=50),
+        trace: TraceMode = "child",
     ) -> None:
         if not timedelta(seconds=1) <= lease <= timedelta(hours=24):
             raise ValueError(f"lease must be between 1 second and 24 hours, got {lease}")
@@ -95,6 +97,8 @@ class _WorkerBase:
             raise ValueError(f"settle_batch must be between 1 and {MAX_BATCH}, got {flush_at}")
         if settle_linger < timedelta(0):
             raise ValueError("settle_linger must not be negative")
+        if trace not in TRACE_MODES:
+            raise ValueError(f"trace must be one of {', '.join(TRACE_MODES)}, got {trace!r}")
         self._stub: dispatch_pb2_grpc.DispatchServiceAsyncStub = (
             dispatch_pb2_grpc.DispatchServiceStub(channel)
         )
@@ -112,6 +116,7 @@ class _WorkerBase:
         self.concurrency = slots
         self.settle_batch = flush_at
         self.settle_linger = settle_linger
+        self.trace: TraceMode = trace
         # Claim again once this many slots are free, so that batches stay batches.
         self._refill = refill
 

@@ -16,6 +16,7 @@ import time
 from switchboard.v1 import dispatch_pb2, todo_pb2
 from switchboard.worker._common import PermanentFailure, _seconds, log
 from switchboard.worker._state import _Held, _WorkerBase
+from switchboard.worker.tracing import handler_span
 
 #: The server cuts ``Fail`` error texts at this length; the worker does it first.
 _MAX_ERROR_TEXT = 4096
@@ -46,7 +47,8 @@ class _Handling(_WorkerBase):
         self._added.set()
 
     async def _call_handler(self, todo: todo_pb2.Todo) -> None:
-        await self._handler(todo)
+        with handler_span(todo, self.trace):
+            await self._handler(todo)
 
     def _handler_done(self, held: _Held, task: asyncio.Task[None]) -> None:
         """Turns a finished handler into its todo's settlement (or drops a lost todo)."""

@@ -18,8 +18,8 @@ BEGIN
 END;
 $$;
 
--- Ingest: resolve (or create) the queue, insert the todo, or return the
--- existing one for a repeated dedup key.
+-- Ingest of one todo, as servers of earlier releases call it (during a
+-- rolling upgrade): sb_ingest_many with one item.
 CREATE OR REPLACE FUNCTION sb_ingest(
     p_owner_id uuid,
     p_endpoint_id uuid,
@@ -31,53 +31,13 @@ CREATE OR REPLACE FUNCTION sb_ingest(
     p_webhook_id text,
     p_delivery_id text
 ) RETURNS TABLE (deduplicated boolean, todo todos)
-LANGUAGE plpgsql AS $$
-#variable_conflict use_column
-DECLARE
-    v_now timestamptz := sb_now();
-    v_queue_id bigint;
-    v_row todos;
-BEGIN
-    PERFORM 1 FROM endpoints e WHERE e.id = p_endpoint_id AND e.owner_id = p_owner_id;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'endpoint not found' USING ERRCODE = 'SB404';
-    END IF;
-    LOOP
-        SELECT q.id INTO v_queue_id FROM queues q
-         WHERE q.endpoint_id = p_endpoint_id AND q.name = p_queue;
-        EXIT WHEN FOUND;
-        INSERT INTO queues (owner_id, endpoint_id, name)
-        VALUES (p_owner_id, p_endpoint_id, p_queue)
-        ON CONFLICT ON CONSTRAINT queues_endpoint_name_key DO NOTHING
-        RETURNING id INTO v_queue_id;
-        EXIT WHEN FOUND;
-    END LOOP;
-    LOOP
-        INSERT INTO todos (queue_id, owner_id, endpoint_id, queue, payload, content_type,
-                           max_attempts, next_retry_at, dedup_webhook_id, dedup_delivery_id,
-                           created_at, updated_at)
-        VALUES (v_queue_id, p_owner_id, p_endpoint_id, p_queue, p_payload, p_content_type,
-                p_max_attempts, v_now + p_delay, p_webhook_id, p_delivery_id, v_now, v_now)
-        ON CONFLICT ON CONSTRAINT todos_dedup_key DO NOTHING
-        RETURNING * INTO v_row;
-        IF FOUND THEN
-            PERFORM sb_on_created(v_row, v_now);
-            RETURN QUERY SELECT false, v_row;
-            RETURN;
-        END IF;
-        -- A concurrent ingest with the same key committed first: return its
-        -- todo. This statement's fresh snapshot sees it (unless retention
-        -- deleted it in between, in which case the insert is tried again).
-        SELECT * INTO v_row FROM todos t
-         WHERE t.endpoint_id = p_endpoint_id
-           AND t.dedup_webhook_id = p_webhook_id
-           AND t.dedup_delivery_id = p_delivery_id;
-        IF FOUND THEN
-            RETURN QUERY SELECT true, v_row;
-            RETURN;
-        END IF;
-    END LOOP;
-END;
+LANGUAGE sql AS $$
+    SELECT m.deduplicated, m.todo
+      FROM sb_ingest_many(p_owner_id, p_endpoint_id, ARRAY[p_queue], ARRAY[p_payload],
+                          ARRAY[p_content_type], ARRAY[p_max_attempts], ARRAY[p_delay],
+                          CASE WHEN p_webhook_id IS NOT NULL THEN ARRAY[p_webhook_id] END,
+                          CASE WHEN p_webhook_id IS NOT NULL THEN ARRAY[p_delivery_id] END,
+                          NULL, NULL, NULL) AS m
 $$;
 
 -- Turns one locked, claimable pending todo into a claim: a new lease,
@@ -618,5 +578,169 @@ BEGIN
              WHERE t.id = ANY (v_matched) AND t.id <> ALL (v_locked)
                AND t.state = ANY (p_states)),
            v_next;
+END;
+$$;
+
+-- Ingest of many todos of one endpoint in one transaction (IngestTodos, and
+-- single Ingests, alone or combined): item i goes to queue p_queues[i]
+-- (created when new) with the i-th entry of each array (p_traceparents[i]:
+-- the producer's trace context; the key arrays and p_traceparents may be
+-- NULL: none for every item). An item
+-- with a dedup key (p_webhook_ids[i] and p_delivery_ids[i]) or an
+-- idempotency key (p_keys[i], never both) that an existing todo holds gets
+-- that todo back (deduplicated) instead of a new one; so does a repeat of a
+-- key within the call. An idempotency key is held by its todo while it is
+-- pending or claimed and for its retention after it finished: a holder past
+-- its retention gives the key up (cleared under its row lock, rechecked
+-- there) and the item is inserted again. A key that a concurrent
+-- transaction is inserting waits for it (the unique indexes), so a key makes
+-- exactly one todo however many callers race; keyed items are inserted in
+-- key order, so that two calls with the same keys in other orders do not
+-- deadlock. Ids are taken in item order before the insert (so that each
+-- inserted row is matched to its item); those of deduplicated items are
+-- skipped. Each queue that got a new todo claimable now rings its doorbell
+-- once (sb_on_created). One row per item: its 1-based position, whether it
+-- was deduplicated, and the todo.
+CREATE OR REPLACE FUNCTION sb_ingest_many(
+    p_owner_id uuid,
+    p_endpoint_id uuid,
+    p_queues text[],
+    p_payloads bytea[],
+    p_content_types text[],
+    p_max_attempts integer[],
+    p_delays interval[],
+    p_webhook_ids text[],
+    p_delivery_ids text[],
+    p_keys text[],
+    p_retentions interval[],
+    p_traceparents text[]
+) RETURNS TABLE (ord bigint, deduplicated boolean, todo todos)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan  -- as sb_settle
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := sb_now();
+    v_n integer := cardinality(p_queues);
+    v_queue_ids bigint[];
+    v_ids bigint[];
+    v_left bigint[];  -- ords not yet answered
+    v_ords bigint[] := '{}';
+    v_dedup boolean[] := '{}';
+    v_rows todos[] := '{}';
+    v_new todos[] := '{}';
+    v_got_ords bigint[];
+    v_got_rows todos[];
+    v_expired bigint[];
+BEGIN
+    PERFORM 1 FROM endpoints e WHERE e.id = p_endpoint_id AND e.owner_id = p_owner_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'endpoint not found' USING ERRCODE = 'SB404';
+    END IF;
+    LOOP
+        SELECT array_agg(q.id ORDER BY u.ord) INTO v_queue_ids
+          FROM unnest(p_queues) WITH ORDINALITY AS u (name, ord)
+          JOIN queues q ON q.endpoint_id = p_endpoint_id AND q.name = u.name;
+        EXIT WHEN cardinality(v_queue_ids) = v_n;
+        INSERT INTO queues (owner_id, endpoint_id, name)
+        SELECT p_owner_id, p_endpoint_id, d.name
+          FROM (SELECT DISTINCT u.name FROM unnest(p_queues) AS u (name)) AS d
+         WHERE NOT EXISTS (SELECT 1 FROM queues q
+                            WHERE q.endpoint_id = p_endpoint_id AND q.name = d.name)
+         ORDER BY d.name
+        ON CONFLICT ON CONSTRAINT queues_endpoint_name_key DO NOTHING;
+    END LOOP;
+    SELECT array_agg(nextval(pg_get_serial_sequence('todos', 'id'))) INTO v_ids
+      FROM generate_series(1, v_n);
+    v_left := ARRAY(SELECT generate_series(1, v_n)::bigint);
+    LOOP
+        WITH items AS (
+            SELECT i.*
+              FROM unnest(v_ids, v_queue_ids, p_queues, p_payloads, p_content_types,
+                          p_max_attempts, p_delays,
+                          coalesce(p_webhook_ids, array_fill(NULL::text, ARRAY[v_n])),
+                          coalesce(p_delivery_ids, array_fill(NULL::text, ARRAY[v_n])),
+                          coalesce(p_keys, array_fill(NULL::text, ARRAY[v_n])),
+                          coalesce(p_retentions, array_fill(NULL::interval, ARRAY[v_n])),
+                          coalesce(p_traceparents, array_fill(NULL::text, ARRAY[v_n])))
+                   WITH ORDINALITY AS i (id, queue_id, queue, payload, content_type,
+                                         max_attempts, delay, webhook_id, delivery_id,
+                                         key, retention, traceparent, ord)
+             WHERE i.ord = ANY (v_left)
+        ), inserted AS (
+            INSERT INTO todos AS t (id, queue_id, owner_id, endpoint_id, queue, payload,
+                                    content_type, max_attempts, next_retry_at,
+                                    dedup_webhook_id, dedup_delivery_id, idempotency_key,
+                                    idempotency_retention, traceparent, created_at, updated_at)
+            OVERRIDING SYSTEM VALUE
+            SELECT i.id, i.queue_id, p_owner_id, p_endpoint_id, i.queue, i.payload,
+                   i.content_type, i.max_attempts, v_now + i.delay, i.webhook_id,
+                   i.delivery_id, i.key, CASE WHEN i.key IS NOT NULL THEN i.retention END,
+                   i.traceparent, v_now, v_now
+              FROM items i
+             ORDER BY i.webhook_id, i.delivery_id, i.queue_id, i.key, i.ord
+            ON CONFLICT DO NOTHING
+            RETURNING t AS row
+        )
+        SELECT coalesce(array_agg(i.ord ORDER BY i.ord), '{}'),
+               coalesce(array_agg(n.row ORDER BY i.ord), '{}')
+          INTO v_got_ords, v_got_rows
+          FROM inserted n JOIN items i ON i.id = (n.row).id;
+        v_ords := v_ords || v_got_ords;
+        v_rows := v_rows || v_got_rows;
+        v_new := v_new || v_got_rows;
+        v_dedup := v_dedup || array_fill(false, ARRAY[cardinality(v_got_ords)]);
+        EXIT WHEN cardinality(v_got_ords) = cardinality(v_left);
+        -- The rest met a key that a todo holds (one of this call's, or one a
+        -- concurrent transaction committed: this statement's snapshot sees it).
+        v_left := ARRAY(SELECT l FROM unnest(v_left) AS l WHERE l <> ALL (v_got_ords));
+        WITH holders AS (
+            SELECT k.ord, t AS row
+              FROM unnest(v_left) AS k (ord)
+              JOIN todos t
+                ON t.endpoint_id = p_endpoint_id
+               AND t.dedup_webhook_id = p_webhook_ids[k.ord]
+               AND t.dedup_delivery_id = p_delivery_ids[k.ord]
+             WHERE p_webhook_ids[k.ord] IS NOT NULL
+            UNION ALL
+            SELECT k.ord, t AS row
+              FROM unnest(v_left) AS k (ord)
+              JOIN todos t ON t.queue_id = v_queue_ids[k.ord] AND t.idempotency_key = p_keys[k.ord]
+             WHERE p_keys[k.ord] IS NOT NULL
+        )
+        SELECT coalesce(array_agg(h.ord ORDER BY h.ord) FILTER (WHERE NOT x.expired), '{}'),
+               coalesce(array_agg(h.row ORDER BY h.ord) FILTER (WHERE NOT x.expired), '{}'),
+               coalesce(array_agg(DISTINCT (h.row).id) FILTER (WHERE x.expired), '{}')
+          INTO v_got_ords, v_got_rows, v_expired
+          FROM holders h
+          CROSS JOIN LATERAL (
+              SELECT (h.row).idempotency_key IS NOT NULL AND (h.row).finished_at IS NOT NULL
+                     AND (h.row).finished_at + (h.row).idempotency_retention <= v_now
+                  AS expired
+          ) AS x;
+        v_ords := v_ords || v_got_ords;
+        v_rows := v_rows || v_got_rows;
+        v_dedup := v_dedup || array_fill(true, ARRAY[cardinality(v_got_ords)]);
+        v_left := ARRAY(SELECT l FROM unnest(v_left) AS l WHERE l <> ALL (v_got_ords));
+        EXIT WHEN cardinality(v_left) = 0;
+        IF cardinality(v_expired) > 0 THEN
+            -- Holders past their retention give their keys up (rechecked under
+            -- the row lock: a requeued holder keeps its key).
+            PERFORM 1 FROM todos t WHERE t.id = ANY (v_expired) ORDER BY t.id FOR UPDATE;
+            UPDATE todos t SET idempotency_key = NULL
+             WHERE t.id = ANY (v_expired) AND t.finished_at IS NOT NULL
+               AND t.finished_at + t.idempotency_retention <= v_now;
+        END IF;
+        -- Then the rest are inserted again (a holder deleted by retention in
+        -- between, too).
+    END LOOP;
+    IF cardinality(v_new) > 0 THEN
+        PERFORM sb_on_created(f.row, v_now)
+           FROM (SELECT DISTINCT ON (r.queue_id) r AS row
+                   FROM unnest(v_new) AS r ORDER BY r.queue_id, r.next_retry_at) AS f;
+    END IF;
+    RETURN QUERY SELECT v_ords[k], v_dedup[k], v_rows[k]
+                   FROM generate_subscripts(v_ords, 1) AS k
+                  ORDER BY v_ords[k];
 END;
 $$;

@@ -1,6 +1,8 @@
--- name: todo_ingest :one
--- Creates a todo, or returns the existing one for a repeated dedup key.
-SELECT deduplicated, todo FROM sb_ingest($1, $2, $3, $4, $5, $6, $7, $8, $9);
+-- name: todo_ingest_many :many
+-- Creates todos of one endpoint, or returns the existing ones for keys that
+-- todos hold; one row per item, in order. See sb_ingest_many.
+SELECT deduplicated, todo
+  FROM sb_ingest_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ORDER BY ord;
 
 -- name: todo_claim :one
 -- Claims one specific todo within its queue's budget; see sb_claim.
@@ -87,6 +89,12 @@ SELECT * FROM todos
 SELECT * FROM todos
  WHERE endpoint_id = $1 AND owner_id = $2 AND dedup_webhook_id = $3 AND dedup_delivery_id = $4;
 
+-- name: todo_get_by_key :one
+-- The todo that holds an idempotency key in an endpoint's queue
+-- (todos_idempotency_key finds it).
+SELECT t.* FROM todos t JOIN queues q ON q.id = t.queue_id
+ WHERE q.endpoint_id = $1 AND q.owner_id = $2 AND q.name = $3 AND t.idempotency_key = $4;
+
 -- name: todo_attempts :many
 -- A todo's attempts, oldest first.
 SELECT number, claimant, claimed_at, outcome, finished_at, error
@@ -97,7 +105,8 @@ SELECT number, claimant, claimed_at, outcome, finished_at, error
 -- (the last id of the previous page).
 SELECT id, queue_id, owner_id, endpoint_id, queue, state, ''::bytea AS payload, content_type,
        attempt, max_attempts, next_retry_at, lease_id, lease_expires_at, claimant,
-       dedup_webhook_id, dedup_delivery_id, last_error, created_at, updated_at, finished_at
+       dedup_webhook_id, dedup_delivery_id, last_error, created_at, updated_at, finished_at,
+       idempotency_key, idempotency_retention, traceparent
   FROM todos
  WHERE endpoint_id = $1 AND owner_id = $2
    AND ($3::text[] IS NULL OR queue = ANY ($3))
@@ -111,12 +120,28 @@ SELECT id, queue_id, owner_id, endpoint_id, queue, state, ''::bytea AS payload, 
 -- filters (todos_dedup_key finds it).
 SELECT id, queue_id, owner_id, endpoint_id, queue, state, ''::bytea AS payload, content_type,
        attempt, max_attempts, next_retry_at, lease_id, lease_expires_at, claimant,
-       dedup_webhook_id, dedup_delivery_id, last_error, created_at, updated_at, finished_at
+       dedup_webhook_id, dedup_delivery_id, last_error, created_at, updated_at, finished_at,
+       idempotency_key, idempotency_retention, traceparent
   FROM todos
  WHERE endpoint_id = $1 AND owner_id = $2
    AND ($3::text[] IS NULL OR queue = ANY ($3))
    AND ($4::text[] IS NULL OR state = ANY ($4))
    AND dedup_webhook_id = $5 AND dedup_delivery_id = $6;
+
+-- name: todo_list_key :many
+-- todo_list for one idempotency key: the todo that holds it in each of the
+-- endpoint's (given) queues, if it passes the filters (todos_idempotency_key
+-- finds each).
+SELECT t.id, t.queue_id, t.owner_id, t.endpoint_id, t.queue, t.state, ''::bytea AS payload,
+       t.content_type, t.attempt, t.max_attempts, t.next_retry_at, t.lease_id,
+       t.lease_expires_at, t.claimant, t.dedup_webhook_id, t.dedup_delivery_id, t.last_error,
+       t.created_at, t.updated_at, t.finished_at, t.idempotency_key, t.idempotency_retention,
+       t.traceparent
+  FROM queues q JOIN todos t ON t.queue_id = q.id AND t.idempotency_key = $5
+ WHERE q.endpoint_id = $1 AND q.owner_id = $2
+   AND ($3::text[] IS NULL OR q.name = ANY ($3))
+   AND ($4::text[] IS NULL OR t.state = ANY ($4))
+ ORDER BY t.id DESC;
 
 -- name: todo_list_error :many
 -- todo_list for todos whose last error contains $7 (ignoring case): it
@@ -144,7 +169,8 @@ SELECT e.examined, e.examined_to,
        t.id, t.queue_id, t.owner_id, t.endpoint_id, t.queue, t.state, ''::bytea AS payload,
        t.content_type, t.attempt, t.max_attempts, t.next_retry_at, t.lease_id,
        t.lease_expires_at, t.claimant, t.dedup_webhook_id, t.dedup_delivery_id, t.last_error,
-       t.created_at, t.updated_at, t.finished_at
+       t.created_at, t.updated_at, t.finished_at, t.idempotency_key, t.idempotency_retention,
+       t.traceparent
   FROM edge e
   LEFT JOIN (matched m JOIN todos t ON t.id = m.id) ON true
  ORDER BY t.id DESC NULLS LAST;
@@ -185,6 +211,9 @@ SELECT reaped.id, reaped.state, reaped.queue_id FROM reaped, freed;
 WITH old AS (
     SELECT id FROM todos
      WHERE state IN ('done', 'dead', 'cancelled') AND finished_at < sb_now() - $1::interval
+       -- A todo whose idempotency key still deduplicates is kept until it no
+       -- longer does.
+       AND (idempotency_key IS NULL OR finished_at + idempotency_retention <= sb_now())
      ORDER BY finished_at
      LIMIT $2
        FOR UPDATE SKIP LOCKED

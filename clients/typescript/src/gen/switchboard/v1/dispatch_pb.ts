@@ -18,7 +18,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file switchboard/v1/dispatch.proto.
  */
 export const file_switchboard_v1_dispatch: GenFile = /*@__PURE__*/
-  fileDesc("Ch1zd2l0Y2hib2FyZC92MS9kaXNwYXRjaC5wcm90bxIOc3dpdGNoYm9hcmQudjEi3gEKDUluZ2VzdFJlcXVlc3QSJwoFcXVldWUYASABKAsyGC5zd2l0Y2hib2FyZC52MS5RdWV1ZVJlZhIPCgdwYXlsb2FkGAIgASgMEhQKDGNvbnRlbnRfdHlwZRgDIAEoCRInCgVkZWR1cBgEIAEoCzIYLnN3aXRjaGJvYXJkLnYxLkRlZHVwS2V5EhkKDG1heF9hdHRlbXB0cxgFIAEoBUgAiAEBEigKBWRlbGF5GAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQg8KDV9tYXhfYXR0ZW1wdHMiSgoOSW5nZXN0UmVzcG9uc2USIgoEdG9kbxgBIAEoCzIULnN3aXRjaGJvYXJkLnYxLlRvZG8SFAoMZGVkdXBsaWNhdGVkGAIgASgIImQKDENsYWltUmVxdWVzdBIPCgd0b2RvX2lkGAEgASgJEhAKCGNsYWltYW50GAIgASgJEjEKDmxlYXNlX2R1cmF0aW9uGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIrYBCg1DbGFpbVJlc3BvbnNlEiIKBHRvZG8YASABKAsyFC5zd2l0Y2hib2FyZC52MS5Ub2RvEiQKBWxlYXNlGAIgASgLMhUuc3dpdGNoYm9hcmQudjEuTGVhc2USKgoIaGVhZHJvb20YAyABKAsyGC5zd2l0Y2hib2FyZC52MS5IZWFkcm9vbRIvCgZwb2xpY3kYBCABKAsyHy5zd2l0Y2hib2FyZC52MS5BZG1pc3Npb25Qb2xpY3kijwEKEENsYWltTmV4dFJlcXVlc3QSEwoLZW5kcG9pbnRfaWQYASABKAkSDgoGcXVldWVzGAIgAygJEhAKCGNsYWltYW50GAMgASgJEjEKDmxlYXNlX2R1cmF0aW9uGAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhEKCW1heF90b2RvcxgFIAEoBSKoAgoRQ2xhaW1OZXh0UmVzcG9uc2USIgoEdG9kbxgBIAEoCzIULnN3aXRjaGJvYXJkLnYxLlRvZG8SJAoFbGVhc2UYAiABKAsyFS5zd2l0Y2hib2FyZC52MS5MZWFzZRINCgVlbXB0eRgDIAEoCBIvCghkZWZlcnJlZBgEIAMoCzIdLnN3aXRjaGJvYXJkLnYxLkRlZmVycmVkUXVldWUSKgoIaGVhZHJvb20YBSABKAsyGC5zd2l0Y2hib2FyZC52MS5IZWFkcm9vbRIvCgZwb2xpY3kYBiABKAsyHy5zd2l0Y2hib2FyZC52MS5BZG1pc3Npb25Qb2xpY3kSLAoHY2xhaW1lZBgHIAMoCzIbLnN3aXRjaGJvYXJkLnYxLkNsYWltZWRUb2RvIlcKC0NsYWltZWRUb2RvEiIKBHRvZG8YASABKAsyFC5zd2l0Y2hib2FyZC52MS5Ub2RvEiQKBWxlYXNlGAIgASgLMhUuc3dpdGNoYm9hcmQudjEuTGVhc2UiaAoQSGVhcnRiZWF0UmVxdWVzdBIPCgd0b2RvX2lkGAEgASgJEhAKCGxlYXNlX2lkGAIgASgJEjEKDmxlYXNlX2R1cmF0aW9uGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIjkKEUhlYXJ0YmVhdFJlc3BvbnNlEiQKBWxlYXNlGAEgASgLMhUuc3dpdGNoYm9hcmQudjEuTGVhc2UiLQoITGVhc2VSZWYSDwoHdG9kb19pZBgBIAEoCRIQCghsZWFzZV9pZBgCIAEoCSJ0ChVIZWFydGJlYXRUb2Rvc1JlcXVlc3QSKAoGbGVhc2VzGAEgAygLMhguc3dpdGNoYm9hcmQudjEuTGVhc2VSZWYSMQoObGVhc2VfZHVyYXRpb24YAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iSgoWSGVhcnRiZWF0VG9kb3NSZXNwb25zZRIwCgdyZXN1bHRzGAEgAygLMh8uc3dpdGNoYm9hcmQudjEuSGVhcnRiZWF0UmVzdWx0IrQBCg9IZWFydGJlYXRSZXN1bHQSDwoHdG9kb19pZBgBIAEoCRIvCgZzdGF0dXMYAiABKA4yHy5zd2l0Y2hib2FyZC52MS5CYXRjaEl0ZW1TdGF0dXMSJAoFbGVhc2UYAyABKAsyFS5zd2l0Y2hib2FyZC52MS5MZWFzZRIPCgdtZXNzYWdlGAQgASgJEigKBXN0YXRlGAUgASgOMhkuc3dpdGNoYm9hcmQudjEuVG9kb1N0YXRlImAKD0NvbXBsZXRlUmVxdWVzdBIPCgd0b2RvX2lkGAEgASgJEhAKCGxlYXNlX2lkGAIgASgJEioKBnJlc3VsdBgDIAEoCzIaLnN3aXRjaGJvYXJkLnYxLlRvZG9SZXN1bHQiNgoQQ29tcGxldGVSZXNwb25zZRIiCgR0b2RvGAEgASgLMhQuc3dpdGNoYm9hcmQudjEuVG9kbyJSCgtGYWlsUmVxdWVzdBIPCgd0b2RvX2lkGAEgASgJEhAKCGxlYXNlX2lkGAIgASgJEg0KBWVycm9yGAMgASgJEhEKCXBlcm1hbmVudBgEIAEoCCIyCgxGYWlsUmVzcG9uc2USIgoEdG9kbxgBIAEoCzIULnN3aXRjaGJvYXJkLnYxLlRvZG8iMwoOUmVsZWFzZVJlcXVlc3QSDwoHdG9kb19pZBgBIAEoCRIQCghsZWFzZV9pZBgCIAEoCSI1Cg9SZWxlYXNlUmVzcG9uc2USIgoEdG9kbxgBIAEoCzIULnN3aXRjaGJvYXJkLnYxLlRvZG8iRQoSU2V0dGxlVG9kb3NSZXF1ZXN0Ei8KC3NldHRsZW1lbnRzGAEgAygLMhouc3dpdGNoYm9hcmQudjEuU2V0dGxlbWVudCLLAQoKU2V0dGxlbWVudBIPCgd0b2RvX2lkGAEgASgJEhAKCGxlYXNlX2lkGAIgASgJEjIKCGNvbXBsZXRlGAMgASgLMh4uc3dpdGNoYm9hcmQudjEuQ29tcGxldGVBY3Rpb25IABIqCgRmYWlsGAQgASgLMhouc3dpdGNoYm9hcmQudjEuRmFpbEFjdGlvbkgAEjAKB3JlbGVhc2UYBSABKAsyHS5zd2l0Y2hib2FyZC52MS5SZWxlYXNlQWN0aW9uSABCCAoGYWN0aW9uIjwKDkNvbXBsZXRlQWN0aW9uEioKBnJlc3VsdBgBIAEoCzIaLnN3aXRjaGJvYXJkLnYxLlRvZG9SZXN1bHQiLgoKRmFpbEFjdGlvbhINCgVlcnJvchgBIAEoCRIRCglwZXJtYW5lbnQYAiABKAgiDwoNUmVsZWFzZUFjdGlvbiJIChNTZXR0bGVUb2Rvc1Jlc3BvbnNlEjEKB3Jlc3VsdHMYASADKAsyIC5zd2l0Y2hib2FyZC52MS5TZXR0bGVtZW50UmVzdWx0IsIBChBTZXR0bGVtZW50UmVzdWx0Eg8KB3RvZG9faWQYASABKAkSLwoGc3RhdHVzGAIgASgOMh8uc3dpdGNoYm9hcmQudjEuQmF0Y2hJdGVtU3RhdHVzEigKBXN0YXRlGAMgASgOMhkuc3dpdGNoYm9hcmQudjEuVG9kb1N0YXRlEjEKDW5leHRfcmV0cnlfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg8KB21lc3NhZ2UYBSABKAkiXwoOR2V0VG9kb1JlcXVlc3QSDwoHdG9kb19pZBgBIAEoCRInCgVkZWR1cBgCIAEoCzIYLnN3aXRjaGJvYXJkLnYxLkRlZHVwS2V5EhMKC2VuZHBvaW50X2lkGAMgASgJImAKD0dldFRvZG9SZXNwb25zZRIiCgR0b2RvGAEgASgLMhQuc3dpdGNoYm9hcmQudjEuVG9kbxIpCghhdHRlbXB0cxgCIAMoCzIXLnN3aXRjaGJvYXJkLnYxLkF0dGVtcHQiygEKEExpc3RUb2Rvc1JlcXVlc3QSEwoLZW5kcG9pbnRfaWQYASABKAkSDgoGcXVldWVzGAIgAygJEikKBnN0YXRlcxgDIAMoDjIZLnN3aXRjaGJvYXJkLnYxLlRvZG9TdGF0ZRIRCglwYWdlX3NpemUYBCABKAUSEgoKcGFnZV90b2tlbhgFIAEoCRInCgVkZWR1cBgGIAEoCzIYLnN3aXRjaGJvYXJkLnYxLkRlZHVwS2V5EhYKDmVycm9yX2NvbnRhaW5zGAcgASgJIlEKEUxpc3RUb2Rvc1Jlc3BvbnNlEiMKBXRvZG9zGAEgAygLMhQuc3dpdGNoYm9hcmQudjEuVG9kbxIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiJAoRQ2FuY2VsVG9kb1JlcXVlc3QSDwoHdG9kb19pZBgBIAEoCSI4ChJDYW5jZWxUb2RvUmVzcG9uc2USIgoEdG9kbxgBIAEoCzIULnN3aXRjaGJvYXJkLnYxLlRvZG8iewoSUmVxdWV1ZVRvZG9SZXF1ZXN0Eg8KB3RvZG9faWQYASABKAkSKAoFZGVsYXkYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SGQoMbWF4X2F0dGVtcHRzGAMgASgFSACIAQFCDwoNX21heF9hdHRlbXB0cyI5ChNSZXF1ZXVlVG9kb1Jlc3BvbnNlEiIKBHRvZG8YASABKAsyFC5zd2l0Y2hib2FyZC52MS5Ub2RvItsBCgpUb2RvRmlsdGVyEhMKC2VuZHBvaW50X2lkGAEgASgJEg4KBnF1ZXVlcxgCIAMoCRIpCgZzdGF0ZXMYAyADKA4yGS5zd2l0Y2hib2FyZC52MS5Ub2RvU3RhdGUSMgoOY3JlYXRlZF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjEKDWNyZWF0ZWRfYWZ0ZXIYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhYKDmVycm9yX2NvbnRhaW5zGAYgASgJIowBCg5CdWxrSXRlbVJlc3VsdBIPCgd0b2RvX2lkGAEgASgJEi4KBnN0YXR1cxgCIAEoDjIeLnN3aXRjaGJvYXJkLnYxLkJ1bGtJdGVtU3RhdHVzEigKBXN0YXRlGAMgASgOMhkuc3dpdGNoYm9hcmQudjEuVG9kb1N0YXRlEg8KB21lc3NhZ2UYBCABKAkidwoSQ2FuY2VsVG9kb3NSZXF1ZXN0EhAKCHRvZG9faWRzGAEgAygJEioKBmZpbHRlchgCIAEoCzIaLnN3aXRjaGJvYXJkLnYxLlRvZG9GaWx0ZXISDwoHZHJ5X3J1bhgDIAEoCBISCgpwYWdlX3Rva2VuGAQgASgJIn8KE0NhbmNlbFRvZG9zUmVzcG9uc2USLwoHcmVzdWx0cxgBIAMoCzIeLnN3aXRjaGJvYXJkLnYxLkJ1bGtJdGVtUmVzdWx0Eg0KBWNvdW50GAIgASgDEg8KB3NraXBwZWQYAyABKAMSFwoPbmV4dF9wYWdlX3Rva2VuGAQgASgJIs4BChNSZXF1ZXVlVG9kb3NSZXF1ZXN0EhAKCHRvZG9faWRzGAEgAygJEioKBmZpbHRlchgCIAEoCzIaLnN3aXRjaGJvYXJkLnYxLlRvZG9GaWx0ZXISDwoHZHJ5X3J1bhgDIAEoCBISCgpwYWdlX3Rva2VuGAQgASgJEigKBWRlbGF5GAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhkKDG1heF9hdHRlbXB0cxgGIAEoBUgAiAEBQg8KDV9tYXhfYXR0ZW1wdHMigAEKFFJlcXVldWVUb2Rvc1Jlc3BvbnNlEi8KB3Jlc3VsdHMYASADKAsyHi5zd2l0Y2hib2FyZC52MS5CdWxrSXRlbVJlc3VsdBINCgVjb3VudBgCIAEoAxIPCgdza2lwcGVkGAMgASgDEhcKD25leHRfcGFnZV90b2tlbhgEIAEoCSKFAgoOVG9kb0F1ZGl0RW50cnkSCgoCaWQYASABKAkSKgoGYWN0aW9uGAIgASgOMhouc3dpdGNoYm9hcmQudjEuVG9kb0FjdGlvbhITCgtlbmRwb2ludF9pZBgDIAEoCRIPCgd0b2RvX2lkGAQgASgJEg0KBWNvdW50GAUgASgDEhYKDmFjdG9yX2h1bWFuX2lkGAYgASgJEhkKEWFjdG9yX2VuZHBvaW50X2lkGAcgASgJEhsKE2FjdG9yX2NyZWRlbnRpYWxfaWQYCCABKAkSJgoCYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBmZpbHRlchgKIAEoCSJSChRMaXN0VG9kb0F1ZGl0UmVxdWVzdBITCgtlbmRwb2ludF9pZBgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSJhChVMaXN0VG9kb0F1ZGl0UmVzcG9uc2USLwoHZW50cmllcxgBIAMoCzIeLnN3aXRjaGJvYXJkLnYxLlRvZG9BdWRpdEVudHJ5EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSI5ChJXYXRjaFJlb3BlblJlcXVlc3QSEwoLZW5kcG9pbnRfaWQYASABKAkSDgoGcXVldWVzGAIgAygJIpoBCghEb29yYmVsbBInCgVxdWV1ZRgBIAEoCzIYLnN3aXRjaGJvYXJkLnYxLlF1ZXVlUmVmEiwKBWNhdXNlGAIgASgOMh0uc3dpdGNoYm9hcmQudjEuRG9vcmJlbGxDYXVzZRIPCgdwZW5kaW5nGAMgASgDEiYKAmF0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJBChNXYXRjaFJlb3BlblJlc3BvbnNlEioKCGRvb3JiZWxsGAEgASgLMhguc3dpdGNoYm9hcmQudjEuRG9vcmJlbGwqugEKD0JhdGNoSXRlbVN0YXR1cxIhCh1CQVRDSF9JVEVNX1NUQVRVU19VTlNQRUNJRklFRBAAEh0KGUJBVENIX0lURU1fU1RBVFVTX0FQUExJRUQQARIhCh1CQVRDSF9JVEVNX1NUQVRVU19TVEFMRV9MRUFTRRACEiEKHUJBVENIX0lURU1fU1RBVFVTX05PVF9DTEFJTUVEEAMSHwobQkFUQ0hfSVRFTV9TVEFUVVNfTk9UX0ZPVU5EEAQqjgEKDkJ1bGtJdGVtU3RhdHVzEiAKHEJVTEtfSVRFTV9TVEFUVVNfVU5TUEVDSUZJRUQQABIcChhCVUxLX0lURU1fU1RBVFVTX0FQUExJRUQQARIeChpCVUxLX0lURU1fU1RBVFVTX05PVF9GT1VORBACEhwKGEJVTEtfSVRFTV9TVEFUVVNfUkVGVVNFRBADKloKClRvZG9BY3Rpb24SGwoXVE9ET19BQ1RJT05fVU5TUEVDSUZJRUQQABIWChJUT0RPX0FDVElPTl9DQU5DRUwQARIXChNUT0RPX0FDVElPTl9SRVFVRVVFEAIq7AEKDURvb3JiZWxsQ2F1c2USHgoaRE9PUkJFTExfQ0FVU0VfVU5TUEVDSUZJRUQQABIaChZET09SQkVMTF9DQVVTRV9DUkVBVEVEEAESGwoXRE9PUkJFTExfQ0FVU0VfQVRUQUNIRUQQAhIcChhET09SQkVMTF9DQVVTRV9IRUFSVEJFQVQQAxIiCh5ET09SQkVMTF9DQVVTRV9XSU5ET1dfQk9VTkRBUlkQBBIdChlET09SQkVMTF9DQVVTRV9TTE9UX0ZSRUVEEAUSIQodRE9PUkJFTExfQ0FVU0VfUE9MSUNZX0NIQU5HRUQQBjKRCwoPRGlzcGF0Y2hTZXJ2aWNlEkcKBkluZ2VzdBIdLnN3aXRjaGJvYXJkLnYxLkluZ2VzdFJlcXVlc3QaHi5zd2l0Y2hib2FyZC52MS5Jbmdlc3RSZXNwb25zZRJECgVDbGFpbRIcLnN3aXRjaGJvYXJkLnYxLkNsYWltUmVxdWVzdBodLnN3aXRjaGJvYXJkLnYxLkNsYWltUmVzcG9uc2USUAoJQ2xhaW1OZXh0EiAuc3dpdGNoYm9hcmQudjEuQ2xhaW1OZXh0UmVxdWVzdBohLnN3aXRjaGJvYXJkLnYxLkNsYWltTmV4dFJlc3BvbnNlElAKCUhlYXJ0YmVhdBIgLnN3aXRjaGJvYXJkLnYxLkhlYXJ0YmVhdFJlcXVlc3QaIS5zd2l0Y2hib2FyZC52MS5IZWFydGJlYXRSZXNwb25zZRJfCg5IZWFydGJlYXRUb2RvcxIlLnN3aXRjaGJvYXJkLnYxLkhlYXJ0YmVhdFRvZG9zUmVxdWVzdBomLnN3aXRjaGJvYXJkLnYxLkhlYXJ0YmVhdFRvZG9zUmVzcG9uc2USTQoIQ29tcGxldGUSHy5zd2l0Y2hib2FyZC52MS5Db21wbGV0ZVJlcXVlc3QaIC5zd2l0Y2hib2FyZC52MS5Db21wbGV0ZVJlc3BvbnNlEkEKBEZhaWwSGy5zd2l0Y2hib2FyZC52MS5GYWlsUmVxdWVzdBocLnN3aXRjaGJvYXJkLnYxLkZhaWxSZXNwb25zZRJKCgdSZWxlYXNlEh4uc3dpdGNoYm9hcmQudjEuUmVsZWFzZVJlcXVlc3QaHy5zd2l0Y2hib2FyZC52MS5SZWxlYXNlUmVzcG9uc2USVgoLU2V0dGxlVG9kb3MSIi5zd2l0Y2hib2FyZC52MS5TZXR0bGVUb2Rvc1JlcXVlc3QaIy5zd2l0Y2hib2FyZC52MS5TZXR0bGVUb2Rvc1Jlc3BvbnNlEkoKB0dldFRvZG8SHi5zd2l0Y2hib2FyZC52MS5HZXRUb2RvUmVxdWVzdBofLnN3aXRjaGJvYXJkLnYxLkdldFRvZG9SZXNwb25zZRJQCglMaXN0VG9kb3MSIC5zd2l0Y2hib2FyZC52MS5MaXN0VG9kb3NSZXF1ZXN0GiEuc3dpdGNoYm9hcmQudjEuTGlzdFRvZG9zUmVzcG9uc2USUwoKQ2FuY2VsVG9kbxIhLnN3aXRjaGJvYXJkLnYxLkNhbmNlbFRvZG9SZXF1ZXN0GiIuc3dpdGNoYm9hcmQudjEuQ2FuY2VsVG9kb1Jlc3BvbnNlElYKC1JlcXVldWVUb2RvEiIuc3dpdGNoYm9hcmQudjEuUmVxdWV1ZVRvZG9SZXF1ZXN0GiMuc3dpdGNoYm9hcmQudjEuUmVxdWV1ZVRvZG9SZXNwb25zZRJWCgtDYW5jZWxUb2RvcxIiLnN3aXRjaGJvYXJkLnYxLkNhbmNlbFRvZG9zUmVxdWVzdBojLnN3aXRjaGJvYXJkLnYxLkNhbmNlbFRvZG9zUmVzcG9uc2USWQoMUmVxdWV1ZVRvZG9zEiMuc3dpdGNoYm9hcmQudjEuUmVxdWV1ZVRvZG9zUmVxdWVzdBokLnN3aXRjaGJvYXJkLnYxLlJlcXVldWVUb2Rvc1Jlc3BvbnNlElwKDUxpc3RUb2RvQXVkaXQSJC5zd2l0Y2hib2FyZC52MS5MaXN0VG9kb0F1ZGl0UmVxdWVzdBolLnN3aXRjaGJvYXJkLnYxLkxpc3RUb2RvQXVkaXRSZXNwb25zZRJYCgtXYXRjaFJlb3BlbhIiLnN3aXRjaGJvYXJkLnYxLldhdGNoUmVvcGVuUmVxdWVzdBojLnN3aXRjaGJvYXJkLnYxLldhdGNoUmVvcGVuUmVzcG9uc2UwAWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_switchboard_v1_admission, file_switchboard_v1_queue, file_switchboard_v1_todo]);
+  fileDesc("Ch1zd2l0Y2hib2FyZC92MS9kaXNwYXRjaC5wcm90bxIOc3dpdGNoYm9hcmQudjEisQIKDUluZ2VzdFJlcXVlc3QSJwoFcXVldWUYASABKAsyGC5zd2l0Y2hib2FyZC52MS5RdWV1ZVJlZhIPCgdwYXlsb2FkGAIgASgMEhQKDGNvbnRlbnRfdHlwZRgDIAEoCRInCgVkZWR1cBgEIAEoCzIYLnN3aXRjaGJvYXJkLnYxLkRlZHVwS2V5EhkKDG1heF9hdHRlbXB0cxgFIAEoBUgAiAEBEigKBWRlbGF5GAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhcKD2lkZW1wb3RlbmN5X2tleRgHIAEoCRI4ChVpZGVtcG90ZW5jeV9yZXRlbnRpb24YCCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb25CDwoNX21heF9hdHRlbXB0cyJKCg5Jbmdlc3RSZXNwb25zZRIiCgR0b2RvGAEgASgLMhQuc3dpdGNoYm9hcmQudjEuVG9kbxIUCgxkZWR1cGxpY2F0ZWQYAiABKAgiVwoSSW5nZXN0VG9kb3NSZXF1ZXN0EhMKC2VuZHBvaW50X2lkGAEgASgJEiwKBXRvZG9zGAIgAygLMh0uc3dpdGNoYm9hcmQudjEuSW5nZXN0UmVxdWVzdCJEChNJbmdlc3RUb2Rvc1Jlc3BvbnNlEi0KB3Jlc3VsdHMYASADKAsyHC5zd2l0Y2hib2FyZC52MS5Jbmdlc3RSZXN1bHQiSAoMSW5nZXN0UmVzdWx0EiIKBHRvZG8YASABKAsyFC5zd2l0Y2hib2FyZC52MS5Ub2RvEhQKDGRlZHVwbGljYXRlZBgCIAEoCCJkCgxDbGFpbVJlcXVlc3QSDwoHdG9kb19pZBgBIAEoCRIQCghjbGFpbWFudBgCIAEoCRIxCg5sZWFzZV9kdXJhdGlvbhgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiK2AQoNQ2xhaW1SZXNwb25zZRIiCgR0b2RvGAEgASgLMhQuc3dpdGNoYm9hcmQudjEuVG9kbxIkCgVsZWFzZRgCIAEoCzIVLnN3aXRjaGJvYXJkLnYxLkxlYXNlEioKCGhlYWRyb29tGAMgASgLMhguc3dpdGNoYm9hcmQudjEuSGVhZHJvb20SLwoGcG9saWN5GAQgASgLMh8uc3dpdGNoYm9hcmQudjEuQWRtaXNzaW9uUG9saWN5Io8BChBDbGFpbU5leHRSZXF1ZXN0EhMKC2VuZHBvaW50X2lkGAEgASgJEg4KBnF1ZXVlcxgCIAMoCRIQCghjbGFpbWFudBgDIAEoCRIxCg5sZWFzZV9kdXJhdGlvbhgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIRCgltYXhfdG9kb3MYBSABKAUiqAIKEUNsYWltTmV4dFJlc3BvbnNlEiIKBHRvZG8YASABKAsyFC5zd2l0Y2hib2FyZC52MS5Ub2RvEiQKBWxlYXNlGAIgASgLMhUuc3dpdGNoYm9hcmQudjEuTGVhc2USDQoFZW1wdHkYAyABKAgSLwoIZGVmZXJyZWQYBCADKAsyHS5zd2l0Y2hib2FyZC52MS5EZWZlcnJlZFF1ZXVlEioKCGhlYWRyb29tGAUgASgLMhguc3dpdGNoYm9hcmQudjEuSGVhZHJvb20SLwoGcG9saWN5GAYgASgLMh8uc3dpdGNoYm9hcmQudjEuQWRtaXNzaW9uUG9saWN5EiwKB2NsYWltZWQYByADKAsyGy5zd2l0Y2hib2FyZC52MS5DbGFpbWVkVG9kbyJXCgtDbGFpbWVkVG9kbxIiCgR0b2RvGAEgASgLMhQuc3dpdGNoYm9hcmQudjEuVG9kbxIkCgVsZWFzZRgCIAEoCzIVLnN3aXRjaGJvYXJkLnYxLkxlYXNlImgKEEhlYXJ0YmVhdFJlcXVlc3QSDwoHdG9kb19pZBgBIAEoCRIQCghsZWFzZV9pZBgCIAEoCRIxCg5sZWFzZV9kdXJhdGlvbhgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiI5ChFIZWFydGJlYXRSZXNwb25zZRIkCgVsZWFzZRgBIAEoCzIVLnN3aXRjaGJvYXJkLnYxLkxlYXNlIi0KCExlYXNlUmVmEg8KB3RvZG9faWQYASABKAkSEAoIbGVhc2VfaWQYAiABKAkidAoVSGVhcnRiZWF0VG9kb3NSZXF1ZXN0EigKBmxlYXNlcxgBIAMoCzIYLnN3aXRjaGJvYXJkLnYxLkxlYXNlUmVmEjEKDmxlYXNlX2R1cmF0aW9uGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIkoKFkhlYXJ0YmVhdFRvZG9zUmVzcG9uc2USMAoHcmVzdWx0cxgBIAMoCzIfLnN3aXRjaGJvYXJkLnYxLkhlYXJ0YmVhdFJlc3VsdCK0AQoPSGVhcnRiZWF0UmVzdWx0Eg8KB3RvZG9faWQYASABKAkSLwoGc3RhdHVzGAIgASgOMh8uc3dpdGNoYm9hcmQudjEuQmF0Y2hJdGVtU3RhdHVzEiQKBWxlYXNlGAMgASgLMhUuc3dpdGNoYm9hcmQudjEuTGVhc2USDwoHbWVzc2FnZRgEIAEoCRIoCgVzdGF0ZRgFIAEoDjIZLnN3aXRjaGJvYXJkLnYxLlRvZG9TdGF0ZSJgCg9Db21wbGV0ZVJlcXVlc3QSDwoHdG9kb19pZBgBIAEoCRIQCghsZWFzZV9pZBgCIAEoCRIqCgZyZXN1bHQYAyABKAsyGi5zd2l0Y2hib2FyZC52MS5Ub2RvUmVzdWx0IjYKEENvbXBsZXRlUmVzcG9uc2USIgoEdG9kbxgBIAEoCzIULnN3aXRjaGJvYXJkLnYxLlRvZG8iUgoLRmFpbFJlcXVlc3QSDwoHdG9kb19pZBgBIAEoCRIQCghsZWFzZV9pZBgCIAEoCRINCgVlcnJvchgDIAEoCRIRCglwZXJtYW5lbnQYBCABKAgiMgoMRmFpbFJlc3BvbnNlEiIKBHRvZG8YASABKAsyFC5zd2l0Y2hib2FyZC52MS5Ub2RvIjMKDlJlbGVhc2VSZXF1ZXN0Eg8KB3RvZG9faWQYASABKAkSEAoIbGVhc2VfaWQYAiABKAkiNQoPUmVsZWFzZVJlc3BvbnNlEiIKBHRvZG8YASABKAsyFC5zd2l0Y2hib2FyZC52MS5Ub2RvIkUKElNldHRsZVRvZG9zUmVxdWVzdBIvCgtzZXR0bGVtZW50cxgBIAMoCzIaLnN3aXRjaGJvYXJkLnYxLlNldHRsZW1lbnQiywEKClNldHRsZW1lbnQSDwoHdG9kb19pZBgBIAEoCRIQCghsZWFzZV9pZBgCIAEoCRIyCghjb21wbGV0ZRgDIAEoCzIeLnN3aXRjaGJvYXJkLnYxLkNvbXBsZXRlQWN0aW9uSAASKgoEZmFpbBgEIAEoCzIaLnN3aXRjaGJvYXJkLnYxLkZhaWxBY3Rpb25IABIwCgdyZWxlYXNlGAUgASgLMh0uc3dpdGNoYm9hcmQudjEuUmVsZWFzZUFjdGlvbkgAQggKBmFjdGlvbiI8Cg5Db21wbGV0ZUFjdGlvbhIqCgZyZXN1bHQYASABKAsyGi5zd2l0Y2hib2FyZC52MS5Ub2RvUmVzdWx0Ii4KCkZhaWxBY3Rpb24SDQoFZXJyb3IYASABKAkSEQoJcGVybWFuZW50GAIgASgIIg8KDVJlbGVhc2VBY3Rpb24iSAoTU2V0dGxlVG9kb3NSZXNwb25zZRIxCgdyZXN1bHRzGAEgAygLMiAuc3dpdGNoYm9hcmQudjEuU2V0dGxlbWVudFJlc3VsdCLCAQoQU2V0dGxlbWVudFJlc3VsdBIPCgd0b2RvX2lkGAEgASgJEi8KBnN0YXR1cxgCIAEoDjIfLnN3aXRjaGJvYXJkLnYxLkJhdGNoSXRlbVN0YXR1cxIoCgVzdGF0ZRgDIAEoDjIZLnN3aXRjaGJvYXJkLnYxLlRvZG9TdGF0ZRIxCg1uZXh0X3JldHJ5X2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgdtZXNzYWdlGAUgASgJIpsBCg5HZXRUb2RvUmVxdWVzdBIPCgd0b2RvX2lkGAEgASgJEicKBWRlZHVwGAIgASgLMhguc3dpdGNoYm9hcmQudjEuRGVkdXBLZXkSEwoLZW5kcG9pbnRfaWQYAyABKAkSOgoPaWRlbXBvdGVuY3lfa2V5GAQgASgLMiEuc3dpdGNoYm9hcmQudjEuSWRlbXBvdGVuY3lLZXlSZWYiLwoRSWRlbXBvdGVuY3lLZXlSZWYSDQoFcXVldWUYASABKAkSCwoDa2V5GAIgASgJImAKD0dldFRvZG9SZXNwb25zZRIiCgR0b2RvGAEgASgLMhQuc3dpdGNoYm9hcmQudjEuVG9kbxIpCghhdHRlbXB0cxgCIAMoCzIXLnN3aXRjaGJvYXJkLnYxLkF0dGVtcHQi4wEKEExpc3RUb2Rvc1JlcXVlc3QSEwoLZW5kcG9pbnRfaWQYASABKAkSDgoGcXVldWVzGAIgAygJEikKBnN0YXRlcxgDIAMoDjIZLnN3aXRjaGJvYXJkLnYxLlRvZG9TdGF0ZRIRCglwYWdlX3NpemUYBCABKAUSEgoKcGFnZV90b2tlbhgFIAEoCRInCgVkZWR1cBgGIAEoCzIYLnN3aXRjaGJvYXJkLnYxLkRlZHVwS2V5EhYKDmVycm9yX2NvbnRhaW5zGAcgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgIIAEoCSJRChFMaXN0VG9kb3NSZXNwb25zZRIjCgV0b2RvcxgBIAMoCzIULnN3aXRjaGJvYXJkLnYxLlRvZG8SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIiQKEUNhbmNlbFRvZG9SZXF1ZXN0Eg8KB3RvZG9faWQYASABKAkiOAoSQ2FuY2VsVG9kb1Jlc3BvbnNlEiIKBHRvZG8YASABKAsyFC5zd2l0Y2hib2FyZC52MS5Ub2RvInsKElJlcXVldWVUb2RvUmVxdWVzdBIPCgd0b2RvX2lkGAEgASgJEigKBWRlbGF5GAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhkKDG1heF9hdHRlbXB0cxgDIAEoBUgAiAEBQg8KDV9tYXhfYXR0ZW1wdHMiOQoTUmVxdWV1ZVRvZG9SZXNwb25zZRIiCgR0b2RvGAEgASgLMhQuc3dpdGNoYm9hcmQudjEuVG9kbyLbAQoKVG9kb0ZpbHRlchITCgtlbmRwb2ludF9pZBgBIAEoCRIOCgZxdWV1ZXMYAiADKAkSKQoGc3RhdGVzGAMgAygOMhkuc3dpdGNoYm9hcmQudjEuVG9kb1N0YXRlEjIKDmNyZWF0ZWRfYmVmb3JlGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIxCg1jcmVhdGVkX2FmdGVyGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIWCg5lcnJvcl9jb250YWlucxgGIAEoCSKMAQoOQnVsa0l0ZW1SZXN1bHQSDwoHdG9kb19pZBgBIAEoCRIuCgZzdGF0dXMYAiABKA4yHi5zd2l0Y2hib2FyZC52MS5CdWxrSXRlbVN0YXR1cxIoCgVzdGF0ZRgDIAEoDjIZLnN3aXRjaGJvYXJkLnYxLlRvZG9TdGF0ZRIPCgdtZXNzYWdlGAQgASgJIncKEkNhbmNlbFRvZG9zUmVxdWVzdBIQCgh0b2RvX2lkcxgBIAMoCRIqCgZmaWx0ZXIYAiABKAsyGi5zd2l0Y2hib2FyZC52MS5Ub2RvRmlsdGVyEg8KB2RyeV9ydW4YAyABKAgSEgoKcGFnZV90b2tlbhgEIAEoCSJ/ChNDYW5jZWxUb2Rvc1Jlc3BvbnNlEi8KB3Jlc3VsdHMYASADKAsyHi5zd2l0Y2hib2FyZC52MS5CdWxrSXRlbVJlc3VsdBINCgVjb3VudBgCIAEoAxIPCgdza2lwcGVkGAMgASgDEhcKD25leHRfcGFnZV90b2tlbhgEIAEoCSLOAQoTUmVxdWV1ZVRvZG9zUmVxdWVzdBIQCgh0b2RvX2lkcxgBIAMoCRIqCgZmaWx0ZXIYAiABKAsyGi5zd2l0Y2hib2FyZC52MS5Ub2RvRmlsdGVyEg8KB2RyeV9ydW4YAyABKAgSEgoKcGFnZV90b2tlbhgEIAEoCRIoCgVkZWxheRgFIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIZCgxtYXhfYXR0ZW1wdHMYBiABKAVIAIgBAUIPCg1fbWF4X2F0dGVtcHRzIoABChRSZXF1ZXVlVG9kb3NSZXNwb25zZRIvCgdyZXN1bHRzGAEgAygLMh4uc3dpdGNoYm9hcmQudjEuQnVsa0l0ZW1SZXN1bHQSDQoFY291bnQYAiABKAMSDwoHc2tpcHBlZBgDIAEoAxIXCg9uZXh0X3BhZ2VfdG9rZW4YBCABKAkihQIKDlRvZG9BdWRpdEVudHJ5EgoKAmlkGAEgASgJEioKBmFjdGlvbhgCIAEoDjIaLnN3aXRjaGJvYXJkLnYxLlRvZG9BY3Rpb24SEwoLZW5kcG9pbnRfaWQYAyABKAkSDwoHdG9kb19pZBgEIAEoCRINCgVjb3VudBgFIAEoAxIWCg5hY3Rvcl9odW1hbl9pZBgGIAEoCRIZChFhY3Rvcl9lbmRwb2ludF9pZBgHIAEoCRIbChNhY3Rvcl9jcmVkZW50aWFsX2lkGAggASgJEiYKAmF0GAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZmaWx0ZXIYCiABKAkiUgoUTGlzdFRvZG9BdWRpdFJlcXVlc3QSEwoLZW5kcG9pbnRfaWQYASABKAkSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiYQoVTGlzdFRvZG9BdWRpdFJlc3BvbnNlEi8KB2VudHJpZXMYASADKAsyHi5zd2l0Y2hib2FyZC52MS5Ub2RvQXVkaXRFbnRyeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiOQoSV2F0Y2hSZW9wZW5SZXF1ZXN0EhMKC2VuZHBvaW50X2lkGAEgASgJEg4KBnF1ZXVlcxgCIAMoCSKaAQoIRG9vcmJlbGwSJwoFcXVldWUYASABKAsyGC5zd2l0Y2hib2FyZC52MS5RdWV1ZVJlZhIsCgVjYXVzZRgCIAEoDjIdLnN3aXRjaGJvYXJkLnYxLkRvb3JiZWxsQ2F1c2USDwoHcGVuZGluZxgDIAEoAxImCgJhdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiQQoTV2F0Y2hSZW9wZW5SZXNwb25zZRIqCghkb29yYmVsbBgBIAEoCzIYLnN3aXRjaGJvYXJkLnYxLkRvb3JiZWxsKroBCg9CYXRjaEl0ZW1TdGF0dXMSIQodQkFUQ0hfSVRFTV9TVEFUVVNfVU5TUEVDSUZJRUQQABIdChlCQVRDSF9JVEVNX1NUQVRVU19BUFBMSUVEEAESIQodQkFUQ0hfSVRFTV9TVEFUVVNfU1RBTEVfTEVBU0UQAhIhCh1CQVRDSF9JVEVNX1NUQVRVU19OT1RfQ0xBSU1FRBADEh8KG0JBVENIX0lURU1fU1RBVFVTX05PVF9GT1VORBAEKo4BCg5CdWxrSXRlbVN0YXR1cxIgChxCVUxLX0lURU1fU1RBVFVTX1VOU1BFQ0lGSUVEEAASHAoYQlVMS19JVEVNX1NUQVRVU19BUFBMSUVEEAESHgoaQlVMS19JVEVNX1NUQVRVU19OT1RfRk9VTkQQAhIcChhCVUxLX0lURU1fU1RBVFVTX1JFRlVTRUQQAypaCgpUb2RvQWN0aW9uEhsKF1RPRE9fQUNUSU9OX1VOU1BFQ0lGSUVEEAASFgoSVE9ET19BQ1RJT05fQ0FOQ0VMEAESFwoTVE9ET19BQ1RJT05fUkVRVUVVRRACKuwBCg1Eb29yYmVsbENhdXNlEh4KGkRPT1JCRUxMX0NBVVNFX1VOU1BFQ0lGSUVEEAASGgoWRE9PUkJFTExfQ0FVU0VfQ1JFQVRFRBABEhsKF0RPT1JCRUxMX0NBVVNFX0FUVEFDSEVEEAISHAoYRE9PUkJFTExfQ0FVU0VfSEVBUlRCRUFUEAMSIgoeRE9PUkJFTExfQ0FVU0VfV0lORE9XX0JPVU5EQVJZEAQSHQoZRE9PUkJFTExfQ0FVU0VfU0xPVF9GUkVFRBAFEiEKHURPT1JCRUxMX0NBVVNFX1BPTElDWV9DSEFOR0VEEAYy6QsKD0Rpc3BhdGNoU2VydmljZRJHCgZJbmdlc3QSHS5zd2l0Y2hib2FyZC52MS5Jbmdlc3RSZXF1ZXN0Gh4uc3dpdGNoYm9hcmQudjEuSW5nZXN0UmVzcG9uc2USVgoLSW5nZXN0VG9kb3MSIi5zd2l0Y2hib2FyZC52MS5Jbmdlc3RUb2Rvc1JlcXVlc3QaIy5zd2l0Y2hib2FyZC52MS5Jbmdlc3RUb2Rvc1Jlc3BvbnNlEkQKBUNsYWltEhwuc3dpdGNoYm9hcmQudjEuQ2xhaW1SZXF1ZXN0Gh0uc3dpdGNoYm9hcmQudjEuQ2xhaW1SZXNwb25zZRJQCglDbGFpbU5leHQSIC5zd2l0Y2hib2FyZC52MS5DbGFpbU5leHRSZXF1ZXN0GiEuc3dpdGNoYm9hcmQudjEuQ2xhaW1OZXh0UmVzcG9uc2USUAoJSGVhcnRiZWF0EiAuc3dpdGNoYm9hcmQudjEuSGVhcnRiZWF0UmVxdWVzdBohLnN3aXRjaGJvYXJkLnYxLkhlYXJ0YmVhdFJlc3BvbnNlEl8KDkhlYXJ0YmVhdFRvZG9zEiUuc3dpdGNoYm9hcmQudjEuSGVhcnRiZWF0VG9kb3NSZXF1ZXN0GiYuc3dpdGNoYm9hcmQudjEuSGVhcnRiZWF0VG9kb3NSZXNwb25zZRJNCghDb21wbGV0ZRIfLnN3aXRjaGJvYXJkLnYxLkNvbXBsZXRlUmVxdWVzdBogLnN3aXRjaGJvYXJkLnYxLkNvbXBsZXRlUmVzcG9uc2USQQoERmFpbBIbLnN3aXRjaGJvYXJkLnYxLkZhaWxSZXF1ZXN0Ghwuc3dpdGNoYm9hcmQudjEuRmFpbFJlc3BvbnNlEkoKB1JlbGVhc2USHi5zd2l0Y2hib2FyZC52MS5SZWxlYXNlUmVxdWVzdBofLnN3aXRjaGJvYXJkLnYxLlJlbGVhc2VSZXNwb25zZRJWCgtTZXR0bGVUb2RvcxIiLnN3aXRjaGJvYXJkLnYxLlNldHRsZVRvZG9zUmVxdWVzdBojLnN3aXRjaGJvYXJkLnYxLlNldHRsZVRvZG9zUmVzcG9uc2USSgoHR2V0VG9kbxIeLnN3aXRjaGJvYXJkLnYxLkdldFRvZG9SZXF1ZXN0Gh8uc3dpdGNoYm9hcmQudjEuR2V0VG9kb1Jlc3BvbnNlElAKCUxpc3RUb2RvcxIgLnN3aXRjaGJvYXJkLnYxLkxpc3RUb2Rvc1JlcXVlc3QaIS5zd2l0Y2hib2FyZC52MS5MaXN0VG9kb3NSZXNwb25zZRJTCgpDYW5jZWxUb2RvEiEuc3dpdGNoYm9hcmQudjEuQ2FuY2VsVG9kb1JlcXVlc3QaIi5zd2l0Y2hib2FyZC52MS5DYW5jZWxUb2RvUmVzcG9uc2USVgoLUmVxdWV1ZVRvZG8SIi5zd2l0Y2hib2FyZC52MS5SZXF1ZXVlVG9kb1JlcXVlc3QaIy5zd2l0Y2hib2FyZC52MS5SZXF1ZXVlVG9kb1Jlc3BvbnNlElYKC0NhbmNlbFRvZG9zEiIuc3dpdGNoYm9hcmQudjEuQ2FuY2VsVG9kb3NSZXF1ZXN0GiMuc3dpdGNoYm9hcmQudjEuQ2FuY2VsVG9kb3NSZXNwb25zZRJZCgxSZXF1ZXVlVG9kb3MSIy5zd2l0Y2hib2FyZC52MS5SZXF1ZXVlVG9kb3NSZXF1ZXN0GiQuc3dpdGNoYm9hcmQudjEuUmVxdWV1ZVRvZG9zUmVzcG9uc2USXAoNTGlzdFRvZG9BdWRpdBIkLnN3aXRjaGJvYXJkLnYxLkxpc3RUb2RvQXVkaXRSZXF1ZXN0GiUuc3dpdGNoYm9hcmQudjEuTGlzdFRvZG9BdWRpdFJlc3BvbnNlElgKC1dhdGNoUmVvcGVuEiIuc3dpdGNoYm9hcmQudjEuV2F0Y2hSZW9wZW5SZXF1ZXN0GiMuc3dpdGNoYm9hcmQudjEuV2F0Y2hSZW9wZW5SZXNwb25zZTABYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_switchboard_v1_admission, file_switchboard_v1_queue, file_switchboard_v1_todo]);
 
 /**
  * @generated from message switchboard.v1.IngestRequest
@@ -61,6 +61,27 @@ export type IngestRequest = Message<"switchboard.v1.IngestRequest"> & {
    * @generated from field: google.protobuf.Duration delay = 6;
    */
   delay?: Duration | undefined;
+
+  /**
+   * Optional: the producer's own key for this todo, unique per endpoint and
+   * queue (at most 200 characters; not together with `dedup`). While the todo
+   * that holds it is pending or claimed, and for `idempotency_retention`
+   * after it finished, an ingest with the same key in the same queue returns
+   * that todo (deduplicated) instead of creating another; after that the key
+   * makes a new todo. Exact under concurrency, across replicas.
+   *
+   * @generated from field: string idempotency_key = 7;
+   */
+  idempotencyKey: string;
+
+  /**
+   * With idempotency_key: how long after its todo finished (done, dead or
+   * cancelled) the key still deduplicates. Defaults to 24 hours; 0 to 30
+   * days. Retention keeps a finished todo at least this long.
+   *
+   * @generated from field: google.protobuf.Duration idempotency_retention = 8;
+   */
+  idempotencyRetention?: Duration | undefined;
 };
 
 /**
@@ -95,6 +116,83 @@ export const IngestResponseSchema: GenMessage<IngestResponse> = /*@__PURE__*/
   messageDesc(file_switchboard_v1_dispatch, 1);
 
 /**
+ * @generated from message switchboard.v1.IngestTodosRequest
+ */
+export type IngestTodosRequest = Message<"switchboard.v1.IngestTodosRequest"> & {
+  /**
+   * The endpoint whose queues the todos go to. An endpoint credential may
+   * leave it empty to mean its own endpoint. An item's queue.endpoint_id may
+   * be empty (this endpoint) or must name the same endpoint.
+   *
+   * @generated from field: string endpoint_id = 1;
+   */
+  endpointId: string;
+
+  /**
+   * 1 to 500 todos, each as Ingest takes it. The whole request must fit in
+   * one message (about 1 MiB): large payloads go in smaller calls.
+   *
+   * @generated from field: repeated switchboard.v1.IngestRequest todos = 2;
+   */
+  todos: IngestRequest[];
+};
+
+/**
+ * Describes the message switchboard.v1.IngestTodosRequest.
+ * Use `create(IngestTodosRequestSchema)` to create a new message.
+ */
+export const IngestTodosRequestSchema: GenMessage<IngestTodosRequest> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_dispatch, 2);
+
+/**
+ * @generated from message switchboard.v1.IngestTodosResponse
+ */
+export type IngestTodosResponse = Message<"switchboard.v1.IngestTodosResponse"> & {
+  /**
+   * One per item, in request order.
+   *
+   * @generated from field: repeated switchboard.v1.IngestResult results = 1;
+   */
+  results: IngestResult[];
+};
+
+/**
+ * Describes the message switchboard.v1.IngestTodosResponse.
+ * Use `create(IngestTodosResponseSchema)` to create a new message.
+ */
+export const IngestTodosResponseSchema: GenMessage<IngestTodosResponse> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_dispatch, 3);
+
+/**
+ * What IngestTodos did with one item.
+ *
+ * @generated from message switchboard.v1.IngestResult
+ */
+export type IngestResult = Message<"switchboard.v1.IngestResult"> & {
+  /**
+   * The todo created, or the existing one a key matched; without its payload.
+   *
+   * @generated from field: switchboard.v1.Todo todo = 1;
+   */
+  todo?: Todo | undefined;
+
+  /**
+   * True when a key matched an existing todo (or an earlier item of the same
+   * call) and nothing was created for this item.
+   *
+   * @generated from field: bool deduplicated = 2;
+   */
+  deduplicated: boolean;
+};
+
+/**
+ * Describes the message switchboard.v1.IngestResult.
+ * Use `create(IngestResultSchema)` to create a new message.
+ */
+export const IngestResultSchema: GenMessage<IngestResult> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_dispatch, 4);
+
+/**
  * @generated from message switchboard.v1.ClaimRequest
  */
 export type ClaimRequest = Message<"switchboard.v1.ClaimRequest"> & {
@@ -123,7 +221,7 @@ export type ClaimRequest = Message<"switchboard.v1.ClaimRequest"> & {
  * Use `create(ClaimRequestSchema)` to create a new message.
  */
 export const ClaimRequestSchema: GenMessage<ClaimRequest> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 2);
+  messageDesc(file_switchboard_v1_dispatch, 5);
 
 /**
  * @generated from message switchboard.v1.ClaimResponse
@@ -159,7 +257,7 @@ export type ClaimResponse = Message<"switchboard.v1.ClaimResponse"> & {
  * Use `create(ClaimResponseSchema)` to create a new message.
  */
 export const ClaimResponseSchema: GenMessage<ClaimResponse> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 3);
+  messageDesc(file_switchboard_v1_dispatch, 6);
 
 /**
  * @generated from message switchboard.v1.ClaimNextRequest
@@ -208,7 +306,7 @@ export type ClaimNextRequest = Message<"switchboard.v1.ClaimNextRequest"> & {
  * Use `create(ClaimNextRequestSchema)` to create a new message.
  */
 export const ClaimNextRequestSchema: GenMessage<ClaimNextRequest> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 4);
+  messageDesc(file_switchboard_v1_dispatch, 7);
 
 /**
  * @generated from message switchboard.v1.ClaimNextResponse
@@ -271,7 +369,7 @@ export type ClaimNextResponse = Message<"switchboard.v1.ClaimNextResponse"> & {
  * Use `create(ClaimNextResponseSchema)` to create a new message.
  */
 export const ClaimNextResponseSchema: GenMessage<ClaimNextResponse> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 5);
+  messageDesc(file_switchboard_v1_dispatch, 8);
 
 /**
  * A todo claimed by ClaimNext and the lease to settle it with.
@@ -295,7 +393,7 @@ export type ClaimedTodo = Message<"switchboard.v1.ClaimedTodo"> & {
  * Use `create(ClaimedTodoSchema)` to create a new message.
  */
 export const ClaimedTodoSchema: GenMessage<ClaimedTodo> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 6);
+  messageDesc(file_switchboard_v1_dispatch, 9);
 
 /**
  * @generated from message switchboard.v1.HeartbeatRequest
@@ -324,7 +422,7 @@ export type HeartbeatRequest = Message<"switchboard.v1.HeartbeatRequest"> & {
  * Use `create(HeartbeatRequestSchema)` to create a new message.
  */
 export const HeartbeatRequestSchema: GenMessage<HeartbeatRequest> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 7);
+  messageDesc(file_switchboard_v1_dispatch, 10);
 
 /**
  * @generated from message switchboard.v1.HeartbeatResponse
@@ -341,7 +439,7 @@ export type HeartbeatResponse = Message<"switchboard.v1.HeartbeatResponse"> & {
  * Use `create(HeartbeatResponseSchema)` to create a new message.
  */
 export const HeartbeatResponseSchema: GenMessage<HeartbeatResponse> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 8);
+  messageDesc(file_switchboard_v1_dispatch, 11);
 
 /**
  * A claimed todo and the lease it is held under.
@@ -365,7 +463,7 @@ export type LeaseRef = Message<"switchboard.v1.LeaseRef"> & {
  * Use `create(LeaseRefSchema)` to create a new message.
  */
 export const LeaseRefSchema: GenMessage<LeaseRef> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 9);
+  messageDesc(file_switchboard_v1_dispatch, 12);
 
 /**
  * @generated from message switchboard.v1.HeartbeatTodosRequest
@@ -391,7 +489,7 @@ export type HeartbeatTodosRequest = Message<"switchboard.v1.HeartbeatTodosReques
  * Use `create(HeartbeatTodosRequestSchema)` to create a new message.
  */
 export const HeartbeatTodosRequestSchema: GenMessage<HeartbeatTodosRequest> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 10);
+  messageDesc(file_switchboard_v1_dispatch, 13);
 
 /**
  * @generated from message switchboard.v1.HeartbeatTodosResponse
@@ -410,7 +508,7 @@ export type HeartbeatTodosResponse = Message<"switchboard.v1.HeartbeatTodosRespo
  * Use `create(HeartbeatTodosResponseSchema)` to create a new message.
  */
 export const HeartbeatTodosResponseSchema: GenMessage<HeartbeatTodosResponse> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 11);
+  messageDesc(file_switchboard_v1_dispatch, 14);
 
 /**
  * @generated from message switchboard.v1.HeartbeatResult
@@ -454,7 +552,7 @@ export type HeartbeatResult = Message<"switchboard.v1.HeartbeatResult"> & {
  * Use `create(HeartbeatResultSchema)` to create a new message.
  */
 export const HeartbeatResultSchema: GenMessage<HeartbeatResult> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 12);
+  messageDesc(file_switchboard_v1_dispatch, 15);
 
 /**
  * @generated from message switchboard.v1.CompleteRequest
@@ -484,7 +582,7 @@ export type CompleteRequest = Message<"switchboard.v1.CompleteRequest"> & {
  * Use `create(CompleteRequestSchema)` to create a new message.
  */
 export const CompleteRequestSchema: GenMessage<CompleteRequest> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 13);
+  messageDesc(file_switchboard_v1_dispatch, 16);
 
 /**
  * @generated from message switchboard.v1.CompleteResponse
@@ -501,7 +599,7 @@ export type CompleteResponse = Message<"switchboard.v1.CompleteResponse"> & {
  * Use `create(CompleteResponseSchema)` to create a new message.
  */
 export const CompleteResponseSchema: GenMessage<CompleteResponse> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 14);
+  messageDesc(file_switchboard_v1_dispatch, 17);
 
 /**
  * @generated from message switchboard.v1.FailRequest
@@ -537,7 +635,7 @@ export type FailRequest = Message<"switchboard.v1.FailRequest"> & {
  * Use `create(FailRequestSchema)` to create a new message.
  */
 export const FailRequestSchema: GenMessage<FailRequest> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 15);
+  messageDesc(file_switchboard_v1_dispatch, 18);
 
 /**
  * @generated from message switchboard.v1.FailResponse
@@ -554,7 +652,7 @@ export type FailResponse = Message<"switchboard.v1.FailResponse"> & {
  * Use `create(FailResponseSchema)` to create a new message.
  */
 export const FailResponseSchema: GenMessage<FailResponse> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 16);
+  messageDesc(file_switchboard_v1_dispatch, 19);
 
 /**
  * @generated from message switchboard.v1.ReleaseRequest
@@ -576,7 +674,7 @@ export type ReleaseRequest = Message<"switchboard.v1.ReleaseRequest"> & {
  * Use `create(ReleaseRequestSchema)` to create a new message.
  */
 export const ReleaseRequestSchema: GenMessage<ReleaseRequest> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 17);
+  messageDesc(file_switchboard_v1_dispatch, 20);
 
 /**
  * @generated from message switchboard.v1.ReleaseResponse
@@ -593,7 +691,7 @@ export type ReleaseResponse = Message<"switchboard.v1.ReleaseResponse"> & {
  * Use `create(ReleaseResponseSchema)` to create a new message.
  */
 export const ReleaseResponseSchema: GenMessage<ReleaseResponse> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 18);
+  messageDesc(file_switchboard_v1_dispatch, 21);
 
 /**
  * @generated from message switchboard.v1.SettleTodosRequest
@@ -612,7 +710,7 @@ export type SettleTodosRequest = Message<"switchboard.v1.SettleTodosRequest"> & 
  * Use `create(SettleTodosRequestSchema)` to create a new message.
  */
 export const SettleTodosRequestSchema: GenMessage<SettleTodosRequest> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 19);
+  messageDesc(file_switchboard_v1_dispatch, 22);
 
 /**
  * How to settle one claimed todo.
@@ -667,7 +765,7 @@ export type Settlement = Message<"switchboard.v1.Settlement"> & {
  * Use `create(SettlementSchema)` to create a new message.
  */
 export const SettlementSchema: GenMessage<Settlement> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 20);
+  messageDesc(file_switchboard_v1_dispatch, 23);
 
 /**
  * Settles a todo as done.
@@ -688,7 +786,7 @@ export type CompleteAction = Message<"switchboard.v1.CompleteAction"> & {
  * Use `create(CompleteActionSchema)` to create a new message.
  */
 export const CompleteActionSchema: GenMessage<CompleteAction> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 21);
+  messageDesc(file_switchboard_v1_dispatch, 24);
 
 /**
  * Settles a todo as a failed attempt.
@@ -716,7 +814,7 @@ export type FailAction = Message<"switchboard.v1.FailAction"> & {
  * Use `create(FailActionSchema)` to create a new message.
  */
 export const FailActionSchema: GenMessage<FailAction> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 22);
+  messageDesc(file_switchboard_v1_dispatch, 25);
 
 /**
  * Gives a todo back.
@@ -731,7 +829,7 @@ export type ReleaseAction = Message<"switchboard.v1.ReleaseAction"> & {
  * Use `create(ReleaseActionSchema)` to create a new message.
  */
 export const ReleaseActionSchema: GenMessage<ReleaseAction> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 23);
+  messageDesc(file_switchboard_v1_dispatch, 26);
 
 /**
  * @generated from message switchboard.v1.SettleTodosResponse
@@ -750,7 +848,7 @@ export type SettleTodosResponse = Message<"switchboard.v1.SettleTodosResponse"> 
  * Use `create(SettleTodosResponseSchema)` to create a new message.
  */
 export const SettleTodosResponseSchema: GenMessage<SettleTodosResponse> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 24);
+  messageDesc(file_switchboard_v1_dispatch, 27);
 
 /**
  * @generated from message switchboard.v1.SettlementResult
@@ -794,7 +892,7 @@ export type SettlementResult = Message<"switchboard.v1.SettlementResult"> & {
  * Use `create(SettlementResultSchema)` to create a new message.
  */
 export const SettlementResultSchema: GenMessage<SettlementResult> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 25);
+  messageDesc(file_switchboard_v1_dispatch, 28);
 
 /**
  * @generated from message switchboard.v1.GetTodoRequest
@@ -815,12 +913,21 @@ export type GetTodoRequest = Message<"switchboard.v1.GetTodoRequest"> & {
   dedup?: DedupKey | undefined;
 
   /**
-   * With dedup: the endpoint the key belongs to. Required for humans; an
-   * endpoint credential may leave it empty to mean its own endpoint.
+   * With dedup or idempotency_key: the endpoint the key belongs to. Required
+   * for humans; an endpoint credential may leave it empty to mean its own
+   * endpoint.
    *
    * @generated from field: string endpoint_id = 3;
    */
   endpointId: string;
+
+  /**
+   * Instead of todo_id: the queue and idempotency key of the todo that holds
+   * the key now.
+   *
+   * @generated from field: switchboard.v1.IdempotencyKeyRef idempotency_key = 4;
+   */
+  idempotencyKey?: IdempotencyKeyRef | undefined;
 };
 
 /**
@@ -828,7 +935,31 @@ export type GetTodoRequest = Message<"switchboard.v1.GetTodoRequest"> & {
  * Use `create(GetTodoRequestSchema)` to create a new message.
  */
 export const GetTodoRequestSchema: GenMessage<GetTodoRequest> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 26);
+  messageDesc(file_switchboard_v1_dispatch, 29);
+
+/**
+ * A todo's idempotency key: unique per endpoint and queue.
+ *
+ * @generated from message switchboard.v1.IdempotencyKeyRef
+ */
+export type IdempotencyKeyRef = Message<"switchboard.v1.IdempotencyKeyRef"> & {
+  /**
+   * @generated from field: string queue = 1;
+   */
+  queue: string;
+
+  /**
+   * @generated from field: string key = 2;
+   */
+  key: string;
+};
+
+/**
+ * Describes the message switchboard.v1.IdempotencyKeyRef.
+ * Use `create(IdempotencyKeyRefSchema)` to create a new message.
+ */
+export const IdempotencyKeyRefSchema: GenMessage<IdempotencyKeyRef> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_dispatch, 30);
 
 /**
  * @generated from message switchboard.v1.GetTodoResponse
@@ -852,7 +983,7 @@ export type GetTodoResponse = Message<"switchboard.v1.GetTodoResponse"> & {
  * Use `create(GetTodoResponseSchema)` to create a new message.
  */
 export const GetTodoResponseSchema: GenMessage<GetTodoResponse> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 27);
+  messageDesc(file_switchboard_v1_dispatch, 31);
 
 /**
  * @generated from message switchboard.v1.ListTodosRequest
@@ -909,6 +1040,13 @@ export type ListTodosRequest = Message<"switchboard.v1.ListTodosRequest"> & {
    * @generated from field: string error_contains = 7;
    */
   errorContains: string;
+
+  /**
+   * Only the todos that hold this idempotency key (at most one per queue).
+   *
+   * @generated from field: string idempotency_key = 8;
+   */
+  idempotencyKey: string;
 };
 
 /**
@@ -916,7 +1054,7 @@ export type ListTodosRequest = Message<"switchboard.v1.ListTodosRequest"> & {
  * Use `create(ListTodosRequestSchema)` to create a new message.
  */
 export const ListTodosRequestSchema: GenMessage<ListTodosRequest> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 28);
+  messageDesc(file_switchboard_v1_dispatch, 32);
 
 /**
  * @generated from message switchboard.v1.ListTodosResponse
@@ -942,7 +1080,7 @@ export type ListTodosResponse = Message<"switchboard.v1.ListTodosResponse"> & {
  * Use `create(ListTodosResponseSchema)` to create a new message.
  */
 export const ListTodosResponseSchema: GenMessage<ListTodosResponse> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 29);
+  messageDesc(file_switchboard_v1_dispatch, 33);
 
 /**
  * @generated from message switchboard.v1.CancelTodoRequest
@@ -959,7 +1097,7 @@ export type CancelTodoRequest = Message<"switchboard.v1.CancelTodoRequest"> & {
  * Use `create(CancelTodoRequestSchema)` to create a new message.
  */
 export const CancelTodoRequestSchema: GenMessage<CancelTodoRequest> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 30);
+  messageDesc(file_switchboard_v1_dispatch, 34);
 
 /**
  * @generated from message switchboard.v1.CancelTodoResponse
@@ -978,7 +1116,7 @@ export type CancelTodoResponse = Message<"switchboard.v1.CancelTodoResponse"> & 
  * Use `create(CancelTodoResponseSchema)` to create a new message.
  */
 export const CancelTodoResponseSchema: GenMessage<CancelTodoResponse> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 31);
+  messageDesc(file_switchboard_v1_dispatch, 35);
 
 /**
  * @generated from message switchboard.v1.RequeueTodoRequest
@@ -1010,7 +1148,7 @@ export type RequeueTodoRequest = Message<"switchboard.v1.RequeueTodoRequest"> & 
  * Use `create(RequeueTodoRequestSchema)` to create a new message.
  */
 export const RequeueTodoRequestSchema: GenMessage<RequeueTodoRequest> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 32);
+  messageDesc(file_switchboard_v1_dispatch, 36);
 
 /**
  * @generated from message switchboard.v1.RequeueTodoResponse
@@ -1029,7 +1167,7 @@ export type RequeueTodoResponse = Message<"switchboard.v1.RequeueTodoResponse"> 
  * Use `create(RequeueTodoResponseSchema)` to create a new message.
  */
 export const RequeueTodoResponseSchema: GenMessage<RequeueTodoResponse> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 33);
+  messageDesc(file_switchboard_v1_dispatch, 37);
 
 /**
  * Which of an endpoint's todos a bulk cancel or requeue acts on: those that
@@ -1089,7 +1227,7 @@ export type TodoFilter = Message<"switchboard.v1.TodoFilter"> & {
  * Use `create(TodoFilterSchema)` to create a new message.
  */
 export const TodoFilterSchema: GenMessage<TodoFilter> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 34);
+  messageDesc(file_switchboard_v1_dispatch, 38);
 
 /**
  * @generated from message switchboard.v1.BulkItemResult
@@ -1125,7 +1263,7 @@ export type BulkItemResult = Message<"switchboard.v1.BulkItemResult"> & {
  * Use `create(BulkItemResultSchema)` to create a new message.
  */
 export const BulkItemResultSchema: GenMessage<BulkItemResult> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 35);
+  messageDesc(file_switchboard_v1_dispatch, 39);
 
 /**
  * @generated from message switchboard.v1.CancelTodosRequest
@@ -1165,7 +1303,7 @@ export type CancelTodosRequest = Message<"switchboard.v1.CancelTodosRequest"> & 
  * Use `create(CancelTodosRequestSchema)` to create a new message.
  */
 export const CancelTodosRequestSchema: GenMessage<CancelTodosRequest> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 36);
+  messageDesc(file_switchboard_v1_dispatch, 40);
 
 /**
  * @generated from message switchboard.v1.CancelTodosResponse
@@ -1207,7 +1345,7 @@ export type CancelTodosResponse = Message<"switchboard.v1.CancelTodosResponse"> 
  * Use `create(CancelTodosResponseSchema)` to create a new message.
  */
 export const CancelTodosResponseSchema: GenMessage<CancelTodosResponse> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 37);
+  messageDesc(file_switchboard_v1_dispatch, 41);
 
 /**
  * @generated from message switchboard.v1.RequeueTodosRequest
@@ -1262,7 +1400,7 @@ export type RequeueTodosRequest = Message<"switchboard.v1.RequeueTodosRequest"> 
  * Use `create(RequeueTodosRequestSchema)` to create a new message.
  */
 export const RequeueTodosRequestSchema: GenMessage<RequeueTodosRequest> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 38);
+  messageDesc(file_switchboard_v1_dispatch, 42);
 
 /**
  * @generated from message switchboard.v1.RequeueTodosResponse
@@ -1298,7 +1436,7 @@ export type RequeueTodosResponse = Message<"switchboard.v1.RequeueTodosResponse"
  * Use `create(RequeueTodosResponseSchema)` to create a new message.
  */
 export const RequeueTodosResponseSchema: GenMessage<RequeueTodosResponse> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 39);
+  messageDesc(file_switchboard_v1_dispatch, 43);
 
 /**
  * One audited cancel or requeue.
@@ -1374,7 +1512,7 @@ export type TodoAuditEntry = Message<"switchboard.v1.TodoAuditEntry"> & {
  * Use `create(TodoAuditEntrySchema)` to create a new message.
  */
 export const TodoAuditEntrySchema: GenMessage<TodoAuditEntry> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 40);
+  messageDesc(file_switchboard_v1_dispatch, 44);
 
 /**
  * @generated from message switchboard.v1.ListTodoAuditRequest
@@ -1406,7 +1544,7 @@ export type ListTodoAuditRequest = Message<"switchboard.v1.ListTodoAuditRequest"
  * Use `create(ListTodoAuditRequestSchema)` to create a new message.
  */
 export const ListTodoAuditRequestSchema: GenMessage<ListTodoAuditRequest> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 41);
+  messageDesc(file_switchboard_v1_dispatch, 45);
 
 /**
  * @generated from message switchboard.v1.ListTodoAuditResponse
@@ -1430,7 +1568,7 @@ export type ListTodoAuditResponse = Message<"switchboard.v1.ListTodoAuditRespons
  * Use `create(ListTodoAuditResponseSchema)` to create a new message.
  */
 export const ListTodoAuditResponseSchema: GenMessage<ListTodoAuditResponse> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 42);
+  messageDesc(file_switchboard_v1_dispatch, 46);
 
 /**
  * @generated from message switchboard.v1.WatchReopenRequest
@@ -1457,7 +1595,7 @@ export type WatchReopenRequest = Message<"switchboard.v1.WatchReopenRequest"> & 
  * Use `create(WatchReopenRequestSchema)` to create a new message.
  */
 export const WatchReopenRequestSchema: GenMessage<WatchReopenRequest> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 43);
+  messageDesc(file_switchboard_v1_dispatch, 47);
 
 /**
  * A queue has claimable pending work. A hint: claim to find out.
@@ -1493,7 +1631,7 @@ export type Doorbell = Message<"switchboard.v1.Doorbell"> & {
  * Use `create(DoorbellSchema)` to create a new message.
  */
 export const DoorbellSchema: GenMessage<Doorbell> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 44);
+  messageDesc(file_switchboard_v1_dispatch, 48);
 
 /**
  * @generated from message switchboard.v1.WatchReopenResponse
@@ -1510,7 +1648,7 @@ export type WatchReopenResponse = Message<"switchboard.v1.WatchReopenResponse"> 
  * Use `create(WatchReopenResponseSchema)` to create a new message.
  */
 export const WatchReopenResponseSchema: GenMessage<WatchReopenResponse> = /*@__PURE__*/
-  messageDesc(file_switchboard_v1_dispatch, 45);
+  messageDesc(file_switchboard_v1_dispatch, 49);
 
 /**
  * What happened to one item of a batch call.
@@ -1702,6 +1840,21 @@ export const DispatchService: GenService<{
     methodKind: "unary";
     input: typeof IngestRequestSchema;
     output: typeof IngestResponseSchema;
+  },
+  /**
+   * Creates up to 500 todos of one endpoint, in any of its queues, in one
+   * transaction: any invalid item makes the call INVALID_ARGUMENT (the
+   * field names the item: `todos[3].queue.name`) and nothing is written.
+   * Each item is deduplicated as Ingest does it, also against an earlier
+   * item of the same call. Each queue that got new claimable work rings its
+   * doorbell once per call. Needs the ingest grant.
+   *
+   * @generated from rpc switchboard.v1.DispatchService.IngestTodos
+   */
+  ingestTodos: {
+    methodKind: "unary";
+    input: typeof IngestTodosRequestSchema;
+    output: typeof IngestTodosResponseSchema;
   },
   /**
    * Claims one specific todo. A todo whose queue's admission policy defers

@@ -1,0 +1,199 @@
+"""IngestTodos: up to 500 todos of one endpoint in one transaction, all or
+nothing, deduplicated per item (also within the call), one doorbell per queue."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import asyncpg
+import grpc
+from switchboard.v1 import admin_pb2, dispatch_pb2, queue_pb2, todo_pb2
+from switchboard_server.db import Database
+
+from tests.support.client import Client, Tenant, add_endpoint
+from tests.support.databases import row_counts
+from tests.support.errors import expect_code, violations
+
+
+def item(queue: str, payload: bytes = b"x", **fields: Any) -> dispatch_pb2.IngestRequest:
+    return dispatch_pb2.IngestRequest(
+        queue=queue_pb2.QueueRef(name=queue), payload=payload, **fields
+    )
+
+
+async def ingest_todos(
+    client: Client,
+    metadata: tuple[tuple[str, str], ...],
+    *items: dispatch_pb2.IngestRequest,
+    endpoint_id: str = "",
+) -> list[dispatch_pb2.IngestResult]:
+    response = await client.dispatch.IngestTodos(
+        dispatch_pb2.IngestTodosRequest(endpoint_id=endpoint_id, todos=items), metadata=metadata
+    )
+    return list(response.results)
+
+
+async def test_500_todos_in_two_queues_in_one_call_ring_each_queue_once(
+    client: Client, tenant: Tenant, db: Database, dsn: str
+) -> None:
+    listener = await asyncpg.connect(dsn)
+    bells: list[dict[str, Any]] = []
+    await listener.add_listener(
+        "switchboard_doorbell", lambda *args: bells.append(json.loads(args[3]))
+    )
+    try:
+        items = [item("a" if i % 2 else "b", str(i).encode()) for i in range(500)]
+        results = await ingest_todos(client, tenant.agent, *items)
+        await asyncio.sleep(0.2)  # notifications arrive after the commit
+    finally:
+        await listener.close()
+    assert len(results) == 500
+    assert not any(r.deduplicated for r in results)
+    ids = [int(r.todo.id) for r in results]
+    assert ids == sorted(ids) and len(set(ids)) == 500  # request order is claim order
+    assert [r.todo.queue.name for r in results] == ["b", "a"] * 250
+    assert all(r.todo.state == todo_pb2.TODO_STATE_PENDING for r in results)
+    assert not any(r.todo.payload for r in results)  # results leave the payloads out
+    async with db.connection() as conn:
+        stored = await conn.fetch("SELECT id, queue, payload FROM todos ORDER BY id")
+    assert [(r["queue"], bytes(r["payload"])) for r in stored] == [
+        ("a" if i % 2 else "b", str(i).encode()) for i in range(500)
+    ]
+    created = sorted((b["queue"], b["pending"]) for b in bells if b["cause"] == "created")
+    assert created == [("a", 250), ("b", 250)]
+
+
+async def test_one_invalid_item_writes_nothing_and_is_named(
+    client: Client, tenant: Tenant, db: Database
+) -> None:
+    items = [item("work") for _ in range(400)]
+    items[317] = item("work", max_attempts=0)
+    items[399] = item("bad\x00queue")
+    err = await expect_code(
+        client.dispatch.IngestTodos(
+            dispatch_pb2.IngestTodosRequest(todos=items), metadata=tenant.agent
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    )
+    found = violations(err)
+    assert set(found) == {"todos[317].max_attempts", "todos[399].queue.name"}
+    assert (await row_counts(db, ["todos", "queues"])) == {"todos": 0, "queues": 0}
+
+
+async def test_the_item_count_and_the_endpoint_are_checked(client: Client, tenant: Tenant) -> None:
+    for request, field in [
+        (dispatch_pb2.IngestTodosRequest(), "todos"),
+        (dispatch_pb2.IngestTodosRequest(todos=[item("q")] * 501), "todos"),
+        (
+            dispatch_pb2.IngestTodosRequest(
+                todos=[
+                    item("q"),
+                    dispatch_pb2.IngestRequest(
+                        queue=queue_pb2.QueueRef(endpoint_id=tenant.owner_id, name="q")
+                    ),
+                ],
+                endpoint_id=tenant.endpoint_id,
+            ),
+            "todos[1].queue.endpoint_id",
+        ),
+        (
+            dispatch_pb2.IngestTodosRequest(
+                todos=[
+                    item(
+                        "q",
+                        idempotency_key="k",
+                        dedup=todo_pb2.DedupKey(webhook_id="w", delivery_id="d"),
+                    )
+                ]
+            ),
+            "todos[0].idempotency_key",
+        ),
+    ]:
+        err = await expect_code(
+            client.dispatch.IngestTodos(request, metadata=tenant.agent),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        )
+        assert field in violations(err)
+
+
+async def test_dedup_within_the_call_and_against_existing_todos(
+    client: Client, tenant: Tenant, db: Database
+) -> None:
+    def webhook(delivery: str) -> todo_pb2.DedupKey:
+        return todo_pb2.DedupKey(webhook_id="gh", delivery_id=delivery)
+
+    first = await ingest_todos(
+        client,
+        tenant.agent,
+        item("q", idempotency_key="k1"),
+        item("q", dedup=webhook("d1")),
+    )
+    results = await ingest_todos(
+        client,
+        tenant.agent,
+        item("q", idempotency_key="k1"),  # an existing todo's key
+        item("q", idempotency_key="k2"),  # new
+        item("q", idempotency_key="k2"),  # the previous item's
+        item("other", idempotency_key="k2"),  # another queue: another key
+        item("q", dedup=webhook("d1")),  # an existing todo's delivery
+        item("q", dedup=webhook("d2")),
+        item("other", dedup=webhook("d2")),  # a delivery is per endpoint: the previous item's
+        item("q"),
+    )
+    assert [r.deduplicated for r in results] == [True, False, True, False, True, False, True, False]
+    ids = [r.todo.id for r in results]
+    assert ids[0] == first[0].todo.id and ids[4] == first[1].todo.id
+    assert ids[2] == ids[1] and ids[6] == ids[5]
+    assert ids[3] != ids[1]
+    assert results[1].todo.idempotency_key == "k2" and results[5].todo.dedup.delivery_id == "d2"
+    assert (await row_counts(db, ["todos"]))["todos"] == 2 + 4
+
+
+async def test_a_human_names_the_endpoint_and_grants_apply(client: Client, tenant: Tenant) -> None:
+    results = await ingest_todos(
+        client, tenant.human, item("q"), item("r"), endpoint_id=tenant.endpoint_id
+    )
+    assert {r.todo.queue.endpoint_id for r in results} == {tenant.endpoint_id}
+    # The endpoint named in the items is enough, too.
+    named = dispatch_pb2.IngestRequest(
+        queue=queue_pb2.QueueRef(endpoint_id=tenant.endpoint_id, name="q")
+    )
+    (result,) = await ingest_todos(client, tenant.human, named)
+    assert result.todo.queue.endpoint_id == tenant.endpoint_id
+    await expect_code(
+        client.dispatch.IngestTodos(
+            dispatch_pb2.IngestTodosRequest(todos=[item("q")]), metadata=tenant.human
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    )
+    _, reader = await add_endpoint(client, tenant, "reader", [admin_pb2.GRANT_READ])
+    await expect_code(
+        client.dispatch.IngestTodos(
+            dispatch_pb2.IngestTodosRequest(todos=[item("q")]),
+            metadata=(("authorization", f"Bearer {reader}"),),
+        ),
+        grpc.StatusCode.PERMISSION_DENIED,
+    )
+
+
+async def test_concurrent_single_ingests_share_transactions_and_keep_their_answers(
+    client: Client, tenant: Tenant, db: Database
+) -> None:
+    """Combined single Ingests: each caller gets its own todo (or the todo its
+    key matched, when another caller of the same batch made it)."""
+    calls = [
+        client.dispatch.Ingest(
+            item("q", str(i).encode(), idempotency_key=f"k{i % 10}"), metadata=tenant.agent
+        )
+        for i in range(60)
+    ]
+    answers = await asyncio.gather(*calls)
+    by_key: dict[str, set[str]] = {}
+    for i, answer in enumerate(answers):
+        by_key.setdefault(f"k{i % 10}", set()).add(answer.todo.id)
+        assert answer.todo.idempotency_key == f"k{i % 10}"
+    assert all(len(ids) == 1 for ids in by_key.values())
+    assert sum(not a.deduplicated for a in answers) == 10
+    assert (await row_counts(db, ["todos"]))["todos"] == 10
