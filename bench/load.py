@@ -327,8 +327,11 @@ def db_claim_loop(
     for these transactions. A server that wraps them in ``BEGIN``/``COMMIT``
     pays two more round-trips each (and holds a budgeted queue's policy lock
     across the ``COMMIT`` round-trip); that is part of what the ratio to this
-    ceiling measures. The pool is asyncpg's, released as the server's (no
-    reset query). No authentication query, no gRPC, no server process.
+    ceiling measures. A claim admitted under a policy is followed, as in the
+    server, by ``todo_wait_durable`` (the claim released the policy lock
+    before its WAL flush; the flush is waited for before it is answered). The
+    pool is asyncpg's, with the server's session settings, released as the
+    server's (no reset query). No authentication query, no gRPC, no server process.
     """
     owner_id: uuid.UUID = tenant.owner_id
     endpoint_id: uuid.UUID = tenant.endpoint_id
@@ -356,6 +359,14 @@ def db_claim_loop(
                         batch,
                         max_bytes,
                     )
+                    if (
+                        rec is not None
+                        and rec["todos"]
+                        and '"headroom"' in (rec["admission"] or "")
+                    ):
+                        # Admitted under a policy: as the server (db/todos.py), wait for
+                        # the claim to be durable before it counts as answered.
+                        await conn.execute(sql.WAIT_DURABLE)
                 t1 = time.perf_counter()
                 if rec is None or rec["outcome"] != "claimed" or not rec["todos"]:
                     meter.nothing()
