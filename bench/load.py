@@ -314,6 +314,7 @@ def db_claim_loop(
     *,
     batch: int = 1,
     lease: timedelta = timedelta(minutes=5),
+    wait_durable: bool = True,
 ) -> Worker:
     """The DB ceiling: the server's claim and settle statements, straight from asyncpg.
 
@@ -332,6 +333,9 @@ def db_claim_loop(
     before its WAL flush; the flush is waited for before it is answered). The
     pool is asyncpg's, with the server's session settings, released as the
     server's (no reset query). No authentication query, no gRPC, no server process.
+    ``wait_durable`` False: no ``todo_wait_durable`` (for a pool whose sessions
+    do not set ``switchboard.release_before_flush``, whose claims hold the
+    policy lock through their flush, as before issue 16: ``bench/profile.py``).
     """
     owner_id: uuid.UUID = tenant.owner_id
     endpoint_id: uuid.UUID = tenant.endpoint_id

@@ -48,7 +48,7 @@ from bench import report, sql
 from bench.api import Api
 from bench.cluster import Cluster, ServerProcess, contrib_dir
 from bench.harness import Bench, Params, Progress
-from bench.load import RunResult
+from bench.load import RunResult, db_claim_loop
 from bench.scenarios import Round
 from bench.scenarios.bare import Bare, bare_loop
 from bench.scenarios.ceilings import BUDGETED, UNBUDGETED, Ceilings
@@ -384,6 +384,7 @@ async def run_profile(quick: bool, database_url: str | None, runs: int | None) -
     server: ServerProcess | None = None
     api: Api | None = None
     pool: asyncpg.Pool[Any] | None = None
+    held_pool: asyncpg.Pool[Any] | None = None
     progress.step("starting PostgreSQL (embedded, pg_stat_statements preloaded)")
     try:
         await cluster.start()
@@ -405,6 +406,20 @@ async def run_profile(quick: bool, database_url: str | None, runs: int | None) -
             server_settings=session_settings("switchboard-bench", Settings().lock_timeout),
         )
         assert pool is not None
+        # Sessions that do not promise to wait for durability: their admitted
+        # claims hold the policy lock through the WAL flush, as before issue 16
+        # ("db_budgeted_flush_held", measured beside the budgeted ceiling).
+        held_pool = await asyncpg.create_pool(
+            cluster.dsn,
+            min_size=params.pool_size,
+            max_size=params.pool_size,
+            reset=keep_session,
+            server_settings={
+                **session_settings("switchboard-bench", Settings().lock_timeout),
+                "switchboard.release_before_flush": "off",
+            },
+        )
+        assert held_pool is not None
         bench = Bench(params, api, pool, server, cluster, progress)
         await bench.dataset.setup()
         await bench.dataset.seed_history_and_small()
@@ -451,6 +466,20 @@ async def run_profile(quick: bool, database_url: str | None, runs: int | None) -
                     await profiler.measure(
                         prefix.removeprefix("ceiling."), size, rnd.index, db_run, explain
                     )
+                    if prefix != BUDGETED:
+                        continue
+                    await bench.dataset.keep_pending()
+
+                    async def held_run(size: int = size, rnd: Round = rnd) -> RunResult:
+                        return await bench.run_load(
+                            f"budgeted, policy lock held through the flush, B={size}, {rnd.tag}",
+                            db_claim_loop(held_pool, main, batch=size, wait_durable=False),
+                            short=size > 1,
+                        )
+
+                    await profiler.measure(
+                        "db_budgeted_flush_held", size, rnd.index, held_run, explain
+                    )
             await sb.clear_policy(api, main, "work")
         records = profiler.records
         pg_version = bench.figures.get("postgres_version")
@@ -459,6 +488,8 @@ async def run_profile(quick: bool, database_url: str | None, runs: int | None) -
             await api.close()
         if pool is not None:
             await pool.close()
+        if held_pool is not None:
+            await held_pool.close()
         if server is not None:
             await server.stop()
         await cluster.stop()
