@@ -89,34 +89,38 @@ def _delta(
 class Profiler:
     """Figures around one measurement, read on connections of its own."""
 
-    def __init__(self, bench: Bench, pgdata_log: Any) -> None:
+    def __init__(
+        self, bench: Bench, pgdata_log: Any, others: tuple[asyncpg.Pool[Any], ...] = ()
+    ) -> None:
         self.b = bench
         self.log = pgdata_log
+        #: The bench's pool and any other pool the load runs on.
+        self.pools = (bench.pool, *others)
         self.sample = EXPLAIN_SAMPLE_QUICK if bench.p.mode == "quick" else EXPLAIN_SAMPLE
         self.records: list[dict[str, Any]] = []
 
     async def flush_stats(self) -> None:
         """Every pooled session flushes its function statistics now."""
-        pool = self.b.pool
-        conns = [await pool.acquire() for _ in range(self.b.p.pool_size)]
-        try:
-            for conn in conns:
-                await conn.fetchval(sql.FORCE_STATS_FLUSH)
-                await conn.fetchval("SELECT 1")
-        finally:
-            for conn in conns:
-                await pool.release(conn)
+        for pool in self.pools:
+            conns = [await pool.acquire() for _ in range(self.b.p.pool_size)]
+            try:
+                for conn in conns:
+                    await conn.fetchval(sql.FORCE_STATS_FLUSH)
+                    await conn.fetchval("SELECT 1")
+            finally:
+                for conn in conns:
+                    await pool.release(conn)
 
     async def on_every_session(self, statement: str) -> None:
         """Runs a statement on every pooled session."""
-        pool = self.b.pool
-        conns = [await pool.acquire() for _ in range(self.b.p.pool_size)]
-        try:
-            for conn in conns:
-                await conn.execute(statement)
-        finally:
-            for conn in conns:
-                await pool.release(conn)
+        for pool in self.pools:
+            conns = [await pool.acquire() for _ in range(self.b.p.pool_size)]
+            try:
+                for conn in conns:
+                    await conn.execute(statement)
+            finally:
+                for conn in conns:
+                    await pool.release(conn)
 
     async def measure(
         self, name: str, size: int, rnd: int, run: Callable[[], Awaitable[RunResult]], explain: bool
@@ -428,7 +432,7 @@ async def run_profile(quick: bool, database_url: str | None, runs: int | None) -
         await bare.setup()
         ceilings = bench.family(Ceilings)
         assert cluster._embedded is not None
-        profiler = Profiler(bench, cluster._embedded.pgdata / "log")
+        profiler = Profiler(bench, cluster._embedded.pgdata / "log", (held_pool,))
         main = bench.tenants["main"]
         for rnd in bench.rounds():
             explain = rnd.index == params.runs - 1
