@@ -314,6 +314,7 @@ def db_claim_loop(
     *,
     batch: int = 1,
     lease: timedelta = timedelta(minutes=5),
+    wait_durable: bool = True,
 ) -> Worker:
     """The DB ceiling: the server's claim and settle statements, straight from asyncpg.
 
@@ -327,8 +328,14 @@ def db_claim_loop(
     for these transactions. A server that wraps them in ``BEGIN``/``COMMIT``
     pays two more round-trips each (and holds a budgeted queue's policy lock
     across the ``COMMIT`` round-trip); that is part of what the ratio to this
-    ceiling measures. The pool is asyncpg's, released as the server's (no
-    reset query). No authentication query, no gRPC, no server process.
+    ceiling measures. A claim admitted under a policy is followed, as in the
+    server, by ``todo_wait_durable`` (the claim released the policy lock
+    before its WAL flush; the flush is waited for before it is answered). The
+    pool is asyncpg's, with the server's session settings, released as the
+    server's (no reset query). No authentication query, no gRPC, no server process.
+    ``wait_durable`` False: no ``todo_wait_durable`` (for a pool whose sessions
+    do not set ``switchboard.release_before_flush``, whose claims hold the
+    policy lock through their flush, as before issue 16: ``bench/profile.py``).
     """
     owner_id: uuid.UUID = tenant.owner_id
     endpoint_id: uuid.UUID = tenant.endpoint_id
@@ -356,6 +363,14 @@ def db_claim_loop(
                         batch,
                         max_bytes,
                     )
+                    if (
+                        rec is not None
+                        and rec["todos"]
+                        and '"headroom"' in (rec["admission"] or "")
+                    ):
+                        # Admitted under a policy: as the server (db/todos.py), wait for
+                        # the claim to be durable before it counts as answered.
+                        await conn.execute(sql.WAIT_DURABLE)
                 t1 = time.perf_counter()
                 if rec is None or rec["outcome"] != "claimed" or not rec["todos"]:
                     meter.nothing()

@@ -41,14 +41,14 @@ from typing import Any
 
 import asyncpg
 from switchboard_server.config import Settings
-from switchboard_server.db.database import keep_session
+from switchboard_server.db.database import keep_session, session_settings
 
 from bench import api as sb
 from bench import report, sql
 from bench.api import Api
 from bench.cluster import Cluster, ServerProcess, contrib_dir
 from bench.harness import Bench, Params, Progress
-from bench.load import RunResult
+from bench.load import RunResult, db_claim_loop
 from bench.scenarios import Round
 from bench.scenarios.bare import Bare, bare_loop
 from bench.scenarios.ceilings import BUDGETED, UNBUDGETED, Ceilings
@@ -89,34 +89,38 @@ def _delta(
 class Profiler:
     """Figures around one measurement, read on connections of its own."""
 
-    def __init__(self, bench: Bench, pgdata_log: Any) -> None:
+    def __init__(
+        self, bench: Bench, pgdata_log: Any, others: tuple[asyncpg.Pool[Any], ...] = ()
+    ) -> None:
         self.b = bench
         self.log = pgdata_log
+        #: The bench's pool and any other pool the load runs on.
+        self.pools = (bench.pool, *others)
         self.sample = EXPLAIN_SAMPLE_QUICK if bench.p.mode == "quick" else EXPLAIN_SAMPLE
         self.records: list[dict[str, Any]] = []
 
     async def flush_stats(self) -> None:
         """Every pooled session flushes its function statistics now."""
-        pool = self.b.pool
-        conns = [await pool.acquire() for _ in range(self.b.p.pool_size)]
-        try:
-            for conn in conns:
-                await conn.fetchval(sql.FORCE_STATS_FLUSH)
-                await conn.fetchval("SELECT 1")
-        finally:
-            for conn in conns:
-                await pool.release(conn)
+        for pool in self.pools:
+            conns = [await pool.acquire() for _ in range(self.b.p.pool_size)]
+            try:
+                for conn in conns:
+                    await conn.fetchval(sql.FORCE_STATS_FLUSH)
+                    await conn.fetchval("SELECT 1")
+            finally:
+                for conn in conns:
+                    await pool.release(conn)
 
     async def on_every_session(self, statement: str) -> None:
         """Runs a statement on every pooled session."""
-        pool = self.b.pool
-        conns = [await pool.acquire() for _ in range(self.b.p.pool_size)]
-        try:
-            for conn in conns:
-                await conn.execute(statement)
-        finally:
-            for conn in conns:
-                await pool.release(conn)
+        for pool in self.pools:
+            conns = [await pool.acquire() for _ in range(self.b.p.pool_size)]
+            try:
+                for conn in conns:
+                    await conn.execute(statement)
+            finally:
+                for conn in conns:
+                    await pool.release(conn)
 
     async def measure(
         self, name: str, size: int, rnd: int, run: Callable[[], Awaitable[RunResult]], explain: bool
@@ -384,6 +388,7 @@ async def run_profile(quick: bool, database_url: str | None, runs: int | None) -
     server: ServerProcess | None = None
     api: Api | None = None
     pool: asyncpg.Pool[Any] | None = None
+    held_pool: asyncpg.Pool[Any] | None = None
     progress.step("starting PostgreSQL (embedded, pg_stat_statements preloaded)")
     try:
         await cluster.start()
@@ -401,12 +406,24 @@ async def run_profile(quick: bool, database_url: str | None, runs: int | None) -
             min_size=params.pool_size,
             max_size=params.pool_size,
             reset=keep_session,
-            server_settings={
-                "application_name": "switchboard-bench",
-                "lock_timeout": f"{int(Settings().lock_timeout.total_seconds() * 1000)}ms",
-            },
+            # The server's session settings (release_before_flush among them).
+            server_settings=session_settings("switchboard-bench", Settings().lock_timeout),
         )
         assert pool is not None
+        # Sessions that do not promise to wait for durability: their admitted
+        # claims hold the policy lock through the WAL flush, as before issue 16
+        # ("db_budgeted_flush_held", measured beside the budgeted ceiling).
+        held_pool = await asyncpg.create_pool(
+            cluster.dsn,
+            min_size=params.pool_size,
+            max_size=params.pool_size,
+            reset=keep_session,
+            server_settings={
+                **session_settings("switchboard-bench", Settings().lock_timeout),
+                "switchboard.release_before_flush": "off",
+            },
+        )
+        assert held_pool is not None
         bench = Bench(params, api, pool, server, cluster, progress)
         await bench.dataset.setup()
         await bench.dataset.seed_history_and_small()
@@ -415,7 +432,7 @@ async def run_profile(quick: bool, database_url: str | None, runs: int | None) -
         await bare.setup()
         ceilings = bench.family(Ceilings)
         assert cluster._embedded is not None
-        profiler = Profiler(bench, cluster._embedded.pgdata / "log")
+        profiler = Profiler(bench, cluster._embedded.pgdata / "log", (held_pool,))
         main = bench.tenants["main"]
         for rnd in bench.rounds():
             explain = rnd.index == params.runs - 1
@@ -453,6 +470,20 @@ async def run_profile(quick: bool, database_url: str | None, runs: int | None) -
                     await profiler.measure(
                         prefix.removeprefix("ceiling."), size, rnd.index, db_run, explain
                     )
+                    if prefix != BUDGETED:
+                        continue
+                    await bench.dataset.keep_pending()
+
+                    async def held_run(size: int = size, rnd: Round = rnd) -> RunResult:
+                        return await bench.run_load(
+                            f"budgeted, policy lock held through the flush, B={size}, {rnd.tag}",
+                            db_claim_loop(held_pool, main, batch=size, wait_durable=False),
+                            short=size > 1,
+                        )
+
+                    await profiler.measure(
+                        "db_budgeted_flush_held", size, rnd.index, held_run, explain
+                    )
             await sb.clear_policy(api, main, "work")
         records = profiler.records
         pg_version = bench.figures.get("postgres_version")
@@ -461,6 +492,8 @@ async def run_profile(quick: bool, database_url: str | None, runs: int | None) -
             await api.close()
         if pool is not None:
             await pool.close()
+        if held_pool is not None:
+            await held_pool.close()
         if server is not None:
             await server.stop()
         await cluster.stop()

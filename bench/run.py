@@ -40,7 +40,7 @@ from typing import Any
 
 import asyncpg
 from switchboard_server.config import Settings
-from switchboard_server.db.database import keep_session
+from switchboard_server.db.database import keep_session, session_settings
 
 from bench import report
 from bench.api import Api
@@ -139,10 +139,8 @@ async def _main(args: argparse.Namespace) -> int:
             min_size=params.pool_size,
             max_size=params.pool_size,
             reset=keep_session,
-            server_settings={
-                "application_name": "switchboard-bench",
-                "lock_timeout": f"{int(Settings().lock_timeout.total_seconds() * 1000)}ms",
-            },
+            # The server's session settings (release_before_flush among them).
+            server_settings=session_settings("switchboard-bench", Settings().lock_timeout),
         )
         assert pool is not None
         bench = Bench(params, api, pool, server, cluster, progress)

@@ -23,6 +23,11 @@ from switchboard_server.db.queries import sql
 #: $6 todos (about $7 bytes at most) of one of the endpoint's queues, claimed
 #: by the claimants $4 (one for all, or one each).
 CLAIM_NEXT = sql("todo_claim_next")
+#: ``SELECT sb_wait_durable()``: what the server runs after a claim admitted
+#: under a policy (its admission carries a headroom) before answering it: its
+#: sessions let such a claim release the policy lock before its WAL flush
+#: (``switchboard.release_before_flush``), and wait for the flush here.
+WAIT_DURABLE = sql("todo_wait_durable")
 #: ``SELECT outcome, todo FROM sb_settle($1..$11)``: completes, fails or
 #: releases claimed todos under their leases; one row per item, in order.
 SETTLE = sql("todo_settle")

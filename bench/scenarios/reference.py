@@ -134,16 +134,40 @@ class Reference(Scenario):
         b.series(f"ratio.s2.b{big}_vs_pgq_limit").add(
             ratio(rnd.results[f"s2.b{big}"].rate, out["limit"].rate)
         )
+        for size in b.p.batches:
+            b.series(f"ratio.s1.b{size}_vs_pgq_defaults").add(
+                ratio(rnd.results[f"s1.b{size}"].rate, out["defaults"].rate)
+            )
 
     def targets(self) -> list[Target]:
-        """Scenario 2 in batches of the largest B against pgqueuer with its limit on."""
+        """Scenario 1 in batches of each B against pgqueuer at its defaults (issue 16:
+        ≥ 1.0 at B = 10, ≥ 1.5 at B = 100, side by side: medians of the per-round
+        ratios), and scenario 2 in batches of the largest B against pgqueuer with
+        its limit on."""
         b = self.b
         s = b.s
         big = max(b.p.batches)
         s2b = s[f"s2.b{big}.todos_per_s"].median
         ref = s["pgq.limit.jobs_per_s"].median
         picked = max(s["pgq.limit.max_picked"].values, default=0)
-        return [
+        defaults = s["pgq.defaults.jobs_per_s"]
+        side_by_side = []
+        for size in b.p.batches:
+            bound = 1.0 if size < big else 1.5
+            per_round = s[f"ratio.s1.b{size}_vs_pgq_defaults"]
+            side_by_side.append(
+                Target(
+                    f"1. Unbudgeted drain in batches of {size}, vs pgqueuer at its defaults",
+                    s[f"s1.b{size}.todos_per_s"].fmt(0, "todos/s"),
+                    f"pgqueuer {b.figures['pgq']['version']}, one worker, batch size 10, "
+                    f"no limit: {defaults.fmt(0, 'jobs/s')}",
+                    per_round.median,
+                    f"≥ {bound:.1f}",
+                    per_round.median >= bound,
+                    f"median of the per-round ratios {per_round.fmt(2)}",
+                )
+            )
+        side_by_side.append(
             Target(
                 f"2. Limits on, never binding, in batches of {big}, vs pgqueuer with its "
                 f"limit on, never binding",
@@ -157,7 +181,8 @@ class Reference(Scenario):
                 f"pgqueuer at its default batch size, 10, had at most {picked:.0f} jobs "
                 f"picked at once",
             )
-        ]
+        )
+        return side_by_side
 
     def sections(self) -> list[report.Section]:
         """Its drains, each variant."""

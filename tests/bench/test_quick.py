@@ -122,14 +122,18 @@ async def test_quick_bench_runs_every_scenario_and_writes_its_json(pg_admin_dsn:
 
     # Every target is judged, the new one among them.
     targets = {t["scenario"]: t for t in result["targets"]}
-    assert len(targets) == 17
+    assert len(targets) == 19
     assert all(isinstance(t["pass"], bool) for t in targets.values())
     versus_bare = [t for s, t in targets.items() if s.endswith("vs the bare queue")]
     assert [t["target"] for t in versus_bare] == ["≥ 0.6", "≥ 0.5", "≥ 0.6", "≥ 0.6"]
     assert all(t["ratio"] > 0 for t in versus_bare)
     assert len([s for s in targets if "no collapse" in s]) == 2
-    (versus,) = [t for s, t in targets.items() if "pgqueuer" in s]
-    assert versus["target"] == "≥ 1.5" and versus["ratio"] > 0
+    versus = [t for s, t in targets.items() if "pgqueuer" in s]
+    # Scenario 1 at B = 10 and 100 against its defaults, scenario 2 at 100 against its limit.
+    assert [t["target"] for t in versus] == ["≥ 1.0", "≥ 1.5", "≥ 1.5"]
+    assert all(t["ratio"] > 0 for t in versus)
+    for size in (10, 100):
+        assert median(figures, f"ratio.s1.b{size}_vs_pgq_defaults") > 0
 
     # No batched or pgqueuer measurement had errors.
     assert not [n for n in result["notes"] if "batches of" in n or "pgqueuer" in n or "bare" in n]
@@ -200,7 +204,9 @@ async def test_quick_profile_reads_statements_functions_waits_and_plans() -> Non
 
     assert result["bench"] == "profile" and result["mode"] == "quick"
     measured = [(m["name"], m["batch"]) for m in result["measurements"]]
-    assert measured == [(name, b) for name in ("bare", "db", "db_budgeted") for b in (1, 10, 100)]
+    assert measured == [(name, b) for name in ("bare", "db") for b in (1, 10, 100)] + [
+        (name, b) for b in (1, 10, 100) for name in ("db_budgeted", "db_budgeted_flush_held")
+    ]
     for m in result["measurements"]:
         assert m["todos_per_s"] > 0 and m["db_ms_per_todo"] > 0
         top = [s["query"] for s in m["statements"] if s["toplevel"]]

@@ -122,10 +122,7 @@ class Database:
                 dsn,
                 min_size=min_size,
                 max_size=max_size,
-                server_settings={
-                    "application_name": "switchboard",
-                    "lock_timeout": f"{int(lock_timeout.total_seconds() * 1000)}ms",
-                },
+                server_settings=session_settings("switchboard", lock_timeout),
                 reset=keep_session,
             )
         except Exception as exc:
@@ -194,6 +191,21 @@ class Database:
     def _observe(self, exc: errors.Unavailable) -> None:
         if self.on_unavailable is not None and not isinstance(exc, errors.Aborted):
             self.on_unavailable()
+
+
+def session_settings(application_name: str, lock_timeout: timedelta) -> dict[str, str]:
+    """The settings of the server's pooled sessions (the bench's DB ceilings use them too).
+
+    ``switchboard.release_before_flush``: the session waits for durability
+    before it answers an admitted claim (``todos.claim``, ``todos.claim_next``
+    call ``sb_wait_durable``), so the claim's transaction may release its
+    queue's policy lock before its WAL flush (``functions/admission.sql``).
+    """
+    return {
+        "application_name": application_name,
+        "lock_timeout": f"{int(lock_timeout.total_seconds() * 1000)}ms",
+        "switchboard.release_before_flush": "on",
+    }
 
 
 async def keep_session(_conn: object) -> None:

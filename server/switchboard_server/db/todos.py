@@ -141,6 +141,23 @@ def _claim_outcome(rec: Mapping[str, Any] | None) -> ClaimOutcome:
     )
 
 
+def admitted(admission: Mapping[str, Any]) -> bool:
+    """Whether a claim was admitted under a policy lock (its admission carries a
+    headroom): its transaction may have committed before its WAL flush."""
+    return "headroom" in admission
+
+
+async def wait_durable(conn: Conn) -> None:
+    """Waits until the session's last commit is durable (``sb_wait_durable``).
+
+    Called after every admitted claim, before it is answered: a session with
+    ``switchboard.release_before_flush`` on (``database.session_settings``)
+    commits them without waiting for the WAL flush, so that the queue's policy
+    lock is held for the claim's work only, not for the flush too.
+    """
+    await conn.execute(sql("todo_wait_durable"))
+
+
 async def claim(
     conn: Conn,
     *,
@@ -150,10 +167,16 @@ async def claim(
     claimant: str,
     lease: timedelta,
 ) -> ClaimOutcome:
-    """Claims one todo (see ``sb_claim``), enforcing its queue's admission policy."""
-    return _claim_outcome(
+    """Claims one todo (see ``sb_claim``), enforcing its queue's admission policy.
+
+    Returns once the claim is durable (``wait_durable``).
+    """
+    outcome = _claim_outcome(
         await conn.fetchrow(sql("todo_claim"), todo_id, owner_id, endpoint_id, claimant, lease)
     )
+    if admitted(outcome.admission):
+        await wait_durable(conn)
+    return outcome
 
 
 @dataclass(frozen=True)
@@ -178,7 +201,8 @@ async def claim_next(
 ) -> BatchOutcome:
     """Claims up to ``max_todos`` of the oldest claimable todos of one of the
     endpoint's (given) queues, within its budget: the i-th for ``claimants[i]``,
-    or all for a single claimant."""
+    or all for a single claimant. Returns once the claims are durable
+    (``wait_durable``)."""
     try:
         rec = await conn.fetchrow(
             sql("todo_claim_next"),
@@ -195,10 +219,13 @@ async def claim_next(
             raise errors.NotFound("endpoint not found") from exc
         raise
     assert rec is not None
-    return BatchOutcome(
+    outcome = BatchOutcome(
         [todo_from_record(row) for row in rec["todos"]],
         json.loads(rec["admission"]) if rec["admission"] else {},
     )
+    if outcome.todos and admitted(outcome.admission):
+        await wait_durable(conn)
+    return outcome
 
 
 async def heartbeat_many(

@@ -3,6 +3,18 @@
 -- the policy lock, one todo or a batch. Lock order: the todo rows, then the
 -- policy; a refusal raises SB429 inside a subtransaction so that every lock
 -- is released before the next queue is tried.
+--
+-- Early lock release: the policy lock is held to the end of the claim's
+-- transaction, and a commit with synchronous_commit on holds it while the
+-- commit waits for the WAL flush. Claims on one budgeted queue run one at a
+-- time, so that flush (several ms on some disks) bounded the queue's claim
+-- rate. A session that sets switchboard.release_before_flush = 'on' (the
+-- server's connections do, database.session_settings) promises to wait for
+-- durability itself before it answers (sb_wait_durable, after every claim
+-- whose admission carries a headroom); its admitted claims then commit
+-- without waiting for the flush (sb_release_before_flush), which releases
+-- the policy lock as soon as the commit is visible. See sb_wait_durable
+-- (claim.sql) for why no admission guarantee depends on the flush.
 
 -- Evaluates a policy row. Each statement takes its own snapshot, so called
 -- after the policy row lock it sees every admission committed before it.
@@ -170,6 +182,22 @@ LANGUAGE sql STABLE AS $$
     SELECT EXISTS (SELECT 1 FROM queue_gates g WHERE g.queue_id = p_queue_id AND g.deferred)
 $$;
 
+-- An admitted claim's transaction commits without waiting for its WAL flush
+-- (synchronous_commit off for the rest of the transaction: the policy lock is
+-- released when the commit is visible, not when it is on disk) when the
+-- session promised to wait for durability before answering
+-- (switchboard.release_before_flush = 'on'; see the top of this file). Set
+-- inside the claim's subtransaction, it is undone with it when the claim is
+-- refused or fails.
+CREATE OR REPLACE FUNCTION sb_release_before_flush() RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('switchboard.release_before_flush', true) = 'on' THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+END;
+$$;
+
 -- Locks and evaluates a queue's policy for a claim of p_row, then claims
 -- and charges, or raises SB429 (refused; the reason is in the message) so
 -- the caller's subtransaction releases the todo and policy locks. A claim
@@ -212,6 +240,7 @@ BEGIN
         ON CONFLICT (policy_id, window_start) DO UPDATE SET units = c.units + 1;
     END IF;
     admission := jsonb_build_object('headroom', sb_headroom(v_policy, v_eval));
+    PERFORM sb_release_before_flush();
     v_full := sb_full_after(v_policy, v_eval, 1);
     IF v_full IS NOT NULL THEN
         PERFORM sb_gate_mark(
@@ -270,6 +299,7 @@ BEGIN
         ON CONFLICT (policy_id, window_start) DO UPDATE SET units = c.units + v_take;
     END IF;
     admission := jsonb_build_object('headroom', sb_headroom_after(v_policy, v_eval, v_take));
+    PERFORM sb_release_before_flush();
     v_full := sb_full_after(v_policy, v_eval, v_take);
     IF v_full IS NOT NULL THEN
         PERFORM sb_gate_mark(

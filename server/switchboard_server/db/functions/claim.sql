@@ -242,6 +242,31 @@ BEGIN
 END;
 $$;
 
+-- Waits until this session's last commit is as durable as a commit with the
+-- session's synchronous_commit makes it (flushed, and confirmed by
+-- synchronous standbys when there are any), by committing a transaction of
+-- its own after it: a one-statement transaction that writes one WAL record
+-- (a transactional logical message, ignored by every decoder that does not
+-- ask for messages). Call it on its own, outside any explicit transaction,
+-- after a claim whose admission carries a headroom, before the claim is
+-- answered (the server does: db/todos.py).
+--
+-- Why an admitted claim may release the policy lock before its flush
+-- (sb_release_before_flush): a claim that reads a not yet durable admission
+-- (its in-flight rows, its window counter) commits after it, so its own
+-- commit record is later in the WAL; the WAL is replayed as a prefix, so no
+-- crash can keep a later claim and lose the earlier one it was admitted
+-- after. What a crash can lose is a suffix of claims whose callers had not
+-- been answered yet (this wait had not returned), and their units with them:
+-- nobody was dispatched on them. The policy lock, the fresh reads and the
+-- charge under it are unchanged (SPEC 4.3).
+CREATE OR REPLACE FUNCTION sb_wait_durable() RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_logical_emit_message(true, 'switchboard', 'durable');
+END;
+$$;
+
 -- ClaimNext as released in 0005 (a batch, one claimant for all of it), for
 -- servers of that version during a rolling upgrade: answered by
 -- sb_claim_next_for, one claim path.

@@ -14,6 +14,11 @@ SELECT outcome, todo, admission FROM sb_claim($1, $2, $3, $4, $5);
 -- $4[i] (or all for $4[1]); see sb_claim_next_for.
 SELECT outcome, todos, admission FROM sb_claim_next_for($1, $2, $3, $4, $5, $6, $7);
 
+-- name: todo_wait_durable :exec
+-- Waits until the session's last commit (an admitted claim, which released
+-- its policy lock before its WAL flush) is durable; see sb_wait_durable.
+SELECT sb_wait_durable();
+
 -- name: todo_heartbeat_many :many
 -- Extends many leases, each on its own; one row per item, in order.
 SELECT outcome, lease_expires_at FROM sb_heartbeat($1, $2, $3, $4, $5) ORDER BY ord;
