@@ -61,6 +61,8 @@ GRANT_TO_PROTO = {
     Grant.CLEAR_ADMISSION_POLICY: admin_pb2.GRANT_CLEAR_ADMISSION_POLICY,
     Grant.CANCEL: admin_pb2.GRANT_CANCEL,
     Grant.REQUEUE: admin_pb2.GRANT_REQUEUE,
+    Grant.MANAGE_SCHEDULES: admin_pb2.GRANT_MANAGE_SCHEDULES,
+    Grant.PAUSE_SCHEDULES: admin_pb2.GRANT_PAUSE_SCHEDULES,
 }
 GRANT_FROM_PROTO = {v: k for k, v in GRANT_TO_PROTO.items()}
 
@@ -231,6 +233,9 @@ def todo(
     if value.dedup_webhook_id is not None and value.dedup_delivery_id is not None:
         msg.dedup.webhook_id = value.dedup_webhook_id
         msg.dedup.delivery_id = value.dedup_delivery_id
+    if value.schedule_id is not None and value.schedule_slot is not None:
+        msg.schedule_id = str(value.schedule_id)
+        msg.schedule_slot.FromDatetime(value.schedule_slot)
     return msg
 
 

@@ -139,6 +139,8 @@ class Todo(_message.Message):
     FINISHED_AT_FIELD_NUMBER: _builtins.int
     ADMISSION_FIELD_NUMBER: _builtins.int
     RESULT_FIELD_NUMBER: _builtins.int
+    SCHEDULE_ID_FIELD_NUMBER: _builtins.int
+    SCHEDULE_SLOT_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     state: Global___TodoState.ValueType
     payload: _builtins.bytes
@@ -150,6 +152,10 @@ class Todo(_message.Message):
     claimant: _builtins.str
     """Who holds (or last held) the todo, as the claimant named itself."""
     last_error: _builtins.str
+    schedule_id: _builtins.str
+    """Set on a todo a periodic schedule created: the schedule, and the slot
+    (the instant it was due) it was created for. One todo per slot.
+    """
     @_builtins.property
     def queue(self) -> _queue_pb2.QueueRef: ...
     @_builtins.property
@@ -182,6 +188,8 @@ class Todo(_message.Message):
         it in; every other call leaves it unset.
         """
 
+    @_builtins.property
+    def schedule_slot(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
         self,
         *,
@@ -202,10 +210,12 @@ class Todo(_message.Message):
         finished_at: _timestamp_pb2.Timestamp | None = ...,
         admission: _admission_pb2.AdmissionStatus | None = ...,
         result: Global___TodoResult | None = ...,
+        schedule_id: _builtins.str = ...,
+        schedule_slot: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "created_at", b"created_at", "dedup", b"dedup", "finished_at", b"finished_at", "lease_expires_at", b"lease_expires_at", "next_retry_at", b"next_retry_at", "queue", b"queue", "result", b"result", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "created_at", b"created_at", "dedup", b"dedup", "finished_at", b"finished_at", "lease_expires_at", b"lease_expires_at", "next_retry_at", b"next_retry_at", "queue", b"queue", "result", b"result", "schedule_slot", b"schedule_slot", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "attempt", b"attempt", "claimant", b"claimant", "content_type", b"content_type", "created_at", b"created_at", "dedup", b"dedup", "finished_at", b"finished_at", "id", b"id", "last_error", b"last_error", "lease_expires_at", b"lease_expires_at", "max_attempts", b"max_attempts", "next_retry_at", b"next_retry_at", "payload", b"payload", "queue", b"queue", "result", b"result", "state", b"state", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "attempt", b"attempt", "claimant", b"claimant", "content_type", b"content_type", "created_at", b"created_at", "dedup", b"dedup", "finished_at", b"finished_at", "id", b"id", "last_error", b"last_error", "lease_expires_at", b"lease_expires_at", "max_attempts", b"max_attempts", "next_retry_at", b"next_retry_at", "payload", b"payload", "queue", b"queue", "result", b"result", "schedule_id", b"schedule_id", "schedule_slot", b"schedule_slot", "state", b"state", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
