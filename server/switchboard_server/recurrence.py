@@ -193,11 +193,12 @@ def plan(
 ) -> Plan:
     """The slot to create for a schedule whose ``next_slot`` is due at ``now``.
 
-    Only the latest due slot can be created: the earlier ones were missed
-    (another slot is already due after them). The latest is on time when
-    ``now`` is within ``grace`` of it; later than that it was missed too, and
-    ``CatchUp.LATEST`` creates it anyway while ``CatchUp.SKIP`` does not.
-    The next slot is the first one after ``now``.
+    ``next_slot`` is the first slot not yet created. When ``now`` is within
+    ``grace`` of it the schedule is on time and its latest due slot is created
+    (normally ``next_slot`` itself). Later than that, the slots due since
+    ``next_slot`` were missed (downtime): ``CatchUp.LATEST`` creates the
+    latest of them, ``CatchUp.SKIP`` none. Either way at most one todo, and
+    the next slot is the first one after ``now``.
     """
     latest = latest_at_or_before(recurrence, now)
     if latest is None or latest < next_slot:
@@ -205,7 +206,7 @@ def plan(
         # zone database changed its rules): create it as it stands.
         latest = next_slot
     following = next_after(recurrence, now)
-    on_time = now - latest <= grace
+    on_time = now - next_slot <= grace
     earlier_missed = latest > next_slot
     if on_time or catch_up is CatchUp.LATEST:
         return Plan(latest, following, earlier_missed or not on_time)

@@ -30,6 +30,7 @@ from switchboard_server import errors
 from switchboard_server.db import Database, clock
 from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import schedules as schedule_queries
+from switchboard_server.db import tenancy as tenancy_queries
 from switchboard_server.db.database import Conn
 from switchboard_server.db.schedules import AuditRow, Definition, ScheduleRow
 from switchboard_server.model import Grant, Principal, PrincipalKind
@@ -224,6 +225,10 @@ class Schedules:
         """A page of the caller's schedules, oldest first."""
         owner_id, endpoint = schedule_scope(principal, endpoint_id, Grant.READ)
         async with self._db.connection() as conn:
+            if endpoint is not None and not await tenancy_queries.get_endpoint(
+                conn, endpoint, owner_id
+            ):
+                raise errors.NotFound("endpoint not found")
             rows = await schedule_queries.list_page(conn, owner_id, endpoint, after, limit)
         return [_schedule(r) for r in rows]
 
