@@ -375,7 +375,7 @@ async def fire_due(db: Database, grace: timedelta, batch: int = BATCH) -> int:
                         extra={
                             "schedule_id": row.id,
                             "missed_from": row.next_slot.isoformat(),
-                            "created": step.slot.isoformat() if step.slot else None,
+                            "created_slot": step.slot.isoformat() if step.slot else None,
                             "catch_up": row.catch_up,
                         },
                     )

@@ -12,6 +12,7 @@ import grpc
 import pytest
 from switchboard.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, schedule_pb2
 from switchboard_server.db import Database
+from switchboard_server.db import schedules as schedule_queries
 from switchboard_server.loops import LoopSignals
 from switchboard_server.schedules import fire_due
 
@@ -492,3 +493,24 @@ async def test_a_daily_schedule_across_a_dst_transition_creates_one_todo_per_day
         t.schedule_slot.ToDatetime(UTC).isoformat() for t in await scheduled_todos(client, tenant)
     )
     assert created == expected
+
+
+async def test_a_slot_never_gets_a_second_todo_even_from_a_stale_plan(
+    client: Client, tenant: Tenant, db: Database
+) -> None:
+    await set_clock(db, datetime(2026, 6, 1, 12, 0, 30, tzinfo=UTC))
+    made = await create(client, tenant, recurrence=every_minute())
+    await client.schedules.PauseSchedule(  # the loop stays out of it
+        schedule_pb2.PauseScheduleRequest(id=made.id), metadata=tenant.human
+    )
+    slot = datetime(2026, 6, 1, 12, 1, tzinfo=UTC)
+    async with db.transaction() as conn:
+        first = await schedule_queries.fire(conn, int(made.id), slot, slot + timedelta(minutes=1))
+        again = await schedule_queries.fire(conn, int(made.id), slot, slot + timedelta(minutes=2))
+    assert first is not None and first.schedule_slot == slot
+    assert again is None  # todos_schedule_slot_key: the slot's todo exists
+    assert len(await scheduled_todos(client, tenant)) == 1
+    got = await client.schedules.GetSchedule(
+        schedule_pb2.GetScheduleRequest(id=made.id), metadata=tenant.human
+    )
+    assert got.schedule.todos_created == 1 and got.schedule.last_todo_id == str(first.id)
