@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 RETRY_BROKEN = timedelta(minutes=1)
 #: Schedules per scheduler transaction.
 BATCH = 100
+_WEEKDAYS = ("?", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 
 
 @dataclass(frozen=True)
@@ -62,14 +63,28 @@ class Schedule:
     recurrence: Recurrence | None
 
     @property
+    def description(self) -> str:
+        """The recurrence for people: ``daily at 02:30 America/Los_Angeles``."""
+        row = self.row
+        if row.cron is not None:
+            return f"cron {row.cron} {row.time_zone}"
+        at = row.calendar_at or ""
+        if row.calendar_period == "HOUR":
+            return f"hourly at :{at[-2:]} {row.time_zone}"
+        if row.calendar_period == "WEEK":
+            day = _WEEKDAYS[row.calendar_weekday or 0]
+            return f"weekly on {day} at {at} {row.time_zone}"
+        return f"daily at {at} {row.time_zone}"
+
+    @property
     def next_slot_local(self) -> str:
         """The next slot on the schedule's clock (empty while paused)."""
-        if self.row.next_slot is None:
-            return ""
-        try:
-            return local_iso(self.row.next_slot, self.row.time_zone)
-        except ValueError:  # the zone left the zone database
-            return ""
+        return _local(self.row.next_slot, self.row.time_zone)
+
+    @property
+    def last_slot_local(self) -> str:
+        """The slot of the last todo created, on the schedule's clock."""
+        return _local(self.row.last_slot, self.row.time_zone)
 
 
 @dataclass(frozen=True)
@@ -86,6 +101,15 @@ class AuditEntry:
     at: datetime
     before: Schedule | None
     after: Schedule | None
+
+
+def _local(instant: datetime | None, zone: str) -> str:
+    if instant is None:
+        return ""
+    try:
+        return local_iso(instant, zone)
+    except ValueError:  # the zone left the zone database
+        return ""
 
 
 def recurrence_of(row: ScheduleRow | Definition) -> Recurrence:
