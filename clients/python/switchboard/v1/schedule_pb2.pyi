@@ -37,9 +37,11 @@ class _CatchUpEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CatchUp.Value
 
 class CatchUp(_CatchUp, metaclass=_CatchUpEnumTypeWrapper):
     """What a schedule does with slots whose time passed while no replica could
-    create them (downtime). A slot is missed when the scheduler first sees it
-    more than the server's grace (SWITCHBOARD_SCHEDULER_GRACE, 60 s by
-    default) after its instant; earlier missed slots are never created.
+    create them (downtime). A schedule is behind when the scheduler sees its
+    next slot more than the server's grace (SWITCHBOARD_SCHEDULER_GRACE, 60 s
+    by default) after its instant: the slots due since then were missed. A
+    pass creates at most one todo per schedule, and never a slot before the
+    latest due one.
     """
 
 CATCH_UP_UNSPECIFIED: CatchUp.ValueType  # 0

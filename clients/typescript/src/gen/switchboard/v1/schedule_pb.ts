@@ -619,9 +619,11 @@ export const ListScheduleAuditResponseSchema: GenMessage<ListScheduleAuditRespon
 
 /**
  * What a schedule does with slots whose time passed while no replica could
- * create them (downtime). A slot is missed when the scheduler first sees it
- * more than the server's grace (SWITCHBOARD_SCHEDULER_GRACE, 60 s by
- * default) after its instant; earlier missed slots are never created.
+ * create them (downtime). A schedule is behind when the scheduler sees its
+ * next slot more than the server's grace (SWITCHBOARD_SCHEDULER_GRACE, 60 s
+ * by default) after its instant: the slots due since then were missed. A
+ * pass creates at most one todo per schedule, and never a slot before the
+ * latest due one.
  *
  * @generated from enum switchboard.v1.CatchUp
  */
