@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from switchboard.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, schedule_pb2
 from switchboard_server.db import Database
 from switchboard_server.db import schedules as schedule_queries
@@ -514,3 +515,11 @@ async def test_a_slot_never_gets_a_second_todo_even_from_a_stale_plan(
         schedule_pb2.GetScheduleRequest(id=made.id), metadata=tenant.human
     )
     assert got.schedule.todos_created == 1 and got.schedule.last_todo_id == str(first.id)
+
+
+async def test_the_service_reports_health_and_serves_reflection(client: Client) -> None:
+    health = health_pb2_grpc.HealthStub(client.channel)
+    got = await health.Check(
+        health_pb2.HealthCheckRequest(service="switchboard.v1.ScheduleService")
+    )
+    assert got.status == health_pb2.HealthCheckResponse.SERVING
