@@ -26,6 +26,8 @@ from switchboard.v1 import (
     admission_pb2_grpc,
     dispatch_pb2,
     dispatch_pb2_grpc,
+    schedule_pb2,
+    schedule_pb2_grpc,
 )
 
 from switchboard_server import errors, tls, tracing
@@ -47,11 +49,13 @@ from switchboard_server.hook_policy import HookPolicy
 from switchboard_server.hooks import deliver_once, open_client
 from switchboard_server.loops import LoopSignals, Supervisor, reap_once, retain_once
 from switchboard_server.metrics import Metrics
+from switchboard_server.schedules import Schedules, fire_due
 from switchboard_server.servicers import reflection
 from switchboard_server.servicers.admin import AdminServicer
 from switchboard_server.servicers.admission import AdmissionServicer
 from switchboard_server.servicers.dispatch import DispatchServicer
 from switchboard_server.servicers.interceptor import ServiceInterceptor
+from switchboard_server.servicers.schedules import ScheduleServicer
 from switchboard_server.servicers.validate import MAX_PAYLOAD_BYTES
 from switchboard_server.tenancy import Tenancy
 from switchboard_server.web.server import HttpListener, WebDeps, start_http
@@ -66,6 +70,7 @@ SERVICE_NAMES = (
     dispatch_pb2.DESCRIPTOR.services_by_name["DispatchService"].full_name,
     admission_pb2.DESCRIPTOR.services_by_name["AdmissionService"].full_name,
     admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
+    schedule_pb2.DESCRIPTOR.services_by_name["ScheduleService"].full_name,
 )
 
 #: Room for the largest payload plus the rest of a message.
@@ -353,6 +358,9 @@ def _grpc_server(
         AdmissionServicer(deps.admission), server
     )
     admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(tenancy), server)
+    schedule_pb2_grpc.add_ScheduleServiceServicer_to_server(
+        ScheduleServicer(Schedules(deps.db)), server
+    )
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -376,6 +384,12 @@ def _start_loops(
     )
     supervisor.every(
         "schedules", settings.schedule_interval, lambda: refresh_schedules(db), signals.scheduled
+    )
+    supervisor.every(
+        "scheduler",
+        settings.scheduler_interval,
+        lambda: fire_due(db, settings.scheduler_grace),
+        signals.fired,
     )
     supervisor.every(
         "reopen",

@@ -75,6 +75,10 @@ class Settings:
     pool_max_size: int = 20
     lock_timeout: timedelta = timedelta(seconds=5)
     schedule_interval: timedelta = timedelta(seconds=60)
+    #: How often each replica looks for due periodic-schedule slots.
+    scheduler_interval: timedelta = timedelta(seconds=1)
+    #: How late a slot may be seen and still be on time (later: missed, see catch-up).
+    scheduler_grace: timedelta = timedelta(seconds=60)
     reopen_interval: timedelta = timedelta(milliseconds=250)
     doorbell_heartbeat: timedelta = timedelta(seconds=30)
     hook_interval: timedelta = timedelta(milliseconds=500)
@@ -145,6 +149,8 @@ class Settings:
             pool_max_size=int(pool),
             lock_timeout=_seconds(env, "SWITCHBOARD_LOCK_TIMEOUT", 5),
             schedule_interval=_seconds(env, "SWITCHBOARD_SCHEDULE_INTERVAL", 60),
+            scheduler_interval=_seconds(env, "SWITCHBOARD_SCHEDULER_INTERVAL", 1),
+            scheduler_grace=_seconds(env, "SWITCHBOARD_SCHEDULER_GRACE", 60),
             reopen_interval=_seconds(env, "SWITCHBOARD_REOPEN_INTERVAL", 0.25),
             doorbell_heartbeat=_seconds(env, "SWITCHBOARD_DOORBELL_HEARTBEAT", 30),
             hook_interval=_seconds(env, "SWITCHBOARD_HOOK_INTERVAL", 0.5),

@@ -1,7 +1,7 @@
 """Background loops run as named, supervised tasks.
 
-Reaper, retention, window schedules, the reopen sweep, the doorbell
-heartbeat and listener, and notify-hook delivery.
+Reaper, retention, window schedules, the periodic-schedule scheduler, the
+reopen sweep, the doorbell heartbeat and listener, and notify-hook delivery.
 
 Each loop catches and logs the errors of one iteration and carries on (a
 database blip must not kill it); the supervisor treats a loop that exits on
@@ -42,6 +42,8 @@ class LoopSignals:
     reaped: asyncio.Queue[int] | None = None
     retained: asyncio.Queue[int] | None = None
     scheduled: asyncio.Queue[int] | None = None
+    #: Periodic schedules: the todos each scheduler pass created.
+    fired: asyncio.Queue[int] | None = None
     reopened: asyncio.Queue[int] | None = None
     hooked: asyncio.Queue[int] | None = None
 

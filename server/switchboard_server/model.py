@@ -47,6 +47,8 @@ class Grant(enum.Enum):
     CLEAR_ADMISSION_POLICY = "clear_admission_policy"
     CANCEL = "cancel"
     REQUEUE = "requeue"
+    MANAGE_SCHEDULES = "manage_schedules"
+    PAUSE_SCHEDULES = "pause_schedules"
 
 
 #: Grants that let an agent change its own budget: in no preset, only by name.
@@ -54,6 +56,10 @@ BUDGET_GRANTS = frozenset({Grant.SET_ADMISSION_POLICY, Grant.CLEAR_ADMISSION_POL
 
 #: Grants that let an agent cancel or requeue its todos: in no preset, only by name.
 OPERATOR_GRANTS = frozenset({Grant.CANCEL, Grant.REQUEUE})
+
+#: Grants that let an agent create, change, pause and resume periodic schedules:
+#: in no preset, only by name.
+SCHEDULE_GRANTS = frozenset({Grant.MANAGE_SCHEDULES, Grant.PAUSE_SCHEDULES})
 
 #: The ``basics`` preset.
 BASICS = frozenset({Grant.INGEST, Grant.CLAIM, Grant.READ})
@@ -89,6 +95,9 @@ class Todo:
     idempotency_retention: timedelta | None = None
     #: The W3C traceparent of the producer's Ingest call, if it sent one.
     traceparent: str | None = None
+    #: The periodic schedule that created the todo, and the slot it was due at.
+    schedule_id: int | None = None
+    schedule_slot: datetime | None = None
 
 
 @dataclass(frozen=True)

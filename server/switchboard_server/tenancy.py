@@ -20,6 +20,7 @@ from switchboard_server.model import (
     BASICS,
     BUDGET_GRANTS,
     OPERATOR_GRANTS,
+    SCHEDULE_GRANTS,
     Credential,
     Endpoint,
     Grant,
@@ -33,6 +34,8 @@ BUDGET_WARNING = (
     "this credential can change its own admission budget "
     "(set_admission_policy / clear_admission_policy)"
 )
+
+SCHEDULE_WARNING = "this credential can create recurring work (manage_schedules)"
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,8 @@ class Tenancy:
                 label=label,
             )
         warnings = [BUDGET_WARNING] if grant_set & BUDGET_GRANTS else []
+        if Grant.MANAGE_SCHEDULES in grant_set:
+            warnings.append(SCHEDULE_WARNING)
         return minted, warnings
 
     async def set_notify_hook(
@@ -246,9 +251,9 @@ async def bootstrap_operator(db: Database, label: str) -> Minted:
 def expand_presets(grants: Iterable[Grant], basics: bool) -> frozenset[Grant]:
     """Explicit grants plus the ``basics`` preset when asked for.
 
-    Budget grants, and the cancel and requeue grants, are never in a preset:
-    they must be named.
+    Budget grants, the cancel and requeue grants and the schedule grants are
+    never in a preset: they must be named.
     """
     result = frozenset(grants) | (BASICS if basics else frozenset())
-    assert not (BASICS & (BUDGET_GRANTS | OPERATOR_GRANTS))
+    assert not (BASICS & (BUDGET_GRANTS | OPERATOR_GRANTS | SCHEDULE_GRANTS))
     return result

@@ -98,6 +98,7 @@ async def test_reflection_still_serves_every_service(server: server_app.App) -> 
         "switchboard.v1.AdminService",
         "switchboard.v1.AdmissionService",
         "switchboard.v1.DispatchService",
+        "switchboard.v1.ScheduleService",
     ]
     for service in listed:
         assert f"{service} is a service:" in await grpcurl(server, "describe", service)

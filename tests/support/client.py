@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import grpc
-from switchboard.v1 import admin_pb2, admin_pb2_grpc, admission_pb2_grpc, dispatch_pb2_grpc
+from switchboard.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    admission_pb2_grpc,
+    dispatch_pb2_grpc,
+    schedule_pb2_grpc,
+)
 
 OPERATOR_TOKEN = "sbo_test-operator-token-0123456789"
 
@@ -30,6 +36,9 @@ class Client:
         )
         self.admission: admission_pb2_grpc.AdmissionServiceAsyncStub = (
             admission_pb2_grpc.AdmissionServiceStub(self.channel)
+        )
+        self.schedules: schedule_pb2_grpc.ScheduleServiceAsyncStub = (
+            schedule_pb2_grpc.ScheduleServiceStub(self.channel)
         )
 
     async def close(self) -> None:

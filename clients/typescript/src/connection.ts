@@ -24,6 +24,7 @@ import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-no
 import { AdminService } from "./gen/switchboard/v1/admin_pb.js";
 import { AdmissionService } from "./gen/switchboard/v1/admission_pb.js";
 import { DispatchService } from "./gen/switchboard/v1/dispatch_pb.js";
+import { ScheduleService } from "./gen/switchboard/v1/schedule_pb.js";
 import type { QueueRefSchema } from "./gen/switchboard/v1/queue_pb.js";
 
 /** Where a server listens by default. */
@@ -57,6 +58,7 @@ export interface Connection {
   readonly dispatch: Client<typeof DispatchService>;
   readonly admission: Client<typeof AdmissionService>;
   readonly admin: Client<typeof AdminService>;
+  readonly schedules: Client<typeof ScheduleService>;
   /** Closes the HTTP/2 connection (calls in flight fail with `canceled`). */
   close(): void;
 }
@@ -132,6 +134,7 @@ export function connect(options: ConnectOptions = {}): Connection {
     dispatch: createClient(DispatchService, transport),
     admission: createClient(AdmissionService, transport),
     admin: createClient(AdminService, transport),
+    schedules: createClient(ScheduleService, transport),
     close,
   };
 }

@@ -30,5 +30,6 @@ export * from "./gen/switchboard/v1/admin_pb.js";
 export * from "./gen/switchboard/v1/admission_pb.js";
 export * from "./gen/switchboard/v1/dispatch_pb.js";
 export * from "./gen/switchboard/v1/queue_pb.js";
+export * from "./gen/switchboard/v1/schedule_pb.js";
 export * from "./gen/switchboard/v1/todo_pb.js";
 export * from "./gen/google/rpc/error_details_pb.js";

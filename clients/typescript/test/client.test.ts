@@ -1,5 +1,5 @@
 /**
- * Every RPC of DispatchService and AdmissionService, once with a success and once refused
+ * Every RPC of DispatchService, AdmissionService and ScheduleService, once with a success and once refused
  * (a test below checks the list against the service descriptors),
  * against a real server; rich errors decoded into typed details.
  */
@@ -12,6 +12,9 @@ import { timestampMs } from "@bufbuild/protobuf/wkt";
 import {
   AdmissionService,
   BatchItemStatus,
+  CatchUp,
+  ScheduleAction,
+  ScheduleService,
   BulkItemStatus,
   DispatchService,
   Code,
@@ -209,9 +212,9 @@ describe("the client against a real server", () => {
     await refused(Code.InvalidArgument, () => agent.dispatch.settleTodos({ settlements: [] }));
   });
 
-  test("every RPC of DispatchService and AdmissionService is called in this file", () => {
+  test("every RPC of DispatchService, AdmissionService and ScheduleService is called in this file", () => {
     const source = readFileSync(new URL(import.meta.url), "utf8");
-    const missing = [...DispatchService.methods, ...AdmissionService.methods]
+    const missing = [...DispatchService.methods, ...AdmissionService.methods, ...ScheduleService.methods]
       .map((m) => m.localName)
       .filter((name) => !source.includes(`.${name}(`));
     assert.deepEqual(missing, []);
@@ -299,6 +302,53 @@ describe("the client against a real server", () => {
     const cleared = await human.admission.clearPolicy({ queue });
     assert.equal(cleared.policy?.maxInFlight, 2);
     await refused(Code.NotFound, () => human.admission.clearPolicy({ queue }));
+  });
+
+  test("ScheduleService: create, get, list, update, pause, resume, audit, delete; and refusals", { timeout: 60_000 }, async () => {
+    const schedule = {
+      queue: queueRef("reports", server.endpointId),
+      name: "nightly",
+      template: { payload: bytes("report"), contentType: "text/plain" },
+      recurrence: { timeZone: "America/Los_Angeles", rule: { case: "calendar" as const, value: { period: WindowPeriod.DAY, at: "02:30" } } },
+      catchUp: CatchUp.SKIP,
+    };
+    const made = (await human.schedules.createSchedule({ schedule })).schedule!;
+    assert.equal(made.name, "nightly");
+    assert.match(made.nextSlotLocal, /T0[23]:[03]0-0[78]:00$/);
+    const e = await refused(Code.InvalidArgument, () =>
+      human.schedules.createSchedule({
+        schedule: { ...schedule, name: "bad", recurrence: { timeZone: "UTC", rule: { case: "cron", value: "61 * * * *" } } },
+      }),
+    );
+    assert.deepEqual(e.badRequest?.fieldViolations.map((v) => v.field), ["schedule.recurrence.cron"]);
+    // A basics credential reads schedules but may not create them.
+    await refused(Code.PermissionDenied, () => agent.schedules.createSchedule({ schedule: { ...schedule, name: "agent" } }));
+
+    assert.equal((await agent.schedules.getSchedule({ id: made.id })).schedule?.id, made.id);
+    await refused(Code.NotFound, () => human.schedules.getSchedule({ id: NO_SUCH_TODO }));
+    const listed = await human.schedules.listSchedules({ endpointId: server.endpointId });
+    assert.deepEqual(listed.schedules.map((s) => s.id), [made.id]);
+    await refused(Code.InvalidArgument, () => human.schedules.listSchedules({ pageSize: 501 }));
+
+    const updated = await human.schedules.updateSchedule({
+      schedule: { ...schedule, id: made.id, recurrence: { timeZone: "UTC", rule: { case: "cron", value: "0 9 * * 1" } } },
+    });
+    assert.equal(updated.schedule?.recurrence?.rule.value, "0 9 * * 1");
+    await refused(Code.InvalidArgument, () => human.schedules.updateSchedule({ schedule: { id: made.id } }));
+    assert.equal((await human.schedules.pauseSchedule({ id: made.id })).schedule?.paused, true);
+    await refused(Code.PermissionDenied, () => agent.schedules.pauseSchedule({ id: made.id }));
+    assert.equal((await human.schedules.resumeSchedule({ id: made.id })).schedule?.paused, false);
+    await refused(Code.PermissionDenied, () => agent.schedules.resumeSchedule({ id: made.id }));
+
+    const audit = await human.schedules.listScheduleAudit({ scheduleId: made.id });
+    assert.deepEqual(
+      audit.entries.map((x) => x.action),
+      [ScheduleAction.RESUME, ScheduleAction.PAUSE, ScheduleAction.UPDATE, ScheduleAction.CREATE],
+    );
+    await refused(Code.InvalidArgument, () => human.schedules.listScheduleAudit({ scheduleId: "x" }));
+    await refused(Code.PermissionDenied, () => agent.schedules.deleteSchedule({ id: made.id }));
+    assert.equal((await human.schedules.deleteSchedule({ id: made.id })).schedule?.id, made.id);
+    await refused(Code.NotFound, () => human.schedules.deleteSchedule({ id: made.id }));
   });
 
   test("a deferred Claim decodes to ErrorInfo DEFERRED, the DeferralDetail and RetryInfo", { timeout: 60_000 }, async () => {

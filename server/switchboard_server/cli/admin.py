@@ -30,6 +30,8 @@ GRANTS = {
     "read": admin_pb2.GRANT_READ,
     "set_admission_policy": admin_pb2.GRANT_SET_ADMISSION_POLICY,
     "clear_admission_policy": admin_pb2.GRANT_CLEAR_ADMISSION_POLICY,
+    "manage_schedules": admin_pb2.GRANT_MANAGE_SCHEDULES,
+    "pause_schedules": admin_pb2.GRANT_PAUSE_SCHEDULES,
 }
 PRESETS = {"basics": admin_pb2.GRANT_PRESET_BASICS}
 

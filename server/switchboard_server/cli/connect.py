@@ -25,7 +25,13 @@ import grpc
 from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 from switchboard import connect
-from switchboard.v1 import admin_pb2_grpc, admission_pb2, admission_pb2_grpc, dispatch_pb2_grpc
+from switchboard.v1 import (
+    admin_pb2_grpc,
+    admission_pb2,
+    admission_pb2_grpc,
+    dispatch_pb2_grpc,
+    schedule_pb2_grpc,
+)
 
 DEFAULT_SERVER = connect.DEFAULT_TARGET
 DEFAULT_TIMEOUT = 30.0
@@ -151,6 +157,9 @@ class Connection:
         )
         self.admission: admission_pb2_grpc.AdmissionServiceAsyncStub = (
             admission_pb2_grpc.AdmissionServiceStub(self.channel)
+        )
+        self.schedules: schedule_pb2_grpc.ScheduleServiceAsyncStub = (
+            schedule_pb2_grpc.ScheduleServiceStub(self.channel)
         )
 
     @property

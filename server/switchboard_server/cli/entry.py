@@ -11,7 +11,15 @@ import argparse
 import os
 from collections.abc import Sequence
 
-from switchboard_server.cli import admin, common, policy, queues, server_commands, todos
+from switchboard_server.cli import (
+    admin,
+    common,
+    policy,
+    queues,
+    schedules,
+    server_commands,
+    todos,
+)
 
 EPILOG = """\
 examples:
@@ -26,6 +34,8 @@ examples:
       --window day --zone America/Los_Angeles --max-in-flight 5
   switchboard queues --endpoint $EP
   switchboard todos list --endpoint $EP --state pending --json
+  switchboard schedules create nightly --queue reports --endpoint $EP --every day --at 02:30 \
+      --zone America/Los_Angeles --payload hello
 """
 
 
@@ -64,6 +74,7 @@ def parser() -> argparse.ArgumentParser:
     policy.add_commands(sub)
     todos.add_commands(sub)
     queues.add_command(sub)
+    schedules.add_commands(sub)
     return root
 
 

@@ -61,6 +61,8 @@ GRANT_TO_PROTO = {
     Grant.CLEAR_ADMISSION_POLICY: admin_pb2.GRANT_CLEAR_ADMISSION_POLICY,
     Grant.CANCEL: admin_pb2.GRANT_CANCEL,
     Grant.REQUEUE: admin_pb2.GRANT_REQUEUE,
+    Grant.MANAGE_SCHEDULES: admin_pb2.GRANT_MANAGE_SCHEDULES,
+    Grant.PAUSE_SCHEDULES: admin_pb2.GRANT_PAUSE_SCHEDULES,
 }
 GRANT_FROM_PROTO = {v: k for k, v in GRANT_TO_PROTO.items()}
 
@@ -245,6 +247,9 @@ def todo(
         msg.idempotency_key = value.idempotency_key
     if value.traceparent is not None:
         msg.traceparent = value.traceparent
+    if value.schedule_id is not None and value.schedule_slot is not None:
+        msg.schedule_id = str(value.schedule_id)
+        msg.schedule_slot.FromDatetime(value.schedule_slot)
     return msg
 
 

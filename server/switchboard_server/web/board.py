@@ -47,6 +47,7 @@ from switchboard_server.admission import AuditEntry, DeferralReason, Limits, Pol
 from switchboard_server.dispatch import BulkFilter
 from switchboard_server.model import Principal, PrincipalKind, Todo, TodoState
 from switchboard_server.overview import Names, Overview, QueueSummary
+from switchboard_server.schedules import Schedules
 from switchboard_server.tenancy import Tenancy
 from switchboard_server.web.proxies import Proxies
 from switchboard_server.web.sessions import (
@@ -76,6 +77,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 #: Todos per table on a queue's page, and audit entries shown.
 PAGE = 100
 AUDIT_PAGE = 50
+#: Schedules listed on the board's front page (oldest first).
+BOARD_SCHEDULES = 200
 #: Payload bytes shown on a todo's page.
 PAYLOAD_PREVIEW = 64 * 1024
 _MAX_ID = 2**63 - 1
@@ -352,6 +355,7 @@ class Board:
         self._static = load_static()
         self._renderer = Renderer(self._static)
         self._overview = Overview(deps.db, deps.dispatcher.settings.reaper_interval)
+        self._schedules = Schedules(deps.db)
         self._zones = zone_names()
 
     # ------------------------------------------------------------------ plumbing
@@ -550,6 +554,7 @@ class Board:
         """Every queue of the owner."""
         session, principal = await self._signed_in(request)
         queues = await self._overview.queues(principal)
+        schedules = await self._schedules.list_page(principal, None, None, BOARD_SCHEDULES)
         totals: Counter[DeferralReason] = Counter()
         for q in queues:
             if q.deferred and q.status is not None and q.status.reason is not None:
@@ -558,6 +563,8 @@ class Board:
             "board.html",
             session=session,
             queues=queues,
+            schedules=schedules,
+            more_schedules=len(schedules) == BOARD_SCHEDULES,
             deferred_by_reason=[(r.value, totals[r]) for r in DeferralReason if totals[r]],
             observed_at=queues[0].observed_at if queues else None,
             refresh=REFRESH_SECONDS,

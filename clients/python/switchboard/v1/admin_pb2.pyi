@@ -49,6 +49,15 @@ class _GrantEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Grant.ValueType
     """Send the endpoint's dead and cancelled todos back to pending
     (RequeueTodo). Audited. In no preset; must be named explicitly.
     """
+    GRANT_MANAGE_SCHEDULES: _Grant.ValueType  # 8
+    """Create, update and delete the endpoint's periodic schedules: lets the
+    agent create recurring work. Audited. In no preset; must be named
+    explicitly.
+    """
+    GRANT_PAUSE_SCHEDULES: _Grant.ValueType  # 9
+    """Pause and resume the endpoint's periodic schedules. Audited. In no
+    preset; must be named explicitly.
+    """
 
 class Grant(_Grant, metaclass=_GrantEnumTypeWrapper):
     """What an endpoint credential may do."""
@@ -75,6 +84,15 @@ In no preset; must be named explicitly.
 GRANT_REQUEUE: Grant.ValueType  # 7
 """Send the endpoint's dead and cancelled todos back to pending
 (RequeueTodo). Audited. In no preset; must be named explicitly.
+"""
+GRANT_MANAGE_SCHEDULES: Grant.ValueType  # 8
+"""Create, update and delete the endpoint's periodic schedules: lets the
+agent create recurring work. Audited. In no preset; must be named
+explicitly.
+"""
+GRANT_PAUSE_SCHEDULES: Grant.ValueType  # 9
+"""Pause and resume the endpoint's periodic schedules. Audited. In no
+preset; must be named explicitly.
 """
 Global___Grant: _TypeAlias = Grant  # noqa: Y015
 

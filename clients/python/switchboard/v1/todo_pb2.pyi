@@ -141,6 +141,8 @@ class Todo(_message.Message):
     RESULT_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     TRACEPARENT_FIELD_NUMBER: _builtins.int
+    SCHEDULE_ID_FIELD_NUMBER: _builtins.int
+    SCHEDULE_SLOT_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     state: Global___TodoState.ValueType
     payload: _builtins.bytes
@@ -159,6 +161,10 @@ class Todo(_message.Message):
     the server's Ingest span when the server traces, else the caller's own
     `traceparent` metadata as it came (empty: none). A worker starts its
     handler's span under it (see the worker helpers).
+    """
+    schedule_id: _builtins.str
+    """Set on a todo a periodic schedule created: the schedule, and the slot
+    (the instant it was due) it was created for. One todo per slot.
     """
     @_builtins.property
     def queue(self) -> _queue_pb2.QueueRef: ...
@@ -192,6 +198,8 @@ class Todo(_message.Message):
         it in; every other call leaves it unset.
         """
 
+    @_builtins.property
+    def schedule_slot(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
         self,
         *,
@@ -214,10 +222,12 @@ class Todo(_message.Message):
         result: Global___TodoResult | None = ...,
         idempotency_key: _builtins.str = ...,
         traceparent: _builtins.str = ...,
+        schedule_id: _builtins.str = ...,
+        schedule_slot: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "created_at", b"created_at", "dedup", b"dedup", "finished_at", b"finished_at", "lease_expires_at", b"lease_expires_at", "next_retry_at", b"next_retry_at", "queue", b"queue", "result", b"result", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "created_at", b"created_at", "dedup", b"dedup", "finished_at", b"finished_at", "lease_expires_at", b"lease_expires_at", "next_retry_at", b"next_retry_at", "queue", b"queue", "result", b"result", "schedule_slot", b"schedule_slot", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "attempt", b"attempt", "claimant", b"claimant", "content_type", b"content_type", "created_at", b"created_at", "dedup", b"dedup", "finished_at", b"finished_at", "id", b"id", "idempotency_key", b"idempotency_key", "last_error", b"last_error", "lease_expires_at", b"lease_expires_at", "max_attempts", b"max_attempts", "next_retry_at", b"next_retry_at", "payload", b"payload", "queue", b"queue", "result", b"result", "state", b"state", "traceparent", b"traceparent", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "attempt", b"attempt", "claimant", b"claimant", "content_type", b"content_type", "created_at", b"created_at", "dedup", b"dedup", "finished_at", b"finished_at", "id", b"id", "idempotency_key", b"idempotency_key", "last_error", b"last_error", "lease_expires_at", b"lease_expires_at", "max_attempts", b"max_attempts", "next_retry_at", b"next_retry_at", "payload", b"payload", "queue", b"queue", "result", b"result", "schedule_id", b"schedule_id", "schedule_slot", b"schedule_slot", "state", b"state", "traceparent", b"traceparent", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,266 @@
+"""Queries on periodic schedules and their audit: one function per named query."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from switchboard_server import errors
+from switchboard_server.db.database import Conn
+from switchboard_server.db.queries import sql
+from switchboard_server.db.todos import todo_from_record
+from switchboard_server.model import Todo
+
+
+@dataclass(frozen=True)
+class ScheduleRow:
+    """A stored schedule."""
+
+    id: int
+    owner_id: uuid.UUID
+    endpoint_id: uuid.UUID
+    queue_id: int
+    queue: str
+    name: str
+    payload: bytes
+    content_type: str
+    max_attempts: int
+    time_zone: str
+    calendar_period: str | None
+    calendar_at: str | None
+    calendar_weekday: int | None
+    cron: str | None
+    catch_up: str
+    paused: bool
+    next_slot: datetime | None
+    last_slot: datetime | None
+    last_todo_id: int | None
+    todos_created: int
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class Definition:
+    """What a schedule's owner sets: everything but its queue and its state."""
+
+    name: str
+    payload: bytes
+    content_type: str
+    max_attempts: int
+    time_zone: str
+    calendar_period: str | None
+    calendar_at: str | None
+    calendar_weekday: int | None
+    cron: str | None
+    catch_up: str
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    """One stored schedule change."""
+
+    id: int
+    schedule_id: int
+    endpoint_id: uuid.UUID
+    action: str
+    actor_credential_id: uuid.UUID | None
+    actor_human_id: uuid.UUID | None
+    actor_endpoint_id: uuid.UUID | None
+    at: datetime
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+
+
+def _row(rec: Mapping[str, Any]) -> ScheduleRow:
+    fields = dict(rec)
+    fields["payload"] = bytes(fields["payload"])
+    return ScheduleRow(**fields)
+
+
+def _json(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    loaded = json.loads(value) if isinstance(value, str) else value
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def _name_taken(exc: asyncpg.UniqueViolationError, name: str) -> errors.AlreadyExists:
+    return errors.AlreadyExists(f"the endpoint already has a schedule named {name!r}")
+
+
+async def create(
+    conn: Conn,
+    *,
+    owner_id: uuid.UUID,
+    endpoint_id: uuid.UUID,
+    queue_id: int,
+    queue: str,
+    definition: Definition,
+    next_slot: datetime,
+) -> ScheduleRow:
+    """Stores a new schedule; ``AlreadyExists`` when the endpoint has one of that name."""
+    d = definition
+    try:
+        rec = await conn.fetchrow(
+            sql("schedule_create"),
+            owner_id,
+            endpoint_id,
+            queue_id,
+            queue,
+            d.name,
+            d.payload,
+            d.content_type,
+            d.max_attempts,
+            d.time_zone,
+            d.calendar_period,
+            d.calendar_at,
+            d.calendar_weekday,
+            d.cron,
+            d.catch_up,
+            next_slot,
+        )
+    except asyncpg.UniqueViolationError as exc:
+        raise _name_taken(exc, d.name) from exc
+    assert rec is not None
+    return _row(rec)
+
+
+async def get(
+    conn: Conn, schedule_id: int, owner_id: uuid.UUID, endpoint_id: uuid.UUID | None
+) -> ScheduleRow | None:
+    """A schedule of the owner (and of the endpoint, when given), unlocked."""
+    rec = await conn.fetchrow(sql("schedule_get"), schedule_id, owner_id, endpoint_id)
+    return _row(rec) if rec is not None else None
+
+
+async def lock(
+    conn: Conn, schedule_id: int, owner_id: uuid.UUID, endpoint_id: uuid.UUID | None
+) -> ScheduleRow | None:
+    """``get``, with the row locked until the transaction ends."""
+    rec = await conn.fetchrow(sql("schedule_lock"), schedule_id, owner_id, endpoint_id)
+    return _row(rec) if rec is not None else None
+
+
+async def list_page(
+    conn: Conn, owner_id: uuid.UUID, endpoint_id: uuid.UUID | None, after: int | None, limit: int
+) -> list[ScheduleRow]:
+    """A page of the owner's (or the endpoint's) schedules, oldest first."""
+    rows = await conn.fetch(sql("schedule_list"), owner_id, endpoint_id, after, limit)
+    return [_row(r) for r in rows]
+
+
+async def update(
+    conn: Conn, schedule_id: int, definition: Definition, next_slot: datetime | None
+) -> ScheduleRow:
+    """Replaces a locked schedule's definition and next slot."""
+    d = definition
+    try:
+        rec = await conn.fetchrow(
+            sql("schedule_update"),
+            schedule_id,
+            d.name,
+            d.payload,
+            d.content_type,
+            d.max_attempts,
+            d.time_zone,
+            d.calendar_period,
+            d.calendar_at,
+            d.calendar_weekday,
+            d.cron,
+            d.catch_up,
+            next_slot,
+        )
+    except asyncpg.UniqueViolationError as exc:
+        raise _name_taken(exc, d.name) from exc
+    assert rec is not None
+    return _row(rec)
+
+
+async def set_paused(
+    conn: Conn, schedule_id: int, paused: bool, next_slot: datetime | None
+) -> ScheduleRow:
+    """Pauses or resumes a locked schedule."""
+    rec = await conn.fetchrow(sql("schedule_set_paused"), schedule_id, paused, next_slot)
+    assert rec is not None
+    return _row(rec)
+
+
+async def delete(conn: Conn, schedule_id: int) -> None:
+    """Deletes a schedule (its todos stay)."""
+    await conn.execute(sql("schedule_delete"), schedule_id)
+
+
+async def due(conn: Conn, batch: int) -> list[ScheduleRow]:
+    """Up to ``batch`` running schedules whose next slot is due, locked (SKIP LOCKED)."""
+    return [_row(r) for r in await conn.fetch(sql("schedule_due"), batch)]
+
+
+async def fire(
+    conn: Conn, schedule_id: int, slot: datetime | None, next_slot: datetime
+) -> Todo | None:
+    """Creates the slot's todo (``None``: skipped, or it exists) and advances the schedule."""
+    rec = await conn.fetchrow(sql("schedule_fire"), schedule_id, slot, next_slot)
+    return todo_from_record(rec) if rec is not None else None
+
+
+async def insert_audit(
+    conn: Conn,
+    *,
+    row: ScheduleRow,
+    action: str,
+    actor_credential_id: uuid.UUID | None,
+    actor_human_id: uuid.UUID | None,
+    actor_endpoint_id: uuid.UUID | None,
+    before: Mapping[str, Any] | None,
+    after: Mapping[str, Any] | None,
+) -> None:
+    """Records one schedule change."""
+    await conn.execute(
+        sql("schedule_audit_insert"),
+        row.id,
+        row.owner_id,
+        row.endpoint_id,
+        action,
+        actor_credential_id,
+        actor_human_id,
+        actor_endpoint_id,
+        json.dumps(before) if before is not None else None,
+        json.dumps(after) if after is not None else None,
+    )
+
+
+async def list_audit(
+    conn: Conn,
+    schedule_id: int,
+    owner_id: uuid.UUID,
+    endpoint_id: uuid.UUID | None,
+    before_id: int | None,
+    limit: int,
+) -> list[AuditRow]:
+    """A page of a schedule's changes, newest first."""
+    rows = await conn.fetch(
+        sql("schedule_audit_list"), schedule_id, owner_id, endpoint_id, before_id, limit
+    )
+    return [
+        AuditRow(
+            id=r["id"],
+            schedule_id=r["schedule_id"],
+            endpoint_id=r["endpoint_id"],
+            action=r["action"],
+            actor_credential_id=r["actor_credential_id"],
+            actor_human_id=r["actor_human_id"],
+            actor_endpoint_id=r["actor_endpoint_id"],
+            at=r["at"],
+            before=_json(r["before"]),
+            after=_json(r["after"]),
+        )
+        for r in rows
+    ]

@@ -1,0 +1,75 @@
+-- name: schedule_create :one
+-- A new schedule of an endpoint's queue ($3, created by the caller).
+INSERT INTO schedules (owner_id, endpoint_id, queue_id, queue, name, payload, content_type,
+                       max_attempts, time_zone, calendar_period, calendar_at, calendar_weekday,
+                       cron, catch_up, next_slot)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+RETURNING *;
+
+-- name: schedule_get :one
+-- A schedule of the owner (of one endpoint when $3 is set), unlocked.
+SELECT * FROM schedules
+ WHERE id = $1 AND owner_id = $2 AND ($3::uuid IS NULL OR endpoint_id = $3);
+
+-- name: schedule_lock :one
+-- schedule_get, locked for a change: waits for a scheduler pass on it.
+SELECT * FROM schedules
+ WHERE id = $1 AND owner_id = $2 AND ($3::uuid IS NULL OR endpoint_id = $3)
+   FOR UPDATE;
+
+-- name: schedule_list :many
+-- The owner's schedules (one endpoint's when $2 is set), oldest first; $3
+-- is the cursor (the last id of the previous page).
+SELECT * FROM schedules
+ WHERE owner_id = $1 AND ($2::uuid IS NULL OR endpoint_id = $2)
+   AND ($3::bigint IS NULL OR id > $3)
+ ORDER BY id
+ LIMIT $4;
+
+-- name: schedule_update :one
+-- Replaces a locked schedule's definition and next slot.
+UPDATE schedules
+   SET name = $2, payload = $3, content_type = $4, max_attempts = $5, time_zone = $6,
+       calendar_period = $7, calendar_at = $8, calendar_weekday = $9, cron = $10,
+       catch_up = $11, next_slot = $12, updated_at = sb_now()
+ WHERE id = $1
+RETURNING *;
+
+-- name: schedule_set_paused :one
+-- Pauses ($2 true, next slot NULL) or resumes ($2 false, next slot $3) a
+-- locked schedule.
+UPDATE schedules SET paused = $2, next_slot = $3, updated_at = sb_now()
+ WHERE id = $1
+RETURNING *;
+
+-- name: schedule_delete :exec
+DELETE FROM schedules WHERE id = $1;
+
+-- name: schedule_due :many
+-- Running schedules whose next slot is due, locked for the scheduler (SKIP
+-- LOCKED: replicas share the work, and a schedule another replica is firing
+-- is left to it; schedules_due_idx finds them).
+SELECT * FROM schedules
+ WHERE NOT paused AND next_slot <= sb_now()
+ ORDER BY next_slot
+ LIMIT $1
+   FOR UPDATE SKIP LOCKED;
+
+-- name: schedule_fire :one
+-- Creates a locked schedule's slot todo ($2; NULL: none) and advances it to $3.
+SELECT * FROM sb_schedule_fire($1, $2, $3) WHERE id IS NOT NULL;
+
+-- name: schedule_audit_insert :exec
+INSERT INTO schedule_audit (schedule_id, owner_id, endpoint_id, action, actor_credential_id,
+                            actor_human_id, actor_endpoint_id, at, before, after)
+VALUES ($1, $2, $3, $4, $5, $6, $7, sb_now(), $8, $9);
+
+-- name: schedule_audit_list :many
+-- A schedule's changes, newest first; $4 is the cursor (last id seen).
+SELECT id, schedule_id, endpoint_id, action, actor_credential_id, actor_human_id,
+       actor_endpoint_id, at, before, after
+  FROM schedule_audit
+ WHERE schedule_id = $1 AND owner_id = $2 AND ($3::uuid IS NULL OR endpoint_id = $3)
+   AND ($4::bigint IS NULL OR id < $4)
+ ORDER BY id DESC
+ LIMIT $5;

@@ -1,0 +1,409 @@
+"""Periodic schedules: their definitions, who may change them, their audit,
+and the scheduler pass that turns due slots into todos.
+
+Exactly one todo per slot, across every replica and after downtime:
+
+- the scheduler pass (``fire_due``, a supervised loop on every replica) locks
+  the due schedule rows with ``FOR UPDATE SKIP LOCKED``, so a schedule is
+  fired by one replica at a time and the others pass it by;
+- the slot's todo is inserted, and the schedule's ``next_slot`` advanced past
+  it, in the same transaction (``sb_schedule_fire``): a replica that locks
+  the row after that commit re-reads it and finds it no longer due;
+- the todo's ``(schedule_id, schedule_slot)`` is a unique key, so even a
+  stale plan cannot create a slot's todo twice.
+
+Which of several due slots is created is the schedule's catch-up policy
+(``recurrence.plan``). Slot arithmetic is in ``recurrence.py`` (pure).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from switchboard_server import errors
+from switchboard_server.db import Database, clock
+from switchboard_server.db import admission as admission_queries
+from switchboard_server.db import schedules as schedule_queries
+from switchboard_server.db import tenancy as tenancy_queries
+from switchboard_server.db.database import Conn
+from switchboard_server.db.schedules import AuditRow, Definition, ScheduleRow
+from switchboard_server.model import Grant, Principal, PrincipalKind
+from switchboard_server.recurrence import (
+    CatchUp,
+    Recurrence,
+    RecurrenceError,
+    calendar,
+    cron,
+    local_iso,
+    next_after,
+    plan,
+)
+
+log = logging.getLogger(__name__)
+
+#: How long a schedule whose recurrence cannot be evaluated (its zone left the
+#: zone database) waits before the scheduler tries it again.
+RETRY_BROKEN = timedelta(minutes=1)
+#: Schedules per scheduler transaction.
+BATCH = 100
+_WEEKDAYS = ("?", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A stored schedule with its recurrence (``None`` when it cannot be evaluated)."""
+
+    row: ScheduleRow
+    recurrence: Recurrence | None
+
+    @property
+    def description(self) -> str:
+        """The recurrence for people: ``daily at 02:30 America/Los_Angeles``."""
+        row = self.row
+        if row.cron is not None:
+            return f"cron {row.cron} {row.time_zone}"
+        at = row.calendar_at or ""
+        if row.calendar_period == "HOUR":
+            return f"hourly at :{at[-2:]} {row.time_zone}"
+        if row.calendar_period == "WEEK":
+            day = _WEEKDAYS[row.calendar_weekday or 0]
+            return f"weekly on {day} at {at} {row.time_zone}"
+        return f"daily at {at} {row.time_zone}"
+
+    @property
+    def next_slot_local(self) -> str:
+        """The next slot on the schedule's clock (empty while paused)."""
+        return _local(self.row.next_slot, self.row.time_zone)
+
+    @property
+    def last_slot_local(self) -> str:
+        """The slot of the last todo created, on the schedule's clock."""
+        return _local(self.row.last_slot, self.row.time_zone)
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One audited schedule change (``before``/``after`` as stored rows)."""
+
+    id: int
+    schedule_id: int
+    endpoint_id: uuid.UUID
+    action: str
+    actor_credential_id: uuid.UUID | None
+    actor_human_id: uuid.UUID | None
+    actor_endpoint_id: uuid.UUID | None
+    at: datetime
+    before: Schedule | None
+    after: Schedule | None
+
+
+def _local(instant: datetime | None, zone: str) -> str:
+    if instant is None:
+        return ""
+    try:
+        return local_iso(instant, zone)
+    except ValueError:  # the zone left the zone database
+        return ""
+
+
+def recurrence_of(row: ScheduleRow | Definition) -> Recurrence:
+    """The recurrence a stored definition describes; ``RecurrenceError`` if it
+    no longer evaluates."""
+    if row.cron is not None:
+        return cron(row.cron, row.time_zone)
+    assert row.calendar_period is not None and row.calendar_at is not None
+    return calendar(row.calendar_period, row.time_zone, row.calendar_at, row.calendar_weekday)
+
+
+def _schedule(row: ScheduleRow) -> Schedule:
+    try:
+        return Schedule(row, recurrence_of(row))
+    except RecurrenceError:
+        return Schedule(row, None)
+
+
+def _same_recurrence(row: ScheduleRow, d: Definition) -> bool:
+    stored = (row.time_zone, row.calendar_period, row.calendar_at, row.calendar_weekday, row.cron)
+    return stored == (d.time_zone, d.calendar_period, d.calendar_at, d.calendar_weekday, d.cron)
+
+
+def schedule_scope(
+    principal: Principal, endpoint_id: uuid.UUID | None, grant: Grant
+) -> tuple[uuid.UUID, uuid.UUID | None]:
+    """The owner and endpoint a schedule call acts in.
+
+    An endpoint credential acts on its own endpoint's schedules only (naming
+    another is ``NotFound``) and needs ``grant``; a human holds every grant
+    of its owner and may leave the endpoint out (every endpoint of the owner).
+    """
+    if principal.kind is PrincipalKind.OPERATOR or principal.owner_id is None:
+        raise errors.PermissionDenied("the operator credential does not act on tenant data")
+    if principal.kind is PrincipalKind.ENDPOINT:
+        assert principal.endpoint_id is not None
+        if endpoint_id is not None and endpoint_id != principal.endpoint_id:
+            raise errors.NotFound("schedule not found")
+        if grant not in principal.grants:
+            raise errors.PermissionDenied(f"this credential lacks the '{grant.value}' grant")
+        return principal.owner_id, principal.endpoint_id
+    return principal.owner_id, endpoint_id
+
+
+def schedule_json(row: ScheduleRow) -> dict[str, Any]:
+    """The audit form of a schedule."""
+    return {
+        "id": row.id,
+        "owner_id": str(row.owner_id),
+        "endpoint_id": str(row.endpoint_id),
+        "queue_id": row.queue_id,
+        "queue": row.queue,
+        "name": row.name,
+        "payload": base64.b64encode(row.payload).decode(),
+        "content_type": row.content_type,
+        "max_attempts": row.max_attempts,
+        "time_zone": row.time_zone,
+        "calendar_period": row.calendar_period,
+        "calendar_at": row.calendar_at,
+        "calendar_weekday": row.calendar_weekday,
+        "cron": row.cron,
+        "catch_up": row.catch_up,
+        "paused": row.paused,
+        "next_slot": _iso(row.next_slot),
+        "last_slot": _iso(row.last_slot),
+        "last_todo_id": row.last_todo_id,
+        "todos_created": row.todos_created,
+        "created_at": _iso(row.created_at),
+        "updated_at": _iso(row.updated_at),
+    }
+
+
+def schedule_from_json(data: Mapping[str, Any]) -> ScheduleRow:
+    """The inverse of ``schedule_json``."""
+    fields = dict(data)
+    fields["owner_id"] = uuid.UUID(fields["owner_id"])
+    fields["endpoint_id"] = uuid.UUID(fields["endpoint_id"])
+    fields["payload"] = base64.b64decode(fields["payload"])
+    for key in ("next_slot", "last_slot", "created_at", "updated_at"):
+        fields[key] = datetime.fromisoformat(fields[key]) if fields[key] else None
+    return ScheduleRow(**fields)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+class Schedules:
+    """Schedule operations on behalf of an authenticated principal."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def create(
+        self,
+        principal: Principal,
+        endpoint_id: uuid.UUID | None,
+        queue: str,
+        definition: Definition,
+        recurrence: Recurrence,
+    ) -> Schedule:
+        """Creates a schedule (and its queue); audited. Its first slot is the first after now."""
+        owner_id, endpoint = schedule_scope(principal, endpoint_id, Grant.MANAGE_SCHEDULES)
+        if endpoint is None:
+            raise errors.InvalidArgument.field(
+                "schedule.queue.endpoint_id", "required for human credentials"
+            )
+        async with self._db.transaction() as conn:
+            queue_id = await admission_queries.queue_upsert(conn, endpoint, owner_id, queue)
+            if queue_id is None:
+                raise errors.NotFound("endpoint not found")
+            now = await clock.now(conn)
+            row = await schedule_queries.create(
+                conn,
+                owner_id=owner_id,
+                endpoint_id=endpoint,
+                queue_id=queue_id,
+                queue=queue,
+                definition=definition,
+                next_slot=next_after(recurrence, now),
+            )
+            await _audit(conn, principal, row, "create", None, row)
+        return Schedule(row, recurrence)
+
+    async def get(self, principal: Principal, schedule_id: int) -> Schedule:
+        """One schedule."""
+        owner_id, endpoint = schedule_scope(principal, None, Grant.READ)
+        async with self._db.connection() as conn:
+            row = await schedule_queries.get(conn, schedule_id, owner_id, endpoint)
+        if row is None:
+            raise errors.NotFound("schedule not found")
+        return _schedule(row)
+
+    async def list_page(
+        self, principal: Principal, endpoint_id: uuid.UUID | None, after: int | None, limit: int
+    ) -> list[Schedule]:
+        """A page of the caller's schedules, oldest first."""
+        owner_id, endpoint = schedule_scope(principal, endpoint_id, Grant.READ)
+        async with self._db.connection() as conn:
+            if endpoint is not None and not await tenancy_queries.get_endpoint(
+                conn, endpoint, owner_id
+            ):
+                raise errors.NotFound("endpoint not found")
+            rows = await schedule_queries.list_page(conn, owner_id, endpoint, after, limit)
+        return [_schedule(r) for r in rows]
+
+    async def update(
+        self,
+        principal: Principal,
+        schedule_id: int,
+        definition: Definition,
+        recurrence: Recurrence,
+    ) -> Schedule:
+        """Replaces a schedule's definition; audited. A changed recurrence starts
+        after now; an unchanged one keeps its next slot."""
+        owner_id, endpoint = schedule_scope(principal, None, Grant.MANAGE_SCHEDULES)
+        async with self._db.transaction() as conn:
+            before = await self._lock(conn, schedule_id, owner_id, endpoint)
+            next_slot = before.next_slot
+            if not before.paused and not _same_recurrence(before, definition):
+                next_slot = next_after(recurrence, await clock.now(conn))
+            after = await schedule_queries.update(conn, before.id, definition, next_slot)
+            await _audit(conn, principal, after, "update", before, after)
+        return Schedule(after, recurrence)
+
+    async def pause(self, principal: Principal, schedule_id: int) -> Schedule:
+        """Stops a schedule; audited (pausing a paused one changes nothing)."""
+        return await self._set_paused(principal, schedule_id, True)
+
+    async def resume(self, principal: Principal, schedule_id: int) -> Schedule:
+        """Starts a paused schedule from its first slot after now; audited."""
+        return await self._set_paused(principal, schedule_id, False)
+
+    async def delete(self, principal: Principal, schedule_id: int) -> Schedule:
+        """Deletes a schedule (its todos stay); audited."""
+        owner_id, endpoint = schedule_scope(principal, None, Grant.MANAGE_SCHEDULES)
+        async with self._db.transaction() as conn:
+            before = await self._lock(conn, schedule_id, owner_id, endpoint)
+            await schedule_queries.delete(conn, before.id)
+            await _audit(conn, principal, before, "delete", before, None)
+        return _schedule(before)
+
+    async def audit(
+        self, principal: Principal, schedule_id: int, before_id: int | None, limit: int
+    ) -> list[AuditEntry]:
+        """A page of a schedule's changes, newest first (also once it is deleted)."""
+        owner_id, endpoint = schedule_scope(principal, None, Grant.READ)
+        async with self._db.connection() as conn:
+            rows = await schedule_queries.list_audit(
+                conn, schedule_id, owner_id, endpoint, before_id, limit
+            )
+        if not rows and before_id is None:
+            raise errors.NotFound("schedule not found")
+        return [_audit_entry(r) for r in rows]
+
+    async def _set_paused(self, principal: Principal, schedule_id: int, paused: bool) -> Schedule:
+        owner_id, endpoint = schedule_scope(principal, None, Grant.PAUSE_SCHEDULES)
+        async with self._db.transaction() as conn:
+            before = await self._lock(conn, schedule_id, owner_id, endpoint)
+            if before.paused == paused:
+                return _schedule(before)
+            next_slot = None
+            if not paused:
+                try:
+                    next_slot = next_after(recurrence_of(before), await clock.now(conn))
+                except RecurrenceError as exc:
+                    raise errors.FailedPrecondition(
+                        f"the schedule's recurrence cannot be evaluated: {exc}"
+                    ) from exc
+            after = await schedule_queries.set_paused(conn, before.id, paused, next_slot)
+            await _audit(conn, principal, after, "pause" if paused else "resume", before, after)
+        return _schedule(after)
+
+    @staticmethod
+    async def _lock(
+        conn: Conn, schedule_id: int, owner_id: uuid.UUID, endpoint: uuid.UUID | None
+    ) -> ScheduleRow:
+        row = await schedule_queries.lock(conn, schedule_id, owner_id, endpoint)
+        if row is None:
+            raise errors.NotFound("schedule not found")
+        return row
+
+
+def _audit_entry(r: AuditRow) -> AuditEntry:
+    return AuditEntry(
+        id=r.id,
+        schedule_id=r.schedule_id,
+        endpoint_id=r.endpoint_id,
+        action=r.action,
+        actor_credential_id=r.actor_credential_id,
+        actor_human_id=r.actor_human_id,
+        actor_endpoint_id=r.actor_endpoint_id,
+        at=r.at,
+        before=_schedule(schedule_from_json(r.before)) if r.before else None,
+        after=_schedule(schedule_from_json(r.after)) if r.after else None,
+    )
+
+
+async def _audit(
+    conn: Conn,
+    principal: Principal,
+    row: ScheduleRow,
+    action: str,
+    before: ScheduleRow | None,
+    after: ScheduleRow | None,
+) -> None:
+    is_agent = principal.kind is PrincipalKind.ENDPOINT
+    await schedule_queries.insert_audit(
+        conn,
+        row=row,
+        action=action,
+        actor_credential_id=principal.credential_id,
+        actor_human_id=principal.vended_by_human_id if is_agent else principal.human_id,
+        actor_endpoint_id=principal.endpoint_id if is_agent else None,
+        before=schedule_json(before) if before else None,
+        after=schedule_json(after) if after else None,
+    )
+
+
+async def fire_due(db: Database, grace: timedelta, batch: int = BATCH) -> int:
+    """One scheduler pass: creates the todo of every due slot (as each schedule's
+    catch-up policy says) and advances the schedules; the number of todos created.
+
+    Safe on every replica at once (see the module docstring).
+    """
+    created = 0
+    while True:
+        async with db.transaction() as conn:
+            rows = await schedule_queries.due(conn, batch)
+            now = await clock.now(conn)
+            for row in rows:
+                assert row.next_slot is not None
+                try:
+                    recurrence = recurrence_of(row)
+                    step = plan(recurrence, CatchUp(row.catch_up), row.next_slot, now, grace)
+                except RecurrenceError as exc:
+                    log.warning(
+                        "schedule cannot be evaluated; retrying later",
+                        extra={"schedule_id": row.id, "error": str(exc)},
+                    )
+                    await schedule_queries.fire(conn, row.id, None, now + RETRY_BROKEN)
+                    continue
+                todo = await schedule_queries.fire(conn, row.id, step.slot, step.next_slot)
+                if step.skipped:
+                    log.info(
+                        "schedule missed slots",
+                        extra={
+                            "schedule_id": row.id,
+                            "missed_from": row.next_slot.isoformat(),
+                            "created_slot": step.slot.isoformat() if step.slot else None,
+                            "catch_up": row.catch_up,
+                        },
+                    )
+                if todo is not None:
+                    created += 1
+        if len(rows) < batch:
+            return created
