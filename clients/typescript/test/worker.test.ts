@@ -253,8 +253,10 @@ describe("the worker against a real server", () => {
     const worker = workerFor(agent, "work", {
       prefetch: 20,
       concurrency: 20,
-      // A claim whose answer the stopping server never sent lapses soon and is taken over.
-      leaseMs: 5_000,
+      // A claim whose answer the stopping server never sent lapses soon and is taken over;
+      // long enough that settlements retried across the restart (slow on a loaded machine)
+      // still hold their leases.
+      leaseMs: 12_000,
       handler: async (todo: Todo) => {
         handled.set(todo.id, (handled.get(todo.id) ?? 0) + 1);
         await sleep(20);
