@@ -89,6 +89,8 @@ class Todo:
     idempotency_retention: timedelta | None = None
     #: The W3C traceparent of the producer's Ingest call, if it sent one.
     traceparent: str | None = None
+    #: Urgency: 0 (most urgent, the default) to 9; claims take lower first.
+    priority: int = 0
 
 
 @dataclass(frozen=True)

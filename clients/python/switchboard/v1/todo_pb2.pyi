@@ -141,6 +141,7 @@ class Todo(_message.Message):
     RESULT_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     TRACEPARENT_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     state: Global___TodoState.ValueType
     payload: _builtins.bytes
@@ -159,6 +160,10 @@ class Todo(_message.Message):
     the server's Ingest span when the server traces, else the caller's own
     `traceparent` metadata as it came (empty: none). A worker starts its
     handler's span under it (see the worker helpers).
+    """
+    priority: _builtins.int
+    """0 (the most urgent, the default) to 9, as ingested; kept across
+    retries, lease takeovers and requeues.
     """
     @_builtins.property
     def queue(self) -> _queue_pb2.QueueRef: ...
@@ -214,10 +219,11 @@ class Todo(_message.Message):
         result: Global___TodoResult | None = ...,
         idempotency_key: _builtins.str = ...,
         traceparent: _builtins.str = ...,
+        priority: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "created_at", b"created_at", "dedup", b"dedup", "finished_at", b"finished_at", "lease_expires_at", b"lease_expires_at", "next_retry_at", b"next_retry_at", "queue", b"queue", "result", b"result", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "attempt", b"attempt", "claimant", b"claimant", "content_type", b"content_type", "created_at", b"created_at", "dedup", b"dedup", "finished_at", b"finished_at", "id", b"id", "idempotency_key", b"idempotency_key", "last_error", b"last_error", "lease_expires_at", b"lease_expires_at", "max_attempts", b"max_attempts", "next_retry_at", b"next_retry_at", "payload", b"payload", "queue", b"queue", "result", b"result", "state", b"state", "traceparent", b"traceparent", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "attempt", b"attempt", "claimant", b"claimant", "content_type", b"content_type", "created_at", b"created_at", "dedup", b"dedup", "finished_at", b"finished_at", "id", b"id", "idempotency_key", b"idempotency_key", "last_error", b"last_error", "lease_expires_at", b"lease_expires_at", "max_attempts", b"max_attempts", "next_retry_at", b"next_retry_at", "payload", b"payload", "priority", b"priority", "queue", b"queue", "result", b"result", "state", b"state", "traceparent", b"traceparent", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

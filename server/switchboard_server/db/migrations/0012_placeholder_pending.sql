@@ -1,0 +1,3 @@
+-- Placeholder (comment only) for the pending 0012 of another branch (issue 18
+-- schedules): migration versions must be 1..n without gaps, and this
+-- branch's migration is 0013. The lead drops this file at merge.
