@@ -61,6 +61,7 @@ async def test_not_yet_due_urgent_todos_are_not_walked(db: Database, dsn: str) -
         read = await _tuples_read(conn, ("todos_pending_idx",)) - before
     finally:
         await conn.close()
+    assert one is not None and batch is not None
     assert [t["id"] for t in one["todos"]] == due[:1]
     # Priority 3's last due todo, then on to priority 5's.
     assert [t["id"] for t in batch["todos"]] == due[1:4]
