@@ -5,7 +5,8 @@ scenarios 1-3 and the deep backlog of scenario 4), ``small`` (``work``, the
 10k backlog of scenario 4), ``many`` (100 queues, scenario 5) and ``watch``
 (``bell``, scenario 6). Seeded with bench-only SQL (``bench/sql.py``):
 200,000 done todos with their attempts on the main queue (history), the
-backlogs, then ``VACUUM ANALYZE``. At the end of the run: table and index
+backlogs (the main and 10k queues' of mixed priorities, 0 to 9, a tenth
+each), then ``VACUUM ANALYZE``. At the end of the run: table and index
 statistics.
 """
 
@@ -86,14 +87,14 @@ class Dataset(Scenario):
                 b.progress.live(f"{offset + size:,}/{n:,}")
         b.progress.done(f"{time.monotonic() - started:.1f}s")
         small_q = await b.queue_id(b.tenants["small"], "work")
-        await self.seed_pending([small_q], b.p.small_backlog - 1, 100, "10k queue")
+        await self.seed_pending([small_q], b.p.small_backlog - 1, 100, "10k queue", mixed=True)
         await self.vacuum_analyze()
 
     async def seed_large(self) -> None:
         """The deep backlog on the main queue and the 100 queues' backlogs."""
         b = self.b
         main_q = await b.queue_id(b.tenants["main"], "work")
-        await self.seed_pending([main_q], b.p.large_backlog - 1, 5, "main queue")
+        await self.seed_pending([main_q], b.p.large_backlog - 1, 5, "main queue", mixed=True)
         many_qs = [await b.queue_id(b.tenants["many"], n) for n in b.many_names]
         await self.seed_pending(
             many_qs, b.p.per_queue * len(many_qs), 100, f"{len(many_qs)} queues"
@@ -109,9 +110,10 @@ class Dataset(Scenario):
         self.b.progress.done(f"{time.monotonic() - started:.1f}s")
 
     async def seed_pending(
-        self, queue_ids: list[int], n: int, max_attempts: int, label: str
+        self, queue_ids: list[int], n: int, max_attempts: int, label: str, *, mixed: bool = False
     ) -> None:
-        """Appends ``n`` pending todos round-robin over the queues, in chunks."""
+        """Appends ``n`` pending todos round-robin over the queues, in chunks; with
+        ``mixed``, of priorities 0 to 9 (a tenth each), else all of priority 0."""
         b = self.b
         b.progress.step(f"seeding {n:,} pending todos ({label})")
         started = time.monotonic()
@@ -124,7 +126,7 @@ class Dataset(Scenario):
             while done < n:
                 size = min(chunk, n - done)
                 await conn.execute(
-                    sql.SEED_PENDING,
+                    sql.SEED_PENDING_MIXED if mixed else sql.SEED_PENDING,
                     queue_ids,
                     size,
                     max_attempts,
@@ -147,6 +149,7 @@ class Dataset(Scenario):
                 2 * b.p.drain_reserve - pending,
                 5,
                 f"main queue top-up from {pending:,}",
+                mixed=True,
             )
             b.figures["main_queue_top_ups"] = b.figures.get("main_queue_top_ups", 0) + 1
 

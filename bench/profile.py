@@ -168,7 +168,11 @@ class Profiler:
             main_q = await b.queue_id(b.tenants["main"], "work")
             probes = {}
             for table in ("todos", "bare_todos"):
-                plan = await conn.fetchval(sql.HEAD_PROBE.format(table=table, queue_id=main_q))
+                plan = await conn.fetchval(
+                    sql.HEAD_PROBE.format(
+                        table=table, queue_id=main_q, order=sql.HEAD_PROBE_ORDER[table]
+                    )
+                )
                 top = json.loads(plan)[0]
                 probes[table] = {
                     "ms": top["Execution Time"],

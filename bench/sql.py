@@ -79,18 +79,27 @@ SELECT id, 1, queue_id, gen_random_uuid(), 'seed-worker', created_at, 'completed
   FROM ins
 """
 
-#: A pending backlog: $2 todos spread round-robin over the queues $1 (so
-#: every queue's head is about as old as the others'), with max_attempts
-#: $3, eligible from $4 every $5 (all in the past).
-SEED_PENDING = f"""
+
+def _seed_pending(priority: str) -> str:
+    return f"""
 INSERT INTO todos (queue_id, owner_id, endpoint_id, queue, state, payload, content_type,
-                   attempt, max_attempts, next_retry_at, created_at, updated_at)
+                   attempt, max_attempts, next_retry_at, created_at, updated_at, priority)
 SELECT q.id, q.owner_id, q.endpoint_id, q.name, 'pending', {_PAYLOAD}, 'application/json',
-       0, $3::integer, t.at, t.at, t.at
+       0, $3::integer, t.at, t.at, t.at, {priority}
   FROM generate_series(0, $2::integer - 1) AS g
   JOIN queues q ON q.id = ($1::bigint[])[1 + g % cardinality($1::bigint[])]
  CROSS JOIN LATERAL (SELECT $4::timestamptz + g * $5::interval AS at) AS t
 """
+
+
+#: A pending backlog: $2 todos spread round-robin over the queues $1 (so
+#: every queue's head is about as old as the others'), with max_attempts
+#: $3, eligible from $4 every $5 (all in the past), all of priority 0.
+SEED_PENDING = _seed_pending("0")
+
+#: SEED_PENDING with mixed priorities: each queue's todos cycle through
+#: 0..9, so every priority holds a tenth of the backlog, of every age.
+SEED_PENDING_MIXED = _seed_pending("(g / cardinality($1::bigint[])) % 10")
 
 #: A dead-letter backlog: $2 todos of queue $1 that died on their last of 5
 #: attempts (no attempt rows: a requeue needs none), created from $3 every $4.
@@ -395,13 +404,17 @@ SELECT i.relname AS index, s.leaf_pages, s.deleted_pages, s.empty_pages, s.avg_l
 """
 
 #: The first 100 claimable todos of a queue, as the claims find them (the
-#: table name and queue id are formatted in by the profile): the buffers it
-#: reads tell how many dead index entries sit at the queue's head.
+#: table name, queue id and claim order are formatted in by the profile):
+#: the buffers it reads tell how many dead index entries sit at the queue's
+#: head.
 HEAD_PROBE = """
 EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)
 SELECT id FROM {table} WHERE queue_id = {queue_id} AND state = 'pending'
-   AND next_retry_at <= now() ORDER BY next_retry_at, id LIMIT 100
+   AND next_retry_at <= now() ORDER BY {order} LIMIT 100
 """
+
+#: The claim order of each table HEAD_PROBE reads (todos: most urgent first).
+HEAD_PROBE_ORDER = {"todos": "priority, next_retry_at, id", "bare_todos": "next_retry_at, id"}
 
 #: auto_explain on this session (superuser): every statement, nested ones
 #: too, with actual rows and buffers, in JSON, into the server log.

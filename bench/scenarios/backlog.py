@@ -2,6 +2,9 @@
 
 Measured on the 10k queue (tenant ``small``) before the deep backlog is
 seeded, then on the main queue's deep backlog (1M; 100k with ``--quick``).
+Both backlogs hold mixed priorities (0 to 9, a tenth each, of every age;
+``bench/dataset.py``), so each claim takes the most urgent todo of a queue
+whose priorities all hold due work.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ class Backlog(Scenario):
         """ClaimNext latency on a queue of as many pending todos as it holds.
 
         ClaimNext then Release, so the backlog keeps its depth (a released
-        todo goes to the back of the queue). Each run is one measurement with
+        todo goes to the back of its priority). Each run is one measurement with
         64 workers (by Little's law its p50 mostly follows throughput) and a
         one-worker probe (the claim's own latency, where a slower plan shows).
         """

@@ -111,6 +111,12 @@ class _ClaimFor:
 #: unless the ingest says otherwise.
 DEFAULT_IDEMPOTENCY_RETENTION = timedelta(hours=24)
 
+#: A todo's priority: 0 is the most urgent (and the default), 9 the least,
+#: as in Oban (lower is sooner). ClaimNext takes the most urgent claimable
+#: todo, then the oldest; a budget defers a queue's work whatever its priority.
+DEFAULT_PRIORITY = 0
+MAX_PRIORITY = 9
+
 
 @dataclass(frozen=True)
 class IngestRequest:
@@ -125,6 +131,7 @@ class IngestRequest:
     dedup: tuple[str, str] | None
     idempotency_key: str | None = None
     idempotency_retention: timedelta = DEFAULT_IDEMPOTENCY_RETENTION
+    priority: int = DEFAULT_PRIORITY
 
     def new_todo(self, traceparent: str | None) -> todo_queries.NewTodo:
         """The todo to insert, with the producer's trace context."""
@@ -141,6 +148,7 @@ class IngestRequest:
             if self.idempotency_key is not None
             else None,
             traceparent=traceparent,
+            priority=self.priority,
         )
 
 

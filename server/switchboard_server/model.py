@@ -98,6 +98,8 @@ class Todo:
     #: The periodic schedule that created the todo, and the slot it was due at.
     schedule_id: int | None = None
     schedule_slot: datetime | None = None
+    #: Urgency: 0 (most urgent, the default) to 9; claims take lower first.
+    priority: int = 0
 
 
 @dataclass(frozen=True)

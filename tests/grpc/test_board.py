@@ -176,6 +176,20 @@ async def test_deferred_queue_shows_used_limit_reset_and_each_todos_reason(
     attempts = await browser.texts("#attempts tbody tr")
     assert len(attempts) == 1 and "worker-1" in attempts[0] and "running" in attempts[0]
 
+    # Priorities: on the queue's page (pending and in flight) and the todo's.
+    urgent = await client.dispatch.Ingest(
+        dispatch_pb2.IngestRequest(
+            queue=queue_pb2.QueueRef(name="triage"), payload=b"x", priority=4
+        ),
+        metadata=tenant.agent,
+    )
+    await browser.open(f"/board/queues/{tenant.endpoint_id}/triage")
+    assert await browser.text(f"#pending tr[data-todo='{urgent.todo.id}'] td.priority") == "4"
+    await browser.open(f"/board/queues/{tenant.endpoint_id}/{QUEUE}")
+    assert await browser.text(f"#claimed tr[data-todo='{state.claimed[0]}'] td.priority") == "0"
+    await browser.open(f"/board/todos/{urgent.todo.id}")
+    assert (await browser.text("#todo .priority")).startswith("4 (0 most urgent")
+
 
 def auth_of(token: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),)

@@ -521,19 +521,28 @@ async def test_todos_ingest_sends_a_json_lines_file_in_batches(
 ) -> None:
     lines = [json.dumps({"text": f"t{i}", "idempotency_key": f"k{i % 3}"}) for i in range(5)]
     lines.insert(2, "")  # blank lines are skipped
-    lines.append(json.dumps({"queue": {"name": "other"}, "payload": "aGk=", "maxAttempts": 2}))
+    lines.append(
+        json.dumps({"queue": {"name": "other"}, "payload": "aGk=", "maxAttempts": 2, "priority": 7})
+    )
     path = tmp_path / "todos.jsonl"
     path.write_text("\n".join(lines) + "\n")
     ran = await sb(
-        "todos", "ingest", str(path), "--queue", "orders", "--batch", "2",
+        "todos", "ingest", str(path), "--queue", "orders", "--batch", "2", "--priority", "2",
         token=tenant.endpoint_token,
     )  # fmt: skip
     assert ran.code == 0, ran.err
     assert ran.lines()[-1] == "created 4, deduplicated 2"
-    assert row(ran.out, "5")[2:] == ["orders", "deduplicated"]  # k0 again, in another batch
-    assert row(ran.out, "7")[2:] == ["other", "created"]
+    assert row(ran.out, "1")[2:] == ["orders", "2", "created"]
+    assert row(ran.out, "5")[2:] == ["orders", "2", "deduplicated"]  # k0 again, in another batch
+    assert row(ran.out, "7")[2:] == ["other", "7", "created"]  # its own priority
     shown = await sb("todos", "show", row(ran.out, "1")[1], token=tenant.endpoint_token)
     assert "idempotency key" in shown.out and "k0" in shown.out
+    assert ["priority", "2", "(0", "most", "urgent,", "9", "least)"] in [
+        line.split() for line in shown.lines()
+    ]
+    listed = await sb("todos", "list", "--queue", "other", token=tenant.endpoint_token)
+    assert listed.lines()[0].split()[:5] == ["ID", "QUEUE", "STATE", "PRIORITY", "ATTEMPTS"]
+    assert listed.lines()[1].split()[1:4] == ["other", "pending", "7"]
     as_json = await sb(
         "todos", "ingest", str(path), "--queue", "orders", "--json", token=tenant.endpoint_token
     )

@@ -72,7 +72,7 @@ async def test_describe_rpc_shows_its_comment(server: server_app.App) -> None:
     out = await grpcurl(server, "describe", "switchboard.v1.DispatchService.ClaimNext")
     assert "rpc ClaimNext ( .switchboard.v1.ClaimNextRequest )" in out
     expected = comment_before("rpc ClaimNext(")
-    assert expected[0].startswith("Claims the oldest claimable todo")
+    assert expected[0].startswith("Claims the most urgent (lowest priority), then oldest")
     assert comment_lines(out) == expected
 
 

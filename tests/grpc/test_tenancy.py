@@ -405,6 +405,9 @@ async def test_a_human_creates_humans_only_for_its_own_owner(client: Client, db:
 # Every RPC of every service, with a request that would be valid.
 ALL_RPCS: dict[str, Callable[[Client, Metadata | None], Awaitable[Any]]] = {
     "Ingest": lambda c, m: c.dispatch.Ingest(ingest(), metadata=m),
+    "IngestTodos": lambda c, m: c.dispatch.IngestTodos(
+        dispatch_pb2.IngestTodosRequest(todos=[ingest()]), metadata=m
+    ),
     "Claim": lambda c, m: c.dispatch.Claim(dispatch_pb2.ClaimRequest(todo_id="1"), metadata=m),
     "ClaimNext": lambda c, m: c.dispatch.ClaimNext(dispatch_pb2.ClaimNextRequest(), metadata=m),
     "Heartbeat": lambda c, m: c.dispatch.Heartbeat(

@@ -132,6 +132,31 @@ describe("the client against a real server", () => {
     assert.ok(bad.badRequest?.fieldViolations.some((v) => v.field === "todos[1].queue.name"));
   });
 
+  test("Priorities: the most urgent first; out of range refused", { timeout: 60_000 }, async () => {
+    const { results } = await agent.dispatch.ingestTodos({
+      todos: [
+        { queue: { name: "ranked" }, payload: bytes("later"), priority: 6 },
+        { queue: { name: "ranked" }, payload: bytes("sooner"), priority: 1 },
+      ],
+    });
+    assert.deepEqual(
+      results.map((r) => r.todo?.priority),
+      [6, 1],
+    );
+    const claimed = await agent.dispatch.claimNext({ queues: ["ranked"], claimant: "ts", maxTodos: 2 });
+    assert.deepEqual(
+      claimed.claimed.map((c) => [c.todo?.id, c.todo?.priority]),
+      [
+        [results[1]!.todo!.id, 1],
+        [results[0]!.todo!.id, 6],
+      ],
+    );
+    const bad = await refused(Code.InvalidArgument, () =>
+      agent.dispatch.ingestTodos({ todos: [{ queue: { name: "ranked" }, priority: 10 }] }),
+    );
+    assert.ok(bad.badRequest?.fieldViolations.some((v) => v.field === "todos[0].priority"));
+  });
+
   test("Claim, Heartbeat, Complete; and their refusals", { timeout: 60_000 }, async () => {
     const { todo } = await agent.dispatch.ingest({ queue: { name: "single" }, payload: bytes("1") });
     const claimed = await agent.dispatch.claim({ todoId: todo!.id, claimant: "ts", leaseDuration: { seconds: 60n } });

@@ -77,13 +77,14 @@ async def todos_list(conn: Connection, args: argparse.Namespace, out: Output) ->
             t.id,
             t.queue.name,
             state_name(t.state),
+            str(t.priority),
             f"{t.attempt}/{t.max_attempts}",
             when(t.created_at),
             admission_text(t),
         ]
         for t in todos
     ]
-    out.line(table(["ID", "QUEUE", "STATE", "ATTEMPTS", "CREATED", "ADMISSION"], rows))
+    out.line(table(["ID", "QUEUE", "STATE", "PRIORITY", "ATTEMPTS", "CREATED", "ADMISSION"], rows))
     if token:
         print(f"more: --page-token {token}", file=out.err)
     return EXIT_OK
@@ -93,7 +94,9 @@ async def todos_list(conn: Connection, args: argparse.Namespace, out: Output) ->
 _INGEST_BATCH = 100
 
 
-def _ingest_line(number: int, text: str, default_queue: str | None) -> dispatch_pb2.IngestRequest:
+def _ingest_line(
+    number: int, text: str, default_queue: str | None, default_priority: int | None = None
+) -> dispatch_pb2.IngestRequest:
     """One JSON line: an IngestRequest in the proto's JSON form, plus two
     shorthands: ``"queue": "name"`` and ``"text"`` (a UTF-8 payload)."""
     try:
@@ -109,6 +112,8 @@ def _ingest_line(number: int, text: str, default_queue: str | None) -> dispatch_
             value["payload"] = base64.b64encode(body.encode()).decode()
         if default_queue is not None:
             value.setdefault("queue", {}).setdefault("name", default_queue)
+        if default_priority is not None:
+            value.setdefault("priority", default_priority)
         return json_format.ParseDict(value, dispatch_pb2.IngestRequest())
     except (ValueError, json_format.ParseError) as exc:
         raise UsageError(f"todos ingest: line {number}: {exc}") from exc
@@ -130,7 +135,7 @@ async def todos_ingest(conn: Connection, args: argparse.Namespace, out: Output) 
     if not 1 <= args.batch <= 500:
         raise UsageError("todos ingest: --batch must be between 1 and 500")
     items = [
-        (n, _ingest_line(n, line, args.queue))
+        (n, _ingest_line(n, line, args.queue, args.priority))
         for n, line in enumerate(_read_lines(args.file), start=1)
         if line.strip()
     ]
@@ -164,14 +169,15 @@ async def todos_ingest(conn: Connection, args: argparse.Namespace, out: Output) 
                     str(number),
                     result.todo.id,
                     result.todo.queue.name,
+                    str(result.todo.priority),
                     "deduplicated" if result.deduplicated else "created",
                 ]
             )
     if out.as_json:
         out.json({"results": results})
         return EXIT_OK
-    out.line(table(["LINE", "ID", "QUEUE", "RESULT"], rows))
-    created = sum(1 for r in rows if r[3] == "created")
+    out.line(table(["LINE", "ID", "QUEUE", "PRIORITY", "RESULT"], rows))
+    created = sum(1 for r in rows if r[4] == "created")
     out.line(f"created {created}, deduplicated {len(rows) - created}")
     return EXIT_OK
 
@@ -206,6 +212,7 @@ async def todos_show(conn: Connection, args: argparse.Namespace, out: Output) ->
                 ("queue", t.queue.name),
                 ("endpoint", t.queue.endpoint_id),
                 ("state", state_name(t.state)),
+                ("priority", f"{t.priority} (0 most urgent, 9 least)"),
                 ("admission", admission_text(t)),
                 ("attempts", f"{t.attempt} of {t.max_attempts}"),
                 ("next retry at", when(t.next_retry_at)),
@@ -441,18 +448,25 @@ def add_commands(sub: Subparsers) -> None:
         todos,
         "ingest",
         "ingest todos from a JSON lines file, in IngestTodos batches",
-        "  switchboard todos ingest todos.jsonl --queue investigations\n"
+        "  switchboard todos ingest todos.jsonl --queue investigations --priority 2\n"
         '  printf \'%s\\n\' \'{"text": "hello", "idempotency_key": "order-42"}\' |\n'
         "    switchboard todos ingest - --queue orders --json\n\n"
         "Each line is an IngestRequest in the proto's JSON form (payload base64), or\n"
-        'with "text" for a UTF-8 payload and "queue" as a plain name. Each batch is\n'
-        "one transaction: a bad item refuses its whole batch (INVALID_ARGUMENT names\n"
-        "todos[i], i counted from the batch's first line); earlier batches stay.\n",
+        'with "text" for a UTF-8 payload and "queue" as a plain name; "priority" is\n'
+        "0 (most urgent, the default) to 9. Each batch is one transaction: a bad\n"
+        "item refuses its whole batch (INVALID_ARGUMENT names todos[i], i counted\n"
+        "from the batch's first line); earlier batches stay.\n",
         todos_ingest,
     )
     ingest.add_argument("file", metavar="FILE", help="JSON lines, or - for stdin")
     endpoint_flag(ingest)
     ingest.add_argument("--queue", metavar="Q", help="the queue of lines that name none")
+    ingest.add_argument(
+        "--priority",
+        type=int,
+        metavar="P",
+        help="the priority of lines that name none: 0 (most urgent, the default) to 9",
+    )
     ingest.add_argument(
         "--batch",
         type=int,

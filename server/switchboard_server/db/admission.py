@@ -11,6 +11,7 @@ from typing import Any
 
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import sql
+from switchboard_server.db.rows import record
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class QueueAdmission:
 def _policy(rec: Mapping[str, Any]) -> PolicyRow:
     fields = dict(rec)
     fields["window_bounds"] = tuple(fields["window_bounds"] or ())
-    return PolicyRow(**fields)
+    return record(PolicyRow, fields)  # a later release's columns left out
 
 
 def _json(value: Any) -> dict[str, Any] | None:

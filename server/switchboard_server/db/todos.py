@@ -14,6 +14,7 @@ import asyncpg
 from switchboard_server import errors
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import sql
+from switchboard_server.db.rows import record
 from switchboard_server.model import (
     Attempt,
     AttemptOutcome,
@@ -29,11 +30,12 @@ _NOT_FOUND_SQLSTATE = "SB404"
 
 
 def todo_from_record(rec: Mapping[str, Any]) -> Todo:
-    """Builds a ``Todo`` from a row (or a composite ``todos`` value)."""
+    """Builds a ``Todo`` from a row (or a composite ``todos`` value); columns
+    that a later release added are left out (see ``db.rows``)."""
     fields = dict(rec)
     fields["state"] = TodoState(fields["state"])
     fields["payload"] = bytes(fields["payload"])
-    return Todo(**fields)
+    return record(Todo, fields)
 
 
 def _not_found(exc: asyncpg.PostgresError) -> bool:
@@ -57,6 +59,8 @@ class NewTodo:
     idempotency_retention: timedelta | None = None
     #: The W3C traceparent of the producer's call.
     traceparent: str | None = None
+    #: 0 (most urgent) to 9.
+    priority: int = 0
 
 
 async def ingest_many(
@@ -71,6 +75,7 @@ async def ingest_many(
     webhooks = any(i.webhook_id is not None for i in items)
     keys = any(i.idempotency_key is not None for i in items)
     traced = any(i.traceparent is not None for i in items)
+    ranked = any(i.priority != 0 for i in items)
     try:
         rows = await conn.fetch(
             sql("todo_ingest_many"),
@@ -87,6 +92,8 @@ async def ingest_many(
             [i.idempotency_key for i in items] if keys else None,
             [i.idempotency_retention for i in items] if keys else None,
             [i.traceparent for i in items] if traced else None,
+            # All at the default (0): no array.
+            [i.priority for i in items] if ranked else None,
         )
     except asyncpg.PostgresError as exc:
         if _not_found(exc):

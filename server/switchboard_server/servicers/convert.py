@@ -234,6 +234,7 @@ def todo(
         created_at=timestamp(value.created_at),
         updated_at=timestamp(value.updated_at),
         finished_at=timestamp(value.finished_at),
+        priority=value.priority,
     )
     if admission is not None:
         msg.admission.CopyFrom(admission_status(admission))

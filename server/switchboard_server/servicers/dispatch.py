@@ -570,6 +570,8 @@ def _ingest_item(
     )
     if retention is not None and key is None:
         v.add(f"{at}idempotency_retention", "only with idempotency_key")
+    if not dispatch.DEFAULT_PRIORITY <= request.priority <= dispatch.MAX_PRIORITY:
+        v.add(f"{at}priority", f"must be between 0 (most urgent) and {dispatch.MAX_PRIORITY}")
     return dispatch.IngestRequest(
         endpoint_id=endpoint_id,
         queue=queue,
@@ -582,6 +584,7 @@ def _ingest_item(
         idempotency_retention=dispatch.DEFAULT_IDEMPOTENCY_RETENTION
         if retention is None
         else retention,
+        priority=request.priority,
     )
 
 

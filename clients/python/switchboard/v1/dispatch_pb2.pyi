@@ -156,6 +156,7 @@ class IngestRequest(_message.Message):
     DELAY_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_RETENTION_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     payload: _builtins.bytes
     content_type: _builtins.str
     """Defaults to application/octet-stream."""
@@ -168,6 +169,13 @@ class IngestRequest(_message.Message):
     after it finished, an ingest with the same key in the same queue returns
     that todo (deduplicated) instead of creating another; after that the key
     makes a new todo. Exact under concurrency, across replicas.
+    """
+    priority: _builtins.int
+    """How urgent the todo is: 0 (the most urgent, and the default) to 9 (the
+    least), as in Oban: lower is sooner. ClaimNext takes the most urgent
+    claimable todo of the caller's queues, then the oldest; a batch takes
+    its queue's most urgent first. A priority never bypasses a budget: an
+    admission policy defers its queue's work whatever its priority.
     """
     @_builtins.property
     def queue(self) -> _queue_pb2.QueueRef: ...
@@ -197,10 +205,11 @@ class IngestRequest(_message.Message):
         delay: _duration_pb2.Duration | None = ...,
         idempotency_key: _builtins.str = ...,
         idempotency_retention: _duration_pb2.Duration | None = ...,
+        priority: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_attempts", b"_max_attempts", "dedup", b"dedup", "delay", b"delay", "idempotency_retention", b"idempotency_retention", "max_attempts", b"max_attempts", "queue", b"queue"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_attempts", b"_max_attempts", "content_type", b"content_type", "dedup", b"dedup", "delay", b"delay", "idempotency_key", b"idempotency_key", "idempotency_retention", b"idempotency_retention", "max_attempts", b"max_attempts", "payload", b"payload", "queue", b"queue"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_attempts", b"_max_attempts", "content_type", b"content_type", "dedup", b"dedup", "delay", b"delay", "idempotency_key", b"idempotency_key", "idempotency_retention", b"idempotency_retention", "max_attempts", b"max_attempts", "payload", b"payload", "priority", b"priority", "queue", b"queue"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_attempts: _TypeAlias = _typing.Literal["max_attempts"]  # noqa: Y015
     _WhichOneofArgType__max_attempts: _TypeAlias = _typing.Literal["_max_attempts", b"_max_attempts"]  # noqa: Y015
@@ -396,11 +405,11 @@ class ClaimNextRequest(_message.Message):
     claimant: _builtins.str
     max_todos: _builtins.int
     """How many todos to claim at most: 0 means 1; at most 500. A batch comes
-    from one queue (the one a single claim would draw from), oldest first,
-    and stops short when that queue has no more claimable todos, when its
-    admission policy admits no more (the rest are left untouched and the
-    reason is in `deferred`), or at about 1 MiB of todos (always at least
-    one).
+    from one queue (the one a single claim would draw from), most urgent
+    first (the lowest priority), then oldest first, and stops short when
+    that queue has no more claimable todos, when its admission policy
+    admits no more (the rest are left untouched and the reason is in
+    `deferred`), or at about 1 MiB of todos (always at least one).
     """
     @_builtins.property
     def queues(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -463,8 +472,9 @@ class ClaimNextResponse(_message.Message):
 
     @_builtins.property
     def claimed(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClaimedTodo]:
-        """With max_todos above 1: every claimed todo with its lease, oldest first
-        (`todo` and `lease` are then unset, so no payload is sent twice).
+        """With max_todos above 1: every claimed todo with its lease, in claim
+        order (most urgent, then oldest, first; `todo` and `lease` are then
+        unset, so no payload is sent twice).
         """
 
     def __init__(

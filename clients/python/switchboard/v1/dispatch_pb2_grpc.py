@@ -160,8 +160,9 @@ class DispatchServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ClaimNext(self, request, context):
-        """Claims the oldest claimable todo among the caller's queues, skipping
-        queues that admission defers (and saying which, when nothing is claimed).
+        """Claims the most urgent (lowest priority), then oldest, claimable todo
+        among the caller's queues, skipping queues that admission defers (and
+        saying which, when nothing is claimed), whatever their todos' priority.
         With max_todos > 1, claims up to that many from one queue in one
         transaction, each admitted and charged like a single claim.
         """

@@ -49,8 +49,9 @@ class DispatchServiceStub:
     DeferralDetail and, when the time is exact, RetryInfo).
     """
     ClaimNext: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.ClaimNextRequest, _dispatch_pb2.ClaimNextResponse]
-    """Claims the oldest claimable todo among the caller's queues, skipping
-    queues that admission defers (and saying which, when nothing is claimed).
+    """Claims the most urgent (lowest priority), then oldest, claimable todo
+    among the caller's queues, skipping queues that admission defers (and
+    saying which, when nothing is claimed), whatever their todos' priority.
     With max_todos > 1, claims up to that many from one queue in one
     transaction, each admitted and charged like a single claim.
     """
@@ -133,8 +134,9 @@ class DispatchServiceAsyncStub(DispatchServiceStub):
     DeferralDetail and, when the time is exact, RetryInfo).
     """
     ClaimNext: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.ClaimNextRequest, _dispatch_pb2.ClaimNextResponse]  # type: ignore[assignment]
-    """Claims the oldest claimable todo among the caller's queues, skipping
-    queues that admission defers (and saying which, when nothing is claimed).
+    """Claims the most urgent (lowest priority), then oldest, claimable todo
+    among the caller's queues, skipping queues that admission defers (and
+    saying which, when nothing is claimed), whatever their todos' priority.
     With max_todos > 1, claims up to that many from one queue in one
     transaction, each admitted and charged like a single claim.
     """
@@ -238,8 +240,9 @@ class DispatchServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _dispatch_pb2.ClaimNextRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_dispatch_pb2.ClaimNextResponse, _abc.Awaitable[_dispatch_pb2.ClaimNextResponse]]:
-        """Claims the oldest claimable todo among the caller's queues, skipping
-        queues that admission defers (and saying which, when nothing is claimed).
+        """Claims the most urgent (lowest priority), then oldest, claimable todo
+        among the caller's queues, skipping queues that admission defers (and
+        saying which, when nothing is claimed), whatever their todos' priority.
         With max_todos > 1, claims up to that many from one queue in one
         transaction, each admitted and charged like a single claim.
         """

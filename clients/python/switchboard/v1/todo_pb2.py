@@ -27,25 +27,25 @@ from switchboard.v1 import admission_pb2 as switchboard_dot_v1_dot_admission__pb
 from switchboard.v1 import queue_pb2 as switchboard_dot_v1_dot_queue__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19switchboard/v1/todo.proto\x12\x0eswitchboard.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1eswitchboard/v1/admission.proto\x1a\x1aswitchboard/v1/queue.proto\"3\n\x08\x44\x65\x64upKey\x12\x12\n\nwebhook_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65livery_id\x18\x02 \x01(\t\"\xd2\x05\n\x04Todo\x12\n\n\x02id\x18\x01 \x01(\t\x12\'\n\x05queue\x18\x02 \x01(\x0b\x32\x18.switchboard.v1.QueueRef\x12(\n\x05state\x18\x03 \x01(\x0e\x32\x19.switchboard.v1.TodoState\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x05 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x05\x12\x14\n\x0cmax_attempts\x18\x07 \x01(\x05\x12\x31\n\rnext_retry_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x10lease_expires_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x63laimant\x18\n \x01(\t\x12\'\n\x05\x64\x65\x64up\x18\x0b \x01(\x0b\x32\x18.switchboard.v1.DedupKey\x12\x12\n\nlast_error\x18\x0c \x01(\t\x12.\n\ncreated_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\tadmission\x18\x10 \x01(\x0b\x32\x1f.switchboard.v1.AdmissionStatus\x12*\n\x06result\x18\x11 \x01(\x0b\x32\x1a.switchboard.v1.TodoResult\x12\x17\n\x0fidempotency_key\x18\x12 \x01(\t\x12\x13\n\x0btraceparent\x18\x13 \x01(\t\x12\x13\n\x0bschedule_id\x18\x18 \x01(\t\x12\x31\n\rschedule_slot\x18\x19 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"0\n\nTodoResult\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x02 \x01(\t\"I\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12.\n\nexpires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xcc\x01\n\x07\x41ttempt\x12\x0e\n\x06number\x18\x01 \x01(\x05\x12.\n\nclaimed_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x63laimant\x18\x03 \x01(\t\x12/\n\x07outcome\x18\x04 \x01(\x0e\x32\x1e.switchboard.v1.AttemptOutcome\x12/\n\x0b\x66inished_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65rror\x18\x06 \x01(\t*\x9b\x01\n\tTodoState\x12\x1a\n\x16TODO_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12TODO_STATE_PENDING\x10\x01\x12\x16\n\x12TODO_STATE_CLAIMED\x10\x02\x12\x13\n\x0fTODO_STATE_DONE\x10\x03\x12\x13\n\x0fTODO_STATE_DEAD\x10\x04\x12\x18\n\x14TODO_STATE_CANCELLED\x10\x05*\xe2\x01\n\x0e\x41ttemptOutcome\x12\x1f\n\x1b\x41TTEMPT_OUTCOME_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x41TTEMPT_OUTCOME_RUNNING\x10\x01\x12\x1d\n\x19\x41TTEMPT_OUTCOME_COMPLETED\x10\x02\x12\x1a\n\x16\x41TTEMPT_OUTCOME_FAILED\x10\x03\x12\x1c\n\x18\x41TTEMPT_OUTCOME_RELEASED\x10\x04\x12\x1a\n\x16\x41TTEMPT_OUTCOME_LAPSED\x10\x05\x12\x1d\n\x19\x41TTEMPT_OUTCOME_CANCELLED\x10\x06\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19switchboard/v1/todo.proto\x12\x0eswitchboard.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1eswitchboard/v1/admission.proto\x1a\x1aswitchboard/v1/queue.proto\"3\n\x08\x44\x65\x64upKey\x12\x12\n\nwebhook_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65livery_id\x18\x02 \x01(\t\"\xe4\x05\n\x04Todo\x12\n\n\x02id\x18\x01 \x01(\t\x12\'\n\x05queue\x18\x02 \x01(\x0b\x32\x18.switchboard.v1.QueueRef\x12(\n\x05state\x18\x03 \x01(\x0e\x32\x19.switchboard.v1.TodoState\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x05 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x05\x12\x14\n\x0cmax_attempts\x18\x07 \x01(\x05\x12\x31\n\rnext_retry_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x10lease_expires_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x63laimant\x18\n \x01(\t\x12\'\n\x05\x64\x65\x64up\x18\x0b \x01(\x0b\x32\x18.switchboard.v1.DedupKey\x12\x12\n\nlast_error\x18\x0c \x01(\t\x12.\n\ncreated_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\tadmission\x18\x10 \x01(\x0b\x32\x1f.switchboard.v1.AdmissionStatus\x12*\n\x06result\x18\x11 \x01(\x0b\x32\x1a.switchboard.v1.TodoResult\x12\x17\n\x0fidempotency_key\x18\x12 \x01(\t\x12\x13\n\x0btraceparent\x18\x13 \x01(\t\x12\x13\n\x0bschedule_id\x18\x18 \x01(\t\x12\x31\n\rschedule_slot\x18\x19 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08priority\x18\x14 \x01(\x05\"0\n\nTodoResult\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x02 \x01(\t\"I\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12.\n\nexpires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xcc\x01\n\x07\x41ttempt\x12\x0e\n\x06number\x18\x01 \x01(\x05\x12.\n\nclaimed_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x63laimant\x18\x03 \x01(\t\x12/\n\x07outcome\x18\x04 \x01(\x0e\x32\x1e.switchboard.v1.AttemptOutcome\x12/\n\x0b\x66inished_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65rror\x18\x06 \x01(\t*\x9b\x01\n\tTodoState\x12\x1a\n\x16TODO_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12TODO_STATE_PENDING\x10\x01\x12\x16\n\x12TODO_STATE_CLAIMED\x10\x02\x12\x13\n\x0fTODO_STATE_DONE\x10\x03\x12\x13\n\x0fTODO_STATE_DEAD\x10\x04\x12\x18\n\x14TODO_STATE_CANCELLED\x10\x05*\xe2\x01\n\x0e\x41ttemptOutcome\x12\x1f\n\x1b\x41TTEMPT_OUTCOME_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x41TTEMPT_OUTCOME_RUNNING\x10\x01\x12\x1d\n\x19\x41TTEMPT_OUTCOME_COMPLETED\x10\x02\x12\x1a\n\x16\x41TTEMPT_OUTCOME_FAILED\x10\x03\x12\x1c\n\x18\x41TTEMPT_OUTCOME_RELEASED\x10\x04\x12\x1a\n\x16\x41TTEMPT_OUTCOME_LAPSED\x10\x05\x12\x1d\n\x19\x41TTEMPT_OUTCOME_CANCELLED\x10\x06\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'switchboard.v1.todo_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TODOSTATE']._serialized_start=1249
-  _globals['_TODOSTATE']._serialized_end=1404
-  _globals['_ATTEMPTOUTCOME']._serialized_start=1407
-  _globals['_ATTEMPTOUTCOME']._serialized_end=1633
+  _globals['_TODOSTATE']._serialized_start=1267
+  _globals['_TODOSTATE']._serialized_end=1422
+  _globals['_ATTEMPTOUTCOME']._serialized_start=1425
+  _globals['_ATTEMPTOUTCOME']._serialized_end=1651
   _globals['_DEDUPKEY']._serialized_start=138
   _globals['_DEDUPKEY']._serialized_end=189
   _globals['_TODO']._serialized_start=192
-  _globals['_TODO']._serialized_end=914
-  _globals['_TODORESULT']._serialized_start=916
-  _globals['_TODORESULT']._serialized_end=964
-  _globals['_LEASE']._serialized_start=966
-  _globals['_LEASE']._serialized_end=1039
-  _globals['_ATTEMPT']._serialized_start=1042
-  _globals['_ATTEMPT']._serialized_end=1246
+  _globals['_TODO']._serialized_end=932
+  _globals['_TODORESULT']._serialized_start=934
+  _globals['_TODORESULT']._serialized_end=982
+  _globals['_LEASE']._serialized_start=984
+  _globals['_LEASE']._serialized_end=1057
+  _globals['_ATTEMPT']._serialized_start=1060
+  _globals['_ATTEMPT']._serialized_end=1264
 # @@protoc_insertion_point(module_scope)

@@ -143,6 +143,7 @@ class Todo(_message.Message):
     TRACEPARENT_FIELD_NUMBER: _builtins.int
     SCHEDULE_ID_FIELD_NUMBER: _builtins.int
     SCHEDULE_SLOT_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     state: Global___TodoState.ValueType
     payload: _builtins.bytes
@@ -165,6 +166,10 @@ class Todo(_message.Message):
     schedule_id: _builtins.str
     """Set on a todo a periodic schedule created: the schedule, and the slot
     (the instant it was due) it was created for. One todo per slot.
+    """
+    priority: _builtins.int
+    """0 (the most urgent, the default) to 9, as ingested; kept across
+    retries, lease takeovers and requeues.
     """
     @_builtins.property
     def queue(self) -> _queue_pb2.QueueRef: ...
@@ -224,10 +229,11 @@ class Todo(_message.Message):
         traceparent: _builtins.str = ...,
         schedule_id: _builtins.str = ...,
         schedule_slot: _timestamp_pb2.Timestamp | None = ...,
+        priority: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "created_at", b"created_at", "dedup", b"dedup", "finished_at", b"finished_at", "lease_expires_at", b"lease_expires_at", "next_retry_at", b"next_retry_at", "queue", b"queue", "result", b"result", "schedule_slot", b"schedule_slot", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "attempt", b"attempt", "claimant", b"claimant", "content_type", b"content_type", "created_at", b"created_at", "dedup", b"dedup", "finished_at", b"finished_at", "id", b"id", "idempotency_key", b"idempotency_key", "last_error", b"last_error", "lease_expires_at", b"lease_expires_at", "max_attempts", b"max_attempts", "next_retry_at", b"next_retry_at", "payload", b"payload", "queue", b"queue", "result", b"result", "schedule_id", b"schedule_id", "schedule_slot", b"schedule_slot", "state", b"state", "traceparent", b"traceparent", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "attempt", b"attempt", "claimant", b"claimant", "content_type", b"content_type", "created_at", b"created_at", "dedup", b"dedup", "finished_at", b"finished_at", "id", b"id", "idempotency_key", b"idempotency_key", "last_error", b"last_error", "lease_expires_at", b"lease_expires_at", "max_attempts", b"max_attempts", "next_retry_at", b"next_retry_at", "payload", b"payload", "priority", b"priority", "queue", b"queue", "result", b"result", "schedule_id", b"schedule_id", "schedule_slot", b"schedule_slot", "state", b"state", "traceparent", b"traceparent", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -314,7 +314,7 @@ END;
 $$;
 
 -- Tries one candidate of a budgeted queue inside a subtransaction: lock the
--- row (the queue's oldest eligible pending todo, or the lapsed todo
+-- row (the queue's first due pending todo in claim order, or the lapsed todo
 -- p_lapsed_id) with SKIP LOCKED, then admit and claim. A refusal rolls the
 -- subtransaction back, releasing the row and policy locks, so the caller
 -- can try its next queue without ever holding two policy locks.
@@ -342,7 +342,7 @@ BEGIN
         IF p_lapsed_id IS NULL THEN
             SELECT * INTO v_row FROM todos t
              WHERE t.queue_id = p_queue_id AND t.state = 'pending' AND t.next_retry_at <= p_now
-             ORDER BY t.next_retry_at, t.id
+             ORDER BY t.priority, t.next_retry_at, t.id
              LIMIT 1
                FOR UPDATE SKIP LOCKED;
         ELSE
@@ -372,7 +372,7 @@ END;
 $$;
 
 -- The batch form of sb_try_budgeted_claim: inside a subtransaction, lock up
--- to p_limit of the queue's oldest pending todos (SKIP LOCKED), then admit
+-- to p_limit of the queue's first due todos in claim order (SKIP LOCKED), then admit
 -- and claim them (sb_admit_and_claim_batch). A refusal of the whole batch
 -- rolls the subtransaction back, releasing the todo and policy locks.
 -- outcome: claimed | none | deferred (admission is the deferral as JSON).

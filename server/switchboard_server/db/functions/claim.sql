@@ -68,18 +68,21 @@ $$;
 -- from one queue, among an endpoint's queues (all of them when
 -- p_queue_names is NULL); the i-th todo is claimed by p_claimants[i]
 -- (p_claimants[1] for all, when it has one; see sb_claim_pending).
---  1. Each queue's head is found by its own index probe, unlocked, reading
---     the queue's gate in the same query; queues last seen deferred come
---     last.
+--  1. Each queue's head (its most urgent due todo, then the oldest) is
+--     found by its own index probes, unlocked, reading the queue's gate in
+--     the same query; among heads of one priority, queues last seen
+--     deferred come last.
 --  2. Budgeted queues known to be deferred (sb_known_deferral: a window
 --     exhausted or a pause, unchanged since) or that an unlocked evaluation
 --     shows deferred (made when sb_prefilter_wanted: the queue was last seen
 --     deferred) are left out (and reported), without taking their policy
 --     lock. Every deferral found is remembered on the queue's gate.
---  3. The rest are tried oldest head first, and a batch is claimed from the
---     first queue that yields any; a budgeted queue through
---     sb_try_budgeted_batch (policy lock under the row locks, fresh reads,
---     claim and charge, or a rolled-back refusal and on to the next queue).
+--  3. The rest are tried most urgent head first (lowest priority), then
+--     oldest head first, and a batch is claimed from the first queue that
+--     yields any (its most urgent todos first, see sb_lock_pending); a
+--     budgeted queue through sb_try_budgeted_batch (policy lock under the
+--     row locks, fresh reads, claim and charge, or a rolled-back refusal
+--     and on to the next queue). A priority never bypasses a budget.
 --  4. Lapsed leases with attempts left are taken over the same way, one per
 --     call, by the first claimant. A queue deferred only because its
 --     in-flight slots are full still gets its takeovers tried: a takeover
@@ -122,17 +125,39 @@ BEGIN
         SELECT q.id, q.name, q.policy_id, coalesce(g.deferred, false) AS gate_deferred
           FROM queues q
           CROSS JOIN LATERAL (
-              SELECT t.next_retry_at, t.id FROM todos t
-               WHERE t.queue_id = q.id AND t.state = 'pending' AND t.next_retry_at <= v_now
-               ORDER BY t.next_retry_at, t.id
+              -- The queue's most urgent due todo (then the oldest): the first
+              -- row of each priority's range of todos_pending_idx, most urgent
+              -- first, until one is due (one probe when the most urgent
+              -- priority present has a due todo; never a walk over the rows
+              -- not yet due). sb_lock_pending finds its priorities alike.
+              WITH RECURSIVE level AS (
+                  (SELECT t.priority, t.next_retry_at, t.id FROM todos t
+                    WHERE t.queue_id = q.id AND t.state = 'pending'
+                    ORDER BY t.priority, t.next_retry_at, t.id
+                    LIMIT 1)
+                  UNION ALL
+                  SELECT n.priority, n.next_retry_at, n.id
+                    FROM level l
+                    CROSS JOIN LATERAL (
+                        SELECT t.priority, t.next_retry_at, t.id FROM todos t
+                         WHERE t.queue_id = q.id AND t.state = 'pending'
+                           AND t.priority > l.priority
+                         ORDER BY t.priority, t.next_retry_at, t.id
+                         LIMIT 1
+                    ) AS n
+                   WHERE l.next_retry_at > v_now
+              )
+              SELECT l.priority, l.next_retry_at, l.id FROM level l
+               WHERE l.next_retry_at <= v_now
                LIMIT 1
           ) AS head
           LEFT JOIN queue_gates g ON g.queue_id = q.id AND q.policy_id IS NOT NULL
          WHERE q.endpoint_id = p_endpoint_id
            AND (p_queue_names IS NULL OR q.name = ANY (p_queue_names))
-         -- Queues last seen deferred last: most of them cannot be claimed
-         -- from, and only they need the closer look below.
-         ORDER BY coalesce(g.deferred, false), head.next_retry_at, head.id
+         -- The most urgent head first; among equals, queues last seen
+         -- deferred last (most of them cannot be claimed from, and only they
+         -- need the closer look below), then the oldest head.
+         ORDER BY head.priority, coalesce(g.deferred, false), head.next_retry_at, head.id
     LOOP
         IF v_queue.policy_id IS NULL THEN
             v_ids := sb_lock_pending(v_queue.id, p_max, p_max_bytes, v_now);

@@ -37,7 +37,7 @@ LANGUAGE sql AS $$
                           ARRAY[p_content_type], ARRAY[p_max_attempts], ARRAY[p_delay],
                           CASE WHEN p_webhook_id IS NOT NULL THEN ARRAY[p_webhook_id] END,
                           CASE WHEN p_webhook_id IS NOT NULL THEN ARRAY[p_delivery_id] END,
-                          NULL, NULL, NULL) AS m
+                          NULL, NULL, NULL, NULL) AS m
 $$;
 
 -- Turns one locked, claimable pending todo into a claim: a new lease,
@@ -82,35 +82,69 @@ BEGIN
 END;
 $$;
 
--- Locks up to p_limit of a queue's oldest claimable pending todos (SKIP
--- LOCKED) and returns their ids in claim order, stopping once the todos
--- would pass p_max_bytes (at least one is always taken). A todo's size is
--- its payload and error text plus 1 KiB for its other fields, so that a
--- response carrying the batch fits in one message. Rows locked past the cut
--- stay locked, untouched, until the transaction ends.
+-- Locks up to p_limit of a queue's claimable pending todos in claim order
+-- (the most urgent priority first, then the oldest; SKIP LOCKED) and
+-- returns their ids in that order, stopping once the todos would pass
+-- p_max_bytes (at least one is always taken). Priority by priority: the next
+-- priority with a due todo is found as the head probe of sb_claim_next_for
+-- finds it (the first row of each priority's range of todos_pending_idx),
+-- then its due todos are locked in age order, and so on until the batch is
+-- full. A todo's size is its payload and error text plus 1 KiB for its
+-- other fields, so that a response carrying the batch fits in one message.
+-- Rows locked past the cut stay locked, untouched, until the transaction
+-- ends.
 CREATE OR REPLACE FUNCTION sb_lock_pending(
     p_queue_id bigint, p_limit integer, p_max_bytes bigint, p_now timestamptz
 ) RETURNS bigint[]
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_ids bigint[];
+    v_level smallint := -1;
+    v_ids bigint[] := '{}';
+    v_sizes bigint[] := '{}';
+    v_bytes bigint := 0;
 BEGIN
-    SELECT coalesce(array_agg(c.id ORDER BY c.n), '{}') INTO v_ids
-      FROM (
-          SELECT l.id, row_number() OVER w AS n, sum(l.size) OVER w AS bytes
-            FROM (
-                SELECT t.id, t.next_retry_at,
-                       octet_length(t.payload) + octet_length(t.last_error) + 1024 AS size
-                  FROM todos t
-                 WHERE t.queue_id = p_queue_id AND t.state = 'pending'
-                   AND t.next_retry_at <= p_now
-                 ORDER BY t.next_retry_at, t.id
-                 LIMIT p_limit
-                   FOR UPDATE SKIP LOCKED
-            ) AS l
-          WINDOW w AS (ORDER BY l.next_retry_at, l.id)
-      ) AS c
-     WHERE c.n = 1 OR c.bytes <= p_max_bytes;
+    LOOP
+        WITH RECURSIVE level AS (
+            (SELECT t.priority, t.next_retry_at FROM todos t
+              WHERE t.queue_id = p_queue_id AND t.state = 'pending'
+                AND t.priority > v_level
+              ORDER BY t.priority, t.next_retry_at, t.id
+              LIMIT 1)
+            UNION ALL
+            SELECT n.priority, n.next_retry_at
+              FROM level l
+              CROSS JOIN LATERAL (
+                  SELECT t.priority, t.next_retry_at FROM todos t
+                   WHERE t.queue_id = p_queue_id AND t.state = 'pending'
+                     AND t.priority > l.priority
+                   ORDER BY t.priority, t.next_retry_at, t.id
+                   LIMIT 1
+              ) AS n
+             WHERE l.next_retry_at > p_now
+        )
+        SELECT l.priority INTO v_level FROM level l WHERE l.next_retry_at <= p_now LIMIT 1;
+        EXIT WHEN NOT FOUND;
+        SELECT v_ids || coalesce(array_agg(l.id ORDER BY l.next_retry_at, l.id), '{}'),
+               v_sizes || coalesce(array_agg(l.size ORDER BY l.next_retry_at, l.id), '{}')
+          INTO v_ids, v_sizes
+          FROM (
+              SELECT t.id, t.next_retry_at,
+                     octet_length(t.payload) + octet_length(t.last_error) + 1024 AS size
+                FROM todos t
+               WHERE t.queue_id = p_queue_id AND t.state = 'pending'
+                 AND t.priority = v_level AND t.next_retry_at <= p_now
+               ORDER BY t.next_retry_at, t.id
+               LIMIT p_limit - cardinality(v_ids)
+                 FOR UPDATE SKIP LOCKED
+          ) AS l;
+        EXIT WHEN cardinality(v_ids) >= p_limit;
+    END LOOP;
+    FOR i IN 1 .. cardinality(v_ids) LOOP
+        v_bytes := v_bytes + v_sizes[i];
+        IF i > 1 AND v_bytes > p_max_bytes THEN
+            RETURN v_ids[1:i - 1];
+        END IF;
+    END LOOP;
     RETURN v_ids;
 END;
 $$;
@@ -584,8 +618,9 @@ $$;
 -- Ingest of many todos of one endpoint in one transaction (IngestTodos, and
 -- single Ingests, alone or combined): item i goes to queue p_queues[i]
 -- (created when new) with the i-th entry of each array (p_traceparents[i]:
--- the producer's trace context; the key arrays and p_traceparents may be
--- NULL: none for every item). An item
+-- the producer's trace context; p_priorities[i]: its priority, 0 to 9; the
+-- key arrays and p_traceparents may be NULL: none for every item;
+-- p_priorities NULL: 0 for every item). An item
 -- with a dedup key (p_webhook_ids[i] and p_delivery_ids[i]) or an
 -- idempotency key (p_keys[i], never both) that an existing todo holds gets
 -- that todo back (deduplicated) instead of a new one; so does a repeat of a
@@ -613,7 +648,8 @@ CREATE OR REPLACE FUNCTION sb_ingest_many(
     p_delivery_ids text[],
     p_keys text[],
     p_retentions interval[],
-    p_traceparents text[]
+    p_traceparents text[],
+    p_priorities integer[]
 ) RETURNS TABLE (ord bigint, deduplicated boolean, todo todos)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan  -- as sb_settle
@@ -662,21 +698,23 @@ BEGIN
                           coalesce(p_delivery_ids, array_fill(NULL::text, ARRAY[v_n])),
                           coalesce(p_keys, array_fill(NULL::text, ARRAY[v_n])),
                           coalesce(p_retentions, array_fill(NULL::interval, ARRAY[v_n])),
-                          coalesce(p_traceparents, array_fill(NULL::text, ARRAY[v_n])))
+                          coalesce(p_traceparents, array_fill(NULL::text, ARRAY[v_n])),
+                          coalesce(p_priorities, array_fill(0, ARRAY[v_n])))
                    WITH ORDINALITY AS i (id, queue_id, queue, payload, content_type,
                                          max_attempts, delay, webhook_id, delivery_id,
-                                         key, retention, traceparent, ord)
+                                         key, retention, traceparent, priority, ord)
              WHERE i.ord = ANY (v_left)
         ), inserted AS (
             INSERT INTO todos AS t (id, queue_id, owner_id, endpoint_id, queue, payload,
                                     content_type, max_attempts, next_retry_at,
                                     dedup_webhook_id, dedup_delivery_id, idempotency_key,
-                                    idempotency_retention, traceparent, created_at, updated_at)
+                                    idempotency_retention, traceparent, priority,
+                                    created_at, updated_at)
             OVERRIDING SYSTEM VALUE
             SELECT i.id, i.queue_id, p_owner_id, p_endpoint_id, i.queue, i.payload,
                    i.content_type, i.max_attempts, v_now + i.delay, i.webhook_id,
                    i.delivery_id, i.key, CASE WHEN i.key IS NOT NULL THEN i.retention END,
-                   i.traceparent, v_now, v_now
+                   i.traceparent, i.priority, v_now, v_now
               FROM items i
              ORDER BY i.webhook_id, i.delivery_id, i.queue_id, i.key, i.ord
             ON CONFLICT DO NOTHING
@@ -743,4 +781,27 @@ BEGIN
                    FROM generate_subscripts(v_ords, 1) AS k
                   ORDER BY v_ords[k];
 END;
+$$;
+
+-- sb_ingest_many as servers of the previous release call it (no
+-- priorities: every item gets 0), during a rolling upgrade.
+CREATE OR REPLACE FUNCTION sb_ingest_many(
+    p_owner_id uuid,
+    p_endpoint_id uuid,
+    p_queues text[],
+    p_payloads bytea[],
+    p_content_types text[],
+    p_max_attempts integer[],
+    p_delays interval[],
+    p_webhook_ids text[],
+    p_delivery_ids text[],
+    p_keys text[],
+    p_retentions interval[],
+    p_traceparents text[]
+) RETURNS TABLE (ord bigint, deduplicated boolean, todo todos)
+LANGUAGE sql AS $$
+    SELECT m.ord, m.deduplicated, m.todo
+      FROM sb_ingest_many(p_owner_id, p_endpoint_id, p_queues, p_payloads, p_content_types,
+                          p_max_attempts, p_delays, p_webhook_ids, p_delivery_ids, p_keys,
+                          p_retentions, p_traceparents, NULL) AS m
 $$;

@@ -2,7 +2,7 @@
 -- Creates todos of one endpoint, or returns the existing ones for keys that
 -- todos hold; one row per item, in order. See sb_ingest_many.
 SELECT deduplicated, todo
-  FROM sb_ingest_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ORDER BY ord;
+  FROM sb_ingest_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ORDER BY ord;
 
 -- name: todo_claim :one
 -- Claims one specific todo within its queue's budget; see sb_claim.
@@ -111,7 +111,7 @@ SELECT number, claimant, claimed_at, outcome, finished_at, error
 SELECT id, queue_id, owner_id, endpoint_id, queue, state, ''::bytea AS payload, content_type,
        attempt, max_attempts, next_retry_at, lease_id, lease_expires_at, claimant,
        dedup_webhook_id, dedup_delivery_id, last_error, created_at, updated_at, finished_at,
-       idempotency_key, idempotency_retention, traceparent, schedule_id, schedule_slot
+       idempotency_key, idempotency_retention, traceparent, schedule_id, schedule_slot, priority
   FROM todos
  WHERE endpoint_id = $1 AND owner_id = $2
    AND ($3::text[] IS NULL OR queue = ANY ($3))
@@ -126,7 +126,7 @@ SELECT id, queue_id, owner_id, endpoint_id, queue, state, ''::bytea AS payload, 
 SELECT id, queue_id, owner_id, endpoint_id, queue, state, ''::bytea AS payload, content_type,
        attempt, max_attempts, next_retry_at, lease_id, lease_expires_at, claimant,
        dedup_webhook_id, dedup_delivery_id, last_error, created_at, updated_at, finished_at,
-       idempotency_key, idempotency_retention, traceparent, schedule_id, schedule_slot
+       idempotency_key, idempotency_retention, traceparent, schedule_id, schedule_slot, priority
   FROM todos
  WHERE endpoint_id = $1 AND owner_id = $2
    AND ($3::text[] IS NULL OR queue = ANY ($3))
@@ -141,7 +141,7 @@ SELECT t.id, t.queue_id, t.owner_id, t.endpoint_id, t.queue, t.state, ''::bytea 
        t.content_type, t.attempt, t.max_attempts, t.next_retry_at, t.lease_id,
        t.lease_expires_at, t.claimant, t.dedup_webhook_id, t.dedup_delivery_id, t.last_error,
        t.created_at, t.updated_at, t.finished_at, t.idempotency_key, t.idempotency_retention,
-       t.traceparent, t.schedule_id, t.schedule_slot
+       t.traceparent, t.schedule_id, t.schedule_slot, t.priority
   FROM queues q JOIN todos t ON t.queue_id = q.id AND t.idempotency_key = $5
  WHERE q.endpoint_id = $1 AND q.owner_id = $2
    AND ($3::text[] IS NULL OR q.name = ANY ($3))
@@ -175,7 +175,7 @@ SELECT e.examined, e.examined_to,
        t.content_type, t.attempt, t.max_attempts, t.next_retry_at, t.lease_id,
        t.lease_expires_at, t.claimant, t.dedup_webhook_id, t.dedup_delivery_id, t.last_error,
        t.created_at, t.updated_at, t.finished_at, t.idempotency_key, t.idempotency_retention,
-       t.traceparent, t.schedule_id, t.schedule_slot
+       t.traceparent, t.schedule_id, t.schedule_slot, t.priority
   FROM edge e
   LEFT JOIN (matched m JOIN todos t ON t.id = m.id) ON true
  ORDER BY t.id DESC NULLS LAST;
