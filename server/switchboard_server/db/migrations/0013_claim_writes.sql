@@ -25,5 +25,10 @@ CREATE UNIQUE INDEX todos_dedup_key ON todos (endpoint_id, dedup_webhook_id, ded
 --    takeovers, as before; the reaper's scan for lapsed leases across queues
 --    (todo_reap_lapsed), which had its own todos_lease_expiry_idx, now reads
 --    it too (PostgreSQL 18 skips through it by queue; older versions read
---    the claimed entries in full, as many as there are todos in flight).
+--    the claimed entries, as many as there are todos in flight, until a
+--    batch is found). The reaper no longer orders a pass by expiry: sorting
+--    every lapsed lease at each pass of 500 cost 62 ms with 21,534 lapsed
+--    (40,000 claimed over 200 queues), against 2 ms for the unordered scan
+--    that stops after the batch; a reaper run repeats passes until none is
+--    left, so the order never decided which leases were reaped.
 DROP INDEX todos_lease_expiry_idx;
