@@ -25,7 +25,8 @@ from tests.support.client import Client, Tenant
 
 LEASE = timedelta(minutes=1)
 CLAIM_NEXT = (
-    "SELECT outcome, todos, admission FROM sb_claim_next_for($1, $2, '{work}', '{w}', $3, $4, 1048576)"
+    "SELECT outcome, todos, admission"
+    " FROM sb_claim_next_for($1, $2, '{work}', '{w}', $3, $4, 1048576)"
 )
 
 
@@ -83,7 +84,9 @@ async def test_the_claim_is_written_before_the_policy_lock_and_not_counted_again
             )
         finally:
             await holding.rollback()
-        outcome, todos, admission = await claim
+        row = await claim
+        assert row is not None
+        outcome, todos, admission = row
         assert outcome == "claimed"
         assert len(todos) == 3
         headroom = json.loads(admission)["headroom"]
@@ -109,7 +112,9 @@ async def test_a_cut_short_batch_claims_the_admitted_part_and_a_refused_one_writ
     conn = await asyncpg.connect(dsn)
     try:
         # Cut short: 2 of the 3 locked todos, the oldest ones; the third untouched.
-        outcome, todos, admission = await conn.fetchrow(CLAIM_NEXT, owner, endpoint, LEASE, 3)
+        row = await conn.fetchrow(CLAIM_NEXT, owner, endpoint, LEASE, 3)
+        assert row is not None
+        outcome, todos, admission = row
         assert outcome == "claimed"
         assert [t["id"] for t in todos] == [int(i) for i in ids[:2]]
         body = json.loads(admission)
@@ -118,7 +123,9 @@ async def test_a_cut_short_batch_claims_the_admitted_part_and_a_refused_one_writ
         # Refused under the lock (the gate forgotten, so no unlocked
         # prefilter leaves the queue out first): the batch's writes are undone.
         await conn.execute("UPDATE queue_gates SET deferred = false")
-        outcome, todos, admission = await conn.fetchrow(CLAIM_NEXT, owner, endpoint, LEASE, 3)
+        row = await conn.fetchrow(CLAIM_NEXT, owner, endpoint, LEASE, 3)
+        assert row is not None
+        outcome, todos, admission = row
         assert outcome == "empty"
         assert json.loads(admission)["deferred"][0]["reason"] == "in_flight_full"
         rows = await conn.fetch(
