@@ -18,7 +18,8 @@ from switchboard_server.db import Database
 from switchboard_server.db import tenancy as tenancy_queries
 from switchboard_server.db import todos as todo_queries
 
-CLAIMED_ONLY = ("todos_claimed_idx", "todos_lease_expiry_idx")
+# The claimed-only index (one since migration 0013; there was also todos_lease_expiry_idx).
+CLAIMED_ONLY = ("todos_claimed_idx",)
 
 
 async def _tuples_read(conn: asyncpg.Connection, names: tuple[str, ...]) -> int:

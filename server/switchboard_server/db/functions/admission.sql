@@ -1,6 +1,7 @@
 -- Admission control (ADR-0035): evaluating a queue's policy, the JSON the
 -- claim path reports (headroom, deferrals), and admitting and claiming under
--- the policy lock, one todo or a batch. Lock order: the todo rows, then the
+-- the policy lock, one todo or a batch (a batch is claimed before its policy
+-- lock is taken, and charged under it). Lock order: the todo rows, then the
 -- policy; a refusal raises SB429 inside a subtransaction so that every lock
 -- is released before the next queue is tried.
 --
@@ -18,10 +19,25 @@
 
 -- Evaluates a policy row. Each statement takes its own snapshot, so called
 -- after the policy row lock it sees every admission committed before it.
--- Raises SB503 when the window cannot be determined (fail closed).
+-- Raises SB503 when the window cannot be determined (fail closed). In flight
+-- counts the queue's claimed todos but p_exclude (a takeover's own todo).
 CREATE OR REPLACE FUNCTION sb_admission_eval(
     p_policy admission_policies,
     p_exclude bigint,
+    p_now timestamptz
+) RETURNS admission_eval
+LANGUAGE sql AS $$
+    SELECT sb_admission_eval_except(
+        p_policy, CASE WHEN p_exclude IS NOT NULL THEN ARRAY[p_exclude] ELSE '{}' END, p_now)
+$$;
+
+-- sb_admission_eval, with in flight counting the queue's claimed todos but
+-- those in p_own: a batch claimed before its policy lock was taken
+-- (sb_admit_and_claim_batch) sees its own uncommitted claims, and must not
+-- count them against itself.
+CREATE OR REPLACE FUNCTION sb_admission_eval_except(
+    p_policy admission_policies,
+    p_own bigint[],
     p_now timestamptz
 ) RETURNS admission_eval
 LANGUAGE plpgsql AS $$
@@ -49,10 +65,12 @@ BEGIN
         v.used := coalesce(v.used, 0);
     END IF;
     IF p_policy.max_in_flight IS NOT NULL THEN
+        -- NOT IN over a subquery: one hashed lookup per claimed row, however
+        -- many ids p_own holds.
         SELECT count(*), min(t.lease_expires_at) INTO v.in_flight, v.earliest_expiry
           FROM todos t
          WHERE t.queue_id = p_policy.queue_id AND t.state = 'claimed'
-           AND t.id IS DISTINCT FROM p_exclude;
+           AND t.id NOT IN (SELECT o.id FROM unnest(p_own) AS o (id));
     END IF;
     v.reason := CASE
         WHEN v.used >= p_policy.max_claims_per_window THEN 'window_exhausted'
@@ -249,15 +267,44 @@ BEGIN
 END;
 $$;
 
--- The batch form of sb_admit_and_claim: locks the policy of the queue of
--- the locked pending todos p_ids (in claim order), evaluates it with fresh
--- reads, and claims and charges as many as the window's units and the free
--- in-flight slots allow (the i-th for p_claimants[i], see sb_claim_pending),
--- or raises SB429 (refused; the reason is in the message) so the caller's
--- subtransaction releases every lock. Claims that spend the budget mark the
--- queue's gate; a batch cut short by the budget says why (the same reason)
--- in admission.deferred; its other todos are left untouched. Lock order: the
+-- The batch form of sb_admit_and_claim: claims the locked pending todos
+-- p_ids (in claim order; the i-th for p_claimants[i], see sb_claim_pending)
+-- of a queue with a policy, then locks the policy, evaluates it with fresh
+-- reads and charges, or raises SB429 (refused; the reason is in the message)
+-- so the caller's subtransaction releases every lock and undoes the claims.
+-- Claims that spend the budget mark the queue's gate. A batch the budget
+-- cuts short claims only as many as the window's units and the free
+-- in-flight slots allow, and says why (the same reason) in
+-- admission.deferred; its other todos are left untouched. Lock order: the
 -- todo rows, then the policy.
+--
+-- Claim first, lock second (issue 16). The claim's writes (the 100-row
+-- UPDATE and its attempts rows at B = 100, most of the time a batch spent
+-- under the lock) are made before the policy lock is taken, so the lock is
+-- held only for the evaluation, the charge and the commit. Why this admits
+-- exactly what claiming under the lock admitted:
+--  * The decision and the charge are still made under the policy lock, from
+--    reads taken after it was granted: every claim admitted before this one
+--    committed before releasing the lock, so its claimed rows and its units
+--    are seen (READ COMMITTED: the statement after the lock wait takes a new
+--    snapshot). The serial order of admissions is the order of the lock.
+--  * This batch's own claims are uncommitted, so no other transaction sees
+--    them until it commits (after its charge, with the lock released at
+--    commit); this transaction sees them, so the evaluation leaves them out
+--    (sb_admission_eval_except) and charges them after it, as before.
+--  * Claims of other batches written before their policy lock are not yet
+--    admitted and are invisible here (uncommitted): they are counted by
+--    whoever evaluates after they commit, which is after their own charge.
+--    A claim is only ever visible to others once admitted and charged.
+--  * A refusal raises SB429, which rolls back the caller's subtransaction:
+--    the claims, their attempts and every lock go, as a refused claim's
+--    locks did. A batch cut short rolls back this block's subtransaction
+--    (its claims and the policy lock, not the todo row locks, which the
+--    caller took), then takes the policy lock again and claims the admitted
+--    part under it, evaluated afresh: the order of the original form.
+--  * No new waits before the policy lock: the rows are already locked by
+--    this transaction (SKIP LOCKED), the attempts rows are new, so the lock
+--    order stays todo rows, then the policy row (SPEC 4.3, ADR-0035).
 CREATE OR REPLACE FUNCTION sb_admit_and_claim_batch(
     p_ids bigint[],
     p_queue text,
@@ -275,11 +322,48 @@ DECLARE
     v_take integer;
     v_full text;
 BEGIN
-    -- Waits for the lock; the session's lock_timeout bounds the wait, and
-    -- running out of it refuses the claim (admission_unavailable).
+    BEGIN
+        claimed := sb_claim_pending(p_ids, p_claimants, p_lease, p_now);
+        -- Waits for the lock; the session's lock_timeout bounds the wait, and
+        -- running out of it refuses the claim (admission_unavailable).
+        SELECT * INTO v_policy FROM admission_policies p WHERE p.id = p_policy_id FOR UPDATE;
+        IF NOT FOUND OR NOT v_policy.active THEN
+            -- Cleared concurrently: no policy governs the queue any more.
+            RETURN;
+        END IF;
+        v_eval := sb_admission_eval_except(v_policy, p_ids, p_now);
+        IF v_eval.reason IS NOT NULL THEN
+            RAISE EXCEPTION '%', v_eval.reason USING ERRCODE = 'SB429',
+                DETAIL = sb_deferral_json(p_queue, v_eval.reason, v_eval, NULL)::text;
+        END IF;
+        v_take := least(
+            cardinality(p_ids),
+            v_policy.max_claims_per_window - v_eval.used,
+            v_policy.max_in_flight - v_eval.in_flight);
+        IF v_take < cardinality(p_ids) THEN
+            -- Cut short: undo the claims (and the policy lock), see below.
+            RAISE EXCEPTION 'cut short' USING ERRCODE = 'SBCUT';
+        END IF;
+        IF v_eval.window_start IS NOT NULL THEN
+            INSERT INTO window_counters AS c (policy_id, window_start, units)
+            VALUES (v_policy.id, v_eval.window_start, v_take)
+            ON CONFLICT (policy_id, window_start) DO UPDATE SET units = c.units + v_take;
+        END IF;
+        admission := jsonb_build_object('headroom', sb_headroom_after(v_policy, v_eval, v_take));
+        PERFORM sb_release_before_flush();
+        v_full := sb_full_after(v_policy, v_eval, v_take);
+        IF v_full IS NOT NULL THEN
+            PERFORM sb_gate_mark(
+                v_policy.queue_id, v_full, sb_gate_next_check(v_full, v_eval, p_now), p_now, true);
+        END IF;
+        RETURN;
+    EXCEPTION WHEN SQLSTATE 'SBCUT' THEN
+        claimed := NULL;
+    END;
+    -- Cut short by the budget (rare: once per window or per filling of the
+    -- in-flight slots): the original form, the claim under the lock.
     SELECT * INTO v_policy FROM admission_policies p WHERE p.id = p_policy_id FOR UPDATE;
     IF NOT FOUND OR NOT v_policy.active THEN
-        -- Cleared concurrently: no policy governs the queue any more.
         claimed := sb_claim_pending(p_ids, p_claimants, p_lease, p_now);
         RETURN;
     END IF;

@@ -183,11 +183,13 @@ SELECT e.examined, e.examined_to,
 -- name: todo_reap_lapsed :many
 -- Returns up to $1 lapsed leases to pending (dead when no attempts are
 -- left), freeing their queues' in-flight slots. SKIP LOCKED makes
--- concurrent reapers on several replicas safe.
+-- concurrent reapers on several replicas safe. In no particular order
+-- (reap_once repeats it until none is left): the scan of todos_claimed_idx
+-- stops after $1 rows, where an order by expiry across queues would sort
+-- every lapsed lease at each pass (migration 0013).
 WITH lapsed AS (
     SELECT id FROM todos
      WHERE state = 'claimed' AND lease_expires_at <= sb_now()
-     ORDER BY lease_expires_at
      LIMIT $1
        FOR UPDATE SKIP LOCKED
 ), reaped AS (
