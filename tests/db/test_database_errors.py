@@ -41,6 +41,12 @@ ABORTED = errors.Aborted
         (asyncpg.exceptions.InterfaceError("connection is closed"), UNAVAILABLE),
         (ConnectionResetError(104, "Connection reset by peer"), UNAVAILABLE),
         (TimeoutError(), UNAVAILABLE),
+        (
+            asyncpg.exceptions.InvalidCachedStatementError(
+                "cached statement plan is invalid due to a database schema or configuration change"
+            ),
+            UNAVAILABLE,
+        ),
         (asyncpg.exceptions.LockNotAvailableError("lock timeout"), ABORTED),
         (asyncpg.exceptions.DeadlockDetectedError(), ABORTED),
         (asyncpg.exceptions.SerializationError(), ABORTED),

@@ -41,7 +41,7 @@ TODO_ROW = {
 
 
 def test_a_todo_row_with_a_later_releases_column_still_builds() -> None:
-    todo = todo_from_record({**TODO_ROW, "schedule_id": 12, "a_later_column": "x"})
+    todo = todo_from_record({**TODO_ROW, "a_later_column": "x", "another_later_column": 12})
     assert todo.id == 7 and todo.state is TodoState.PENDING and todo.payload == b"hi"
     assert todo.priority == 3
     assert todo == todo_from_record(TODO_ROW)

@@ -64,6 +64,15 @@ def translated(exc: BaseException) -> errors.Unavailable | None:
     """
     if isinstance(exc, asyncpg.exceptions.ClientConfigurationError):
         return None  # a bad DSN or option: no retry fixes it
+    if isinstance(exc, asyncpg.exceptions.InvalidCachedStatementError):
+        # A migration changed a table a cached statement reads (a rolling
+        # upgrade): asyncpg re-prepares it by itself outside a transaction,
+        # but inside one the statement failed and the transaction with it.
+        # The connection is replaced (``_discard_if_broken``); a retry works.
+        return errors.Unavailable(
+            f"the database's schema changed under a cached statement ({type(exc).__name__}); "
+            "nothing was changed; try again"
+        )
     if isinstance(exc, asyncpg.PostgresError):
         state = str(getattr(exc, "sqlstate", None) or "")
         if state in _ABORTED_STATES:
