@@ -42,6 +42,7 @@ from switchboard.v1 import (
     admission_pb2,
     dispatch_pb2,
     queue_pb2,
+    schedule_pb2,
     todo_pb2,
 )
 from switchboard_server import app as server_app
@@ -529,7 +530,29 @@ RPCS: dict[str, tuple[Stub, Callable[[World], st.SearchStrategy[Any]]]] = {
                 "dedup": dedup_key(),
                 "max_attempts": INT32,
                 "delay": DURATIONS,
+                "idempotency_key": texts("key-1", "k" * 201),
+                "idempotency_retention": DURATIONS,
+                "priority": INT32,
             },
+        ),
+    ),
+    "IngestTodos": (
+        lambda c: c.dispatch.IngestTodos,
+        lambda w: message(
+            dispatch_pb2.IngestTodosRequest,
+            {"endpoint_id": ids(w.endpoint_ids)},
+            todos=st.lists(
+                message(
+                    dispatch_pb2.IngestRequest,
+                    {
+                        "queue": queue_ref(w, QUEUE_NAMES),
+                        "payload": PAYLOADS,
+                        "idempotency_key": texts("key-2"),
+                        "priority": INT32,
+                    },
+                ),
+                max_size=3,
+            ),
         ),
     ),
     "Claim": (
@@ -909,6 +932,7 @@ SERVICES = [
     dispatch_pb2.DESCRIPTOR.services_by_name["DispatchService"],
     admission_pb2.DESCRIPTOR.services_by_name["AdmissionService"],
     admin_pb2.DESCRIPTOR.services_by_name["AdminService"],
+    schedule_pb2.DESCRIPTOR.services_by_name["ScheduleService"],
 ]
 METHODS = [(f"/{s.full_name}/{m.name}", m) for s in SERVICES for m in s.methods]
 
