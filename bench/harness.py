@@ -107,22 +107,22 @@ class Params:
 
     @classmethod
     def quick(cls) -> Params:
-        """A smoke check: one short run of each, backlogs of 100k and 30k instead of 1M."""
+        """A smoke check: one short run of each, backlogs of 50k and 15k instead of 1M."""
         return cls(
             mode="quick",
             runs=1,
             warmup=0.5,
             duration=2,
             probe=1,
-            history=20_000,
+            history=10_000,
             small_backlog=10_000,
-            large_backlog=100_000,
+            large_backlog=50_000,
             per_queue=200,
             reopens=2,
             batch_warmup=0.3,
             batch_duration=1,
-            drain_reserve=60_000,
-            pgq_backlog=30_000,
+            drain_reserve=30_000,
+            pgq_backlog=15_000,
             bulk_dead=20_000,
         )
 
