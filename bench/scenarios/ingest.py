@@ -124,6 +124,7 @@ class Ingest(Scenario):
 
     name = "ingest"
     report_order = 9
+    uses_dataset = False
 
     def __init__(self, bench: Bench) -> None:
         super().__init__(bench)
