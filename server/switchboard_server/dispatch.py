@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from switchboard_server import errors
 from switchboard_server.access import Scope, endpoint_scope, require_tenant
@@ -118,42 +118,26 @@ DEFAULT_PRIORITY = 0
 MAX_PRIORITY = 9
 
 
-@dataclass(frozen=True)
-class IngestRequest:
-    """A validated ingest (at most one key: ``dedup`` or ``idempotency_key``)."""
+class IngestRequest(NamedTuple):
+    """A validated ingest: the endpoint it names (``None``: the caller's) and the
+    todo (at most one key: a dedup key or an idempotency key, with its
+    retention: ``DEFAULT_IDEMPOTENCY_RETENTION`` unless the ingest says
+    otherwise)."""
 
     endpoint_id: uuid.UUID | None
-    queue: str
-    payload: bytes
-    content_type: str
-    max_attempts: int
-    delay: timedelta
-    dedup: tuple[str, str] | None
-    idempotency_key: str | None = None
-    idempotency_retention: timedelta = DEFAULT_IDEMPOTENCY_RETENTION
-    priority: int = DEFAULT_PRIORITY
+    todo: todo_queries.NewTodo
 
     def new_todo(self, traceparent: str | None) -> todo_queries.NewTodo:
         """The todo to insert, with the producer's trace context."""
-        return todo_queries.NewTodo(
-            queue=self.queue,
-            payload=self.payload,
-            content_type=self.content_type,
-            max_attempts=self.max_attempts,
-            delay=self.delay,
-            webhook_id=self.dedup[0] if self.dedup else None,
-            delivery_id=self.dedup[1] if self.dedup else None,
-            idempotency_key=self.idempotency_key,
-            idempotency_retention=self.idempotency_retention
-            if self.idempotency_key is not None
-            else None,
-            traceparent=traceparent,
-            priority=self.priority,
-        )
+        if traceparent is None:
+            return self.todo
+        return self.todo._replace(traceparent=traceparent)
 
 
-#: An ingested todo and whether a key matched an existing one instead.
-Ingested = tuple[Todo, bool]
+#: One todo to ingest, and what ingest did with it: the todo created, or the
+#: existing one a key matched.
+NewTodo = todo_queries.NewTodo
+Ingested = todo_queries.Ingested
 
 
 @dataclass(frozen=True)
@@ -362,7 +346,7 @@ class Dispatcher:
         traceparent: str | None = None,
     ) -> list[Ingested]:
         """Creates todos of one endpoint (any of its queues) in one transaction:
-        per item, in order, the todo and whether a key matched an existing one
+        per item, in order, the todo created or the existing one a key matched
         (or an earlier item's)."""
         scope = endpoint_scope(principal, Grant.INGEST, endpoint_id)
         assert scope.endpoint_id is not None

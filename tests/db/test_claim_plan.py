@@ -50,7 +50,7 @@ async def test_not_yet_due_urgent_todos_are_not_walked(db: Database, dsn: str) -
                         )
                     ],
                 )
-            )[0][0].id
+            )[0].id
             for p in (3, 3, 5, 5, 5)
         ]
     conn = await asyncpg.connect(dsn)

@@ -631,12 +631,22 @@ $$;
 -- transaction is inserting waits for it (the unique indexes), so a key makes
 -- exactly one todo however many callers race; keyed items are inserted in
 -- key order, so that two calls with the same keys in other orders do not
--- deadlock. Ids are taken in item order before the insert (so that each
--- inserted row is matched to its item); those of deduplicated items are
--- skipped. Each queue that got a new todo claimable now rings its doorbell
--- once (sb_on_created). One row per item: its 1-based position, whether it
--- was deduplicated, and the todo.
-CREATE OR REPLACE FUNCTION sb_ingest_many(
+-- deadlock. Without any key (both key arrays NULL) nothing can conflict and
+-- the items are one plain INSERT. Ids are taken in item order before the
+-- insert (so that each inserted row is matched to its item); those of
+-- deduplicated items are skipped. Each queue that got a new todo claimable
+-- now rings its doorbell once, in queue id order.
+--
+-- One row per item, in item order: its 1-based position and its todo's id;
+-- for a new todo, the instants it was given (created_at, which is also its
+-- updated_at, and next_retry_at: every other column is the item's or its
+-- default), and the existing todo whole (todo) for a deduplicated item. A
+-- new todo is not read back: the caller has the rest (no payload comes
+-- back, no row is decoded).
+--
+-- The arrays are read by unnest, never subscripted in a loop (a subscript
+-- of a variable-length array walks it from the start).
+CREATE OR REPLACE FUNCTION sb_ingest_todos(
     p_owner_id uuid,
     p_endpoint_id uuid,
     p_queues text[],
@@ -650,7 +660,10 @@ CREATE OR REPLACE FUNCTION sb_ingest_many(
     p_retentions interval[],
     p_traceparents text[],
     p_priorities integer[]
-) RETURNS TABLE (ord bigint, deduplicated boolean, todo todos)
+) RETURNS TABLE (
+    ord integer, id bigint, deduplicated boolean, created_at timestamptz,
+    next_retry_at timestamptz, todo todos
+)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan  -- as sb_settle
 AS $$
@@ -658,14 +671,13 @@ AS $$
 DECLARE
     v_now timestamptz := sb_now();
     v_n integer := cardinality(p_queues);
+    v_seq regclass := pg_get_serial_sequence('todos', 'id')::regclass;
     v_queue_ids bigint[];
     v_ids bigint[];
-    v_left bigint[];  -- ords not yet answered
-    v_ords bigint[] := '{}';
-    v_dedup boolean[] := '{}';
-    v_rows todos[] := '{}';
-    v_new todos[] := '{}';
-    v_got_ords bigint[];
+    v_left integer[];  -- ords not yet answered; NULL: all of them
+    v_got integer[];
+    v_dup_ords integer[] := '{}';
+    v_dup_rows todos[] := '{}';
     v_got_rows todos[];
     v_expired bigint[];
 BEGIN
@@ -686,100 +698,169 @@ BEGIN
          ORDER BY d.name
         ON CONFLICT ON CONSTRAINT queues_endpoint_name_key DO NOTHING;
     END LOOP;
-    SELECT array_agg(nextval(pg_get_serial_sequence('todos', 'id'))) INTO v_ids
-      FROM generate_series(1, v_n);
-    v_left := ARRAY(SELECT generate_series(1, v_n)::bigint);
-    LOOP
-        WITH items AS (
-            SELECT i.*
-              FROM unnest(v_ids, v_queue_ids, p_queues, p_payloads, p_content_types,
-                          p_max_attempts, p_delays,
-                          coalesce(p_webhook_ids, array_fill(NULL::text, ARRAY[v_n])),
-                          coalesce(p_delivery_ids, array_fill(NULL::text, ARRAY[v_n])),
-                          coalesce(p_keys, array_fill(NULL::text, ARRAY[v_n])),
-                          coalesce(p_retentions, array_fill(NULL::interval, ARRAY[v_n])),
-                          coalesce(p_traceparents, array_fill(NULL::text, ARRAY[v_n])),
-                          coalesce(p_priorities, array_fill(0, ARRAY[v_n])))
-                   WITH ORDINALITY AS i (id, queue_id, queue, payload, content_type,
-                                         max_attempts, delay, webhook_id, delivery_id,
-                                         key, retention, traceparent, priority, ord)
-             WHERE i.ord = ANY (v_left)
-        ), inserted AS (
-            INSERT INTO todos AS t (id, queue_id, owner_id, endpoint_id, queue, payload,
-                                    content_type, max_attempts, next_retry_at,
-                                    dedup_webhook_id, dedup_delivery_id, idempotency_key,
-                                    idempotency_retention, traceparent, priority,
-                                    created_at, updated_at)
-            OVERRIDING SYSTEM VALUE
-            SELECT i.id, i.queue_id, p_owner_id, p_endpoint_id, i.queue, i.payload,
-                   i.content_type, i.max_attempts, v_now + i.delay, i.webhook_id,
-                   i.delivery_id, i.key, CASE WHEN i.key IS NOT NULL THEN i.retention END,
-                   i.traceparent, i.priority, v_now, v_now
-              FROM items i
-             ORDER BY i.webhook_id, i.delivery_id, i.queue_id, i.key, i.ord
-            ON CONFLICT DO NOTHING
-            RETURNING t AS row
-        )
-        SELECT coalesce(array_agg(i.ord ORDER BY i.ord), '{}'),
-               coalesce(array_agg(n.row ORDER BY i.ord), '{}')
-          INTO v_got_ords, v_got_rows
-          FROM inserted n JOIN items i ON i.id = (n.row).id;
-        v_ords := v_ords || v_got_ords;
-        v_rows := v_rows || v_got_rows;
-        v_new := v_new || v_got_rows;
-        v_dedup := v_dedup || array_fill(false, ARRAY[cardinality(v_got_ords)]);
-        EXIT WHEN cardinality(v_got_ords) = cardinality(v_left);
-        -- The rest met a key that a todo holds (one of this call's, or one a
-        -- concurrent transaction committed: this statement's snapshot sees it).
-        v_left := ARRAY(SELECT l FROM unnest(v_left) AS l WHERE l <> ALL (v_got_ords));
-        WITH holders AS (
-            SELECT k.ord, t AS row
-              FROM unnest(v_left) AS k (ord)
-              JOIN todos t
-                ON t.endpoint_id = p_endpoint_id
-               AND t.dedup_webhook_id = p_webhook_ids[k.ord]
-               AND t.dedup_delivery_id = p_delivery_ids[k.ord]
-             WHERE p_webhook_ids[k.ord] IS NOT NULL
-            UNION ALL
-            SELECT k.ord, t AS row
-              FROM unnest(v_left) AS k (ord)
-              JOIN todos t ON t.queue_id = v_queue_ids[k.ord] AND t.idempotency_key = p_keys[k.ord]
-             WHERE p_keys[k.ord] IS NOT NULL
-        )
-        SELECT coalesce(array_agg(h.ord ORDER BY h.ord) FILTER (WHERE NOT x.expired), '{}'),
-               coalesce(array_agg(h.row ORDER BY h.ord) FILTER (WHERE NOT x.expired), '{}'),
-               coalesce(array_agg(DISTINCT (h.row).id) FILTER (WHERE x.expired), '{}')
-          INTO v_got_ords, v_got_rows, v_expired
-          FROM holders h
-          CROSS JOIN LATERAL (
-              SELECT (h.row).idempotency_key IS NOT NULL AND (h.row).finished_at IS NOT NULL
-                     AND (h.row).finished_at + (h.row).idempotency_retention <= v_now
-                  AS expired
-          ) AS x;
-        v_ords := v_ords || v_got_ords;
-        v_rows := v_rows || v_got_rows;
-        v_dedup := v_dedup || array_fill(true, ARRAY[cardinality(v_got_ords)]);
-        v_left := ARRAY(SELECT l FROM unnest(v_left) AS l WHERE l <> ALL (v_got_ords));
-        EXIT WHEN cardinality(v_left) = 0;
-        IF cardinality(v_expired) > 0 THEN
-            -- Holders past their retention give their keys up (rechecked under
-            -- the row lock: a requeued holder keeps its key).
-            PERFORM 1 FROM todos t WHERE t.id = ANY (v_expired) ORDER BY t.id FOR UPDATE;
-            UPDATE todos t SET idempotency_key = NULL
-             WHERE t.id = ANY (v_expired) AND t.finished_at IS NOT NULL
-               AND t.finished_at + t.idempotency_retention <= v_now;
-        END IF;
-        -- Then the rest are inserted again (a holder deleted by retention in
-        -- between, too).
-    END LOOP;
-    IF cardinality(v_new) > 0 THEN
-        PERFORM sb_on_created(f.row, v_now)
-           FROM (SELECT DISTINCT ON (r.queue_id) r AS row
-                   FROM unnest(v_new) AS r ORDER BY r.queue_id, r.next_retry_at) AS f;
+    SELECT array_agg(nextval(v_seq) ORDER BY g) INTO v_ids FROM generate_series(1, v_n) AS g;
+    IF p_webhook_ids IS NULL AND p_keys IS NULL THEN
+        -- No keys: every item is a new todo.
+        INSERT INTO todos AS t (id, queue_id, owner_id, endpoint_id, queue, payload,
+                                content_type, max_attempts, next_retry_at, traceparent,
+                                priority, created_at, updated_at)
+        OVERRIDING SYSTEM VALUE
+        SELECT i.id, i.queue_id, p_owner_id, p_endpoint_id, i.queue, i.payload,
+               i.content_type, i.max_attempts, v_now + i.delay, i.traceparent, i.priority,
+               v_now, v_now
+          FROM unnest(v_ids, v_queue_ids, p_queues, p_payloads, p_content_types,
+                      p_max_attempts, p_delays,
+                      coalesce(p_traceparents, array_fill(NULL::text, ARRAY[v_n])),
+                      coalesce(p_priorities, array_fill(0, ARRAY[v_n])))
+               AS i (id, queue_id, queue, payload, content_type, max_attempts, delay,
+                     traceparent, priority);
+    ELSE
+        LOOP
+            WITH items AS (
+                SELECT i.*
+                  FROM unnest(v_ids, v_queue_ids, p_queues, p_payloads, p_content_types,
+                              p_max_attempts, p_delays,
+                              coalesce(p_webhook_ids, array_fill(NULL::text, ARRAY[v_n])),
+                              coalesce(p_delivery_ids, array_fill(NULL::text, ARRAY[v_n])),
+                              coalesce(p_keys, array_fill(NULL::text, ARRAY[v_n])),
+                              coalesce(p_retentions, array_fill(NULL::interval, ARRAY[v_n])),
+                              coalesce(p_traceparents, array_fill(NULL::text, ARRAY[v_n])),
+                              coalesce(p_priorities, array_fill(0, ARRAY[v_n])))
+                       WITH ORDINALITY AS i (id, queue_id, queue, payload, content_type,
+                                             max_attempts, delay, webhook_id, delivery_id,
+                                             key, retention, traceparent, priority, ord)
+                 WHERE v_left IS NULL OR i.ord IN (SELECT unnest(v_left))
+            ), inserted AS (
+                INSERT INTO todos AS t (id, queue_id, owner_id, endpoint_id, queue, payload,
+                                        content_type, max_attempts, next_retry_at,
+                                        dedup_webhook_id, dedup_delivery_id, idempotency_key,
+                                        idempotency_retention, traceparent, priority,
+                                        created_at, updated_at)
+                OVERRIDING SYSTEM VALUE
+                SELECT i.id, i.queue_id, p_owner_id, p_endpoint_id, i.queue, i.payload,
+                       i.content_type, i.max_attempts, v_now + i.delay, i.webhook_id,
+                       i.delivery_id, i.key, CASE WHEN i.key IS NOT NULL THEN i.retention END,
+                       i.traceparent, i.priority, v_now, v_now
+                  FROM items i
+                 ORDER BY i.webhook_id, i.delivery_id, i.queue_id, i.key, i.ord
+                ON CONFLICT DO NOTHING
+                RETURNING t.id
+            )
+            SELECT coalesce(array_agg(i.ord::integer), '{}') INTO v_got
+              FROM inserted n JOIN items i ON i.id = n.id;
+            EXIT WHEN cardinality(v_got) = coalesce(cardinality(v_left), v_n);
+            -- The rest met a key that a todo holds (one of this call's, or one a
+            -- concurrent transaction committed: this statement's snapshot sees it).
+            v_left := ARRAY(SELECT l.ord::integer
+                              FROM generate_series(1, v_n) AS l (ord)
+                             WHERE (v_left IS NULL OR l.ord IN (SELECT unnest(v_left)))
+                               AND l.ord NOT IN (SELECT unnest(v_got)));
+            WITH lefts AS (
+                SELECT k.*
+                  FROM unnest(v_queue_ids,
+                              coalesce(p_webhook_ids, array_fill(NULL::text, ARRAY[v_n])),
+                              coalesce(p_delivery_ids, array_fill(NULL::text, ARRAY[v_n])),
+                              coalesce(p_keys, array_fill(NULL::text, ARRAY[v_n])))
+                       WITH ORDINALITY AS k (queue_id, webhook_id, delivery_id, key, ord)
+                 WHERE k.ord IN (SELECT unnest(v_left))
+            ), holders AS (
+                SELECT k.ord, t AS row
+                  FROM lefts k
+                  JOIN todos t
+                    ON t.endpoint_id = p_endpoint_id
+                   AND t.dedup_webhook_id = k.webhook_id
+                   AND t.dedup_delivery_id = k.delivery_id
+                 WHERE k.webhook_id IS NOT NULL
+                UNION ALL
+                SELECT k.ord, t AS row
+                  FROM lefts k
+                  JOIN todos t ON t.queue_id = k.queue_id AND t.idempotency_key = k.key
+                 WHERE k.key IS NOT NULL
+            )
+            SELECT coalesce(array_agg(h.ord::integer ORDER BY h.ord)
+                                FILTER (WHERE NOT x.expired), '{}'),
+                   coalesce(array_agg(h.row ORDER BY h.ord) FILTER (WHERE NOT x.expired), '{}'),
+                   coalesce(array_agg(DISTINCT (h.row).id) FILTER (WHERE x.expired), '{}')
+              INTO v_got, v_got_rows, v_expired
+              FROM holders h
+              CROSS JOIN LATERAL (
+                  SELECT (h.row).idempotency_key IS NOT NULL AND (h.row).finished_at IS NOT NULL
+                         AND (h.row).finished_at + (h.row).idempotency_retention <= v_now
+                      AS expired
+              ) AS x;
+            v_dup_ords := v_dup_ords || v_got;
+            v_dup_rows := v_dup_rows || v_got_rows;
+            v_left := ARRAY(SELECT l FROM unnest(v_left) AS l WHERE l NOT IN (SELECT unnest(v_got)));
+            EXIT WHEN cardinality(v_left) = 0;
+            IF cardinality(v_expired) > 0 THEN
+                -- Holders past their retention give their keys up (rechecked under
+                -- the row lock: a requeued holder keeps its key).
+                PERFORM 1 FROM todos t WHERE t.id = ANY (v_expired) ORDER BY t.id FOR UPDATE;
+                UPDATE todos t SET idempotency_key = NULL
+                 WHERE t.id = ANY (v_expired) AND t.finished_at IS NOT NULL
+                   AND t.finished_at + t.idempotency_retention <= v_now;
+            END IF;
+            -- Then the rest are inserted again (a holder deleted by retention in
+            -- between, too).
+        END LOOP;
     END IF;
-    RETURN QUERY SELECT v_ords[k], v_dedup[k], v_rows[k]
-                   FROM generate_subscripts(v_ords, 1) AS k
-                  ORDER BY v_ords[k];
+    PERFORM sb_ring(r.queue_id, 'created', v_now)
+       FROM (SELECT DISTINCT i.queue_id
+               FROM unnest(v_queue_ids, p_delays) WITH ORDINALITY AS i (queue_id, delay, ord)
+              WHERE v_now + i.delay <= v_now
+                AND i.ord NOT IN (SELECT unnest(v_dup_ords))
+              ORDER BY i.queue_id) AS r;
+    RETURN QUERY
+    SELECT i.ord::integer,
+           CASE WHEN d.ord IS NULL THEN i.id ELSE (d.row).id END,
+           d.ord IS NOT NULL,
+           CASE WHEN d.ord IS NULL THEN v_now END,
+           CASE WHEN d.ord IS NULL THEN v_now + i.delay END,
+           d.row
+      FROM unnest(v_ids, p_delays) WITH ORDINALITY AS i (id, delay, ord)
+      LEFT JOIN (SELECT unnest(v_dup_ords) AS ord, unnest(v_dup_rows) AS row) AS d
+        ON d.ord = i.ord
+     ORDER BY i.ord;
+END;
+$$;
+
+-- sb_ingest_todos as servers of the previous release call it (each todo
+-- read back whole), during a rolling upgrade.
+CREATE OR REPLACE FUNCTION sb_ingest_many(
+    p_owner_id uuid,
+    p_endpoint_id uuid,
+    p_queues text[],
+    p_payloads bytea[],
+    p_content_types text[],
+    p_max_attempts integer[],
+    p_delays interval[],
+    p_webhook_ids text[],
+    p_delivery_ids text[],
+    p_keys text[],
+    p_retentions interval[],
+    p_traceparents text[],
+    p_priorities integer[]
+) RETURNS TABLE (ord bigint, deduplicated boolean, todo todos)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_ids bigint[];
+    v_dedup boolean[];
+    v_rows todos[];
+BEGIN
+    SELECT array_agg(m.id ORDER BY m.ord), array_agg(m.deduplicated ORDER BY m.ord),
+           array_agg(m.todo ORDER BY m.ord)
+      INTO v_ids, v_dedup, v_rows
+      FROM sb_ingest_todos(p_owner_id, p_endpoint_id, p_queues, p_payloads, p_content_types,
+                           p_max_attempts, p_delays, p_webhook_ids, p_delivery_ids, p_keys,
+                           p_retentions, p_traceparents, p_priorities) AS m;
+    -- The new todos, read in a statement after the one that inserted them.
+    RETURN QUERY
+    SELECT u.ord, u.dedup, CASE WHEN u.dedup THEN u.row ELSE t END
+      FROM (SELECT unnest(v_ids) AS id, unnest(v_dedup) AS dedup, unnest(v_rows) AS row,
+                   generate_series(1, cardinality(v_ids))::bigint AS ord) AS u
+      LEFT JOIN todos t ON t.id = u.id AND NOT u.dedup
+     ORDER BY u.ord;
 END;
 $$;
 

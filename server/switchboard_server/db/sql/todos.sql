@@ -1,8 +1,9 @@
--- name: todo_ingest_many :many
+-- name: todo_ingest :many
 -- Creates todos of one endpoint, or returns the existing ones for keys that
--- todos hold; one row per item, in order. See sb_ingest_many.
-SELECT deduplicated, todo
-  FROM sb_ingest_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ORDER BY ord;
+-- todos hold; one row per item, in order: a new todo's id and instants, or
+-- the existing todo whole. See sb_ingest_todos.
+SELECT id, created_at, next_retry_at, todo
+  FROM sb_ingest_todos($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ORDER BY ord;
 
 -- name: todo_claim :one
 -- Claims one specific todo within its queue's budget; see sb_claim.
