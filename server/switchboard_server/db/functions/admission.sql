@@ -493,6 +493,8 @@ $$;
 -- the budget cuts short is rolled back the same way and tried again in the
 -- original form: its todos locked again, then the policy, and the admitted
 -- part claimed under the lock (sb_admit_then_claim_batch).
+-- p_head_*: the queue's head as sb_claim_next_for's probe found it (see
+-- sb_lock_pending; NULL: none known).
 -- outcome: claimed | none | deferred (admission is the deferral as JSON).
 -- (No variable of the policy's row type here, as in sb_queue_admission: an
 -- unreadable policy table must fail inside the handler, closed.)
@@ -505,6 +507,9 @@ CREATE OR REPLACE FUNCTION sb_try_budgeted_batch(
     p_claimants text[],
     p_lease interval,
     p_now timestamptz,
+    p_head_priority smallint,
+    p_head_retry timestamptz,
+    p_head_id bigint,
     OUT outcome text,
     OUT claimed todos[],
     OUT admission jsonb
@@ -517,7 +522,8 @@ DECLARE
     v_cut boolean := false;
 BEGIN
     BEGIN
-        v_ids := sb_lock_pending(p_queue_id, p_limit, p_max_bytes, p_now);
+        v_ids := sb_lock_pending(p_queue_id, p_limit, p_max_bytes, p_now,
+                                 p_head_priority, p_head_retry, p_head_id);
         IF cardinality(v_ids) = 0 THEN
             outcome := 'none';
             RETURN;
@@ -563,4 +569,25 @@ BEGIN
             admission := jsonb_build_object('queue', p_queue, 'reason', 'admission_unavailable');
     END;
 END;
+$$;
+
+-- sb_try_budgeted_batch as before the head was passed (nothing calls it now;
+-- dropping a function takes a numbered migration): with no head known.
+CREATE OR REPLACE FUNCTION sb_try_budgeted_batch(
+    p_queue_id bigint,
+    p_queue text,
+    p_policy_id bigint,
+    p_limit integer,
+    p_max_bytes bigint,
+    p_claimants text[],
+    p_lease interval,
+    p_now timestamptz,
+    OUT outcome text,
+    OUT claimed todos[],
+    OUT admission jsonb
+)
+LANGUAGE sql AS $$
+    SELECT r.outcome, r.claimed, r.admission
+      FROM sb_try_budgeted_batch(p_queue_id, p_queue, p_policy_id, p_limit, p_max_bytes,
+                                 p_claimants, p_lease, p_now, NULL, NULL, NULL) AS r
 $$;
