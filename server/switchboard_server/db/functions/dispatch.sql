@@ -93,8 +93,19 @@ $$;
 -- other fields, so that a response carrying the batch fits in one message.
 -- Rows locked past the cut stay locked, untouched, until the transaction
 -- ends.
+--
+-- p_head_*: the queue's head as sb_claim_next_for's unlocked probe just
+-- found it (due, of priority p_head_priority; NULL: none known). The first
+-- priority is then that one and its lock starts at that row, without walking
+-- again the index entries before it (the probe saw none of them: claimed
+-- and settled todos not yet vacuumed, mostly), which each claim walked three
+-- times (probe, priority, lock) where the bare queue walks once. A row
+-- before the head that became visible since the probe (a concurrent
+-- commit) waits for the next claim, as a row committed just after the lock
+-- would.
 CREATE OR REPLACE FUNCTION sb_lock_pending(
-    p_queue_id bigint, p_limit integer, p_max_bytes bigint, p_now timestamptz
+    p_queue_id bigint, p_limit integer, p_max_bytes bigint, p_now timestamptz,
+    p_head_priority smallint, p_head_retry timestamptz, p_head_id bigint
 ) RETURNS bigint[]
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -103,7 +114,24 @@ DECLARE
     v_sizes bigint[] := '{}';
     v_bytes bigint := 0;
 BEGIN
-    LOOP
+    IF p_head_priority IS NOT NULL THEN
+        v_level := p_head_priority;
+        SELECT coalesce(array_agg(l.id ORDER BY l.next_retry_at, l.id), '{}'),
+               coalesce(array_agg(l.size ORDER BY l.next_retry_at, l.id), '{}')
+          INTO v_ids, v_sizes
+          FROM (
+              SELECT t.id, t.next_retry_at,
+                     octet_length(t.payload) + octet_length(t.last_error) + 1024 AS size
+                FROM todos t
+               WHERE t.queue_id = p_queue_id AND t.state = 'pending'
+                 AND t.priority = v_level AND t.next_retry_at <= p_now
+                 AND (t.next_retry_at, t.id) >= (p_head_retry, p_head_id)
+               ORDER BY t.next_retry_at, t.id
+               LIMIT p_limit
+                 FOR UPDATE SKIP LOCKED
+          ) AS l;
+    END IF;
+    WHILE cardinality(v_ids) < p_limit LOOP
         WITH RECURSIVE level AS (
             (SELECT t.priority, t.next_retry_at FROM todos t
               WHERE t.queue_id = p_queue_id AND t.state = 'pending'
@@ -137,7 +165,6 @@ BEGIN
                LIMIT p_limit - cardinality(v_ids)
                  FOR UPDATE SKIP LOCKED
           ) AS l;
-        EXIT WHEN cardinality(v_ids) >= p_limit;
     END LOOP;
     FOR i IN 1 .. cardinality(v_ids) LOOP
         v_bytes := v_bytes + v_sizes[i];
@@ -147,6 +174,14 @@ BEGIN
     END LOOP;
     RETURN v_ids;
 END;
+$$;
+
+-- sb_lock_pending with no head known: every priority found by its probe.
+CREATE OR REPLACE FUNCTION sb_lock_pending(
+    p_queue_id bigint, p_limit integer, p_max_bytes bigint, p_now timestamptz
+) RETURNS bigint[]
+LANGUAGE sql AS $$
+    SELECT sb_lock_pending(p_queue_id, p_limit, p_max_bytes, p_now, NULL, NULL, NULL)
 $$;
 
 -- Turns locked, claimable pending todos (ids in claim order) into claims,
