@@ -98,7 +98,7 @@ async def test_a_claim_walks_the_dead_head_of_its_queue_once(db: Database, dsn: 
                 endpoint_id=endpoint.id,
                 items=[todo_queries.NewTodo("work", b"p", "text/plain", 5, timedelta(0))],
             )
-        )[0][0].id
+        )[0].id
     conn = await asyncpg.connect(dsn)
     holder = await asyncpg.connect(dsn)
     try:
