@@ -195,8 +195,12 @@ class Bench:
         server: ServerProcess,
         cluster: Cluster,
         progress: Progress,
+        *,
+        only: str | None = None,
     ) -> None:
         self.p = params
+        #: ``--only``: the one family run (without the shared data set), or None.
+        self.only = only
         self.api = api
         self.pool = pool
         self.server = server
@@ -213,7 +217,9 @@ class Bench:
         self.queue_ids: dict[tuple[str, str], int] = {}
         self.dataset = Dataset(self)
         #: The registered families, in report order.
-        self.families: list[Scenario] = scenarios.registered(self)
+        self.families: list[Scenario] = [
+            f for f in scenarios.registered(self) if only is None or f.name == only
+        ]
 
     # -- helpers ------------------------------------------------------------
 
@@ -300,7 +306,10 @@ class Bench:
 
     async def run(self) -> None:
         """Every phase, in timeline order; the rounds at ``ROUNDS_AT``."""
-        phases = [*self.dataset.phases(), *(ph for f in self.families for ph in f.phases())]
+        shared = self.dataset.phases() if self.only is None else []
+        if self.only is not None:  # what the data set's first phase records for the report
+            self.figures["postgres_version"] = await self.pool.fetchval(sql.SERVER_VERSION)
+        phases = [*shared, *(ph for f in self.families for ph in f.phases())]
         steps = sorted((st for f in self.families for st in f.steps()), key=lambda st: st.at)
         phases.sort(key=lambda ph: ph.at)
         places = [ph.at for ph in phases]

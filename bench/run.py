@@ -23,6 +23,7 @@ Results: a table on stdout, ``bench/results/<date>-<commit>.json``,
 ``bench/results/latest.md``, and the README's Performance section (full
 runs only; ``--quick`` writes to ``bench/results/tmp/``).
 
+``python -m bench --only NAME`` runs one family (``bulk_requeue``) alone.
 ``python -m bench --idle`` runs the idle bench instead (``bench/idle/``);
 ``python -m bench --profile`` shows where the database time goes
 (``bench/profile.py``).
@@ -103,6 +104,12 @@ def parser() -> argparse.ArgumentParser:
         "function times, wait events and plans of the bare reference and the DB ceilings",
     )
     p.add_argument(
+        "--only",
+        metavar="NAME",
+        help="run one scenario family (a module of bench/scenarios/ that makes its own data, "
+        "e.g. bulk_requeue), without the shared data set; results go to bench/results/tmp/",
+    )
+    p.add_argument(
         "--idle-seconds",
         type=float,
         metavar="S",
@@ -143,7 +150,7 @@ async def _main(args: argparse.Namespace) -> int:
             server_settings=session_settings("switchboard-bench", Settings().lock_timeout),
         )
         assert pool is not None
-        bench = Bench(params, api, pool, server, cluster, progress)
+        bench = Bench(params, api, pool, server, cluster, progress, only=args.only)
         try:
             await bench.run()
         finally:
@@ -169,7 +176,8 @@ async def _main(args: argparse.Namespace) -> int:
     load_after = os.getloadavg()
     header = (
         f"{started_at:%Y-%m-%d %H:%M} UTC, commit `{commit}`, {params.mode} run "
-        f"(median of {params.runs} run{'s' if params.runs > 1 else ''}"
+        + (f"of {args.only} only " if args.only else "")
+        + f"(median of {params.runs} run{'s' if params.runs > 1 else ''}"
         f"{', min-max' if params.runs > 1 else ''}; {params.warmup:g} s warm-up + "
         f"{params.duration:g} s each, batched and pgqueuer {params.batch_warmup:g} s + "
         f"{params.batch_duration:g} s), {mach['cpu_model']} x {mach['logical_cpus']}, "
@@ -184,6 +192,7 @@ async def _main(args: argparse.Namespace) -> int:
         "date": started_at.isoformat(timespec="seconds"),
         "commit": commit,
         "mode": params.mode,
+        "only": args.only,
         "wall_seconds": round(wall, 1),
         "machine": {
             **mach,
@@ -207,8 +216,8 @@ async def _main(args: argparse.Namespace) -> int:
         "databases": [cluster.database, *cluster.others],
         "notes": bench.notes,
     }
-    readme = not args.no_readme and not _server_settings(args)
-    path = report.write_results(result, markdown, params.mode == "quick", readme)
+    readme = not args.no_readme and not _server_settings(args) and not args.only
+    path = report.write_results(result, markdown, params.mode == "quick" or bool(args.only), readme)
     print(markdown)
     print(f"results: {path.relative_to(report.ROOT)}", file=sys.stderr)
     failed = [t for t in targets if not t.passed]
@@ -225,6 +234,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--idle-seconds needs --idle")
     if args.profile and (args.idle or args.combine_max is not None):
         p.error("--profile takes neither --idle nor --combine-max")
+    if args.only is not None:
+        from bench import scenarios
+
+        names = [cls.name for cls in scenarios.families()]
+        if args.idle or args.profile or args.only not in names:
+            p.error(f"--only takes one of {', '.join(names)} (and neither --idle nor --profile)")
     try:
         if args.profile:
             from bench.profile import run_profile
