@@ -373,6 +373,42 @@ async def requeue(
 
 
 @dataclass(frozen=True)
+class Tally:
+    """What a bulk chunk's cancel or requeue changed in one queue, from one state."""
+
+    queue: str
+    was: TodoState
+    count: int
+
+
+def _tallies(rows: Sequence[Mapping[str, Any]]) -> list[Tally]:
+    return [Tally(str(r["queue"]), TodoState(r["was"]), int(r["n"])) for r in rows]
+
+
+async def cancel_tally(
+    conn: Conn, *, ids: Sequence[int], owner_id: uuid.UUID, endpoint_id: uuid.UUID | None
+) -> list[Tally]:
+    """``cancel``, answered with counts instead of the todos (a bulk chunk's)."""
+    return _tallies(await conn.fetch(sql("todo_cancel_tally"), owner_id, endpoint_id, list(ids)))
+
+
+async def requeue_tally(
+    conn: Conn,
+    *,
+    ids: Sequence[int],
+    owner_id: uuid.UUID,
+    endpoint_id: uuid.UUID | None,
+    delay: timedelta,
+    max_attempts: int | None,
+) -> list[Tally]:
+    """``requeue``, answered with counts instead of the todos (a bulk chunk's)."""
+    rows = await conn.fetch(
+        sql("todo_requeue_tally"), owner_id, endpoint_id, list(ids), delay, max_attempts
+    )
+    return _tallies(rows)
+
+
+@dataclass(frozen=True)
 class Chunk:
     """One chunk of a bulk action by filter (see ``sb_bulk_chunk``): the ids
     taken and locked, how many passed the filter, how many of those a

@@ -45,6 +45,23 @@ SELECT outcome, todo, was FROM sb_cancel($1, $2, $3) ORDER BY ord;
 -- per item, in order. See sb_requeue.
 SELECT outcome, todo, was FROM sb_requeue($1, $2, $3, $4, $5) ORDER BY ord;
 
+-- name: todo_cancel_tally :many
+-- A bulk chunk's cancel (see sb_cancel): the todos it changed, counted by
+-- queue and the state each was cancelled from (the rows stay in the
+-- database: a chunk's caller needs only the counts).
+SELECT (todo).queue AS queue, was, count(*)::integer AS n
+  FROM sb_cancel($1, $2, $3)
+ WHERE outcome = 'applied'
+ GROUP BY 1, 2;
+
+-- name: todo_requeue_tally :many
+-- A bulk chunk's requeue (see sb_requeue): the todos it changed, counted by
+-- queue and the state each was requeued from.
+SELECT (todo).queue AS queue, was, count(*)::integer AS n
+  FROM sb_requeue($1, $2, $3, $4, $5)
+ WHERE outcome = 'applied'
+ GROUP BY 1, 2;
+
 -- name: todo_bulk_chunk :one
 -- One chunk of a bulk cancel or requeue by filter: the ids taken (locked,
 -- SKIP LOCKED), how many matched and were skipped, and where the next chunk
