@@ -61,7 +61,8 @@ BEGIN
         v.window_start := p_policy.window_bounds[v_i];
         v.window_end := p_policy.window_bounds[v_i + 1];
         SELECT c.units INTO v.used FROM window_counters c
-         WHERE c.policy_id = p_policy.id AND c.window_start = v.window_start;
+         WHERE c.endpoint_id = p_policy.endpoint_id
+           AND c.policy_id = p_policy.id AND c.window_start = v.window_start;
         v.used := coalesce(v.used, 0);
     END IF;
     IF p_policy.max_in_flight IS NOT NULL THEN
@@ -69,7 +70,8 @@ BEGIN
         -- many ids p_own holds.
         SELECT count(*), min(t.lease_expires_at) INTO v.in_flight, v.earliest_expiry
           FROM todos t
-         WHERE t.queue_id = p_policy.queue_id AND t.state = 'claimed'
+         WHERE t.endpoint_id = p_policy.endpoint_id
+           AND t.queue_id = p_policy.queue_id AND t.state = 'claimed'
            AND t.id NOT IN (SELECT o.id FROM unnest(p_own) AS o (id));
     END IF;
     v.reason := CASE
@@ -147,8 +149,9 @@ $$;
 -- the queue has no active policy. (No variable of the policy's row type:
 -- compiling this function must not touch the policy table, so that even an
 -- unreadable table is caught below.)
-CREATE OR REPLACE FUNCTION sb_queue_admission(p_queue_id bigint, p_now timestamptz)
-RETURNS TABLE (reason text, eval admission_eval)
+CREATE OR REPLACE FUNCTION sb_queue_admission(
+    p_endpoint_id uuid, p_queue_id bigint, p_now timestamptz
+) RETURNS TABLE (reason text, eval admission_eval)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_eval admission_eval;
@@ -156,9 +159,12 @@ BEGIN
     BEGIN
         SELECT e.* INTO v_eval
           FROM queues q
-          JOIN admission_policies p ON p.id = q.policy_id AND p.active
-         CROSS JOIN LATERAL sb_admission_eval(p, NULL, p_now) AS e
-         WHERE q.id = p_queue_id;
+          JOIN admission_policies p
+            ON p.endpoint_id = q.endpoint_id AND p.id = q.policy_id AND p.active
+         -- ROW(p.*): on a Citus worker a whole-row p is the shard's row type.
+         CROSS JOIN LATERAL sb_admission_eval(ROW(p.*)::admission_policies, NULL, p_now) AS e
+         WHERE q.endpoint_id = p_endpoint_id AND p.endpoint_id = p_endpoint_id
+           AND q.id = p_queue_id;
         IF NOT FOUND THEN
             RETURN;
         END IF;
@@ -170,6 +176,16 @@ BEGIN
 END;
 $$;
 
+-- The form servers of earlier releases call (status reads, metrics), during
+-- a rolling upgrade.
+CREATE OR REPLACE FUNCTION sb_queue_admission(p_queue_id bigint, p_now timestamptz)
+RETURNS TABLE (reason text, eval admission_eval)
+LANGUAGE sql AS $$
+    SELECT s.reason, s.eval
+      FROM queues q CROSS JOIN LATERAL sb_queue_admission(q.endpoint_id, q.id, p_now) AS s
+     WHERE q.id = p_queue_id
+$$;
+
 -- A deferral of the queue already known to hold (JSON, like sb_deferral_json),
 -- or NULL: lets ClaimNext leave out a queue without evaluating its policy.
 -- It may when the queue's gate says it is deferred until a time still ahead
@@ -177,17 +193,23 @@ $$;
 -- never go down within a window) or it is paused. A policy change makes the
 -- gate due at once (sb_gate_policy_changed), so the gate never outlives the
 -- policy it was evaluated under. Reads only queue_gates: it works even when
--- the policy table cannot be read.
-CREATE OR REPLACE FUNCTION sb_known_deferral(p_queue_id bigint, p_queue text, p_now timestamptz)
-RETURNS jsonb
-LANGUAGE sql STABLE AS $$
-    SELECT jsonb_build_object(
-        'queue', p_queue,
-        'reason', g.reason,
-        'window_end', CASE WHEN g.reason = 'window_exhausted' THEN g.next_check_at END)
-      FROM queue_gates g
-     WHERE g.queue_id = p_queue_id AND g.deferred AND g.next_check_at > p_now
-       AND g.reason IN ('window_exhausted', 'paused')
+-- the policy table cannot be read. (PL/pgSQL, as every function here that
+-- reads a table: Citus cannot plan an SQL function's parameterized
+-- statements on a distributed table.)
+CREATE OR REPLACE FUNCTION sb_known_deferral(
+    p_endpoint_id uuid, p_queue_id bigint, p_queue text, p_now timestamptz
+) RETURNS jsonb
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT jsonb_build_object(
+                'queue', p_queue,
+                'reason', g.reason,
+                'window_end', CASE WHEN g.reason = 'window_exhausted' THEN g.next_check_at END)
+              FROM queue_gates g
+             WHERE g.endpoint_id = p_endpoint_id AND g.queue_id = p_queue_id
+               AND g.deferred AND g.next_check_at > p_now
+               AND g.reason IN ('window_exhausted', 'paused'));
+END;
 $$;
 
 -- Whether a queue's budget is worth an unlocked evaluation before its policy
@@ -195,9 +217,14 @@ $$;
 -- straight to the locked check: evaluating it unlocked first would only
 -- repeat that work. One last seen deferred is evaluated unlocked first, so
 -- that claimers do not queue on its policy lock just to be refused.
-CREATE OR REPLACE FUNCTION sb_prefilter_wanted(p_queue_id bigint) RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (SELECT 1 FROM queue_gates g WHERE g.queue_id = p_queue_id AND g.deferred)
+CREATE OR REPLACE FUNCTION sb_prefilter_wanted(p_endpoint_id uuid, p_queue_id bigint)
+RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM queue_gates g
+                    WHERE g.endpoint_id = p_endpoint_id AND g.queue_id = p_queue_id
+                      AND g.deferred);
+END;
 $$;
 
 -- An admitted claim's transaction commits without waiting for its WAL flush
@@ -239,7 +266,9 @@ DECLARE
 BEGIN
     -- Waits for the lock; the session's lock_timeout bounds the wait, and
     -- running out of it refuses the claim (admission_unavailable).
-    SELECT * INTO v_policy FROM admission_policies p WHERE p.id = p_policy_id FOR UPDATE;
+    SELECT * INTO v_policy FROM admission_policies p
+     WHERE p.endpoint_id = p_row.endpoint_id AND p.id = p_policy_id
+       FOR UPDATE;
     IF NOT FOUND OR NOT v_policy.active THEN
         -- Cleared concurrently: no policy governs the queue any more.
         claimed := sb_claim_row(p_row, p_claimant, p_lease, p_now);
@@ -253,16 +282,16 @@ BEGIN
     END IF;
     claimed := sb_claim_row(p_row, p_claimant, p_lease, p_now);
     IF v_eval.window_start IS NOT NULL THEN
-        INSERT INTO window_counters AS c (policy_id, window_start, units)
-        VALUES (v_policy.id, v_eval.window_start, 1)
-        ON CONFLICT (policy_id, window_start) DO UPDATE SET units = c.units + 1;
+        INSERT INTO window_counters AS c (endpoint_id, policy_id, window_start, units)
+        VALUES (v_policy.endpoint_id, v_policy.id, v_eval.window_start, 1)
+        ON CONFLICT (policy_id, window_start, endpoint_id) DO UPDATE SET units = c.units + 1;
     END IF;
     admission := jsonb_build_object('headroom', sb_headroom(v_policy, v_eval));
     PERFORM sb_release_before_flush();
     v_full := sb_full_after(v_policy, v_eval, 1);
     IF v_full IS NOT NULL THEN
-        PERFORM sb_gate_mark(
-            v_policy.queue_id, v_full, sb_gate_next_check(v_full, v_eval, p_now), p_now, true);
+        PERFORM sb_gate_mark(v_policy.endpoint_id, v_policy.queue_id, v_full,
+                             sb_gate_next_check(v_full, v_eval, p_now), p_now, true);
     END IF;
 END;
 $$;
@@ -306,6 +335,7 @@ $$;
 --    this transaction (SKIP LOCKED), the attempts rows are new, so the lock
 --    order stays todo rows, then the policy row (SPEC 4.3, ADR-0035).
 CREATE OR REPLACE FUNCTION sb_admit_and_claim_batch(
+    p_endpoint_id uuid,
     p_ids bigint[],
     p_queue text,
     p_policy_id bigint,
@@ -323,10 +353,12 @@ DECLARE
     v_full text;
 BEGIN
     BEGIN
-        claimed := sb_claim_pending(p_ids, p_claimants, p_lease, p_now);
+        claimed := sb_claim_pending(p_endpoint_id, p_ids, p_claimants, p_lease, p_now);
         -- Waits for the lock; the session's lock_timeout bounds the wait, and
         -- running out of it refuses the claim (admission_unavailable).
-        SELECT * INTO v_policy FROM admission_policies p WHERE p.id = p_policy_id FOR UPDATE;
+        SELECT * INTO v_policy FROM admission_policies p
+         WHERE p.endpoint_id = p_endpoint_id AND p.id = p_policy_id
+           FOR UPDATE;
         IF NOT FOUND OR NOT v_policy.active THEN
             -- Cleared concurrently: no policy governs the queue any more.
             RETURN;
@@ -345,16 +377,17 @@ BEGIN
             RAISE EXCEPTION 'cut short' USING ERRCODE = 'SBCUT';
         END IF;
         IF v_eval.window_start IS NOT NULL THEN
-            INSERT INTO window_counters AS c (policy_id, window_start, units)
-            VALUES (v_policy.id, v_eval.window_start, v_take)
-            ON CONFLICT (policy_id, window_start) DO UPDATE SET units = c.units + v_take;
+            INSERT INTO window_counters AS c (endpoint_id, policy_id, window_start, units)
+            VALUES (p_endpoint_id, v_policy.id, v_eval.window_start, v_take)
+            ON CONFLICT (policy_id, window_start, endpoint_id)
+            DO UPDATE SET units = c.units + v_take;
         END IF;
         admission := jsonb_build_object('headroom', sb_headroom_after(v_policy, v_eval, v_take));
         PERFORM sb_release_before_flush();
         v_full := sb_full_after(v_policy, v_eval, v_take);
         IF v_full IS NOT NULL THEN
-            PERFORM sb_gate_mark(
-                v_policy.queue_id, v_full, sb_gate_next_check(v_full, v_eval, p_now), p_now, true);
+            PERFORM sb_gate_mark(p_endpoint_id, v_policy.queue_id, v_full,
+                                 sb_gate_next_check(v_full, v_eval, p_now), p_now, true);
         END IF;
         RETURN;
     EXCEPTION WHEN SQLSTATE 'SBCUT' THEN
@@ -362,9 +395,11 @@ BEGIN
     END;
     -- Cut short by the budget (rare: once per window or per filling of the
     -- in-flight slots): the original form, the claim under the lock.
-    SELECT * INTO v_policy FROM admission_policies p WHERE p.id = p_policy_id FOR UPDATE;
+    SELECT * INTO v_policy FROM admission_policies p
+     WHERE p.endpoint_id = p_endpoint_id AND p.id = p_policy_id
+       FOR UPDATE;
     IF NOT FOUND OR NOT v_policy.active THEN
-        claimed := sb_claim_pending(p_ids, p_claimants, p_lease, p_now);
+        claimed := sb_claim_pending(p_endpoint_id, p_ids, p_claimants, p_lease, p_now);
         RETURN;
     END IF;
     v_eval := sb_admission_eval(v_policy, NULL, p_now);
@@ -376,18 +411,18 @@ BEGIN
         cardinality(p_ids),
         v_policy.max_claims_per_window - v_eval.used,
         v_policy.max_in_flight - v_eval.in_flight);
-    claimed := sb_claim_pending(p_ids[1:v_take], p_claimants, p_lease, p_now);
+    claimed := sb_claim_pending(p_endpoint_id, p_ids[1:v_take], p_claimants, p_lease, p_now);
     IF v_eval.window_start IS NOT NULL THEN
-        INSERT INTO window_counters AS c (policy_id, window_start, units)
-        VALUES (v_policy.id, v_eval.window_start, v_take)
-        ON CONFLICT (policy_id, window_start) DO UPDATE SET units = c.units + v_take;
+        INSERT INTO window_counters AS c (endpoint_id, policy_id, window_start, units)
+        VALUES (p_endpoint_id, v_policy.id, v_eval.window_start, v_take)
+        ON CONFLICT (policy_id, window_start, endpoint_id) DO UPDATE SET units = c.units + v_take;
     END IF;
     admission := jsonb_build_object('headroom', sb_headroom_after(v_policy, v_eval, v_take));
     PERFORM sb_release_before_flush();
     v_full := sb_full_after(v_policy, v_eval, v_take);
     IF v_full IS NOT NULL THEN
-        PERFORM sb_gate_mark(
-            v_policy.queue_id, v_full, sb_gate_next_check(v_full, v_eval, p_now), p_now, true);
+        PERFORM sb_gate_mark(v_policy.endpoint_id, v_policy.queue_id, v_full,
+                             sb_gate_next_check(v_full, v_eval, p_now), p_now, true);
     END IF;
     IF v_take < cardinality(p_ids) THEN
         v_eval.earliest_expiry := least(v_eval.earliest_expiry, p_now + p_lease);
@@ -405,6 +440,7 @@ $$;
 -- outcome: claimed | none (no unlocked candidate) | deferred (admission is
 -- the deferral as JSON).
 CREATE OR REPLACE FUNCTION sb_try_budgeted_claim(
+    p_endpoint_id uuid,
     p_queue_id bigint,
     p_queue text,
     p_policy_id bigint,
@@ -425,13 +461,15 @@ BEGIN
     BEGIN
         IF p_lapsed_id IS NULL THEN
             SELECT * INTO v_row FROM todos t
-             WHERE t.queue_id = p_queue_id AND t.state = 'pending' AND t.next_retry_at <= p_now
+             WHERE t.endpoint_id = p_endpoint_id
+               AND t.queue_id = p_queue_id AND t.state = 'pending' AND t.next_retry_at <= p_now
              ORDER BY t.priority, t.next_retry_at, t.id
              LIMIT 1
                FOR UPDATE SKIP LOCKED;
         ELSE
             SELECT * INTO v_row FROM todos t
-             WHERE t.id = p_lapsed_id AND t.state = 'claimed' AND t.lease_expires_at <= p_now
+             WHERE t.endpoint_id = p_endpoint_id
+               AND t.id = p_lapsed_id AND t.state = 'claimed' AND t.lease_expires_at <= p_now
                FOR UPDATE SKIP LOCKED;
         END IF;
         IF NOT FOUND THEN
@@ -463,6 +501,7 @@ $$;
 -- (No variable of the policy's row type here, as in sb_queue_admission: an
 -- unreadable policy table must fail inside the handler, closed.)
 CREATE OR REPLACE FUNCTION sb_try_budgeted_batch(
+    p_endpoint_id uuid,
     p_queue_id bigint,
     p_queue text,
     p_policy_id bigint,
@@ -482,13 +521,13 @@ DECLARE
     v_detail text;
 BEGIN
     BEGIN
-        v_ids := sb_lock_pending(p_queue_id, p_limit, p_max_bytes, p_now);
+        v_ids := sb_lock_pending(p_endpoint_id, p_queue_id, p_limit, p_max_bytes, p_now);
         IF cardinality(v_ids) = 0 THEN
             outcome := 'none';
             RETURN;
         END IF;
         SELECT a.* INTO v_result FROM sb_admit_and_claim_batch(
-            v_ids, p_queue, p_policy_id, p_claimants, p_lease, p_now) a;
+            p_endpoint_id, v_ids, p_queue, p_policy_id, p_claimants, p_lease, p_now) a;
         outcome := 'claimed';
         claimed := v_result.claimed;
         admission := v_result.admission;

@@ -6,6 +6,11 @@
 -- Locks taken on several todo rows that a call may have to wait for
 -- (settling, extending) are taken in id order, so two such calls never
 -- deadlock; claims only ever lock todos with SKIP LOCKED.
+--
+-- Every statement on the endpoint's tables names the endpoint
+-- (endpoint_id = ...), also where an id alone would find the row: on a Citus
+-- cluster that is what keeps each statement on the one shard that holds the
+-- endpoint, inside the call delegated to its node (docs/scaling-out.md).
 
 -- Called when ingest creates a todo: rings the queue's doorbell (held back
 -- while admission defers it).
@@ -13,7 +18,7 @@ CREATE OR REPLACE FUNCTION sb_on_created(p_todo todos, p_now timestamptz) RETURN
 LANGUAGE plpgsql AS $$
 BEGIN
     IF p_todo.next_retry_at <= p_now THEN
-        PERFORM sb_ring(p_todo.queue_id, 'created', p_now);
+        PERFORM sb_ring(p_todo.endpoint_id, p_todo.queue_id, 'created', p_now);
     END IF;
 END;
 $$;
@@ -41,25 +46,29 @@ LANGUAGE sql AS $$
 $$;
 
 -- Turns one locked, claimable pending todo into a claim: a new lease,
--- attempt + 1 and one attempt row.
+-- attempt + 1 and one attempt row. (Random values are drawn before the
+-- statements that store them: Citus refuses volatile functions in an UPDATE
+-- of a distributed table.)
 CREATE OR REPLACE FUNCTION sb_claim_id(
-    p_id bigint, p_claimant text, p_lease interval, p_now timestamptz
+    p_endpoint_id uuid, p_id bigint, p_claimant text, p_lease interval, p_now timestamptz
 ) RETURNS todos
 LANGUAGE plpgsql AS $$
 DECLARE
     v_row todos;
+    v_lease uuid := gen_random_uuid();
 BEGIN
     UPDATE todos t
        SET state = 'claimed',
            attempt = t.attempt + 1,
-           lease_id = gen_random_uuid(),
+           lease_id = v_lease,
            lease_expires_at = p_now + p_lease,
            claimant = p_claimant,
            updated_at = p_now
-     WHERE t.id = p_id
+     WHERE t.endpoint_id = p_endpoint_id AND t.id = p_id
     RETURNING t.* INTO v_row;
-    INSERT INTO attempts (todo_id, number, queue_id, lease_id, claimant, claimed_at)
-    VALUES (v_row.id, v_row.attempt, v_row.queue_id, v_row.lease_id, p_claimant, p_now);
+    INSERT INTO attempts (endpoint_id, todo_id, number, queue_id, lease_id, claimant, claimed_at)
+    VALUES (p_endpoint_id, v_row.id, v_row.attempt, v_row.queue_id, v_row.lease_id, p_claimant,
+            p_now);
     RETURN v_row;
 END;
 $$;
@@ -76,9 +85,9 @@ LANGUAGE plpgsql AS $$
 BEGIN
     IF p_row.state = 'claimed' THEN
         UPDATE attempts SET outcome = 'lapsed', finished_at = p_now
-         WHERE todo_id = p_row.id AND number = p_row.attempt;
+         WHERE endpoint_id = p_row.endpoint_id AND todo_id = p_row.id AND number = p_row.attempt;
     END IF;
-    RETURN sb_claim_id(p_row.id, p_claimant, p_lease, p_now);
+    RETURN sb_claim_id(p_row.endpoint_id, p_row.id, p_claimant, p_lease, p_now);
 END;
 $$;
 
@@ -94,7 +103,8 @@ $$;
 -- Rows locked past the cut stay locked, untouched, until the transaction
 -- ends.
 CREATE OR REPLACE FUNCTION sb_lock_pending(
-    p_queue_id bigint, p_limit integer, p_max_bytes bigint, p_now timestamptz
+    p_endpoint_id uuid, p_queue_id bigint, p_limit integer, p_max_bytes bigint,
+    p_now timestamptz
 ) RETURNS bigint[]
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -106,7 +116,8 @@ BEGIN
     LOOP
         WITH RECURSIVE level AS (
             (SELECT t.priority, t.next_retry_at FROM todos t
-              WHERE t.queue_id = p_queue_id AND t.state = 'pending'
+              WHERE t.endpoint_id = p_endpoint_id AND t.queue_id = p_queue_id
+                AND t.state = 'pending'
                 AND t.priority > v_level
               ORDER BY t.priority, t.next_retry_at, t.id
               LIMIT 1)
@@ -115,7 +126,8 @@ BEGIN
               FROM level l
               CROSS JOIN LATERAL (
                   SELECT t.priority, t.next_retry_at FROM todos t
-                   WHERE t.queue_id = p_queue_id AND t.state = 'pending'
+                   WHERE t.endpoint_id = p_endpoint_id AND t.queue_id = p_queue_id
+                     AND t.state = 'pending'
                      AND t.priority > l.priority
                    ORDER BY t.priority, t.next_retry_at, t.id
                    LIMIT 1
@@ -131,7 +143,8 @@ BEGIN
               SELECT t.id, t.next_retry_at,
                      octet_length(t.payload) + octet_length(t.last_error) + 1024 AS size
                 FROM todos t
-               WHERE t.queue_id = p_queue_id AND t.state = 'pending'
+               WHERE t.endpoint_id = p_endpoint_id AND t.queue_id = p_queue_id
+                 AND t.state = 'pending'
                  AND t.priority = v_level AND t.next_retry_at <= p_now
                ORDER BY t.next_retry_at, t.id
                LIMIT p_limit - cardinality(v_ids)
@@ -154,34 +167,42 @@ $$;
 -- sb_claim_id for one, and its set-based form for more (one statement for
 -- the whole batch; a single claim is cheaper through the plain statements).
 CREATE OR REPLACE FUNCTION sb_claim_pending(
-    p_ids bigint[], p_claimants text[], p_lease interval, p_now timestamptz
+    p_endpoint_id uuid, p_ids bigint[], p_claimants text[], p_lease interval, p_now timestamptz
 ) RETURNS todos[]
 LANGUAGE plpgsql AS $$
 DECLARE
     v_claimed todos[];
+    v_leases uuid[];
 BEGIN
     IF cardinality(p_ids) = 1 THEN
-        RETURN ARRAY[sb_claim_id(p_ids[1], p_claimants[1], p_lease, p_now)];
+        RETURN ARRAY[sb_claim_id(p_endpoint_id, p_ids[1], p_claimants[1], p_lease, p_now)];
     END IF;
+    v_leases := ARRAY(SELECT gen_random_uuid() FROM generate_series(1, cardinality(p_ids)));
+    -- Each id's lease and claimant come from a join, not a subscript by
+    -- position: Citus 13.2's local execution crashes on an UPDATE that
+    -- subscripts an array by a column. The rows come back as ROW(t.*)::todos
+    -- (there, a whole-row t would be the shard's row type).
     WITH claimed AS (
         UPDATE todos t
            SET state = 'claimed',
                attempt = t.attempt + 1,
-               lease_id = gen_random_uuid(),
+               lease_id = n.lease_id,
                lease_expires_at = p_now + p_lease,
-               claimant = coalesce(p_claimants[array_position(p_ids, t.id)], p_claimants[1]),
+               claimant = coalesce(n.claimant, p_claimants[1]),
                updated_at = p_now
-         WHERE t.id = ANY (p_ids)
-        RETURNING t AS row
-    ), recorded AS (
-        INSERT INTO attempts (todo_id, number, queue_id, lease_id, claimant, claimed_at)
-        SELECT (c.row).id, (c.row).attempt, (c.row).queue_id, (c.row).lease_id,
-               (c.row).claimant, p_now
-          FROM claimed c
+          FROM unnest(p_ids, v_leases, p_claimants) AS n (id, lease_id, claimant)
+         WHERE t.endpoint_id = p_endpoint_id AND t.id = n.id
+        RETURNING ROW(t.*)::todos AS row
     )
     SELECT coalesce(array_agg(c.row ORDER BY array_position(p_ids, (c.row).id)), '{}')
       INTO v_claimed
       FROM claimed c;
+    -- The attempt rows in a statement of their own: on Citus, an INSERT fed
+    -- by a data-modifying CTE is planned through intermediate results sent
+    -- to every node.
+    INSERT INTO attempts (endpoint_id, todo_id, number, queue_id, lease_id, claimant, claimed_at)
+    SELECT p_endpoint_id, c.id, c.attempt, c.queue_id, c.lease_id, c.claimant, p_now
+      FROM unnest(v_claimed) AS c;
     RETURN v_claimed;
 END;
 $$;
@@ -194,15 +215,33 @@ DECLARE
     v_row todos;
 BEGIN
     UPDATE attempts SET outcome = 'lapsed', finished_at = p_now
-     WHERE todo_id = p_row.id AND number = p_row.attempt;
+     WHERE endpoint_id = p_row.endpoint_id AND todo_id = p_row.id AND number = p_row.attempt;
     UPDATE todos
        SET state = 'dead', lease_id = NULL, lease_expires_at = NULL,
            last_error = 'lease lapsed on the last attempt',
            finished_at = p_now, updated_at = p_now
-     WHERE id = p_row.id
+     WHERE endpoint_id = p_row.endpoint_id AND id = p_row.id
     RETURNING * INTO v_row;
-    PERFORM sb_gates_slot_freed(ARRAY[p_row.queue_id], p_now);
+    PERFORM sb_gates_slot_freed(p_row.endpoint_id, ARRAY[p_row.queue_id], p_now);
     RETURN v_row;
+END;
+$$;
+
+-- The todos with these ids in the caller's scope (an endpoint's, or when
+-- p_endpoint_id is NULL any of the owner's): what the lease and operator
+-- calls report for the items they refused. (A whole-row value built with
+-- ROW(t.*)::todos: on a Citus worker a whole-row t is the shard's row type.)
+CREATE OR REPLACE FUNCTION sb_todos_in_scope(p_owner_id uuid, p_endpoint_id uuid, p_ids bigint[])
+RETURNS todos[]
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF p_endpoint_id IS NULL THEN
+        RETURN ARRAY(SELECT ROW(t.*)::todos FROM todos t
+                      WHERE t.id = ANY (p_ids) AND t.owner_id = p_owner_id);
+    END IF;
+    RETURN ARRAY(SELECT ROW(t.*)::todos FROM todos t
+                  WHERE t.endpoint_id = p_endpoint_id AND t.id = ANY (p_ids)
+                    AND t.owner_id = p_owner_id);
 END;
 $$;
 
@@ -252,9 +291,18 @@ DECLARE
     v_now timestamptz := sb_now();
     v_ords bigint[];
     v_rows todos[];
+    v_actions text[];
+    v_errors text[];
+    v_results bytea[];
+    v_result_types text[];
+    v_epoch float8 := extract(epoch FROM v_now);
+    -- A backoff's jitter per item, drawn before the UPDATE (see sb_claim_id).
+    v_jitter float8[] := ARRAY(SELECT random() FROM generate_series(1, cardinality(p_ids)));
 BEGIN
     IF cardinality(p_ids) > 1 THEN
-        PERFORM 1 FROM todos t WHERE t.id = ANY (p_ids) ORDER BY t.id FOR UPDATE;
+        PERFORM 1 FROM todos t
+         WHERE t.id = ANY (p_ids) AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+         ORDER BY t.id FOR UPDATE;
     END IF;
     WITH settled AS (
         UPDATE todos t
@@ -263,10 +311,11 @@ BEGIN
                    WHEN i.action = 'release' THEN v_now
                    WHEN i.action = 'fail' AND sb_settled_state(
                             i.action, i.permanent, t.attempt, t.max_attempts) = 'pending'
-                   THEN v_now + make_interval(
-                       secs => least(p_backoff_cap,
-                                     p_backoff_base * power(2, least(t.attempt - 1, 62)))
-                               * (0.5 + 0.5 * random()))
+                   -- (to_timestamp on seconds, not timestamptz + interval: Citus
+                   -- allows only immutable functions in a CASE of an UPDATE.)
+                   THEN to_timestamp(v_epoch + least(
+                            p_backoff_cap, p_backoff_base * power(2, least(t.attempt - 1, 62)))
+                        * (0.5 + 0.5 * v_jitter[i.ord]))
                    ELSE t.next_retry_at END,
                finished_at = CASE
                    WHEN sb_settled_state(i.action, i.permanent, t.attempt, t.max_attempts)
@@ -288,29 +337,40 @@ BEGIN
          WHERE t.id = i.id AND t.lease_id = i.lease_id
            AND t.owner_id = p_owner_id
            AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
-        RETURNING i.ord, i.action, i.error, i.result, i.result_type, t AS row
-    ), kept AS (
-        INSERT INTO todo_results (todo_id, data, content_type)
-        SELECT (s.row).id, s.result, coalesce(s.result_type, 'application/octet-stream')
-          FROM settled s
-         WHERE s.action = 'complete' AND s.result IS NOT NULL
-        ON CONFLICT (todo_id) DO UPDATE
-           SET data = EXCLUDED.data, content_type = EXCLUDED.content_type
-    ), closed AS (
-        UPDATE attempts a
-           SET outcome = CASE s.action WHEN 'complete' THEN 'completed'
-                                       WHEN 'fail' THEN 'failed' ELSE 'released' END,
-               finished_at = v_now,
-               error = CASE WHEN s.action = 'fail' THEN s.error ELSE a.error END
-          FROM settled s
-         WHERE a.todo_id = (s.row).id AND a.number = (s.row).attempt
+        RETURNING i.ord, i.action, i.error, i.result, i.result_type, ROW(t.*)::todos AS row
     )
-    SELECT coalesce(array_agg(s.ord), '{}'), coalesce(array_agg(s.row), '{}')
-      INTO v_ords, v_rows
+    SELECT coalesce(array_agg(s.ord), '{}'), coalesce(array_agg(s.row), '{}'),
+           coalesce(array_agg(s.action), '{}'), coalesce(array_agg(s.error), '{}'),
+           coalesce(array_agg(s.result), '{}'), coalesce(array_agg(s.result_type), '{}')
+      INTO v_ords, v_rows, v_actions, v_errors, v_results, v_result_types
       FROM settled s;
+    -- The results kept and the attempts closed in statements of their own
+    -- (see sb_claim_pending: on Citus, statements fed by a data-modifying CTE
+    -- go through intermediate results sent to every node).
+    INSERT INTO todo_results (endpoint_id, todo_id, data, content_type)
+    SELECT r.endpoint_id, r.id, k.result, coalesce(k.result_type, 'application/octet-stream')
+      FROM unnest(v_rows) WITH ORDINALITY AS r
+      JOIN unnest(v_actions, v_results, v_result_types) WITH ORDINALITY
+           AS k (action, result, result_type, n) ON k.n = r.ordinality
+     WHERE k.action = 'complete' AND k.result IS NOT NULL
+    ON CONFLICT (todo_id, endpoint_id) DO UPDATE
+       SET data = EXCLUDED.data, content_type = EXCLUDED.content_type;
+    UPDATE attempts a
+       SET outcome = CASE s.action WHEN 'complete' THEN 'completed'
+                                   WHEN 'fail' THEN 'failed' ELSE 'released' END,
+           finished_at = v_now,
+           error = CASE WHEN s.action = 'fail' THEN s.error ELSE a.error END
+      FROM unnest(ARRAY(SELECT r.endpoint_id FROM unnest(v_rows) AS r),
+                  ARRAY(SELECT r.id FROM unnest(v_rows) AS r),
+                  ARRAY(SELECT r.attempt FROM unnest(v_rows) AS r),
+                  v_actions, v_errors) AS s (endpoint_id, id, attempt, action, error)
+     WHERE (p_endpoint_id IS NULL OR a.endpoint_id = p_endpoint_id)
+       AND a.endpoint_id = s.endpoint_id AND a.todo_id = s.id AND a.number = s.attempt;
     IF cardinality(v_rows) > 0 THEN
-        PERFORM sb_gates_slot_freed(
-            ARRAY(SELECT DISTINCT r.queue_id FROM unnest(v_rows) AS r), v_now);
+        PERFORM sb_gates_slot_freed(f.endpoint_id, f.queue_ids, v_now)
+           FROM (SELECT r.endpoint_id, array_agg(DISTINCT r.queue_id) AS queue_ids
+                   FROM unnest(v_rows) AS r
+                  GROUP BY r.endpoint_id ORDER BY r.endpoint_id) AS f;
     END IF;
     RETURN QUERY SELECT v_ords[k], 'applied'::text, v_rows[k]
                    FROM generate_subscripts(v_ords, 1) AS k;
@@ -322,8 +382,8 @@ BEGIN
                     ELSE 'not_claimed' END,
                t
           FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
-          LEFT JOIN todos t ON t.id = i.id AND t.owner_id = p_owner_id
-                           AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+          LEFT JOIN unnest(sb_todos_in_scope(p_owner_id, p_endpoint_id, p_ids)) AS t
+                 ON t.id = i.id
          WHERE i.ord <> ALL (v_ords);
     END IF;
 END;
@@ -367,7 +427,7 @@ DECLARE
     v_ords bigint[];
     v_rows todos[];
     v_was text[];
-    v_freed bigint[];
+    v_freed todos[];
 BEGIN
     PERFORM 1 FROM todos t
      WHERE t.id = ANY (p_ids) AND t.owner_id = p_owner_id
@@ -386,19 +446,23 @@ BEGIN
                finished_at = v_now, updated_at = v_now
           FROM target g
          WHERE t.id = g.id
-        RETURNING g.ord, g.was, t AS row
+        RETURNING g.ord, g.was, ROW(t.*)::todos AS row
     ), closed AS (
         UPDATE attempts a SET outcome = 'cancelled', finished_at = v_now
           FROM cancelled c
-         WHERE c.was = 'claimed' AND a.todo_id = (c.row).id AND a.number = (c.row).attempt
+         WHERE c.was = 'claimed' AND a.endpoint_id = (c.row).endpoint_id
+           AND a.todo_id = (c.row).id AND a.number = (c.row).attempt
     )
     SELECT coalesce(array_agg(c.ord), '{}'), coalesce(array_agg(c.row), '{}'),
            coalesce(array_agg(c.was), '{}'),
-           coalesce(array_agg(DISTINCT (c.row).queue_id) FILTER (WHERE c.was = 'claimed'), '{}')
+           coalesce(array_agg(c.row) FILTER (WHERE c.was = 'claimed'), '{}')
       INTO v_ords, v_rows, v_was, v_freed
       FROM cancelled c;
     IF cardinality(v_freed) > 0 THEN
-        PERFORM sb_gates_slot_freed(v_freed, v_now);
+        PERFORM sb_gates_slot_freed(f.endpoint_id, f.queue_ids, v_now)
+           FROM (SELECT r.endpoint_id, array_agg(DISTINCT r.queue_id) AS queue_ids
+                   FROM unnest(v_freed) AS r
+                  GROUP BY r.endpoint_id ORDER BY r.endpoint_id) AS f;
     END IF;
     RETURN QUERY SELECT v_ords[k], 'applied'::text, v_rows[k], v_was[k]
                    FROM generate_subscripts(v_ords, 1) AS k;
@@ -407,8 +471,8 @@ BEGIN
         SELECT i.ord, CASE WHEN t.id IS NULL THEN 'not_found' ELSE 'not_cancellable' END, t,
                NULL::text
           FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
-          LEFT JOIN todos t ON t.id = i.id AND t.owner_id = p_owner_id
-                           AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+          LEFT JOIN unnest(sb_todos_in_scope(p_owner_id, p_endpoint_id, p_ids)) AS t
+                 ON t.id = i.id
          WHERE i.ord <> ALL (v_ords);
     END IF;
 END;
@@ -459,7 +523,7 @@ BEGIN
                updated_at = v_now
           FROM target g
          WHERE t.id = g.id
-        RETURNING g.ord, g.was, t AS row
+        RETURNING g.ord, g.was, ROW(t.*)::todos AS row
     )
     SELECT coalesce(array_agg(r.ord), '{}'), coalesce(array_agg(r.row), '{}'),
            coalesce(array_agg(r.was), '{}')
@@ -478,8 +542,8 @@ BEGIN
                     ELSE 'not_requeueable' END,
                t, NULL::text
           FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
-          LEFT JOIN todos t ON t.id = i.id AND t.owner_id = p_owner_id
-                           AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+          LEFT JOIN unnest(sb_todos_in_scope(p_owner_id, p_endpoint_id, p_ids)) AS t
+                 ON t.id = i.id
          WHERE i.ord <> ALL (v_ords);
     END IF;
 END;
@@ -504,7 +568,9 @@ DECLARE
     v_ords bigint[];
 BEGIN
     IF cardinality(p_ids) > 1 THEN
-        PERFORM 1 FROM todos t WHERE t.id = ANY (p_ids) ORDER BY t.id FOR UPDATE;
+        PERFORM 1 FROM todos t
+         WHERE t.id = ANY (p_ids) AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+         ORDER BY t.id FOR UPDATE;
     END IF;
     WITH extended AS (
         UPDATE todos t
@@ -529,8 +595,8 @@ BEGIN
                     ELSE 'not_claimed' END,
                NULL::timestamptz
           FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
-          LEFT JOIN todos t ON t.id = i.id AND t.owner_id = p_owner_id
-                           AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+          LEFT JOIN unnest(sb_todos_in_scope(p_owner_id, p_endpoint_id, p_ids)) AS t
+                 ON t.id = i.id
          WHERE i.ord <> ALL (v_ords);
     END IF;
 END;
@@ -718,7 +784,7 @@ BEGIN
               FROM items i
              ORDER BY i.webhook_id, i.delivery_id, i.queue_id, i.key, i.ord
             ON CONFLICT DO NOTHING
-            RETURNING t AS row
+            RETURNING ROW(t.*)::todos AS row
         )
         SELECT coalesce(array_agg(i.ord ORDER BY i.ord), '{}'),
                coalesce(array_agg(n.row ORDER BY i.ord), '{}')
@@ -733,7 +799,7 @@ BEGIN
         -- concurrent transaction committed: this statement's snapshot sees it).
         v_left := ARRAY(SELECT l FROM unnest(v_left) AS l WHERE l <> ALL (v_got_ords));
         WITH holders AS (
-            SELECT k.ord, t AS row
+            SELECT k.ord, ROW(t.*)::todos AS row
               FROM unnest(v_left) AS k (ord)
               JOIN todos t
                 ON t.endpoint_id = p_endpoint_id
@@ -741,9 +807,11 @@ BEGIN
                AND t.dedup_delivery_id = p_delivery_ids[k.ord]
              WHERE p_webhook_ids[k.ord] IS NOT NULL
             UNION ALL
-            SELECT k.ord, t AS row
+            SELECT k.ord, ROW(t.*)::todos AS row
               FROM unnest(v_left) AS k (ord)
-              JOIN todos t ON t.queue_id = v_queue_ids[k.ord] AND t.idempotency_key = p_keys[k.ord]
+              JOIN todos t
+                ON t.endpoint_id = p_endpoint_id
+               AND t.queue_id = v_queue_ids[k.ord] AND t.idempotency_key = p_keys[k.ord]
              WHERE p_keys[k.ord] IS NOT NULL
         )
         SELECT coalesce(array_agg(h.ord ORDER BY h.ord) FILTER (WHERE NOT x.expired), '{}'),
@@ -764,9 +832,12 @@ BEGIN
         IF cardinality(v_expired) > 0 THEN
             -- Holders past their retention give their keys up (rechecked under
             -- the row lock: a requeued holder keeps its key).
-            PERFORM 1 FROM todos t WHERE t.id = ANY (v_expired) ORDER BY t.id FOR UPDATE;
+            PERFORM 1 FROM todos t
+             WHERE t.endpoint_id = p_endpoint_id AND t.id = ANY (v_expired)
+             ORDER BY t.id FOR UPDATE;
             UPDATE todos t SET idempotency_key = NULL
-             WHERE t.id = ANY (v_expired) AND t.finished_at IS NOT NULL
+             WHERE t.endpoint_id = p_endpoint_id AND t.id = ANY (v_expired)
+               AND t.finished_at IS NOT NULL
                AND t.finished_at + t.idempotency_retention <= v_now;
         END IF;
         -- Then the rest are inserted again (a holder deleted by retention in
