@@ -48,6 +48,8 @@ DISTRIBUTED_TABLES = (
     "queue_gates",
     "hook_outbox",
     "todo_audit",
+    "schedules",
+    "schedule_audit",
 )
 DISTRIBUTION_COLUMN = "endpoint_id"
 
@@ -56,6 +58,16 @@ DISTRIBUTION_COLUMN = "endpoint_id"
 DELEGATED = (
     (
         "sb_ingest(uuid, uuid, text, bytea, text, integer, interval, text, text)",
+        "p_endpoint_id",
+    ),
+    (
+        "sb_ingest_many(uuid, uuid, text[], bytea[], text[], integer[], interval[], text[],"
+        " text[], text[], interval[], text[], integer[])",
+        "p_endpoint_id",
+    ),
+    (
+        "sb_ingest_many(uuid, uuid, text[], bytea[], text[], integer[], interval[], text[],"
+        " text[], text[], interval[], text[])",
         "p_endpoint_id",
     ),
     ("sb_claim(bigint, uuid, uuid, text, interval)", "p_endpoint_id"),
