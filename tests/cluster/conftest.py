@@ -1,0 +1,76 @@
+"""The Citus cluster tests: one coordinator and two workers per test session.
+
+Every test here is marked ``citus``: without Citus on the machine it skips
+with the reason (``tests/support/citus_cluster.missing``), which
+``tests/conftest.py`` turns into a failure under ``CI=true``. The cluster
+starts once (three PostgreSQL nodes), and the schema is migrated and
+distributed once, by the CLI (``switchboard migrate --distribute``); tests
+share it, each with tenants of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.citus_cluster import CitusCluster, missing
+
+#: Shards per distributed table: few, so the cluster is quick to make; enough
+#: that endpoints spread over both workers.
+SHARD_COUNT = 4
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = os.path.dirname(__file__)
+    for item in items:
+        if str(item.fspath).startswith(here):
+            item.add_marker(pytest.mark.citus)
+
+
+@pytest.fixture(scope="session")
+def citus() -> Iterator[CitusCluster]:
+    """A running, formed cluster (skips, with the reason, where none can start)."""
+    reason = missing()
+    if reason is not None:
+        pytest.skip(f"no Citus cluster: {reason}")
+    cluster = CitusCluster(workers=2)
+    try:
+        cluster.start()
+        asyncio.run(cluster.form())
+        yield cluster
+    finally:
+        cluster.remove()
+
+
+@pytest.fixture(scope="session")
+def distribute_output(citus: CitusCluster) -> str:
+    """``switchboard migrate --distribute`` once on the coordinator: its output."""
+    return _migrate(citus.dsn, "--distribute", "--shard-count", str(SHARD_COUNT))
+
+
+@pytest.fixture(scope="session")
+def cluster_dsn(citus: CitusCluster, distribute_output: str) -> str:
+    """The coordinator's DSN, with the schema migrated and distributed."""
+    return citus.dsn
+
+
+def _migrate(dsn: str, *args: str) -> str:
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-m", "switchboard_server", "migrate", *args],
+        env={**os.environ, "SWITCHBOARD_DATABASE_URL": dsn},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+migrate_cli = _migrate
