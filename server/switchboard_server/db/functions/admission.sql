@@ -155,19 +155,23 @@ CREATE OR REPLACE FUNCTION sb_queue_admission(
 LANGUAGE plpgsql AS $$
 DECLARE
     v_eval admission_eval;
+    v_found record;
 BEGIN
     BEGIN
-        SELECT e.* INTO v_eval
+        -- The policy is read first, then evaluated: on Citus a statement on a
+        -- distributed table must not call a function that reads one (the
+        -- call would run inside the shard's query). ROW(p.*): on a Citus
+        -- worker a whole-row p is the shard's row type.
+        SELECT ROW(p.*)::admission_policies AS policy INTO v_found
           FROM queues q
           JOIN admission_policies p
             ON p.endpoint_id = q.endpoint_id AND p.id = q.policy_id AND p.active
-         -- ROW(p.*): on a Citus worker a whole-row p is the shard's row type.
-         CROSS JOIN LATERAL sb_admission_eval(ROW(p.*)::admission_policies, NULL, p_now) AS e
          WHERE q.endpoint_id = p_endpoint_id AND p.endpoint_id = p_endpoint_id
            AND q.id = p_queue_id;
         IF NOT FOUND THEN
             RETURN;
         END IF;
+        v_eval := sb_admission_eval(v_found.policy, NULL, p_now);
     EXCEPTION WHEN OTHERS THEN
         RETURN QUERY SELECT 'admission_unavailable'::text, NULL::admission_eval;
         RETURN;
@@ -176,14 +180,21 @@ BEGIN
 END;
 $$;
 
--- The form servers of earlier releases call (status reads, metrics), during
--- a rolling upgrade.
+-- The same by queue id alone (the status of listed todos' queues; and what
+-- servers of earlier releases call). On Citus the endpoint is looked up
+-- first: see above.
 CREATE OR REPLACE FUNCTION sb_queue_admission(p_queue_id bigint, p_now timestamptz)
 RETURNS TABLE (reason text, eval admission_eval)
-LANGUAGE sql AS $$
-    SELECT s.reason, s.eval
-      FROM queues q CROSS JOIN LATERAL sb_queue_admission(q.endpoint_id, q.id, p_now) AS s
-     WHERE q.id = p_queue_id
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_endpoint_id uuid;
+BEGIN
+    SELECT q.endpoint_id INTO v_endpoint_id FROM queues q WHERE q.id = p_queue_id;
+    IF FOUND THEN
+        RETURN QUERY SELECT s.reason, s.eval
+                       FROM sb_queue_admission(v_endpoint_id, p_queue_id, p_now) AS s;
+    END IF;
+END;
 $$;
 
 -- A deferral of the queue already known to hold (JSON, like sb_deferral_json),

@@ -121,6 +121,5 @@ SELECT id, action, actor_credential_id, actor_human_id, actor_endpoint_id, at, b
 -- (unlocked, failing closed to admission_unavailable).
 SELECT q.id AS queue_id, s.reason, (s.eval).window_end AS window_end,
        (s.eval).earliest_expiry AS earliest_expiry, (s.eval).in_flight AS in_flight
-  FROM queues q
-  CROSS JOIN LATERAL sb_queue_admission(q.endpoint_id, q.id, sb_now()) AS s
- WHERE q.id = ANY ($1::bigint[]);
+  FROM unnest($1::bigint[]) AS q (id)
+  CROSS JOIN LATERAL sb_queue_admission(q.id, sb_now()) AS s;
