@@ -11,33 +11,15 @@ import asyncio
 import asyncpg
 from switchboard.v1 import admission_pb2, dispatch_pb2
 
+from tests.cluster.placing import tenants_on_each_worker
 from tests.support.admission import ingest, set_policy
 from tests.support.citus_cluster import CitusCluster
-from tests.support.client import Client, Tenant, make_tenant
+from tests.support.client import Client
 from tests.support.processes import ServerProcess
 
 LIMIT = 10
 TODOS = 40
 CALLERS = 30  # per endpoint
-
-
-async def _placed_on_each_worker(
-    setup: Client, conn: asyncpg.Connection[asyncpg.Record], citus: CitusCluster
-) -> list[tuple[Tenant, int]]:
-    """Tenants (one endpoint each), made until one endpoint is on each worker."""
-    wanted = {w.port for w in citus.workers}
-    found: dict[int, Tenant] = {}
-    for i in range(40):
-        tenant = await make_tenant(setup, f"placed-{i}-{id(setup)}")
-        port = await conn.fetchval(
-            "SELECT nodeport FROM citus_shards WHERE shardid ="
-            " get_shard_id_for_distribution_column('todos', $1::uuid)",
-            tenant.endpoint_id,
-        )
-        found.setdefault(port, tenant)
-        if set(found) == wanted:
-            return [(t, p) for p, t in sorted(found.items())]
-    raise AssertionError(f"no endpoint landed on every worker: {sorted(found)} of {wanted}")
 
 
 async def test_window_limit_admits_exactly_10_per_endpoint_on_each_worker(
@@ -50,7 +32,7 @@ async def test_window_limit_admits_exactly_10_per_endpoint_on_each_worker(
     callers = [Client(replicas[i % 2].address) for i in range(2 * CALLERS)]
     conn = await asyncpg.connect(cluster_dsn)
     try:
-        placed = await _placed_on_each_worker(setup, conn, citus)
+        placed = await tenants_on_each_worker(setup, conn, citus)
         # The placement, asserted: the endpoints' shards are on both workers.
         assert sorted(p for _, p in placed) == sorted(w.port for w in citus.workers)
         for tenant, _ in placed:

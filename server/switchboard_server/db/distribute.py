@@ -183,6 +183,11 @@ async def is_distributed(conn: Conn) -> bool:
     return bool(await conn.fetchval(sql("citus_distributed")))
 
 
+async def worker_nodes(conn: Conn) -> list[tuple[str, int]]:
+    """The active primary worker nodes, as (host, port) the coordinator reaches them by."""
+    return [(r["host"], int(r["port"])) for r in await conn.fetch(sql("citus_worker_nodes"))]
+
+
 async def after_functions(conn: Conn) -> None:
     """Called by the migrator in its transaction, after function files were
     applied: on a distributed schema, makes them fit to run there again (see

@@ -99,3 +99,11 @@ SELECT format('ALTER FUNCTION %s RESET plan_cache_mode', p.oid::regprocedure) AS
   FROM pg_proc p
  WHERE p.pronamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
    AND 'plan_cache_mode=force_generic_plan' = ANY (p.proconfig);
+
+-- name: citus_worker_nodes :many
+-- (Only where Citus is installed.) The active primary worker nodes, where
+-- delegated calls run and NOTIFY: each replica listens on each of them.
+SELECT nodename AS host, nodeport AS port
+  FROM pg_dist_node
+ WHERE isactive AND noderole = 'primary' AND groupid <> 0
+ ORDER BY nodeid;
