@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 
@@ -49,7 +50,7 @@ def citus() -> Iterator[CitusCluster]:
 @pytest.fixture(scope="session")
 def distribute_output(citus: CitusCluster) -> str:
     """``switchboard migrate --distribute`` once on the coordinator: its output."""
-    return _migrate(citus.dsn, "--distribute", "--shard-count", str(SHARD_COUNT))
+    return migrate_cli(citus.dsn, "--distribute", "--shard-count", str(SHARD_COUNT))
 
 
 @pytest.fixture(scope="session")
@@ -58,9 +59,9 @@ def cluster_dsn(citus: CitusCluster, distribute_output: str) -> str:
     return citus.dsn
 
 
-def _migrate(dsn: str, *args: str) -> str:
-    import subprocess
-
+def migrate_cli(dsn: str, *args: str) -> str:
+    """``switchboard migrate ARGS`` on ``dsn`` (a child process, as an operator
+    runs it); its output. Fails the test on a non-zero exit."""
     done = subprocess.run(
         [sys.executable, "-m", "switchboard_server", "migrate", *args],
         env={**os.environ, "SWITCHBOARD_DATABASE_URL": dsn},
@@ -71,6 +72,3 @@ def _migrate(dsn: str, *args: str) -> str:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
-
-
-migrate_cli = _migrate
