@@ -14,11 +14,12 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 from tests.support.citus_cluster import CitusCluster, missing
+from tests.support.processes import ServerProcess
 
 #: Shards per distributed table: few, so the cluster is quick to make; enough
 #: that endpoints spread over both workers.
@@ -57,6 +58,19 @@ def distribute_output(citus: CitusCluster) -> str:
 def cluster_dsn(citus: CitusCluster, distribute_output: str) -> str:
     """The coordinator's DSN, with the schema migrated and distributed."""
     return citus.dsn
+
+
+@pytest.fixture(scope="session")
+async def replicas(cluster_dsn: str) -> AsyncIterator[list[ServerProcess]]:
+    """Two server replicas on the coordinator, shared by the cluster tests
+    (each test makes tenants of its own)."""
+    started = await asyncio.gather(
+        ServerProcess.start(cluster_dsn), ServerProcess.start(cluster_dsn)
+    )
+    try:
+        yield list(started)
+    finally:
+        await asyncio.gather(*(r.stop() for r in started))
 
 
 def migrate_cli(dsn: str, *args: str) -> str:

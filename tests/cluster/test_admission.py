@@ -23,11 +23,8 @@ CALLERS = 30  # per endpoint
 
 
 async def test_window_limit_admits_exactly_10_per_endpoint_on_each_worker(
-    citus: CitusCluster, cluster_dsn: str
+    citus: CitusCluster, cluster_dsn: str, replicas: list[ServerProcess]
 ) -> None:
-    replicas = await asyncio.gather(
-        ServerProcess.start(cluster_dsn), ServerProcess.start(cluster_dsn)
-    )
     setup = Client(replicas[0].address)
     callers = [Client(replicas[i % 2].address) for i in range(2 * CALLERS)]
     conn = await asyncpg.connect(cluster_dsn)
@@ -101,4 +98,3 @@ async def test_window_limit_admits_exactly_10_per_endpoint_on_each_worker(
         await conn.close()
         for c in [setup, *callers]:
             await c.close()
-        await asyncio.gather(*(r.stop() for r in replicas))

@@ -18,11 +18,8 @@ from tests.support.processes import ServerProcess
 
 
 async def test_a_ring_on_each_worker_reaches_every_subscriber_on_every_replica_once(
-    citus: CitusCluster, cluster_dsn: str
+    citus: CitusCluster, cluster_dsn: str, replicas: list[ServerProcess]
 ) -> None:
-    replicas = await asyncio.gather(
-        ServerProcess.start(cluster_dsn), ServerProcess.start(cluster_dsn)
-    )
     clients = [Client(r.address) for r in replicas]
     conn = await asyncpg.connect(cluster_dsn)
     streams: list[tuple[str, Bells]] = []
@@ -56,4 +53,3 @@ async def test_a_ring_on_each_worker_reaches_every_subscriber_on_every_replica_o
         await conn.close()
         for client in clients:
             await client.close()
-        await asyncio.gather(*(r.stop() for r in replicas))
