@@ -78,7 +78,7 @@ async def _one_endpoint(
     )
     assert [r.deduplicated for r in many.results] == [False, False, False, True, False, False]
     assert many.results[3].todo.id == first.todo.id
-    assert len({r.todo.id for r in many.results}) == 5
+    assert len({r.todo.id for r in many.results}) == 6
 
     await set_policy(
         a,
@@ -145,15 +145,29 @@ async def _one_endpoint(
     assert states[one.todo.id] == "done" and states[c1.todo.id] == "done"
     assert states[c2.todo.id] == "pending" and states[c3.todo.id] == "pending"
 
-    # Nothing in flight now; the window has 2 units left: a batch of 5 gets
-    # the released todo and the untouched one (the failed one backs off).
+    # Nothing in flight now, 2 units left in the window: a batch of 5 gets
+    # the released todo and the untouched one (the failed one backs off),
+    # which spend the window.
     last = await a.dispatch.ClaimNext(
         dispatch_pb2.ClaimNextRequest(claimant="batch", queues=["work"], max_todos=5),
         metadata=md,
     )
     assert sorted(c.todo.payload for c in last.claimed) == [b"lazy-1", b"lazy-2"]
-    assert [d.reason for d in last.deferred] == [admission_pb2.DEFERRAL_REASON_WINDOW_EXHAUSTED]
     assert last.headroom.window_used == WINDOW
+    # The failed todo, due again (its backoff skipped here), is deferred.
+    await conn.execute(
+        "UPDATE todos SET next_retry_at = now() - interval '1 second'"
+        " WHERE endpoint_id = $1::uuid AND id = $2",
+        tenant.endpoint_id,
+        int(c2.todo.id),
+    )
+    over = await b.dispatch.ClaimNext(
+        dispatch_pb2.ClaimNextRequest(claimant="batch", queues=["work"], max_todos=5),
+        metadata=md,
+    )
+    assert over.empty
+    assert [d.reason for d in over.deferred] == [admission_pb2.DEFERRAL_REASON_WINDOW_EXHAUSTED]
+    assert over.deferred[0].pending == 1
 
     # Every unit charged is an attempt; the other queue was never touched.
     counts = await conn.fetchrow(

@@ -734,6 +734,7 @@ DECLARE
     v_got_ords bigint[];
     v_got_rows todos[];
     v_expired bigint[];
+    v_missing text[];
 BEGIN
     PERFORM 1 FROM endpoints e WHERE e.id = p_endpoint_id AND e.owner_id = p_owner_id;
     IF NOT FOUND THEN
@@ -744,12 +745,19 @@ BEGIN
           FROM unnest(p_queues) WITH ORDINALITY AS u (name, ord)
           JOIN queues q ON q.endpoint_id = p_endpoint_id AND q.name = u.name;
         EXIT WHEN cardinality(v_queue_ids) = v_n;
+        -- The missing names first, then the insert from them alone (on
+        -- Citus, an INSERT's SELECT must not correlate a distributed table
+        -- with a set-returning function).
+        v_missing := ARRAY(
+            SELECT DISTINCT u.name FROM unnest(p_queues) AS u (name)
+             WHERE u.name <> ALL (ARRAY(SELECT q.name FROM queues q
+                                         WHERE q.endpoint_id = p_endpoint_id
+                                           AND q.name = ANY (p_queues)))
+             ORDER BY u.name);
         INSERT INTO queues (owner_id, endpoint_id, name)
-        SELECT p_owner_id, p_endpoint_id, d.name
-          FROM (SELECT DISTINCT u.name FROM unnest(p_queues) AS u (name)) AS d
-         WHERE NOT EXISTS (SELECT 1 FROM queues q
-                            WHERE q.endpoint_id = p_endpoint_id AND q.name = d.name)
-         ORDER BY d.name
+        SELECT p_owner_id, p_endpoint_id, m.name
+          FROM unnest(v_missing) AS m (name)
+         ORDER BY m.name
         ON CONFLICT ON CONSTRAINT queues_endpoint_name_key DO NOTHING;
     END LOOP;
     SELECT array_agg(nextval(pg_get_serial_sequence('todos', 'id'))) INTO v_ids
