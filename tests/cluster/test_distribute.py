@@ -19,6 +19,7 @@ from typing import Any
 import asyncpg
 import pytest
 from switchboard_server.db import distribute, todos
+from switchboard_server.db.database import session_settings
 from switchboard_server.model import SettleAction, Settlement
 
 from tests.cluster.conftest import SHARD_COUNT, migrate_cli
@@ -236,3 +237,46 @@ def _assert_one_delegated_call(
     touched = {int(shard) for m, _ in local for _, shard in _SHARD.findall(m)}
     assert touched, local
     assert touched <= allowed, sorted(touched - allowed)
+
+
+async def test_a_delegated_call_does_not_see_the_servers_release_before_flush(
+    cluster_dsn: str,
+) -> None:
+    """Early lock release (functions/admission.sql) is safe only where the
+    session that set ``switchboard.release_before_flush`` waits for its own
+    commit (``sb_wait_durable``). A delegated claim commits on the worker, in
+    a session of Citus' own, while the server's wait runs on the coordinator:
+    so the setting must not reach the worker (it does not: Citus propagates no
+    such setting), and a delegated claim commits there with the worker's own
+    ``synchronous_commit``, flushed before it answers (docs/scaling-out.md,
+    "Durability")."""
+    conn = await asyncpg.connect(
+        cluster_dsn, server_settings=session_settings("switchboard", timedelta(seconds=5))
+    )
+    try:
+        _, endpoint = await _endpoint(conn, f"durable-{uuid.uuid4()}")
+        await conn.execute(
+            "CREATE FUNCTION probe_release_before_flush(p_endpoint_id uuid) RETURNS text"
+            " LANGUAGE plpgsql AS $$ BEGIN RETURN coalesce("
+            "current_setting('switchboard.release_before_flush', true), 'unset')"
+            " || ' ' || inet_server_port(); END $$"
+        )
+        try:
+            await conn.execute(
+                "SELECT create_distributed_function('probe_release_before_flush(uuid)',"
+                " 'p_endpoint_id', colocate_with => 'queues')"
+            )
+            seen, port = str(
+                await conn.fetchval("SELECT probe_release_before_flush($1)", endpoint)
+            ).split()
+            here = await conn.fetchval("SELECT current_setting('switchboard.release_before_flush')")
+        finally:
+            await conn.execute("DROP FUNCTION probe_release_before_flush(uuid)")
+        worker = await conn.fetchval(
+            "SELECT nodeport FROM citus_shards WHERE shardid ="
+            " get_shard_id_for_distribution_column('todos', $1::uuid)",
+            endpoint,
+        )
+    finally:
+        await conn.close()
+    assert (here, seen, int(port)) == ("on", "unset", worker)
