@@ -127,7 +127,7 @@ class _Log:
 _SHARD = re.compile(r"\bpublic\.([a-z_]+)_(\d+)\b")
 
 
-async def test_a_claim_heartbeat_and_settle_are_each_one_call_on_the_endpoint_worker(
+async def test_ingest_claim_heartbeat_and_settle_are_each_one_call_on_the_endpoint_worker(
     citus: CitusCluster, cluster_dsn: str, logged: None
 ) -> None:
     conn = await asyncpg.connect(cluster_dsn)
@@ -163,6 +163,26 @@ async def test_a_claim_heartbeat_and_settle_are_each_one_call_on_the_endpoint_wo
         conn.add_log_listener(log)
         await conn.execute("SET citus.log_remote_commands = on")
         await conn.execute("SET client_min_messages = log")
+
+        made = await todos.ingest_many(
+            conn,
+            owner_id=owner,
+            endpoint_id=endpoint,
+            items=[
+                todos.NewTodo("q", b"y", "text/plain", 5, timedelta(0), priority=3),
+                todos.NewTodo(
+                    "q2",
+                    b"z",
+                    "text/plain",
+                    5,
+                    timedelta(0),
+                    idempotency_key="k",
+                    idempotency_retention=timedelta(hours=1),
+                ),
+            ],
+        )
+        assert [dedup for _, dedup in made] == [False, False]
+        _assert_one_delegated_call(log.take(), "sb_ingest_many", port, allowed)
 
         batch = await todos.claim_next(
             conn,

@@ -764,8 +764,22 @@ BEGIN
       FROM generate_series(1, v_n);
     v_left := ARRAY(SELECT generate_series(1, v_n)::bigint);
     LOOP
-        WITH items AS (
-            SELECT i.*
+        -- The insert reads the items straight from the arrays, and its rows
+        -- are matched to their items by id afterwards: on Citus a CTE that
+        -- both the INSERT and another part of the statement read is sent as
+        -- an intermediate result to every node (and the call becomes a
+        -- distributed transaction).
+        WITH inserted AS (
+            INSERT INTO todos AS t (id, queue_id, owner_id, endpoint_id, queue, payload,
+                                    content_type, max_attempts, next_retry_at,
+                                    dedup_webhook_id, dedup_delivery_id, idempotency_key,
+                                    idempotency_retention, traceparent, priority,
+                                    created_at, updated_at)
+            OVERRIDING SYSTEM VALUE
+            SELECT i.id, i.queue_id, p_owner_id, p_endpoint_id, i.queue, i.payload,
+                   i.content_type, i.max_attempts, v_now + i.delay, i.webhook_id,
+                   i.delivery_id, i.key, CASE WHEN i.key IS NOT NULL THEN i.retention END,
+                   i.traceparent, i.priority, v_now, v_now
               FROM unnest(v_ids, v_queue_ids, p_queues, p_payloads, p_content_types,
                           p_max_attempts, p_delays,
                           coalesce(p_webhook_ids, array_fill(NULL::text, ARRAY[v_n])),
@@ -778,26 +792,14 @@ BEGIN
                                          max_attempts, delay, webhook_id, delivery_id,
                                          key, retention, traceparent, priority, ord)
              WHERE i.ord = ANY (v_left)
-        ), inserted AS (
-            INSERT INTO todos AS t (id, queue_id, owner_id, endpoint_id, queue, payload,
-                                    content_type, max_attempts, next_retry_at,
-                                    dedup_webhook_id, dedup_delivery_id, idempotency_key,
-                                    idempotency_retention, traceparent, priority,
-                                    created_at, updated_at)
-            OVERRIDING SYSTEM VALUE
-            SELECT i.id, i.queue_id, p_owner_id, p_endpoint_id, i.queue, i.payload,
-                   i.content_type, i.max_attempts, v_now + i.delay, i.webhook_id,
-                   i.delivery_id, i.key, CASE WHEN i.key IS NOT NULL THEN i.retention END,
-                   i.traceparent, i.priority, v_now, v_now
-              FROM items i
              ORDER BY i.webhook_id, i.delivery_id, i.queue_id, i.key, i.ord
             ON CONFLICT DO NOTHING
             RETURNING ROW(t.*)::todos AS row
         )
-        SELECT coalesce(array_agg(i.ord ORDER BY i.ord), '{}'),
-               coalesce(array_agg(n.row ORDER BY i.ord), '{}')
+        SELECT coalesce(array_agg(k.ord ORDER BY k.ord), '{}'),
+               coalesce(array_agg(n.row ORDER BY k.ord), '{}')
           INTO v_got_ords, v_got_rows
-          FROM inserted n JOIN items i ON i.id = (n.row).id;
+          FROM inserted n JOIN unnest(v_ids) WITH ORDINALITY AS k (id, ord) ON k.id = (n.row).id;
         v_ords := v_ords || v_got_ords;
         v_rows := v_rows || v_got_rows;
         v_new := v_new || v_got_rows;
