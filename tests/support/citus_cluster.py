@@ -89,6 +89,10 @@ class Node:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{DATABASE}"
 
 
+def _in_database(dsn: str, name: str) -> str:
+    return dsn.rsplit("/", 1)[0] + "/" + name
+
+
 class CitusCluster:
     """``start()`` the coordinator and workers, ``remove()`` them."""
 
@@ -184,6 +188,34 @@ class CitusCluster:
                 await conn.execute("SELECT citus_add_node('127.0.0.1', $1)", node.port)
         finally:
             await conn.close()
+
+    async def new_database(self, name: str) -> str:
+        """A second cluster in the same nodes: database ``name`` on every node
+        (Citus does not propagate ``CREATE DATABASE``), with Citus, and the
+        same workers added; its coordinator DSN. Its tables are plain until
+        distributed."""
+        for node in self.nodes:
+            conn = await asyncpg.connect(node.dsn)
+            try:
+                await conn.execute(f'CREATE DATABASE "{name}"')
+            finally:
+                await conn.close()
+            conn = await asyncpg.connect(_in_database(node.dsn, name))
+            try:
+                await conn.execute("CREATE EXTENSION citus")
+            finally:
+                await conn.close()
+        dsn = _in_database(self.dsn, name)
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(
+                "SELECT citus_set_coordinator_host('127.0.0.1', $1)", self.coordinator.port
+            )
+            for node in self.workers:
+                await conn.execute("SELECT citus_add_node('127.0.0.1', $1)", node.port)
+        finally:
+            await conn.close()
+        return dsn
 
     def worker_by_port(self, port: int) -> Node:
         """The worker listening on ``port``."""

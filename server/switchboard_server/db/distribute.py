@@ -236,8 +236,9 @@ async def _propagate_functions(conn: Conn) -> int:
 async def _convert_tables(
     conn: Conn, to_reference: list[str], to_distribute: list[str], shard_count: int | None
 ) -> None:
-    """Drops the foreign keys of every table involved, converts the tables,
-    and makes the keys again, in one transaction."""
+    """Drops the foreign keys of every table involved, converts the tables
+    (their rows copied into the shards), makes the keys again, and empties
+    the coordinator's local copies of the rows, in one transaction."""
     tables = [*REFERENCE_TABLES, *DISTRIBUTED_TABLES]
     async with conn.transaction():
         await conn.execute(sql("sequential_mode"))
@@ -261,6 +262,8 @@ async def _convert_tables(
                 )
         for key in keys:
             await conn.execute(key["add_statement"])
+        for table in [*to_reference, *to_distribute]:
+            await conn.execute(sql("local_data_truncate"), table)
 
 
 def _plain(signature: str) -> str:

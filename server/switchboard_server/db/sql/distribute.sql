@@ -61,6 +61,11 @@ SELECT create_distributed_table(
 -- nodes: a row and the rows of $3 with the same $2 are on one node).
 SELECT create_distributed_table($1::regclass, $2, colocate_with => $3);
 
+-- name: local_data_truncate :exec
+-- A table converted with rows in it keeps a copy of them in the
+-- coordinator's local table (invisible to queries, still on disk): removed.
+SELECT truncate_local_data_after_distributing_table($1::regclass);
+
 -- name: schema_functions_all :many
 -- Every function of the schema (not of an extension), by signature, and
 -- whether Citus already knows it (propagated to every node) and delegates it.
