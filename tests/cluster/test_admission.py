@@ -18,8 +18,8 @@ from tests.support.client import Client
 from tests.support.processes import ServerProcess
 
 LIMIT = 10
-TODOS = 40
-CALLERS = 30  # per endpoint
+TODOS = 25
+CALLERS = 18  # per endpoint
 
 
 async def test_window_limit_admits_exactly_10_per_endpoint_on_each_worker(
