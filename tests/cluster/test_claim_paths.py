@@ -1,14 +1,16 @@
 """The claim path over gRPC on a Citus cluster, for an endpoint on each worker:
 Ingest (with an idempotency key, repeated), IngestTodos (priorities, two
 queues, a repeated key), ClaimNext single and batched under a budget (the
-batch cut short by the in-flight cap, then by the window), Complete, and
-SettleTodos with each action. Every call runs delegated on the endpoint's
+batch cut short by the in-flight cap, then a deferral by the window, with
+its time), Complete, SettleTodos with each action, and Claim's DEFERRED
+error. Every call runs delegated on the endpoint's
 worker (tests/cluster/test_distribute.py proves that for the calls); here the
 answers and the stored rows are what one PostgreSQL gives."""
 
 from __future__ import annotations
 
 import asyncpg
+import grpc
 from google.protobuf.duration_pb2 import Duration
 from switchboard.v1 import admission_pb2, dispatch_pb2, queue_pb2
 
@@ -16,6 +18,7 @@ from tests.cluster.placing import tenants_on_each_worker
 from tests.support.admission import set_policy
 from tests.support.citus_cluster import CitusCluster
 from tests.support.client import Client, Tenant
+from tests.support.errors import Deferred, expect_code
 from tests.support.processes import ServerProcess
 
 IN_FLIGHT = 4
@@ -168,6 +171,18 @@ async def _one_endpoint(
     assert over.empty
     assert [d.reason for d in over.deferred] == [admission_pb2.DEFERRAL_REASON_WINDOW_EXHAUSTED]
     assert over.deferred[0].pending == 1
+    # Deferred until the window ends; Claim of that todo is refused alike.
+    assert over.deferred[0].next_eligible_at == last.headroom.resets_at
+    refused = Deferred(
+        await expect_code(
+            a.dispatch.Claim(
+                dispatch_pb2.ClaimRequest(todo_id=c2.todo.id, claimant="solo"), metadata=md
+            ),
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+        )
+    )
+    assert refused.detail.reason == admission_pb2.DEFERRAL_REASON_WINDOW_EXHAUSTED
+    assert refused.detail.next_eligible_at == last.headroom.resets_at
 
     # Every unit charged is an attempt; the other queue was never touched.
     counts = await conn.fetchrow(
