@@ -48,7 +48,6 @@ class Dataset(Scenario):
             await sb.ingest(b.api, b.tenants["many"], name, max_attempts=100)
         await sb.ingest(b.api, b.tenants["watch"], "bell", 20)
         await self.measure_clock_offset()
-        b.figures["postgres_version"] = await b.pool.fetchval(sql.SERVER_VERSION)
         b.progress.done(f"clock offset {b.clock_offset * 1000:+.2f} ms")
 
     async def measure_clock_offset(self) -> None:

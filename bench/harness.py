@@ -20,7 +20,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -107,22 +107,22 @@ class Params:
 
     @classmethod
     def quick(cls) -> Params:
-        """A smoke check: one short run of each, backlogs of 100k and 30k instead of 1M."""
+        """A smoke check: one short run of each, backlogs of 50k and 15k instead of 1M."""
         return cls(
             mode="quick",
             runs=1,
             warmup=0.5,
             duration=2,
             probe=1,
-            history=20_000,
+            history=10_000,
             small_backlog=10_000,
-            large_backlog=100_000,
+            large_backlog=50_000,
             per_queue=200,
             reopens=2,
             batch_warmup=0.3,
             batch_duration=1,
-            drain_reserve=60_000,
-            pgq_backlog=30_000,
+            drain_reserve=30_000,
+            pgq_backlog=15_000,
             bulk_dead=20_000,
         )
 
@@ -195,6 +195,7 @@ class Bench:
         server: ServerProcess,
         cluster: Cluster,
         progress: Progress,
+        only: Collection[str] = (),
     ) -> None:
         self.p = params
         self.api = api
@@ -212,8 +213,8 @@ class Bench:
         self.many_names = [f"q{i:03d}" for i in range(params.queues)]
         self.queue_ids: dict[tuple[str, str], int] = {}
         self.dataset = Dataset(self)
-        #: The registered families, in report order.
-        self.families: list[Scenario] = scenarios.registered(self)
+        #: The registered families (those named in ``only``, when given), in report order.
+        self.families: list[Scenario] = scenarios.registered(self, only)
 
     # -- helpers ------------------------------------------------------------
 
@@ -300,7 +301,11 @@ class Bench:
 
     async def run(self) -> None:
         """Every phase, in timeline order; the rounds at ``ROUNDS_AT``."""
-        phases = [*self.dataset.phases(), *(ph for f in self.families for ph in f.phases())]
+        seeded = any(f.uses_dataset for f in self.families)
+        phases = [
+            *(self.dataset.phases() if seeded else []),
+            *(ph for f in self.families for ph in f.phases()),
+        ]
         steps = sorted((st for f in self.families for st in f.steps()), key=lambda st: st.at)
         phases.sort(key=lambda ph: ph.at)
         places = [ph.at for ph in phases]

@@ -429,6 +429,7 @@ async def run_profile(quick: bool, database_url: str | None, runs: int | None) -
         )
         assert held_pool is not None
         bench = Bench(params, api, pool, server, cluster, progress)
+        bench.figures["postgres_version"] = await pool.fetchval(sql.SERVER_VERSION)
         await bench.dataset.setup()
         await bench.dataset.seed_history_and_small()
         await bench.dataset.seed_large()

@@ -42,7 +42,7 @@ import asyncpg
 from switchboard_server.config import Settings
 from switchboard_server.db.database import keep_session, session_settings
 
-from bench import report
+from bench import report, scenarios, sql
 from bench.api import Api
 from bench.cluster import Cluster, ServerProcess
 from bench.harness import Bench, Params, Progress
@@ -53,6 +53,14 @@ def _combine_max(value: str) -> int:
     if not value.isdigit() or not 1 <= int(value) <= 500:
         raise argparse.ArgumentTypeError(f"must be an integer from 1 to 500, got {value!r}")
     return int(value)
+
+
+def _names(value: str) -> tuple[str, ...]:
+    """``--only``: scenario family names, comma-separated."""
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("names at least one scenario family")
+    return names
 
 
 def _server_settings(args: argparse.Namespace) -> dict[str, str]:
@@ -86,6 +94,14 @@ def parser() -> argparse.ArgumentParser:
         metavar="N",
         help="run the server with SWITCHBOARD_COMBINE_MAX=N (1: no combining); the README "
         "table is left alone",
+    )
+    p.add_argument(
+        "--only",
+        type=_names,
+        metavar="NAMES",
+        help="run only these scenario families (comma-separated module names of "
+        "bench/scenarios, e.g. ingest), without the shared data set unless one of them "
+        "uses it; results go to bench/results/tmp/ as with --quick",
     )
     p.add_argument(
         "--strict", action="store_true", help="exit with status 1 when a target is missed"
@@ -143,7 +159,8 @@ async def _main(args: argparse.Namespace) -> int:
             server_settings=session_settings("switchboard-bench", Settings().lock_timeout),
         )
         assert pool is not None
-        bench = Bench(params, api, pool, server, cluster, progress)
+        bench = Bench(params, api, pool, server, cluster, progress, args.only or ())
+        bench.figures["postgres_version"] = await pool.fetchval(sql.SERVER_VERSION)
         try:
             await bench.run()
         finally:
@@ -170,7 +187,8 @@ async def _main(args: argparse.Namespace) -> int:
     header = (
         f"{started_at:%Y-%m-%d %H:%M} UTC, commit `{commit}`, {params.mode} run "
         f"(median of {params.runs} run{'s' if params.runs > 1 else ''}"
-        f"{', min-max' if params.runs > 1 else ''}; {params.warmup:g} s warm-up + "
+        f"{', min-max' if params.runs > 1 else ''}"
+        f"{'; only ' + ', '.join(args.only) if args.only else ''}; {params.warmup:g} s warm-up + "
         f"{params.duration:g} s each, batched and pgqueuer {params.batch_warmup:g} s + "
         f"{params.batch_duration:g} s), {mach['cpu_model']} x {mach['logical_cpus']}, "
         f"PostgreSQL {bench.figures['postgres_version']}"
@@ -184,6 +202,7 @@ async def _main(args: argparse.Namespace) -> int:
         "date": started_at.isoformat(timespec="seconds"),
         "commit": commit,
         "mode": params.mode,
+        "only": list(args.only or ()),
         "wall_seconds": round(wall, 1),
         "machine": {
             **mach,
@@ -207,8 +226,8 @@ async def _main(args: argparse.Namespace) -> int:
         "databases": [cluster.database, *cluster.others],
         "notes": bench.notes,
     }
-    readme = not args.no_readme and not _server_settings(args)
-    path = report.write_results(result, markdown, params.mode == "quick", readme)
+    readme = not args.no_readme and not _server_settings(args) and not args.only
+    path = report.write_results(result, markdown, params.mode == "quick" or bool(args.only), readme)
     print(markdown)
     print(f"results: {path.relative_to(report.ROOT)}", file=sys.stderr)
     failed = [t for t in targets if not t.passed]
@@ -225,6 +244,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--idle-seconds needs --idle")
     if args.profile and (args.idle or args.combine_max is not None):
         p.error("--profile takes neither --idle nor --combine-max")
+    if args.only and (args.idle or args.profile):
+        p.error("--only takes neither --idle nor --profile")
+    if args.only:
+        known = [cls.name for cls in scenarios.families()]
+        unknown = [n for n in args.only if n not in known]
+        if unknown:
+            p.error(f"--only: no family {', '.join(unknown)} (known: {', '.join(known)})")
     try:
         if args.profile:
             from bench.profile import run_profile

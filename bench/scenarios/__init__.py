@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
@@ -90,6 +90,9 @@ class Scenario:
     name: ClassVar[str] = ""
     #: Its place in the report (its scenario number; ceilings 0).
     report_order: ClassVar[float] = 0
+    #: Whether it measures on the shared data set (``bench/dataset.py``): a
+    #: run of only families that do not (``--only``) skips seeding it.
+    uses_dataset: ClassVar[bool] = True
 
     def __init__(self, bench: Bench) -> None:
         self.b = bench
@@ -138,6 +141,11 @@ def families() -> list[type[Scenario]]:
     return sorted(_REGISTRY.values(), key=lambda cls: cls.report_order)
 
 
-def registered(bench: Bench) -> list[Scenario]:
-    """An instance of every family for one run, in report order."""
-    return [cls(bench) for cls in families()]
+def registered(bench: Bench, only: Collection[str] = ()) -> list[Scenario]:
+    """An instance of every family for one run (of those named in ``only``,
+    when given), in report order."""
+    chosen = [cls for cls in families() if not only or cls.name in only]
+    unknown = set(only) - {cls.name for cls in chosen}
+    if unknown:
+        raise LookupError(f"no scenario family named {', '.join(sorted(unknown))}")
+    return [cls(bench) for cls in chosen]

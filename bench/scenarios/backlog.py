@@ -1,7 +1,7 @@
 """Scenario 4 and 4': ClaimNext latency against the depth of the backlog.
 
 Measured on the 10k queue (tenant ``small``) before the deep backlog is
-seeded, then on the main queue's deep backlog (1M; 100k with ``--quick``).
+seeded, then on the main queue's deep backlog (1M; 50k with ``--quick``).
 Both backlogs hold mixed priorities (0 to 9, a tenth each, of every age;
 ``bench/dataset.py``), so each claim takes the most urgent todo of a queue
 whose priorities all hold due work.

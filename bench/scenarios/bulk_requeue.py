@@ -9,10 +9,12 @@ latency is taken over the usual warm-up and window first (``before``), then
 the human's ``RequeueTodos`` by filter (endpoint, ``dead`` queue, state DEAD)
 runs, repeated with its page token until done, and every claim that started
 and ended while it ran counts as ``during``. The server takes the requeue in
-chunks of 500 todos, a transaction each (``dispatch.BULK_CHUNK``), for about
-5 s a call (``BULK_BUDGET``); a claim never waits for a chunk's locks (other
-queues' rows, and the chunk skips what others hold), so what a claim feels
-is the machine's CPU shared with the chunks.
+chunks of 200 todos, a transaction each (``dispatch.BULK_CHUNK``), resting
+after each as long as it took (``BULK_REST``), for about 5 s a call
+(``BULK_BUDGET``); a claim never waits for a chunk's locks (other queues'
+rows, and the chunk skips what others hold), so what a claim feels is the
+machine's CPU and WAL shared with the chunks. The CPU each process used
+(cores, before and during) is reported beside the claims.
 
 Target: the p99 of the claims during the requeue at most 2x the p99 before
 (median of the per-round ratios), and every dead todo requeued exactly once.
@@ -92,6 +94,7 @@ class BulkRequeue(Scenario):
 
     name = "bulk_requeue"
     report_order = 8
+    uses_dataset = False  # its own tenant and dead todos
 
     def phases(self) -> list[Phase]:
         """After scenario 6 (its streams closed), before the table statistics."""
@@ -176,14 +179,24 @@ class BulkRequeue(Scenario):
             try:
                 await asyncio.sleep(b.p.warmup)
                 before_start = time.perf_counter()
+                cpu0 = b.cpu()
                 await asyncio.sleep(b.p.duration)
                 before_end = during_start = time.perf_counter()
+                cpu1 = b.cpu()
                 b.progress.live(f"requeueing {b.p.bulk_dead:,} dead todos by filter")
                 count, calls, longest = await self.requeue_all(tenant)
                 during_end = time.perf_counter()
+                cpu2 = b.cpu()
             finally:
                 claims.stop.set()
                 await asyncio.gather(*workers, return_exceptions=True)
+            for who in cpu0:
+                b.series(f"s8.before.cores.{who}").add(
+                    (cpu1[who] - cpu0[who]) / (before_end - before_start)
+                )
+                b.series(f"s8.during.cores.{who}").add(
+                    (cpu2[who] - cpu1[who]) / (during_end - during_start)
+                )
             before = claims.between(before_start, before_end)
             during = claims.between(during_start, during_end)
             states = {r["state"]: int(r["n"]) for r in await b.pool.fetch(sql.QUEUE_STATES, dead_q)}
@@ -258,7 +271,16 @@ class BulkRequeue(Scenario):
                         "claims/s",
                         s["s8.before.claims_per_s"].fmt(0),
                         s["s8.during.claims_per_s"].fmt(0),
-                    ]
+                    ],
+                    *(
+                        [
+                            f"cores: {who}",
+                            s[f"s8.before.cores.{who}"].fmt(2),
+                            s[f"s8.during.cores.{who}"].fmt(2),
+                        ]
+                        for who in ("server", "postgres", "loadgen")
+                        if f"s8.before.cores.{who}" in s
+                    ),
                 ],
             )
         ]

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from switchboard_server import errors
 from switchboard_server.access import Scope, endpoint_scope, require_tenant
@@ -118,42 +118,26 @@ DEFAULT_PRIORITY = 0
 MAX_PRIORITY = 9
 
 
-@dataclass(frozen=True)
-class IngestRequest:
-    """A validated ingest (at most one key: ``dedup`` or ``idempotency_key``)."""
+class IngestRequest(NamedTuple):
+    """A validated ingest: the endpoint it names (``None``: the caller's) and the
+    todo (at most one key: a dedup key or an idempotency key, with its
+    retention: ``DEFAULT_IDEMPOTENCY_RETENTION`` unless the ingest says
+    otherwise)."""
 
     endpoint_id: uuid.UUID | None
-    queue: str
-    payload: bytes
-    content_type: str
-    max_attempts: int
-    delay: timedelta
-    dedup: tuple[str, str] | None
-    idempotency_key: str | None = None
-    idempotency_retention: timedelta = DEFAULT_IDEMPOTENCY_RETENTION
-    priority: int = DEFAULT_PRIORITY
+    todo: todo_queries.NewTodo
 
     def new_todo(self, traceparent: str | None) -> todo_queries.NewTodo:
         """The todo to insert, with the producer's trace context."""
-        return todo_queries.NewTodo(
-            queue=self.queue,
-            payload=self.payload,
-            content_type=self.content_type,
-            max_attempts=self.max_attempts,
-            delay=self.delay,
-            webhook_id=self.dedup[0] if self.dedup else None,
-            delivery_id=self.dedup[1] if self.dedup else None,
-            idempotency_key=self.idempotency_key,
-            idempotency_retention=self.idempotency_retention
-            if self.idempotency_key is not None
-            else None,
-            traceparent=traceparent,
-            priority=self.priority,
-        )
+        if traceparent is None:
+            return self.todo
+        return self.todo._replace(traceparent=traceparent)
 
 
-#: An ingested todo and whether a key matched an existing one instead.
-Ingested = tuple[Todo, bool]
+#: One todo to ingest, and what ingest did with it: the todo created, or the
+#: existing one a key matched.
+NewTodo = todo_queries.NewTodo
+Ingested = todo_queries.Ingested
 
 
 @dataclass(frozen=True)
@@ -204,8 +188,13 @@ class TodoFilter:
 #: examines (newest first, by the listing index): a page costs a bounded scan.
 ERROR_SCAN = 10_000
 
-#: Todos per transaction of a bulk cancel or requeue by filter.
-BULK_CHUNK = 500
+#: Todos per transaction of a bulk cancel or requeue by filter: a chunk's
+#: locks, WAL and CPU burst are what a neighbour's claim may meet.
+BULK_CHUNK = 200
+#: After each chunk, a bulk call by filter rests this many times as long as
+#: the chunk took: it keeps at most about half of a connection (and of a
+#: core) busy, and slows down by itself when the machine is busy.
+BULK_REST = 1.0
 #: At most how many of an endpoint's todos one chunk examines (by the listing
 #: index) to find its todos: a chunk costs a bounded scan however few match.
 BULK_SCAN = 10_000
@@ -362,7 +351,7 @@ class Dispatcher:
         traceparent: str | None = None,
     ) -> list[Ingested]:
         """Creates todos of one endpoint (any of its queues) in one transaction:
-        per item, in order, the todo and whether a key matched an existing one
+        per item, in order, the todo created or the existing one a key matched
         (or an earlier item's)."""
         scope = endpoint_scope(principal, Grant.INGEST, endpoint_id)
         assert scope.endpoint_id is not None
@@ -882,9 +871,9 @@ class Dispatcher:
             )
         return acted
 
-    def _count_changed(self, action: str, acted: Sequence[todo_queries.Acted]) -> None:
-        """Counts the todos a bulk call changed (a cancelled claim is also an ended attempt)."""
-        changed = _changed(acted)
+    def _count_changed(self, action: str, changed: Sequence[tuple[str, TodoState]]) -> None:
+        """Counts the todos a bulk call changed, as ``(queue, state before)``
+        (a cancelled claim is also an ended attempt)."""
         if action == "cancel":
             self._metrics.cancelled(changed)
         else:
@@ -919,7 +908,7 @@ class Dispatcher:
                     len(todo_ids),
                     {"todo_ids": [str(i) for i in todo_ids]},
                 )
-        self._count_changed(action, acted)
+        self._count_changed(action, _changed(acted))
         return acted
 
     async def bulk_by_filter(
@@ -938,6 +927,10 @@ class Dispatcher:
         for about ``BULK_BUDGET``. Rows held by a concurrent transaction are
         skipped, never waited for. With ``dry_run``, counts instead.
 
+        Paced as a good neighbour of the claims: after each chunk the call
+        rests as long as the chunk took (``BULK_REST``), so that it keeps
+        at most about half of a database connection (and of a core) busy.
+
         One audit entry per call (none for a dry run), written with the first
         chunk; each chunk adds its count in its own transaction, so the entry
         always matches what was committed.
@@ -948,11 +941,16 @@ class Dispatcher:
         assert endpoint_id is not None
         async with self._db.connection() as conn:
             await _require_endpoint(conn, principal, scope)
-        deadline = asyncio.get_running_loop().time() + BULK_BUDGET.total_seconds()
-        count = skipped = 0
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = started + BULK_BUDGET.total_seconds()
+        count = skipped = chunks = 0
+        rested = 0.0
         cursor: int | None = after or 0
         entry_id: int | None = None
         while cursor is not None:
+            chunk_started = loop.time()
+            tallies: list[todo_queries.Tally] = []
             async with self._db.transaction() as conn:
                 chunk = await todo_queries.bulk_chunk(
                     conn,
@@ -973,12 +971,11 @@ class Dispatcher:
                     count += chunk.matched
                 else:
                     skipped += chunk.skipped
-                    acted = (
-                        await self._act(conn, action, chunk.ids, scope, delay, max_attempts)
-                        if chunk.ids
-                        else []
-                    )
-                    applied = sum(1 for a in acted if a.outcome == "applied")
+                    if chunk.ids:
+                        tallies = await self._tally(
+                            conn, action, chunk.ids, scope, delay, max_attempts
+                        )
+                    applied = sum(t.count for t in tallies)
                     if entry_id is None:
                         entry_id = await _open_audit(
                             conn, principal, endpoint_id, action, which, after
@@ -986,11 +983,57 @@ class Dispatcher:
                     if applied:
                         await todo_queries.add_to_audit(conn, entry_id=entry_id, count=applied)
                     count += applied
-            if not dry_run:
-                self._count_changed(action, acted)
-            if asyncio.get_running_loop().time() >= deadline:
+            chunks += 1
+            if tallies:
+                self._count_changed(
+                    action, [(t.queue, t.was) for t in tallies for _ in range(t.count)]
+                )
+            now = loop.time()
+            if cursor is None or now >= deadline:
                 break
+            # The rest counts against the budget: a call ends on it, not on
+            # one more chunk.
+            rest = min((now - chunk_started) * BULK_REST, deadline - now)
+            rested += rest
+            await asyncio.sleep(rest)
+            if loop.time() >= deadline:
+                break
+        if not dry_run:
+            took = loop.time() - started
+            log.info(
+                "bulk %s by filter: %d todos in %d chunks, %.1f s (%.0f todos/s, %.1f s resting)",
+                action,
+                count,
+                chunks,
+                took,
+                count / took if took else 0,
+                rested,
+                extra={"endpoint_id": str(endpoint_id), "done": cursor is None},
+            )
         return BulkProgress(count, skipped, cursor)
+
+    async def _tally(
+        self,
+        conn: Conn,
+        action: str,
+        ids: Sequence[int],
+        scope: Scope,
+        delay: timedelta,
+        max_attempts: int | None,
+    ) -> list[todo_queries.Tally]:
+        """A bulk chunk's cancel or requeue, answered with counts."""
+        if action == "cancel":
+            return await todo_queries.cancel_tally(
+                conn, ids=ids, owner_id=scope.owner_id, endpoint_id=scope.endpoint_id
+            )
+        return await todo_queries.requeue_tally(
+            conn,
+            ids=ids,
+            owner_id=scope.owner_id,
+            endpoint_id=scope.endpoint_id,
+            delay=delay,
+            max_attempts=max_attempts,
+        )
 
     async def audit(
         self,

@@ -120,10 +120,14 @@ async def test_reopen_at_the_boundary_rings_each_subscriber_once_per_queue(
         def after(r: Receiver) -> list[tuple[str, str]]:
             return sorted((q.json["queue"], q.json["cause"]) for q in r.acked[len(before_reopen) :])
 
-        expected = [("alpha", "window_boundary"), ("beta", "window_boundary"), ("marker", "created")]
-        await receiver.wait_until(lambda r: set(after(r)) >= set(expected))
+        posts = [
+            ("alpha", "window_boundary"),
+            ("beta", "window_boundary"),
+            ("marker", "created"),
+        ]
+        await receiver.wait_until(lambda r: set(after(r)) >= set(posts))
         await asyncio.sleep(0.5)  # ten delivery passes of each replica
-        assert after(receiver) == expected
+        assert after(receiver) == posts
     finally:
         await receiver.__aexit__(None, None, None)
         await asyncio.gather(*(s.close() for s in subscribers))

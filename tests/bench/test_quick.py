@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import pathlib
+import signal
 import sys
 from typing import Any
 
@@ -33,11 +34,13 @@ async def run_bench(*args: str) -> tuple[int, str, str]:
         env={**os.environ, "GRPC_VERBOSITY": "ERROR"},
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), 300)
     except TimeoutError:
-        proc.kill()
+        # The whole group: the bench's server and PostgreSQL must not outlive it.
+        os.killpg(proc.pid, signal.SIGKILL)
         await proc.wait()
         raise
     assert proc.returncode is not None

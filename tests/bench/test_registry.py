@@ -6,7 +6,9 @@ import pkgutil
 import types
 from typing import Any
 
-from bench import scenarios
+import pytest
+
+from bench import run, scenarios
 from bench.dataset import Dataset
 from bench.harness import ROUNDS_AT, Params
 from bench.scenarios import Scenario
@@ -44,3 +46,16 @@ def test_phases_and_round_steps_have_distinct_places() -> None:
     assert ROUNDS_AT not in at
     steps = [step.at for family in families for step in family.steps()]
     assert len(set(steps)) == len(steps), sorted(steps)
+
+
+def test_only_runs_the_named_families_and_rejects_unknown_names() -> None:
+    bench = _stub()
+    chosen = scenarios.registered(bench, ("ingest",))
+    assert [f.name for f in chosen] == ["ingest"]
+    assert not any(f.uses_dataset for f in chosen), "ingest alone needs no data set"
+    assert len(scenarios.registered(bench)) == len(scenarios.families())
+    with pytest.raises(LookupError):
+        scenarios.registered(bench, ("ingest", "nope"))
+    assert run.parser().parse_args(["--only", "ingest, drain"]).only == ("ingest", "drain")
+    with pytest.raises(SystemExit):
+        run.main(["--only", "nope"])

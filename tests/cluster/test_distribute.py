@@ -181,8 +181,18 @@ async def test_ingest_claim_heartbeat_and_settle_are_each_one_call_on_the_endpoi
                 ),
             ],
         )
-        assert [dedup for _, dedup in made] == [False, False]
-        _assert_one_delegated_call(log.take(), "sb_ingest_many", port, allowed)
+        assert [i.deduplicated for i in made] == [False, False]
+        _assert_one_delegated_call(log.take(), "sb_ingest_todos", port, allowed)
+
+        # Without keys: the plain INSERT (IngestTodos' hot path), one shard too.
+        plain = await todos.ingest_many(
+            conn,
+            owner_id=owner,
+            endpoint_id=endpoint,
+            items=[todos.NewTodo("q3", b"w", "text/plain", 5, timedelta(hours=1))] * 3,
+        )
+        assert [i.deduplicated for i in plain] == [False, False, False]
+        _assert_one_delegated_call(log.take(), "sb_ingest_todos", port, allowed)
 
         batch = await todos.claim_next(
             conn,

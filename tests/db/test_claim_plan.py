@@ -50,7 +50,7 @@ async def test_not_yet_due_urgent_todos_are_not_walked(db: Database, dsn: str) -
                         )
                     ],
                 )
-            )[0][0].id
+            )[0].id
             for p in (3, 3, 5, 5, 5)
         ]
     conn = await asyncpg.connect(dsn)
@@ -81,3 +81,69 @@ async def test_not_yet_due_urgent_todos_are_not_walked(db: Database, dsn: str) -
     # A walk through the not-yet-due rows reads their ~100 leaf pages on each
     # probe; a few descents read a few pages each.
     assert read < 100, read
+
+
+async def test_a_claim_walks_the_dead_head_of_its_queue_once(db: Database, dsn: str) -> None:
+    # Claimed and settled todos leave their entries at the head of
+    # todos_pending_idx until they are vacuumed (or, once no snapshot can see
+    # them, marked dead by a scan). A claim used to walk them three times: the
+    # unlocked head probe, sb_lock_pending's priority probe and its lock.
+    async with db.transaction() as conn:
+        owner = await tenancy_queries.create_owner(conn, "claim-walk")
+        endpoint = await tenancy_queries.create_endpoint(conn, owner.id, "agent")
+        first = (
+            await todo_queries.ingest_many(
+                conn,
+                owner_id=owner.id,
+                endpoint_id=endpoint.id,
+                items=[todo_queries.NewTodo("work", b"p", "text/plain", 5, timedelta(0))],
+            )
+        )[0].id
+    conn = await asyncpg.connect(dsn)
+    holder = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            """
+            INSERT INTO todos (queue_id, owner_id, endpoint_id, queue, payload, content_type,
+                               max_attempts, next_retry_at, created_at, updated_at)
+            SELECT t.queue_id, t.owner_id, t.endpoint_id, t.queue, t.payload, t.content_type,
+                   5, t.next_retry_at - interval '1 hour' + g * interval '1 ms',
+                   t.created_at, t.updated_at
+              FROM todos t CROSS JOIN generate_series(1, 6000) AS g
+             WHERE t.id = $1
+            """,
+            first,
+        )
+        await conn.execute("VACUUM ANALYZE todos")
+        # A snapshot older than the settles below: nobody may mark their
+        # entries dead while it lives, as under load.
+        hold = holder.transaction(isolation="repeatable_read")
+        await hold.start()
+        await holder.fetchval("SELECT count(*) FROM queues")
+        queue_id = await conn.fetchval("SELECT queue_id FROM todos WHERE id = $1", first)
+        await conn.execute(
+            """
+            UPDATE todos SET state = 'done', finished_at = now()
+             WHERE id IN (SELECT id FROM todos WHERE queue_id = $1 AND state = 'pending'
+                           ORDER BY priority, next_retry_at, id LIMIT 5000)
+            """,
+            queue_id,
+        )
+        before = await _blocks(conn)
+        await conn.fetchval(
+            "SELECT id FROM todos WHERE queue_id = $1 AND state = 'pending'"
+            " ORDER BY priority, next_retry_at, id LIMIT 1",
+            queue_id,
+        )
+        walk = await _blocks(conn) - before
+        before = await _blocks(conn)
+        claimed = await conn.fetchrow(CLAIM, owner.id, endpoint.id, 1)
+        read = await _blocks(conn) - before
+        await hold.rollback()
+    finally:
+        await conn.close()
+        await holder.close()
+    assert claimed is not None and len(claimed["todos"]) == 1
+    assert walk > 10, walk  # the dead head spans pages
+    # One walk over the dead entries (the head probe), not three.
+    assert read < 1.5 * walk, (read, walk)

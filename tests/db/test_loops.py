@@ -47,24 +47,30 @@ async def ingest(
     queue: str = "work",
     max_attempts: int = 5,
     dedup: tuple[str, str] | None = None,
-) -> Todo:
+) -> todo_queries.Ingested:
     async with db.transaction() as conn:
-        todo, _ = await todo_queries.ingest(
+        (result,) = await todo_queries.ingest_many(
             conn,
             owner_id=scope.owner_id,
             endpoint_id=scope.endpoint_id,
-            queue=queue,
-            payload=b"p",
-            content_type="text/plain",
-            max_attempts=max_attempts,
-            delay=timedelta(0),
-            webhook_id=dedup[0] if dedup else None,
-            delivery_id=dedup[1] if dedup else None,
+            items=[
+                todo_queries.NewTodo(
+                    queue,
+                    b"p",
+                    "text/plain",
+                    max_attempts,
+                    timedelta(0),
+                    webhook_id=dedup[0] if dedup else None,
+                    delivery_id=dedup[1] if dedup else None,
+                )
+            ],
         )
-    return todo
+    return result
 
 
-async def claim(db: Database, scope: Scope, todo: Todo, lease: timedelta) -> Todo:
+async def claim(
+    db: Database, scope: Scope, todo: Todo | todo_queries.Ingested, lease: timedelta
+) -> Todo:
     async with db.transaction() as conn:
         result = await todo_queries.claim(
             conn,

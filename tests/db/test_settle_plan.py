@@ -38,17 +38,11 @@ async def test_a_batch_settle_does_not_walk_the_claimed_rows(db: Database, dsn: 
     async with db.transaction() as conn:
         owner = await tenancy_queries.create_owner(conn, "settle-plan")
         endpoint = await tenancy_queries.create_endpoint(conn, owner.id, "agent")
-        todo, _ = await todo_queries.ingest(
+        (todo,) = await todo_queries.ingest_many(
             conn,
             owner_id=owner.id,
             endpoint_id=endpoint.id,
-            queue="work",
-            payload=b"p",
-            content_type="text/plain",
-            max_attempts=5,
-            delay=timedelta(0),
-            webhook_id=None,
-            delivery_id=None,
+            items=[todo_queries.NewTodo("work", b"p", "text/plain", 5, timedelta(0))],
         )
     conn = await asyncpg.connect(dsn)
     try:

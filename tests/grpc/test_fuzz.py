@@ -102,6 +102,7 @@ class World:
     hook_endpoint_id: str
     todo_ids: list[str] = field(default_factory=list)
     leases: list[tuple[str, str]] = field(default_factory=list)
+    schedule_ids: list[str] = field(default_factory=list)
 
     def harvest(self, response: Message) -> None:
         """Remembers the todos and leases a successful call returned."""
@@ -114,6 +115,8 @@ class World:
                 self.leases.extend((c.todo.id, c.lease.lease_id) for c in response.claimed)
         elif isinstance(response, admin_pb2.VendCredentialResponse):
             self.revocable.append(response.credential.id)
+        elif isinstance(response, schedule_pb2.CreateScheduleResponse):
+            self.schedule_ids.append(response.schedule.id)
 
 
 @pytest.fixture(scope="module")
@@ -208,6 +211,19 @@ async def world(
                 )
             )
         assert len(w.leases) == 10
+        w.harvest(
+            await client.schedules.CreateSchedule(
+                schedule_pb2.CreateScheduleRequest(
+                    schedule=schedule_pb2.Schedule(
+                        queue=queue_pb2.QueueRef(name="scheduled"),
+                        name="nightly",
+                        template=schedule_pb2.TodoTemplate(payload=b"{}"),
+                        recurrence=schedule_pb2.Recurrence(time_zone="UTC", cron="0 3 * * *"),
+                    )
+                ),
+                metadata=auth(full_token),
+            )
+        )
         yield w
     finally:
         await db.close()
@@ -516,6 +532,118 @@ def hook_url() -> st.SearchStrategy[str]:
     )
 
 
+#: Cron expressions: valid ones, ones that never fire (31 February), and wrong ones.
+CRONS = texts(
+    "*/5 * * * *",
+    "0 9 * * 1-5",
+    "30 2 * * *",
+    "0 0 29 2 *",
+    "0 0 31 2 *",
+    "61 * * * *",
+    "* * * *",
+    "@hourly",
+    "0 0 * * 8",
+)
+
+
+def valid_recurrence() -> st.SearchStrategy[Any]:
+    """A recurrence the server accepts: a calendar rule or a cron expression."""
+    zones = st.sampled_from(VALID_ZONES)
+    return st.one_of(
+        st.builds(
+            lambda zone, cron: schedule_pb2.Recurrence(time_zone=zone, cron=cron),
+            zones,
+            st.sampled_from(["*/5 * * * *", "0 9 * * 1-5", "30 2 * * *", "0 0 29 2 *"]),
+        ),
+        st.builds(
+            lambda zone, at: schedule_pb2.Recurrence(
+                time_zone=zone,
+                calendar=schedule_pb2.CalendarRecurrence(
+                    period=admission_pb2.WINDOW_PERIOD_DAY, at=at
+                ),
+            ),
+            zones,
+            st.sampled_from(VALID_STARTS),
+        ),
+        st.builds(
+            lambda zone, at, day: schedule_pb2.Recurrence(
+                time_zone=zone,
+                calendar=schedule_pb2.CalendarRecurrence(
+                    period=admission_pb2.WINDOW_PERIOD_WEEK, at=at, weekday=day
+                ),
+            ),
+            zones,
+            st.sampled_from(VALID_STARTS),
+            st.integers(1, 7),
+        ),
+    )
+
+
+def recurrence() -> st.SearchStrategy[Any]:
+    """A recurrence: often valid, else any calendar rule or cron text, or none."""
+    calendar = message(
+        schedule_pb2.CalendarRecurrence,
+        {"period": enums(3), "at": STARTS, "weekday": enums(7)},
+    )
+    return st.one_of(
+        valid_recurrence(),
+        message(schedule_pb2.Recurrence, {"time_zone": ZONES}, cron=CRONS),
+        message(schedule_pb2.Recurrence, {"time_zone": ZONES}, calendar=calendar),
+        message(schedule_pb2.Recurrence, {"time_zone": ZONES}),
+    )
+
+
+def schedule_ids(w: World) -> st.SearchStrategy[str]:
+    return st.one_of(ids(w.schedule_ids), texts("sch_1", "0" * 32))
+
+
+def schedule(w: World, *, with_id: bool) -> st.SearchStrategy[Any]:
+    """A schedule to create (no id) or update (an id, real or not): often
+    plausible in every field, else anything in any field."""
+    required: dict[str, st.SearchStrategy[Any]] = {}
+    if with_id:
+        required["id"] = schedule_ids(w)
+    plausible = message(
+        schedule_pb2.Schedule,
+        {"catch_up": st.integers(0, 2)},
+        **required,
+        queue=st.builds(
+            lambda endpoint, name: queue_pb2.QueueRef(endpoint_id=endpoint, name=name),
+            st.sampled_from([w.endpoint_ids[0], ""]),
+            st.sampled_from(["work", "scheduled", BUDGETED]),
+        ),
+        name=st.integers(0, 10**9).map(lambda i: f"every-{i}"),
+        template=st.builds(schedule_pb2.TodoTemplate, payload=st.binary(max_size=32)),
+        recurrence=valid_recurrence(),
+    )
+    wild = message(
+        schedule_pb2.Schedule,
+        {
+            "queue": queue_ref(w, QUEUE_NAMES),
+            "name": texts("nightly", "hourly-report"),
+            "template": message(
+                schedule_pb2.TodoTemplate,
+                {
+                    "payload": PAYLOADS,
+                    "content_type": texts("application/json"),
+                    "max_attempts": INT32,
+                },
+            ),
+            "recurrence": recurrence(),
+            "catch_up": enums(2),
+            "paused": st.booleans(),
+            "next_slot": TIMESTAMPS,
+            "todos_created": INT64,
+        },
+        **required,
+    )
+    return st.one_of(plausible, wild)
+
+
+def schedule_by_id(cls: type[Message], w: World) -> st.SearchStrategy[Any]:
+    return message(cls, {"id": schedule_ids(w)})
+
+
 # Each RPC: how to call it, and its requests.
 Stub = Callable[[Client], Callable[..., Any]]
 RPCS: dict[str, tuple[Stub, Callable[[World], st.SearchStrategy[Any]]]] = {
@@ -769,6 +897,56 @@ RPCS: dict[str, tuple[Stub, Callable[[World], st.SearchStrategy[Any]]]] = {
             admission_pb2.ListPolicyAuditRequest,
             {
                 "queue": queue_ref(w, QUEUE_NAMES),
+                "page_size": INT32,
+                "page_token": texts("djE6NQ", "v1:5"),
+            },
+        ),
+    ),
+    "CreateSchedule": (
+        lambda c: c.schedules.CreateSchedule,
+        lambda w: message(
+            schedule_pb2.CreateScheduleRequest, {"schedule": schedule(w, with_id=False)}
+        ),
+    ),
+    "GetSchedule": (
+        lambda c: c.schedules.GetSchedule,
+        lambda w: schedule_by_id(schedule_pb2.GetScheduleRequest, w),
+    ),
+    "ListSchedules": (
+        lambda c: c.schedules.ListSchedules,
+        lambda w: message(
+            schedule_pb2.ListSchedulesRequest,
+            {
+                "endpoint_id": ids(w.endpoint_ids),
+                "page_size": INT32,
+                "page_token": texts("djE6NQ", "v1:5"),
+            },
+        ),
+    ),
+    "UpdateSchedule": (
+        lambda c: c.schedules.UpdateSchedule,
+        lambda w: message(
+            schedule_pb2.UpdateScheduleRequest, {"schedule": schedule(w, with_id=True)}
+        ),
+    ),
+    "PauseSchedule": (
+        lambda c: c.schedules.PauseSchedule,
+        lambda w: schedule_by_id(schedule_pb2.PauseScheduleRequest, w),
+    ),
+    "ResumeSchedule": (
+        lambda c: c.schedules.ResumeSchedule,
+        lambda w: schedule_by_id(schedule_pb2.ResumeScheduleRequest, w),
+    ),
+    "DeleteSchedule": (
+        lambda c: c.schedules.DeleteSchedule,
+        lambda w: schedule_by_id(schedule_pb2.DeleteScheduleRequest, w),
+    ),
+    "ListScheduleAudit": (
+        lambda c: c.schedules.ListScheduleAudit,
+        lambda w: message(
+            schedule_pb2.ListScheduleAuditRequest,
+            {
+                "schedule_id": schedule_ids(w),
                 "page_size": INT32,
                 "page_token": texts("djE6NQ", "v1:5"),
             },

@@ -26,8 +26,8 @@ import pytest
 from switchboard_server import app as server_app
 from switchboard_server.config import Settings
 
+from tests.support.certs import CertificateAuthority
 from tests.support.client import Client, Tenant, make_tenant
-from tests.support.pki import TestCA
 
 LOOPBACK = (ipaddress.ip_network("127.0.0.1/32"),)
 ELSEWHERE = (ipaddress.ip_network("10.0.0.0/8"),)
@@ -44,7 +44,7 @@ class Running:
 
 @asynccontextmanager
 async def serving(
-    settings: Settings, ca: TestCA | None = None, **changes: Any
+    settings: Settings, ca: CertificateAuthority | None = None, **changes: Any
 ) -> AsyncIterator[Running]:
     """Starts a server with ``changes`` applied to the test's settings; with a
     certificate, its gRPC listener is TLS too, and the client trusts ``ca``."""
@@ -52,7 +52,7 @@ async def serving(
     channel = None
     if ca is not None:
         channel = grpc.aio.secure_channel(
-            app.address, grpc.ssl_channel_credentials(ca.cert.read_bytes())
+            app.address, grpc.ssl_channel_credentials(ca.path.read_bytes())
         )
     client = Client(app.address, channel)
     try:
@@ -109,18 +109,18 @@ async def post_signin(
         return resp
 
 
-def https_session(ca: TestCA) -> aiohttp.ClientSession:
+def https_session(ca: CertificateAuthority) -> aiohttp.ClientSession:
     """A client that trusts only the test CA, with a cookie jar that keeps IP-host cookies."""
-    context = ssl.create_default_context(cafile=ca.cert)
+    context = ssl.create_default_context(cafile=ca.path)
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(ssl=context), cookie_jar=aiohttp.CookieJar(unsafe=True)
     )
 
 
-async def served_common_name(address: str, ca: TestCA) -> str:
+async def served_common_name(address: str, ca: CertificateAuthority) -> str:
     """The CN of the certificate a new TLS connection to ``address`` is shown."""
     host, _, port = address.rpartition(":")
-    context = ssl.create_default_context(cafile=ca.cert)
+    context = ssl.create_default_context(cafile=ca.path)
     _reader, writer = await asyncio.open_connection(host, int(port), ssl=context)
     try:
         peer = writer.get_extra_info("peercert")
@@ -133,9 +133,9 @@ async def served_common_name(address: str, ca: TestCA) -> str:
 async def test_board_and_metrics_over_tls_with_a_secure_cookie_and_rotation(
     settings: Settings, tmp_path: pathlib.Path
 ) -> None:
-    ca = TestCA.create(tmp_path)
+    ca = CertificateAuthority(tmp_path)
     cert, key = tmp_path / "server.pem", tmp_path / "server.key"
-    ca.issue_server(cert, key, "first")
+    ca.issue_to(cert, key, "first")
     async with serving(settings, ca, tls_cert=cert, tls_key=key) as run:
         base = f"https://{run.app.http_address}"
         async with https_session(ca) as http:
@@ -164,7 +164,7 @@ async def test_board_and_metrics_over_tls_with_a_secure_cookie_and_rotation(
 
         # A certificate rotated on disk is served to new connections, without a restart.
         assert await served_common_name(run.app.http_address, ca) == "first"
-        ca.issue_server(cert, key, "second")
+        ca.issue_to(cert, key, "second")
         async with asyncio.timeout(30):
             served = await served_common_name(run.app.http_address, ca)
             while served != "second":  # the watcher looks every couple of seconds
@@ -175,9 +175,9 @@ async def test_board_and_metrics_over_tls_with_a_secure_cookie_and_rotation(
 async def test_metrics_on_their_own_listener_and_not_on_the_boards(
     settings: Settings, tmp_path: pathlib.Path
 ) -> None:
-    ca = TestCA.create(tmp_path)
+    ca = CertificateAuthority(tmp_path)
     cert, key = tmp_path / "server.pem", tmp_path / "server.key"
-    ca.issue_server(cert, key)
+    ca.issue_to(cert, key)
     async with (
         serving(settings, ca, tls_cert=cert, tls_key=key, metrics_listen="127.0.0.1:0") as run,
         https_session(ca) as http,

@@ -9,6 +9,7 @@ from typing import Any
 
 import asyncpg
 import grpc
+from google.protobuf import duration_pb2
 from switchboard.v1 import admin_pb2, dispatch_pb2, queue_pb2, todo_pb2
 from switchboard_server.db import Database
 
@@ -197,3 +198,49 @@ async def test_concurrent_single_ingests_share_transactions_and_keep_their_answe
     assert all(len(ids) == 1 for ids in by_key.values())
     assert sum(not a.deduplicated for a in answers) == 10
     assert (await row_counts(db, ["todos"]))["todos"] == 10
+
+
+async def test_each_result_is_the_todo_as_stored_without_reading_it_back(
+    client: Client, tenant: Tenant
+) -> None:
+    # New todos are answered from their items and the ids and instants the
+    # database gave them: every field must be what GetTodo reads, whatever the
+    # item's shape (queue, content type, attempts, delay, priority, keys,
+    # trace context), and the single Ingest's answer too (with the payload).
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    items = [
+        item("q"),
+        item("q"),
+        item("other", b"y", content_type="text/plain", max_attempts=3, priority=7),
+        item("q", delay=duration_pb2.Duration(seconds=90)),
+        item("q", idempotency_key="k"),
+        item("q", dedup=todo_pb2.DedupKey(webhook_id="gh", delivery_id="d")),
+        item("q", idempotency_key="k"),  # the earlier item's: deduplicated
+    ]
+    response = await client.dispatch.IngestTodos(
+        dispatch_pb2.IngestTodosRequest(todos=items),
+        metadata=(*tenant.agent, ("traceparent", traceparent)),
+    )
+    single = await client.dispatch.Ingest(
+        item("third", b"z", priority=2, idempotency_key="s"), metadata=tenant.agent
+    )
+    again = await client.dispatch.Ingest(
+        item("third", b"other", idempotency_key="s"), metadata=tenant.agent
+    )
+    assert [r.deduplicated for r in response.results] == [False] * 6 + [True]
+    assert again.deduplicated and not single.deduplicated
+    for got in [*(r.todo for r in response.results), single.todo, again.todo]:
+        stored = await client.dispatch.GetTodo(
+            dispatch_pb2.GetTodoRequest(todo_id=got.id), metadata=tenant.agent
+        )
+        expected = todo_pb2.Todo()
+        expected.CopyFrom(stored.todo)
+        expected.ClearField("admission")  # derived when read
+        if got in [r.todo for r in response.results]:
+            expected.payload = b""  # IngestTodos leaves it out
+        assert got == expected, (got, expected)
+    assert single.todo.payload == b"z" and again.todo.payload == b"z"
+    first = response.results[0].todo
+    assert first.traceparent and first.state == todo_pb2.TODO_STATE_PENDING
+    delayed = response.results[3].todo
+    assert delayed.next_retry_at.ToSeconds() == delayed.created_at.ToSeconds() + 90

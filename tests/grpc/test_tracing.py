@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import grpc
@@ -31,6 +32,20 @@ def spans() -> Iterator[InMemorySpanExporter]:
 
 def named(finished: tuple[ReadableSpan, ...], name: str) -> list[ReadableSpan]:
     return [s for s in finished if s.name == name]
+
+
+async def finished_once(
+    spans: InMemorySpanExporter, name: str, count: int = 1
+) -> tuple[ReadableSpan, ...]:
+    """The finished spans, once ``count`` named ``name`` are among them (or 5 s passed).
+
+    A server span ends just after its answer is sent: an aborted call's status
+    can reach the client before the span ends.
+    """
+    async with asyncio.timeout(5):
+        while len(named(spans.get_finished_spans(), name)) < count:  # noqa: ASYNC110 (no event to wait on)
+            await asyncio.sleep(0.01)
+    return spans.get_finished_spans()
 
 
 async def test_rpc_and_claim_transaction_spans(
@@ -65,7 +80,7 @@ async def test_rpc_and_claim_transaction_spans(
         await client.dispatch.ClaimNext(dispatch_pb2.ClaimNextRequest())
     assert anonymous.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
-    finished = spans.get_finished_spans()
+    finished = await finished_once(spans, f"{DISPATCH}/ClaimNext", 3)
     rpcs = named(finished, f"{DISPATCH}/ClaimNext")
     assert len(rpcs) == 3
     for span in rpcs:
@@ -121,7 +136,7 @@ async def test_a_callers_trace_is_continued(
         dispatch_pb2.ClaimNextRequest(),
         metadata=(*tenant.agent, ("traceparent", f"00-{trace_id}-{parent}-01")),
     )
-    (span,) = named(spans.get_finished_spans(), f"{DISPATCH}/ClaimNext")
+    (span,) = named(await finished_once(spans, f"{DISPATCH}/ClaimNext"), f"{DISPATCH}/ClaimNext")
     assert span.context is not None and span.parent is not None
     assert format(span.context.trace_id, "032x") == trace_id
     assert format(span.parent.span_id, "016x") == parent
@@ -135,8 +150,9 @@ async def test_admin_calls_are_traced_too(
     await client.admin.CreateOwner(
         admin_pb2.CreateOwnerRequest(name="traced"), metadata=auth(OPERATOR_TOKEN)
     )
-    names = [s.name for s in spans.get_finished_spans()]
-    assert names == ["switchboard.v1.AdminService/CreateOwner"]
+    create_owner = "switchboard.v1.AdminService/CreateOwner"
+    names = [s.name for s in await finished_once(spans, create_owner)]
+    assert names == [create_owner]
 
 
 def test_tracing_is_off_unless_an_exporter_is_named() -> None:

@@ -90,17 +90,35 @@ class CertificateAuthority:
     def issue(
         self, stem: str, *, server: bool = True, key: ec.EllipticCurvePrivateKey | None = None
     ) -> Issued:
-        """A leaf certificate: for ``localhost`` and ``127.0.0.1`` (server) or a client.
+        """A leaf certificate: for ``localhost``, ``127.0.0.1`` and ``::1`` (server) or a client.
 
         Writes ``<stem>.crt`` and ``<stem>.key`` (a fresh key unless one is given).
         """
+        return self._issue(
+            stem, self.folder / f"{stem}.crt", self.folder / f"{stem}.key", server, key
+        )
+
+    def issue_to(
+        self, cert: pathlib.Path, key: pathlib.Path, common_name: str = "switchboard"
+    ) -> Issued:
+        """A server certificate at ``cert``, its fresh key at ``key`` (a rotation in place)."""
+        return self._issue(common_name, cert, key, True, None)
+
+    def _issue(
+        self,
+        common_name: str,
+        cert_path: pathlib.Path,
+        key_path: pathlib.Path,
+        server: bool,
+        key: ec.EllipticCurvePrivateKey | None,
+    ) -> Issued:
         key = key or _key()
         now = datetime.datetime.now(datetime.UTC)
         serial = _serial()
         usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
         builder = (
             x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, stem)]))
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
             .issuer_name(self.cert.subject)
             .public_key(key.public_key())
             .serial_number(serial)
@@ -119,15 +137,16 @@ class CertificateAuthority:
                     [
                         x509.DNSName("localhost"),
                         x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                        x509.IPAddress(ipaddress.ip_address("::1")),
                     ]
                 ),
                 critical=False,
             )
         cert = builder.sign(self.key, hashes.SHA256())
-        issued = Issued(self.folder / f"{stem}.crt", self.folder / f"{stem}.key", serial)
-        issued.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        issued.key.write_bytes(_key_pem(key))
-        return issued
+        # The key first: a watcher that sees the new certificate finds its key in place.
+        key_path.write_bytes(_key_pem(key))
+        cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        return Issued(cert_path, key_path, serial)
 
 
 def load_key(path: pathlib.Path) -> ec.EllipticCurvePrivateKey:

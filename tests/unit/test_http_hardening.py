@@ -14,7 +14,7 @@ from switchboard_server.web.sessions import SigninTokens
 from switchboard_server.web.throttle import SigninThrottle, client_key
 from switchboard_server.web.tls import ServerTLS, server_tls
 
-from tests.support.pki import TestCA
+from tests.support.certs import CertificateAuthority
 
 
 class Clock:
@@ -137,19 +137,19 @@ def test_tls_needs_both_files_and_keeps_serving_through_a_bad_rotation(
     assert server_tls(None, None) is None
     with pytest.raises(ValueError, match="together"):
         server_tls(tmp_path / "cert.pem", None)
-    ca = TestCA.create(tmp_path)
+    ca = CertificateAuthority(tmp_path)
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    ca.issue_server(cert, key, "first")
+    ca.issue_to(cert, key, "first")
     tls = ServerTLS(cert, key)
     assert not tls.reload()  # unchanged
     key.write_bytes(b"-----BEGIN PRIVATE KEY-----\nnot a key\n")
     assert not tls.reload()  # kept the served pair
     other = tmp_path / "other"
     other.mkdir()
-    ca.issue_server(other / "cert.pem", other / "key.pem")
+    ca.issue_to(other / "cert.pem", other / "key.pem")
     key.write_bytes((other / "key.pem").read_bytes())
     assert not tls.reload()  # a key that is not the certificate's
-    ca.issue_server(cert, key, "second")
+    ca.issue_to(cert, key, "second")
     assert tls.reload()
 
 

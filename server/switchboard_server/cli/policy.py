@@ -8,16 +8,14 @@ from typing import TYPE_CHECKING
 
 from switchboard.v1 import admission_pb2, queue_pb2
 
+from switchboard_server.cli.audit import print_audit
 from switchboard_server.cli.common import endpoint_flag, group, leaf
 from switchboard_server.cli.connect import EXIT_OK, Connection, UsageError
 from switchboard_server.cli.output import (
-    NONE,
     Output,
     fields,
     policy_summary,
     short,
-    table,
-    to_dict,
     when,
 )
 
@@ -133,47 +131,26 @@ async def policy_clear(conn: Connection, args: argparse.Namespace, out: Output) 
     return EXIT_OK
 
 
-def _actor(entry: admission_pb2.PolicyAuditEntry) -> str:
-    if entry.actor_endpoint_id:
-        return f"endpoint {entry.actor_endpoint_id} (vended by human {entry.actor_human_id})"
-    if entry.actor_human_id:
-        return f"human {entry.actor_human_id}"
-    return NONE
-
-
 async def policy_audit(conn: Connection, args: argparse.Namespace, out: Output) -> int:
     """Lists a queue's policy changes, newest first."""
-    if args.limit < 1:
-        raise UsageError("policy audit: --limit must be at least 1")
-    entries: list[admission_pb2.PolicyAuditEntry] = []
-    token = ""
-    while len(entries) < args.limit:
-        page = await conn.admission.ListPolicyAudit(
+
+    async def page(size: int, token: str) -> admission_pb2.ListPolicyAuditResponse:
+        return await conn.admission.ListPolicyAudit(
             admission_pb2.ListPolicyAuditRequest(
-                queue=_queue(args), page_size=min(args.limit - len(entries), 500), page_token=token
+                queue=_queue(args), page_size=size, page_token=token
             ),
             metadata=conn.metadata,
             timeout=conn.timeout,
         )
-        entries += page.entries
-        token = page.next_page_token
-        if not token:
-            break
-    if out.as_json:
-        out.json({"entries": [to_dict(e) for e in entries]})
-        return EXIT_OK
-    rows = [
-        [
-            when(e.at),
-            short(admission_pb2.PolicyAction.Name(e.action), "POLICY_ACTION_"),
-            _actor(e),
-            policy_summary(e.before) if e.HasField("before") else NONE,
-            policy_summary(e.after) if e.HasField("after") else NONE,
-        ]
-        for e in entries
-    ]
-    out.line(table(["AT", "ACTION", "BY", "BEFORE", "AFTER"], rows))
-    return EXIT_OK
+
+    return await print_audit(
+        out,
+        "policy audit",
+        args.limit,
+        page,
+        lambda a: short(admission_pb2.PolicyAction.Name(a), "POLICY_ACTION_"),
+        policy_summary,
+    )
 
 
 POLICY_EXAMPLES = """\

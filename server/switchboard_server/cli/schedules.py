@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from switchboard.v1 import admission_pb2, queue_pb2, schedule_pb2
 
+from switchboard_server.cli.audit import print_audit
 from switchboard_server.cli.common import endpoint_flag, group, leaf
 from switchboard_server.cli.connect import EXIT_OK, Connection, UsageError
 from switchboard_server.cli.output import NONE, Output, fields, short, table, to_dict, when
@@ -226,14 +227,6 @@ async def schedules_delete(conn: Connection, args: argparse.Namespace, out: Outp
     return EXIT_OK
 
 
-def _actor(entry: schedule_pb2.ScheduleAuditEntry) -> str:
-    if entry.actor_endpoint_id:
-        return f"endpoint {entry.actor_endpoint_id} (vended by human {entry.actor_human_id})"
-    if entry.actor_human_id:
-        return f"human {entry.actor_human_id}"
-    return NONE
-
-
 def _summary(s: schedule_pb2.Schedule) -> str:
     state = ", paused" if s.paused else ""
     return f"{s.name}: {recurrence_text(s.recurrence)}, catch up {_catch_up(s.catch_up)}{state}"
@@ -241,37 +234,24 @@ def _summary(s: schedule_pb2.Schedule) -> str:
 
 async def schedules_audit(conn: Connection, args: argparse.Namespace, out: Output) -> int:
     """Lists a schedule's changes, newest first."""
-    if args.limit < 1:
-        raise UsageError("schedules audit: --limit must be at least 1")
-    entries: list[schedule_pb2.ScheduleAuditEntry] = []
-    token = ""
-    while len(entries) < args.limit:
-        page = await conn.schedules.ListScheduleAudit(
+
+    async def page(size: int, token: str) -> schedule_pb2.ListScheduleAuditResponse:
+        return await conn.schedules.ListScheduleAudit(
             schedule_pb2.ListScheduleAuditRequest(
-                schedule_id=args.id, page_size=min(args.limit - len(entries), 500), page_token=token
+                schedule_id=args.id, page_size=size, page_token=token
             ),
             metadata=conn.metadata,
             timeout=conn.timeout,
         )
-        entries += page.entries
-        token = page.next_page_token
-        if not token:
-            break
-    if out.as_json:
-        out.json({"entries": [to_dict(e) for e in entries]})
-        return EXIT_OK
-    rows = [
-        [
-            when(e.at),
-            short(schedule_pb2.ScheduleAction.Name(e.action), "SCHEDULE_ACTION_"),
-            _actor(e),
-            _summary(e.before) if e.HasField("before") else NONE,
-            _summary(e.after) if e.HasField("after") else NONE,
-        ]
-        for e in entries
-    ]
-    out.line(table(["AT", "ACTION", "BY", "BEFORE", "AFTER"], rows))
-    return EXIT_OK
+
+    return await print_audit(
+        out,
+        "schedules audit",
+        args.limit,
+        page,
+        lambda a: short(schedule_pb2.ScheduleAction.Name(a), "SCHEDULE_ACTION_"),
+        _summary,
+    )
 
 
 SCHEDULES_EXAMPLES = """\

@@ -57,6 +57,11 @@ DISTRIBUTION_COLUMN = "endpoint_id"
 #: Each acts on one endpoint's rows only, every statement naming it.
 DELEGATED = (
     (
+        "sb_ingest_todos(uuid, uuid, text[], bytea[], text[], integer[], interval[], text[],"
+        " text[], text[], interval[], text[], integer[])",
+        "p_endpoint_id",
+    ),
+    (
         "sb_ingest(uuid, uuid, text, bytea, text, integer, interval, text, text)",
         "p_endpoint_id",
     ),

@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import asyncpg
 
@@ -42,11 +42,11 @@ def _not_found(exc: asyncpg.PostgresError) -> bool:
     return getattr(exc, "sqlstate", None) == _NOT_FOUND_SQLSTATE
 
 
-@dataclass(frozen=True)
-class NewTodo:
+class NewTodo(NamedTuple):
     """One todo to ingest: its queue (of the call's endpoint) and fields, and at
     most one key: a dedup key (``webhook_id`` and ``delivery_id``) or an
-    idempotency key with its retention."""
+    idempotency key with its retention. (A named tuple: a batch builds
+    hundreds.)"""
 
     queue: str
     payload: bytes
@@ -63,22 +63,48 @@ class NewTodo:
     priority: int = 0
 
 
+class Ingested(NamedTuple):
+    """What ingest did with one item of an endpoint's call: the todo it
+    created, or (``existing``) the one a key matched instead.
+
+    A created todo is not read back: it is ``item`` as inserted, with the
+    ``id`` and instants the database gave it (``created_at``, also its
+    ``updated_at``; ``next_retry_at``), pending, attempt 0, and no lease,
+    claimant, error, result or schedule. For a deduplicated item, ``id`` and
+    the instants are the existing todo's.
+    """
+
+    endpoint_id: uuid.UUID
+    item: NewTodo
+    id: int
+    created_at: datetime
+    next_retry_at: datetime
+    existing: Todo | None = None
+
+    @property
+    def deduplicated(self) -> bool:
+        """Whether a key matched an existing todo (or an earlier item's) instead."""
+        return self.existing is not None
+
+
 async def ingest_many(
     conn: Conn,
     *,
     owner_id: uuid.UUID,
     endpoint_id: uuid.UUID,
     items: Sequence[NewTodo],
-) -> list[tuple[Todo, bool]]:
-    """Creates todos of one endpoint (see ``sb_ingest_many``): per item, in
-    order, the todo and whether an existing one was returned instead."""
-    webhooks = any(i.webhook_id is not None for i in items)
-    keys = any(i.idempotency_key is not None for i in items)
-    traced = any(i.traceparent is not None for i in items)
-    ranked = any(i.priority != 0 for i in items)
+) -> list[Ingested]:
+    """Creates todos of one endpoint (see ``sb_ingest_todos``): per item, in
+    order, what became of it."""
+    webhooks = keys = traced = ranked = False
+    for i in items:
+        webhooks = webhooks or i.webhook_id is not None
+        keys = keys or i.idempotency_key is not None
+        traced = traced or i.traceparent is not None
+        ranked = ranked or i.priority != 0
     try:
         rows = await conn.fetch(
-            sql("todo_ingest_many"),
+            sql("todo_ingest"),
             owner_id,
             endpoint_id,
             [i.queue for i in items],
@@ -86,7 +112,8 @@ async def ingest_many(
             [i.content_type for i in items],
             [i.max_attempts for i in items],
             [i.delay for i in items],
-            # Without keys (the common case) no key arrays are sent.
+            # Without keys (the common case) no key arrays are sent, and the
+            # function skips every dedup lookup.
             [i.webhook_id for i in items] if webhooks else None,
             [i.delivery_id for i in items] if webhooks else None,
             [i.idempotency_key for i in items] if keys else None,
@@ -99,30 +126,16 @@ async def ingest_many(
         if _not_found(exc):
             raise errors.NotFound("endpoint not found") from exc
         raise
-    return [(todo_from_record(r["todo"]), bool(r["deduplicated"])) for r in rows]
-
-
-async def ingest(
-    conn: Conn,
-    *,
-    owner_id: uuid.UUID,
-    endpoint_id: uuid.UUID,
-    queue: str,
-    payload: bytes,
-    content_type: str,
-    max_attempts: int,
-    delay: timedelta,
-    webhook_id: str | None,
-    delivery_id: str | None,
-) -> tuple[Todo, bool]:
-    """Creates a todo; returns it and whether an existing one was returned instead."""
-    (result,) = await ingest_many(
-        conn,
-        owner_id=owner_id,
-        endpoint_id=endpoint_id,
-        items=[NewTodo(queue, payload, content_type, max_attempts, delay, webhook_id, delivery_id)],
-    )
-    return result
+    out: list[Ingested] = []
+    for item, (todo_id, created_at, next_retry_at, existing) in zip(items, rows, strict=True):
+        if existing is None:
+            out.append(Ingested(endpoint_id, item, todo_id, created_at, next_retry_at))
+        else:
+            todo = todo_from_record(existing)
+            out.append(
+                Ingested(endpoint_id, item, todo.id, todo.created_at, todo.next_retry_at, todo)
+            )
+    return out
 
 
 @dataclass(frozen=True)
@@ -361,6 +374,42 @@ async def requeue(
         sql("todo_requeue"), owner_id, endpoint_id, list(ids), delay, max_attempts
     )
     return _acted(rows)
+
+
+@dataclass(frozen=True)
+class Tally:
+    """What a bulk chunk's cancel or requeue changed in one queue, from one state."""
+
+    queue: str
+    was: TodoState
+    count: int
+
+
+def _tallies(rows: Sequence[Mapping[str, Any]]) -> list[Tally]:
+    return [Tally(str(r["queue"]), TodoState(r["was"]), int(r["n"])) for r in rows]
+
+
+async def cancel_tally(
+    conn: Conn, *, ids: Sequence[int], owner_id: uuid.UUID, endpoint_id: uuid.UUID | None
+) -> list[Tally]:
+    """``cancel``, answered with counts instead of the todos (a bulk chunk's)."""
+    return _tallies(await conn.fetch(sql("todo_cancel_tally"), owner_id, endpoint_id, list(ids)))
+
+
+async def requeue_tally(
+    conn: Conn,
+    *,
+    ids: Sequence[int],
+    owner_id: uuid.UUID,
+    endpoint_id: uuid.UUID | None,
+    delay: timedelta,
+    max_attempts: int | None,
+) -> list[Tally]:
+    """``requeue``, answered with counts instead of the todos (a bulk chunk's)."""
+    rows = await conn.fetch(
+        sql("todo_requeue_tally"), owner_id, endpoint_id, list(ids), delay, max_attempts
+    )
+    return _tallies(rows)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from google.protobuf import timestamp_pb2
@@ -16,7 +17,7 @@ from switchboard_server.admission import (
     Headroom,
     Policy,
 )
-from switchboard_server.dispatch import TodoAuditEntry, refusal_message
+from switchboard_server.dispatch import Ingested, NewTodo, TodoAuditEntry, refusal_message
 from switchboard_server.doorbells import Doorbell
 from switchboard_server.model import (
     Attempt,
@@ -252,6 +253,88 @@ def todo(
         msg.schedule_id = str(value.schedule_id)
         msg.schedule_slot.FromDatetime(value.schedule_slot)
     return msg
+
+
+def ingested_todo(value: Ingested) -> todo_pb2.Todo:
+    """The wire form of the todo an ingest created (from its item: nothing was
+    read back) or the existing one a key matched."""
+    if value.existing is not None:
+        return todo(value.existing)
+    msg = _new_todo(value)
+    msg.id = str(value.id)
+    msg.payload = value.item.payload
+    _item_keys(msg, value.item)
+    return msg
+
+
+def ingest_todos_response(values: Sequence[Ingested]) -> dispatch_pb2.IngestTodosResponse:
+    """IngestTodos' answer: per item its todo without the payload (the caller
+    has it), and whether it was deduplicated.
+
+    The new todos of one call differ mostly in their ids: each shape (queue,
+    content type, attempts, priority, trace, instants) is built once and
+    copied, which is several times cheaper than building each todo.
+    """
+    response = dispatch_pb2.IngestTodosResponse()
+    add = response.results.add
+    shapes: dict[tuple[object, ...], todo_pb2.Todo] = {}
+    for value in values:
+        result = add()
+        if value.existing is not None:
+            result.deduplicated = True
+            result.todo.CopyFrom(todo(value.existing))
+            result.todo.payload = b""
+            continue
+        item = value.item
+        shape = (
+            item.queue,
+            item.content_type,
+            item.max_attempts,
+            item.priority,
+            item.traceparent,
+            value.created_at,
+            value.next_retry_at,
+        )
+        template = shapes.get(shape)
+        if template is None:
+            template = shapes[shape] = _new_todo(value)
+        msg = result.todo
+        msg.CopyFrom(template)
+        msg.id = str(value.id)
+        _item_keys(msg, item)
+    return response
+
+
+def _new_todo(value: Ingested) -> todo_pb2.Todo:
+    """A created todo's wire form but for its id, payload and keys: pending,
+    attempt 0, no lease, claimant, error, result or schedule (``todo`` of
+    the row as inserted)."""
+    item = value.item
+    created = timestamp(value.created_at)
+    msg = todo_pb2.Todo(
+        queue=queue_ref(value.endpoint_id, item.queue),
+        state=todo_pb2.TODO_STATE_PENDING,
+        content_type=item.content_type,
+        max_attempts=item.max_attempts,
+        next_retry_at=created
+        if value.next_retry_at == value.created_at
+        else timestamp(value.next_retry_at),
+        created_at=created,
+        updated_at=created,
+        priority=item.priority,
+    )
+    if item.traceparent is not None:
+        msg.traceparent = item.traceparent
+    return msg
+
+
+def _item_keys(msg: todo_pb2.Todo, item: NewTodo) -> None:
+    """A created todo's keys, as ``todo`` shows them."""
+    if item.webhook_id is not None and item.delivery_id is not None:
+        msg.dedup.webhook_id = item.webhook_id
+        msg.dedup.delivery_id = item.delivery_id
+    if item.idempotency_key is not None:
+        msg.idempotency_key = item.idempotency_key
 
 
 def attempt(value: Attempt) -> todo_pb2.Attempt:

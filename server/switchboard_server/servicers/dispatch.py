@@ -26,6 +26,7 @@ from switchboard_server.servicers.validate import (
     MAX_ERROR_FILTER,
     MAX_IDEMPOTENCY_RETENTION,
     MAX_PAYLOAD_BYTES,
+    QUEUE_NAME,
     Violations,
     free_text,
     page_token_after,
@@ -144,10 +145,12 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
         v = Violations()
         item = _ingest_item(v, "", request)
         v.check()
-        todo, deduplicated = await self._dispatcher.ingest(
+        result = await self._dispatcher.ingest(
             current_principal(), item, tracing.traceparent(context)
         )
-        return dispatch_pb2.IngestResponse(todo=convert.todo(todo), deduplicated=deduplicated)
+        return dispatch_pb2.IngestResponse(
+            todo=convert.ingested_todo(result), deduplicated=result.deduplicated
+        )
 
     async def IngestTodos(
         self, request: dispatch_pb2.IngestTodosRequest, context: Context
@@ -171,12 +174,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
         results = await self._dispatcher.ingest_many(
             current_principal(), endpoint_id, items, tracing.traceparent(context)
         )
-        response = dispatch_pb2.IngestTodosResponse()
-        for todo, deduplicated in results:
-            result = response.results.add(deduplicated=deduplicated)
-            result.todo.CopyFrom(convert.todo(todo))
-            result.todo.payload = b""  # the caller has it
-        return response
+        return convert.ingest_todos_response(results)
 
     async def Claim(
         self, request: dispatch_pb2.ClaimRequest, context: Context
@@ -533,12 +531,22 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
 def _ingest_item(
     v: Violations, at: str, request: dispatch_pb2.IngestRequest
 ) -> dispatch.IngestRequest:
-    """One validated ingest; ``at`` prefixes its fields (``todos[3].``)."""
-    endpoint_id = v.parse_uuid(f"{at}queue.endpoint_id", request.queue.endpoint_id, required=False)
-    queue = v.queue_name(f"{at}queue.name", request.queue.name)
-    if len(request.payload) > MAX_PAYLOAD_BYTES:
+    """One validated ingest; ``at`` prefixes its fields (``todos[3].``). Each
+    check's field name is formatted only when the value needs the full check
+    (an IngestTodos call validates hundreds)."""
+    ref = request.queue
+    endpoint_id = None
+    if ref.endpoint_id:
+        endpoint_id = v.parse_uuid(f"{at}queue.endpoint_id", ref.endpoint_id, required=False)
+    queue = ref.name
+    if QUEUE_NAME.fullmatch(queue) is None:
+        v.queue_name(f"{at}queue.name", queue)
+    payload = request.payload
+    if len(payload) > MAX_PAYLOAD_BYTES:
         v.add(f"{at}payload", f"at most {MAX_PAYLOAD_BYTES} bytes")
-    content_type = v.text(f"{at}content_type", request.content_type, maximum=MAX_CONTENT_TYPE)
+    content_type = request.content_type
+    if content_type:
+        content_type = v.text(f"{at}content_type", content_type, maximum=MAX_CONTENT_TYPE)
     dedup = None
     if request.HasField("dedup"):
         dedup = v.dedup(f"{at}dedup", request.dedup.webhook_id, request.dedup.delivery_id)
@@ -547,13 +555,11 @@ def _ingest_item(
         max_attempts = request.max_attempts
         if not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
             v.add(f"{at}max_attempts", f"must be between 1 and {MAX_ATTEMPTS_LIMIT}")
-    delay = v.duration(
-        f"{at}delay",
-        request.delay,
-        request.HasField("delay"),
-        minimum=timedelta(0),
-        maximum=MAX_DELAY,
-    )
+    delay = None
+    if request.HasField("delay"):
+        delay = v.duration(
+            f"{at}delay", request.delay, True, minimum=timedelta(0), maximum=MAX_DELAY
+        )
     key = None
     if request.idempotency_key:
         key = v.text(
@@ -561,31 +567,41 @@ def _ingest_item(
         )
         if dedup is not None:
             v.add(f"{at}idempotency_key", "give either dedup or idempotency_key, not both")
-    retention = v.duration(
-        f"{at}idempotency_retention",
-        request.idempotency_retention,
-        request.HasField("idempotency_retention"),
-        minimum=timedelta(0),
-        maximum=MAX_IDEMPOTENCY_RETENTION,
-    )
-    if retention is not None and key is None:
-        v.add(f"{at}idempotency_retention", "only with idempotency_key")
-    if not dispatch.DEFAULT_PRIORITY <= request.priority <= dispatch.MAX_PRIORITY:
+    retention = None
+    if request.HasField("idempotency_retention"):
+        retention = v.duration(
+            f"{at}idempotency_retention",
+            request.idempotency_retention,
+            True,
+            minimum=timedelta(0),
+            maximum=MAX_IDEMPOTENCY_RETENTION,
+        )
+        if retention is not None and key is None:
+            v.add(f"{at}idempotency_retention", "only with idempotency_key")
+    priority = request.priority
+    if not dispatch.DEFAULT_PRIORITY <= priority <= dispatch.MAX_PRIORITY:
         v.add(f"{at}priority", f"must be between 0 (most urgent) and {dispatch.MAX_PRIORITY}")
+    if key is not None and retention is None:
+        retention = dispatch.DEFAULT_IDEMPOTENCY_RETENTION
     return dispatch.IngestRequest(
-        endpoint_id=endpoint_id,
-        queue=queue,
-        payload=request.payload,
-        content_type=content_type or "application/octet-stream",
-        max_attempts=max_attempts,
-        delay=delay or timedelta(0),
-        dedup=dedup,
-        idempotency_key=key,
-        idempotency_retention=dispatch.DEFAULT_IDEMPOTENCY_RETENTION
-        if retention is None
-        else retention,
-        priority=request.priority,
+        endpoint_id,
+        dispatch.NewTodo(
+            queue,
+            payload,
+            content_type or "application/octet-stream",
+            max_attempts,
+            delay or _NO_DELAY,
+            dedup[0] if dedup else None,
+            dedup[1] if dedup else None,
+            key,
+            retention if key is not None else None,
+            None,
+            priority,
+        ),
     )
+
+
+_NO_DELAY = timedelta(0)
 
 
 def _requeue_options(

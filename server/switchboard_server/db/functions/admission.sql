@@ -312,11 +312,11 @@ $$;
 -- of a queue with a policy, then locks the policy, evaluates it with fresh
 -- reads and charges, or raises SB429 (refused; the reason is in the message)
 -- so the caller's subtransaction releases every lock and undoes the claims.
--- Claims that spend the budget mark the queue's gate. A batch the budget
--- cuts short claims only as many as the window's units and the free
--- in-flight slots allow, and says why (the same reason) in
--- admission.deferred; its other todos are left untouched. Lock order: the
--- todo rows, then the policy.
+-- A batch the budget cuts short raises SBCUT, which rolls the caller's
+-- subtransaction back the same way; the caller then claims the admitted part
+-- in the original form (sb_admit_then_claim_batch). Claims that spend the
+-- budget mark the queue's gate. Lock order: the todo rows, then the policy.
+-- Call it in the subtransaction that locked p_ids (see below).
 --
 -- Claim first, lock second (issue 16). The claim's writes (the 100-row
 -- UPDATE and its attempts rows at B = 100, most of the time a batch spent
@@ -336,15 +336,24 @@ $$;
 --    admitted and are invisible here (uncommitted): they are counted by
 --    whoever evaluates after they commit, which is after their own charge.
 --    A claim is only ever visible to others once admitted and charged.
---  * A refusal raises SB429, which rolls back the caller's subtransaction:
---    the claims, their attempts and every lock go, as a refused claim's
---    locks did. A batch cut short rolls back this block's subtransaction
---    (its claims and the policy lock, not the todo row locks, which the
---    caller took), then takes the policy lock again and claims the admitted
---    part under it, evaluated afresh: the order of the original form.
+--  * A refusal (SB429) or a cut (SBCUT) rolls back the caller's
+--    subtransaction: the claims, their attempts and every lock go, as a
+--    refused claim's locks did. After a cut the caller locks its rows again
+--    and claims the admitted part under the policy lock, evaluated afresh:
+--    the original form.
 --  * No new waits before the policy lock: the rows are already locked by
 --    this transaction (SKIP LOCKED), the attempts rows are new, so the lock
 --    order stays todo rows, then the policy row (SPEC 4.3, ADR-0035).
+--
+-- One subtransaction for the row locks and the claims: a row locked in one
+-- subtransaction and updated in another (as when the claims were undone on a
+-- cut by an inner block of their own) gets a MultiXact as its old version's
+-- xmax (the lock must outlive a rollback of the update). Index scans never
+-- mark an entry dead whose heap tuple has a MultiXact xmax, so every claimed
+-- todo's entry stayed at the head of todos_pending_idx until a vacuum, and
+-- each head probe and SKIP LOCKED scan walked them all (and looked up their
+-- members): 280 buffers a probe on a budgeted queue against 13 without a
+-- policy (docs/performance.md).
 CREATE OR REPLACE FUNCTION sb_admit_and_claim_batch(
     p_endpoint_id uuid,
     p_ids bigint[],
@@ -363,49 +372,72 @@ DECLARE
     v_take integer;
     v_full text;
 BEGIN
-    BEGIN
-        claimed := sb_claim_pending(p_endpoint_id, p_ids, p_claimants, p_lease, p_now);
-        -- Waits for the lock; the session's lock_timeout bounds the wait, and
-        -- running out of it refuses the claim (admission_unavailable).
-        SELECT * INTO v_policy FROM admission_policies p
-         WHERE p.endpoint_id = p_endpoint_id AND p.id = p_policy_id
-           FOR UPDATE;
-        IF NOT FOUND OR NOT v_policy.active THEN
-            -- Cleared concurrently: no policy governs the queue any more.
-            RETURN;
-        END IF;
-        v_eval := sb_admission_eval_except(v_policy, p_ids, p_now);
-        IF v_eval.reason IS NOT NULL THEN
-            RAISE EXCEPTION '%', v_eval.reason USING ERRCODE = 'SB429',
-                DETAIL = sb_deferral_json(p_queue, v_eval.reason, v_eval, NULL)::text;
-        END IF;
-        v_take := least(
-            cardinality(p_ids),
-            v_policy.max_claims_per_window - v_eval.used,
-            v_policy.max_in_flight - v_eval.in_flight);
-        IF v_take < cardinality(p_ids) THEN
-            -- Cut short: undo the claims (and the policy lock), see below.
-            RAISE EXCEPTION 'cut short' USING ERRCODE = 'SBCUT';
-        END IF;
-        IF v_eval.window_start IS NOT NULL THEN
-            INSERT INTO window_counters AS c (endpoint_id, policy_id, window_start, units)
-            VALUES (p_endpoint_id, v_policy.id, v_eval.window_start, v_take)
-            ON CONFLICT (policy_id, window_start, endpoint_id)
-            DO UPDATE SET units = c.units + v_take;
-        END IF;
-        admission := jsonb_build_object('headroom', sb_headroom_after(v_policy, v_eval, v_take));
-        PERFORM sb_release_before_flush();
-        v_full := sb_full_after(v_policy, v_eval, v_take);
-        IF v_full IS NOT NULL THEN
-            PERFORM sb_gate_mark(p_endpoint_id, v_policy.queue_id, v_full,
-                                 sb_gate_next_check(v_full, v_eval, p_now), p_now, true);
-        END IF;
+    claimed := sb_claim_pending(p_endpoint_id, p_ids, p_claimants, p_lease, p_now);
+    -- Waits for the lock; the session's lock_timeout bounds the wait, and
+    -- running out of it refuses the claim (admission_unavailable).
+    SELECT * INTO v_policy FROM admission_policies p
+     WHERE p.endpoint_id = p_endpoint_id AND p.id = p_policy_id
+       FOR UPDATE;
+    IF NOT FOUND OR NOT v_policy.active THEN
+        -- Cleared concurrently: no policy governs the queue any more.
         RETURN;
-    EXCEPTION WHEN SQLSTATE 'SBCUT' THEN
-        claimed := NULL;
-    END;
-    -- Cut short by the budget (rare: once per window or per filling of the
-    -- in-flight slots): the original form, the claim under the lock.
+    END IF;
+    v_eval := sb_admission_eval_except(v_policy, p_ids, p_now);
+    IF v_eval.reason IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_eval.reason USING ERRCODE = 'SB429',
+            DETAIL = sb_deferral_json(p_queue, v_eval.reason, v_eval, NULL)::text;
+    END IF;
+    v_take := least(
+        cardinality(p_ids),
+        v_policy.max_claims_per_window - v_eval.used,
+        v_policy.max_in_flight - v_eval.in_flight);
+    IF v_take < cardinality(p_ids) THEN
+        -- Cut short: the caller undoes the claims (and every lock), then
+        -- claims the admitted part under the lock.
+        RAISE EXCEPTION 'cut short' USING ERRCODE = 'SBCUT';
+    END IF;
+    IF v_eval.window_start IS NOT NULL THEN
+        INSERT INTO window_counters AS c (endpoint_id, policy_id, window_start, units)
+        VALUES (p_endpoint_id, v_policy.id, v_eval.window_start, v_take)
+        ON CONFLICT (policy_id, window_start, endpoint_id)
+        DO UPDATE SET units = c.units + v_take;
+    END IF;
+    admission := jsonb_build_object('headroom', sb_headroom_after(v_policy, v_eval, v_take));
+    PERFORM sb_release_before_flush();
+    v_full := sb_full_after(v_policy, v_eval, v_take);
+    IF v_full IS NOT NULL THEN
+        PERFORM sb_gate_mark(p_endpoint_id, v_policy.queue_id, v_full,
+                             sb_gate_next_check(v_full, v_eval, p_now), p_now, true);
+    END IF;
+END;
+$$;
+
+-- The original form of a budgeted batch, for one the budget cut short
+-- (rare: once per window or per filling of the in-flight slots): with the
+-- todos p_ids locked (in the caller's subtransaction), locks the policy,
+-- evaluates it with fresh reads and claims under the lock as many as the
+-- window's units and the free in-flight slots allow, saying why (the same
+-- reason) in admission.deferred when that is fewer than p_ids; the others
+-- stay locked, untouched, until the transaction ends. Raises SB429 when it
+-- admits none. Lock order: the todo rows, then the policy.
+CREATE OR REPLACE FUNCTION sb_admit_then_claim_batch(
+    p_endpoint_id uuid,
+    p_ids bigint[],
+    p_queue text,
+    p_policy_id bigint,
+    p_claimants text[],
+    p_lease interval,
+    p_now timestamptz,
+    OUT claimed todos[],
+    OUT admission jsonb
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_policy admission_policies;
+    v_eval admission_eval;
+    v_take integer;
+    v_full text;
+BEGIN
     SELECT * INTO v_policy FROM admission_policies p
      WHERE p.endpoint_id = p_endpoint_id AND p.id = p_policy_id
        FOR UPDATE;
@@ -507,7 +539,12 @@ $$;
 -- The batch form of sb_try_budgeted_claim: inside a subtransaction, lock up
 -- to p_limit of the queue's first due todos in claim order (SKIP LOCKED), then admit
 -- and claim them (sb_admit_and_claim_batch). A refusal of the whole batch
--- rolls the subtransaction back, releasing the todo and policy locks.
+-- rolls the subtransaction back, releasing the todo and policy locks. A batch
+-- the budget cuts short is rolled back the same way and tried again in the
+-- original form: its todos locked again, then the policy, and the admitted
+-- part claimed under the lock (sb_admit_then_claim_batch).
+-- p_head_*: the queue's head as sb_claim_next_for's probe found it (see
+-- sb_lock_pending; NULL: none known).
 -- outcome: claimed | none | deferred (admission is the deferral as JSON).
 -- (No variable of the policy's row type here, as in sb_queue_admission: an
 -- unreadable policy table must fail inside the handler, closed.)
@@ -521,6 +558,9 @@ CREATE OR REPLACE FUNCTION sb_try_budgeted_batch(
     p_claimants text[],
     p_lease interval,
     p_now timestamptz,
+    p_head_priority smallint,
+    p_head_retry timestamptz,
+    p_head_id bigint,
     OUT outcome text,
     OUT claimed todos[],
     OUT admission jsonb
@@ -530,14 +570,43 @@ DECLARE
     v_ids bigint[];
     v_result record;
     v_detail text;
+    v_cut boolean := false;
 BEGIN
     BEGIN
-        v_ids := sb_lock_pending(p_endpoint_id, p_queue_id, p_limit, p_max_bytes, p_now);
+        v_ids := sb_lock_pending(p_endpoint_id, p_queue_id, p_limit, p_max_bytes, p_now,
+                                 p_head_priority, p_head_retry, p_head_id);
         IF cardinality(v_ids) = 0 THEN
             outcome := 'none';
             RETURN;
         END IF;
         SELECT a.* INTO v_result FROM sb_admit_and_claim_batch(
+            p_endpoint_id, v_ids, p_queue, p_policy_id, p_claimants, p_lease, p_now) a;
+        outcome := 'claimed';
+        claimed := v_result.claimed;
+        admission := v_result.admission;
+        RETURN;
+    EXCEPTION
+        WHEN SQLSTATE 'SBCUT' THEN
+            v_cut := true;
+        WHEN SQLSTATE 'SB429' THEN
+            GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
+            outcome := 'deferred';
+            admission := v_detail::jsonb;
+        WHEN OTHERS THEN
+            outcome := 'deferred';
+            admission := jsonb_build_object('queue', p_queue, 'reason', 'admission_unavailable');
+    END;
+    IF NOT v_cut THEN
+        RETURN;
+    END IF;
+    BEGIN
+        v_ids := sb_lock_pending(p_endpoint_id, p_queue_id, p_limit, p_max_bytes, p_now,
+                                 NULL, NULL, NULL);
+        IF cardinality(v_ids) = 0 THEN
+            outcome := 'none';
+            RETURN;
+        END IF;
+        SELECT a.* INTO v_result FROM sb_admit_then_claim_batch(
             p_endpoint_id, v_ids, p_queue, p_policy_id, p_claimants, p_lease, p_now) a;
         outcome := 'claimed';
         claimed := v_result.claimed;

@@ -82,7 +82,8 @@ $$;
 --     lock. Every deferral found is remembered on the queue's gate.
 --  3. The rest are tried most urgent head first (lowest priority), then
 --     oldest head first, and a batch is claimed from the first queue that
---     yields any (its most urgent todos first, see sb_lock_pending); a
+--     yields any (its most urgent todos first, from the probed head on, see
+--     sb_lock_pending); a
 --     budgeted queue through sb_try_budgeted_batch (policy lock under the
 --     row locks, fresh reads, claim and charge, or a rolled-back refusal
 --     and on to the next queue). A priority never bypasses a budget.
@@ -125,7 +126,9 @@ BEGIN
         RAISE EXCEPTION 'endpoint not found' USING ERRCODE = 'SB404';
     END IF;
     FOR v_queue IN
-        SELECT q.id, q.name, q.policy_id, coalesce(g.deferred, false) AS gate_deferred
+        SELECT q.id, q.name, q.policy_id, coalesce(g.deferred, false) AS gate_deferred,
+               head.priority AS head_priority, head.next_retry_at AS head_retry,
+               head.id AS head_id
           FROM queues q
           CROSS JOIN LATERAL (
               -- The queue's most urgent due todo (then the oldest): the first
@@ -166,7 +169,8 @@ BEGIN
          ORDER BY head.priority, coalesce(g.deferred, false), head.next_retry_at, head.id
     LOOP
         IF v_queue.policy_id IS NULL THEN
-            v_ids := sb_lock_pending(p_endpoint_id, v_queue.id, p_max, p_max_bytes, v_now);
+            v_ids := sb_lock_pending(p_endpoint_id, v_queue.id, p_max, p_max_bytes, v_now,
+                                     v_queue.head_priority, v_queue.head_retry, v_queue.head_id);
             IF cardinality(v_ids) > 0 THEN
                 RETURN QUERY SELECT 'claimed'::text,
                     sb_claim_pending(p_endpoint_id, v_ids, p_claimants, p_lease, v_now),
@@ -204,7 +208,8 @@ BEGIN
         END IF;
         SELECT r.* INTO v_try FROM sb_try_budgeted_batch(
             p_endpoint_id, v_queue.id, v_queue.name, v_queue.policy_id, p_max, p_max_bytes,
-            p_claimants, p_lease, v_now) r;
+            p_claimants, p_lease, v_now,
+            v_queue.head_priority, v_queue.head_retry, v_queue.head_id) r;
         IF v_try.outcome = 'claimed' THEN
             v_known := v_try.admission -> 'deferred';
             IF v_known IS NOT NULL THEN

@@ -11,6 +11,15 @@
 -- (endpoint_id = ...), also where an id alone would find the row: on a Citus
 -- cluster that is what keeps each statement on the one shard that holds the
 -- endpoint, inside the call delegated to its node (docs/scaling-out.md).
+--
+-- Statements that find todos by a list of ids (cancel, requeue, a bulk
+-- chunk's locks) read them by primary key, behind an OFFSET 0 fence that
+-- keeps their state tests out of the scan: with a state test in it, a
+-- partial index whose predicate the test implies (todos_finished_idx for
+-- dead, todos_pending_idx for pending) is a candidate, and statistics taken
+-- before a burst of dead letters (autoanalyze lags) call it tiny; the
+-- planner then walked the whole index once per chunk (a chunk of 500
+-- requeues took 50 s over 100,000 fresh dead todos, measured).
 
 -- Called when ingest creates a todo: rings the queue's doorbell (held back
 -- while admission defers it).
@@ -102,9 +111,19 @@ $$;
 -- other fields, so that a response carrying the batch fits in one message.
 -- Rows locked past the cut stay locked, untouched, until the transaction
 -- ends.
+--
+-- p_head_*: the queue's head as sb_claim_next_for's unlocked probe just
+-- found it (due, of priority p_head_priority; NULL: none known). The first
+-- priority is then that one and its lock starts at that row, without walking
+-- again the index entries before it (the probe saw none of them: claimed
+-- and settled todos not yet vacuumed, mostly), which each claim walked three
+-- times (probe, priority, lock) where the bare queue walks once. A row
+-- before the head that became visible since the probe (a concurrent
+-- commit) waits for the next claim, as a row committed just after the lock
+-- would.
 CREATE OR REPLACE FUNCTION sb_lock_pending(
     p_endpoint_id uuid, p_queue_id bigint, p_limit integer, p_max_bytes bigint,
-    p_now timestamptz
+    p_now timestamptz, p_head_priority smallint, p_head_retry timestamptz, p_head_id bigint
 ) RETURNS bigint[]
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -113,7 +132,25 @@ DECLARE
     v_sizes bigint[] := '{}';
     v_bytes bigint := 0;
 BEGIN
-    LOOP
+    IF p_head_priority IS NOT NULL THEN
+        v_level := p_head_priority;
+        SELECT coalesce(array_agg(l.id ORDER BY l.next_retry_at, l.id), '{}'),
+               coalesce(array_agg(l.size ORDER BY l.next_retry_at, l.id), '{}')
+          INTO v_ids, v_sizes
+          FROM (
+              SELECT t.id, t.next_retry_at,
+                     octet_length(t.payload) + octet_length(t.last_error) + 1024 AS size
+                FROM todos t
+               WHERE t.endpoint_id = p_endpoint_id AND t.queue_id = p_queue_id
+                 AND t.state = 'pending'
+                 AND t.priority = v_level AND t.next_retry_at <= p_now
+                 AND (t.next_retry_at, t.id) >= (p_head_retry, p_head_id)
+               ORDER BY t.next_retry_at, t.id
+               LIMIT p_limit
+                 FOR UPDATE SKIP LOCKED
+          ) AS l;
+    END IF;
+    WHILE cardinality(v_ids) < p_limit LOOP
         WITH RECURSIVE level AS (
             (SELECT t.priority, t.next_retry_at FROM todos t
               WHERE t.endpoint_id = p_endpoint_id AND t.queue_id = p_queue_id
@@ -150,7 +187,6 @@ BEGIN
                LIMIT p_limit - cardinality(v_ids)
                  FOR UPDATE SKIP LOCKED
           ) AS l;
-        EXIT WHEN cardinality(v_ids) >= p_limit;
     END LOOP;
     FOR i IN 1 .. cardinality(v_ids) LOOP
         v_bytes := v_bytes + v_sizes[i];
@@ -436,7 +472,13 @@ BEGIN
     WITH target AS (
         SELECT i.ord, t.id, t.state AS was
           FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
-          JOIN todos t ON t.id = i.id
+          -- By primary key whatever the statistics say (OFFSET 0: the
+          -- state test is not pushed into the scan, which could then take a
+          -- partial index the stale statistics call tiny; see the header).
+          JOIN (SELECT t.* FROM todos t
+                 WHERE t.id = ANY (p_ids)
+                   AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+                OFFSET 0) AS t ON t.id = i.id
          WHERE t.owner_id = p_owner_id
            AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
            AND t.state IN ('pending', 'claimed')
@@ -511,7 +553,13 @@ BEGIN
     WITH target AS (
         SELECT i.ord, t.id, t.state AS was
           FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
-          JOIN todos t ON t.id = i.id
+          -- By primary key whatever the statistics say (OFFSET 0: the
+          -- state test is not pushed into the scan, which could then take a
+          -- partial index the stale statistics call tiny; see the header).
+          JOIN (SELECT t.* FROM todos t
+                 WHERE t.id = ANY (p_ids)
+                   AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+                OFFSET 0) AS t ON t.id = i.id
          WHERE t.owner_id = p_owner_id
            AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
            AND t.state IN ('dead', 'cancelled')
@@ -633,50 +681,58 @@ DECLARE
     v_locked bigint[];
     v_next bigint;
 BEGIN
-    WITH scanned AS (
-        SELECT t.id, t.queue, t.state, t.created_at, t.last_error
-          FROM todos t
-         WHERE t.endpoint_id = p_endpoint_id AND t.owner_id = p_owner_id AND t.id > p_after_id
-         ORDER BY t.id
-         LIMIT p_scan
-    ), edge AS (
-        SELECT count(*)::integer AS examined, max(s.id) AS edge FROM scanned s
-    ), passed AS (
-        SELECT s.id FROM scanned s
-         WHERE s.state = ANY (p_states)
-           AND (p_queues IS NULL OR s.queue = ANY (p_queues))
-           AND (p_created_before IS NULL OR s.created_at < p_created_before)
-           AND (p_created_after IS NULL OR s.created_at >= p_created_after)
-           AND (p_error IS NULL OR strpos(lower(s.last_error), lower(p_error)) > 0)
-         ORDER BY s.id
-         LIMIT p_limit
-    )
-    SELECT e.examined, e.edge, coalesce((SELECT array_agg(p.id ORDER BY p.id) FROM passed p), '{}')
-      INTO v_examined, v_edge, v_matched
-      FROM edge e;
+    -- The scan stops as soon as p_limit todos passed (a chunk reads about as
+    -- many rows as it takes when most pass); the window is counted only when
+    -- fewer passed, to know whether it was the end.
+    SELECT coalesce(array_agg(p.id ORDER BY p.id), '{}') INTO v_matched
+      FROM (SELECT s.id
+              FROM (SELECT t.id, t.queue, t.state, t.created_at, t.last_error
+                      FROM todos t
+                     WHERE t.endpoint_id = p_endpoint_id AND t.owner_id = p_owner_id
+                       AND t.id > p_after_id
+                     ORDER BY t.id
+                     LIMIT p_scan) AS s
+             WHERE s.state = ANY (p_states)
+               AND (p_queues IS NULL OR s.queue = ANY (p_queues))
+               AND (p_created_before IS NULL OR s.created_at < p_created_before)
+               AND (p_created_after IS NULL OR s.created_at >= p_created_after)
+               AND (p_error IS NULL OR strpos(lower(s.last_error), lower(p_error)) > 0)
+             ORDER BY s.id
+             LIMIT p_limit) AS p;
     IF cardinality(v_matched) = p_limit THEN
         v_next := v_matched[p_limit];  -- more may pass below the scan's edge
-    ELSIF v_examined = p_scan THEN
-        v_next := v_edge;
     ELSE
-        v_next := NULL;
+        SELECT count(*)::integer, max(s.id) INTO v_examined, v_edge
+          FROM (SELECT t.id FROM todos t
+                 WHERE t.endpoint_id = p_endpoint_id AND t.owner_id = p_owner_id
+                   AND t.id > p_after_id
+                 ORDER BY t.id
+                 LIMIT p_scan) AS s;
+        v_next := CASE WHEN v_examined = p_scan THEN v_edge END;
     END IF;
     IF NOT p_lock THEN
         RETURN QUERY SELECT '{}'::bigint[], cardinality(v_matched), 0, v_next;
         RETURN;
     END IF;
     -- Locked rows are rechecked against the states (a row changed since the
-    -- scan is taken only if it still passes).
+    -- scan is taken only if it still passes; it stays locked, untouched,
+    -- until the chunk commits). By primary key, the states tested outside
+    -- the locking scan (see the header).
     SELECT coalesce(array_agg(l.id ORDER BY l.id), '{}') INTO v_locked
-      FROM (SELECT t.id FROM todos t
-             WHERE t.id = ANY (v_matched) AND t.state = ANY (p_states)
+      FROM (SELECT t.id, t.state FROM todos t
+             WHERE t.endpoint_id = p_endpoint_id AND t.id = ANY (v_matched)
              ORDER BY t.id
-             FOR UPDATE SKIP LOCKED) AS l;
+            OFFSET 0
+               FOR UPDATE SKIP LOCKED) AS l
+     WHERE l.state = ANY (p_states);
     RETURN QUERY
     SELECT v_locked, cardinality(v_matched),
-           (SELECT count(*)::integer FROM todos t
-             WHERE t.id = ANY (v_matched) AND t.id <> ALL (v_locked)
-               AND t.state = ANY (p_states)),
+           (SELECT count(*)::integer
+              FROM (SELECT t.state FROM todos t
+                     WHERE t.endpoint_id = p_endpoint_id AND t.id = ANY (v_matched)
+                       AND t.id <> ALL (v_locked)
+                    OFFSET 0) AS h
+             WHERE h.state = ANY (p_states)),
            v_next;
 END;
 $$;
@@ -697,12 +753,22 @@ $$;
 -- transaction is inserting waits for it (the unique indexes), so a key makes
 -- exactly one todo however many callers race; keyed items are inserted in
 -- key order, so that two calls with the same keys in other orders do not
--- deadlock. Ids are taken in item order before the insert (so that each
--- inserted row is matched to its item); those of deduplicated items are
--- skipped. Each queue that got a new todo claimable now rings its doorbell
--- once (sb_on_created). One row per item: its 1-based position, whether it
--- was deduplicated, and the todo.
-CREATE OR REPLACE FUNCTION sb_ingest_many(
+-- deadlock. Without any key (both key arrays NULL) nothing can conflict and
+-- the items are one plain INSERT. Ids are taken in item order before the
+-- insert (so that each inserted row is matched to its item); those of
+-- deduplicated items are skipped. Each queue that got a new todo claimable
+-- now rings its doorbell once, in queue id order.
+--
+-- One row per item, in item order: its 1-based position and its todo's id;
+-- for a new todo, the instants it was given (created_at, which is also its
+-- updated_at, and next_retry_at: every other column is the item's or its
+-- default), and the existing todo whole (todo) for a deduplicated item. A
+-- new todo is not read back: the caller has the rest (no payload comes
+-- back, no row is decoded).
+--
+-- The arrays are read by unnest, never subscripted in a loop (a subscript
+-- of a variable-length array walks it from the start).
+CREATE OR REPLACE FUNCTION sb_ingest_todos(
     p_owner_id uuid,
     p_endpoint_id uuid,
     p_queues text[],
@@ -716,7 +782,10 @@ CREATE OR REPLACE FUNCTION sb_ingest_many(
     p_retentions interval[],
     p_traceparents text[],
     p_priorities integer[]
-) RETURNS TABLE (ord bigint, deduplicated boolean, todo todos)
+) RETURNS TABLE (
+    ord integer, id bigint, deduplicated boolean, created_at timestamptz,
+    next_retry_at timestamptz, todo todos
+)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan  -- as sb_settle
 AS $$
@@ -724,14 +793,13 @@ AS $$
 DECLARE
     v_now timestamptz := sb_now();
     v_n integer := cardinality(p_queues);
+    v_seq regclass := pg_get_serial_sequence('todos', 'id')::regclass;
     v_queue_ids bigint[];
     v_ids bigint[];
-    v_left bigint[];  -- ords not yet answered
-    v_ords bigint[] := '{}';
-    v_dedup boolean[] := '{}';
-    v_rows todos[] := '{}';
-    v_new todos[] := '{}';
-    v_got_ords bigint[];
+    v_left integer[];  -- ords not yet answered; NULL: all of them
+    v_got integer[];
+    v_dup_ords integer[] := '{}';
+    v_dup_rows todos[] := '{}';
     v_got_rows todos[];
     v_expired bigint[];
     v_missing text[];
@@ -760,107 +828,183 @@ BEGIN
          ORDER BY m.name
         ON CONFLICT ON CONSTRAINT queues_endpoint_name_key DO NOTHING;
     END LOOP;
-    SELECT array_agg(nextval(pg_get_serial_sequence('todos', 'id'))) INTO v_ids
-      FROM generate_series(1, v_n);
-    v_left := ARRAY(SELECT generate_series(1, v_n)::bigint);
-    LOOP
-        -- The insert reads the items straight from the arrays, and its rows
-        -- are matched to their items by id afterwards: on Citus a CTE that
-        -- both the INSERT and another part of the statement read is sent as
-        -- an intermediate result to every node (and the call becomes a
-        -- distributed transaction).
-        WITH inserted AS (
-            INSERT INTO todos AS t (id, queue_id, owner_id, endpoint_id, queue, payload,
-                                    content_type, max_attempts, next_retry_at,
-                                    dedup_webhook_id, dedup_delivery_id, idempotency_key,
-                                    idempotency_retention, traceparent, priority,
-                                    created_at, updated_at)
-            OVERRIDING SYSTEM VALUE
-            SELECT i.id, i.queue_id, p_owner_id, p_endpoint_id, i.queue, i.payload,
-                   i.content_type, i.max_attempts, v_now + i.delay, i.webhook_id,
-                   i.delivery_id, i.key, CASE WHEN i.key IS NOT NULL THEN i.retention END,
-                   i.traceparent, i.priority, v_now, v_now
-              FROM unnest(v_ids, v_queue_ids, p_queues, p_payloads, p_content_types,
-                          p_max_attempts, p_delays,
-                          coalesce(p_webhook_ids, array_fill(NULL::text, ARRAY[v_n])),
-                          coalesce(p_delivery_ids, array_fill(NULL::text, ARRAY[v_n])),
-                          coalesce(p_keys, array_fill(NULL::text, ARRAY[v_n])),
-                          coalesce(p_retentions, array_fill(NULL::interval, ARRAY[v_n])),
-                          coalesce(p_traceparents, array_fill(NULL::text, ARRAY[v_n])),
-                          coalesce(p_priorities, array_fill(0, ARRAY[v_n])))
-                   WITH ORDINALITY AS i (id, queue_id, queue, payload, content_type,
-                                         max_attempts, delay, webhook_id, delivery_id,
-                                         key, retention, traceparent, priority, ord)
-             WHERE i.ord = ANY (v_left)
-             ORDER BY i.webhook_id, i.delivery_id, i.queue_id, i.key, i.ord
-            ON CONFLICT DO NOTHING
-            RETURNING ROW(t.*)::todos AS row
-        )
-        SELECT coalesce(array_agg(k.ord ORDER BY k.ord), '{}'),
-               coalesce(array_agg(n.row ORDER BY k.ord), '{}')
-          INTO v_got_ords, v_got_rows
-          FROM inserted n JOIN unnest(v_ids) WITH ORDINALITY AS k (id, ord) ON k.id = (n.row).id;
-        v_ords := v_ords || v_got_ords;
-        v_rows := v_rows || v_got_rows;
-        v_new := v_new || v_got_rows;
-        v_dedup := v_dedup || array_fill(false, ARRAY[cardinality(v_got_ords)]);
-        EXIT WHEN cardinality(v_got_ords) = cardinality(v_left);
-        -- The rest met a key that a todo holds (one of this call's, or one a
-        -- concurrent transaction committed: this statement's snapshot sees it).
-        v_left := ARRAY(SELECT l FROM unnest(v_left) AS l WHERE l <> ALL (v_got_ords));
-        WITH holders AS (
-            SELECT k.ord, ROW(t.*)::todos AS row
-              FROM unnest(v_left) AS k (ord)
-              JOIN todos t
-                ON t.endpoint_id = p_endpoint_id
-               AND t.dedup_webhook_id = p_webhook_ids[k.ord]
-               AND t.dedup_delivery_id = p_delivery_ids[k.ord]
-             WHERE p_webhook_ids[k.ord] IS NOT NULL
-            UNION ALL
-            SELECT k.ord, ROW(t.*)::todos AS row
-              FROM unnest(v_left) AS k (ord)
-              JOIN todos t
-                ON t.endpoint_id = p_endpoint_id
-               AND t.queue_id = v_queue_ids[k.ord] AND t.idempotency_key = p_keys[k.ord]
-             WHERE p_keys[k.ord] IS NOT NULL
-        )
-        SELECT coalesce(array_agg(h.ord ORDER BY h.ord) FILTER (WHERE NOT x.expired), '{}'),
-               coalesce(array_agg(h.row ORDER BY h.ord) FILTER (WHERE NOT x.expired), '{}'),
-               coalesce(array_agg(DISTINCT (h.row).id) FILTER (WHERE x.expired), '{}')
-          INTO v_got_ords, v_got_rows, v_expired
-          FROM holders h
-          CROSS JOIN LATERAL (
-              SELECT (h.row).idempotency_key IS NOT NULL AND (h.row).finished_at IS NOT NULL
-                     AND (h.row).finished_at + (h.row).idempotency_retention <= v_now
-                  AS expired
-          ) AS x;
-        v_ords := v_ords || v_got_ords;
-        v_rows := v_rows || v_got_rows;
-        v_dedup := v_dedup || array_fill(true, ARRAY[cardinality(v_got_ords)]);
-        v_left := ARRAY(SELECT l FROM unnest(v_left) AS l WHERE l <> ALL (v_got_ords));
-        EXIT WHEN cardinality(v_left) = 0;
-        IF cardinality(v_expired) > 0 THEN
-            -- Holders past their retention give their keys up (rechecked under
-            -- the row lock: a requeued holder keeps its key).
-            PERFORM 1 FROM todos t
-             WHERE t.endpoint_id = p_endpoint_id AND t.id = ANY (v_expired)
-             ORDER BY t.id FOR UPDATE;
-            UPDATE todos t SET idempotency_key = NULL
-             WHERE t.endpoint_id = p_endpoint_id AND t.id = ANY (v_expired)
-               AND t.finished_at IS NOT NULL
-               AND t.finished_at + t.idempotency_retention <= v_now;
-        END IF;
-        -- Then the rest are inserted again (a holder deleted by retention in
-        -- between, too).
-    END LOOP;
-    IF cardinality(v_new) > 0 THEN
-        PERFORM sb_on_created(f.row, v_now)
-           FROM (SELECT DISTINCT ON (r.queue_id) r AS row
-                   FROM unnest(v_new) AS r ORDER BY r.queue_id, r.next_retry_at) AS f;
+    SELECT array_agg(nextval(v_seq) ORDER BY g) INTO v_ids FROM generate_series(1, v_n) AS g;
+    IF p_webhook_ids IS NULL AND p_keys IS NULL THEN
+        -- No keys: every item is a new todo.
+        INSERT INTO todos AS t (id, queue_id, owner_id, endpoint_id, queue, payload,
+                                content_type, max_attempts, next_retry_at, traceparent,
+                                priority, created_at, updated_at)
+        OVERRIDING SYSTEM VALUE
+        SELECT i.id, i.queue_id, p_owner_id, p_endpoint_id, i.queue, i.payload,
+               i.content_type, i.max_attempts, v_now + i.delay, i.traceparent, i.priority,
+               v_now, v_now
+          FROM unnest(v_ids, v_queue_ids, p_queues, p_payloads, p_content_types,
+                      p_max_attempts, p_delays,
+                      coalesce(p_traceparents, array_fill(NULL::text, ARRAY[v_n])),
+                      coalesce(p_priorities, array_fill(0, ARRAY[v_n])))
+               AS i (id, queue_id, queue, payload, content_type, max_attempts, delay,
+                     traceparent, priority);
+    ELSE
+        LOOP
+            -- The insert reads the items straight from the arrays, and its
+            -- rows are matched to their items by id afterwards: on Citus a
+            -- CTE that both the INSERT and another part of the statement read
+            -- is sent as an intermediate result to every node (and the call
+            -- becomes a distributed transaction). (Statements on todos test
+            -- ords with = ANY: a parameter, never a subquery, there.)
+            WITH inserted AS (
+                INSERT INTO todos AS t (id, queue_id, owner_id, endpoint_id, queue, payload,
+                                        content_type, max_attempts, next_retry_at,
+                                        dedup_webhook_id, dedup_delivery_id, idempotency_key,
+                                        idempotency_retention, traceparent, priority,
+                                        created_at, updated_at)
+                OVERRIDING SYSTEM VALUE
+                SELECT i.id, i.queue_id, p_owner_id, p_endpoint_id, i.queue, i.payload,
+                       i.content_type, i.max_attempts, v_now + i.delay, i.webhook_id,
+                       i.delivery_id, i.key, CASE WHEN i.key IS NOT NULL THEN i.retention END,
+                       i.traceparent, i.priority, v_now, v_now
+                  FROM unnest(v_ids, v_queue_ids, p_queues, p_payloads, p_content_types,
+                              p_max_attempts, p_delays,
+                              coalesce(p_webhook_ids, array_fill(NULL::text, ARRAY[v_n])),
+                              coalesce(p_delivery_ids, array_fill(NULL::text, ARRAY[v_n])),
+                              coalesce(p_keys, array_fill(NULL::text, ARRAY[v_n])),
+                              coalesce(p_retentions, array_fill(NULL::interval, ARRAY[v_n])),
+                              coalesce(p_traceparents, array_fill(NULL::text, ARRAY[v_n])),
+                              coalesce(p_priorities, array_fill(0, ARRAY[v_n])))
+                       WITH ORDINALITY AS i (id, queue_id, queue, payload, content_type,
+                                             max_attempts, delay, webhook_id, delivery_id,
+                                             key, retention, traceparent, priority, ord)
+                 WHERE v_left IS NULL OR i.ord = ANY (v_left)
+                 ORDER BY i.webhook_id, i.delivery_id, i.queue_id, i.key, i.ord
+                ON CONFLICT DO NOTHING
+                RETURNING t.id
+            )
+            SELECT coalesce(array_agg(k.ord::integer), '{}') INTO v_got
+              FROM inserted n JOIN unnest(v_ids) WITH ORDINALITY AS k (id, ord) ON k.id = n.id;
+            EXIT WHEN cardinality(v_got) = coalesce(cardinality(v_left), v_n);
+            -- The rest met a key that a todo holds (one of this call's, or one a
+            -- concurrent transaction committed: this statement's snapshot sees it).
+            v_left := ARRAY(SELECT l.ord::integer
+                              FROM generate_series(1, v_n) AS l (ord)
+                             WHERE (v_left IS NULL OR l.ord IN (SELECT unnest(v_left)))
+                               AND l.ord NOT IN (SELECT unnest(v_got)));
+            -- Each part unnests its own arrays (no CTE read twice, see above);
+            -- whole rows as ROW(t.*)::todos (on a Citus worker a whole-row t
+            -- is the shard's row type).
+            WITH holders AS (
+                SELECT k.ord, ROW(t.*)::todos AS row
+                  FROM unnest(coalesce(p_webhook_ids, array_fill(NULL::text, ARRAY[v_n])),
+                              coalesce(p_delivery_ids, array_fill(NULL::text, ARRAY[v_n])))
+                       WITH ORDINALITY AS k (webhook_id, delivery_id, ord)
+                  JOIN todos t
+                    ON t.endpoint_id = p_endpoint_id
+                   AND t.dedup_webhook_id = k.webhook_id
+                   AND t.dedup_delivery_id = k.delivery_id
+                 WHERE k.webhook_id IS NOT NULL AND k.ord = ANY (v_left)
+                UNION ALL
+                SELECT k.ord, ROW(t.*)::todos AS row
+                  FROM unnest(v_queue_ids, coalesce(p_keys, array_fill(NULL::text, ARRAY[v_n])))
+                       WITH ORDINALITY AS k (queue_id, key, ord)
+                  JOIN todos t
+                    ON t.endpoint_id = p_endpoint_id
+                   AND t.queue_id = k.queue_id AND t.idempotency_key = k.key
+                 WHERE k.key IS NOT NULL AND k.ord = ANY (v_left)
+            )
+            SELECT coalesce(array_agg(h.ord::integer ORDER BY h.ord)
+                                FILTER (WHERE NOT x.expired), '{}'),
+                   coalesce(array_agg(h.row ORDER BY h.ord) FILTER (WHERE NOT x.expired), '{}'),
+                   coalesce(array_agg(DISTINCT (h.row).id) FILTER (WHERE x.expired), '{}')
+              INTO v_got, v_got_rows, v_expired
+              FROM holders h
+              CROSS JOIN LATERAL (
+                  SELECT (h.row).idempotency_key IS NOT NULL AND (h.row).finished_at IS NOT NULL
+                         AND (h.row).finished_at + (h.row).idempotency_retention <= v_now
+                      AS expired
+              ) AS x;
+            v_dup_ords := v_dup_ords || v_got;
+            v_dup_rows := v_dup_rows || v_got_rows;
+            v_left := ARRAY(SELECT l FROM unnest(v_left) AS l WHERE l NOT IN (SELECT unnest(v_got)));
+            EXIT WHEN cardinality(v_left) = 0;
+            IF cardinality(v_expired) > 0 THEN
+                -- Holders past their retention give their keys up (rechecked under
+                -- the row lock: a requeued holder keeps its key).
+                PERFORM 1 FROM todos t
+                 WHERE t.endpoint_id = p_endpoint_id AND t.id = ANY (v_expired)
+                 ORDER BY t.id FOR UPDATE;
+                UPDATE todos t SET idempotency_key = NULL
+                 WHERE t.endpoint_id = p_endpoint_id AND t.id = ANY (v_expired)
+                   AND t.finished_at IS NOT NULL
+                   AND t.finished_at + t.idempotency_retention <= v_now;
+            END IF;
+            -- Then the rest are inserted again (a holder deleted by retention in
+            -- between, too).
+        END LOOP;
     END IF;
-    RETURN QUERY SELECT v_ords[k], v_dedup[k], v_rows[k]
-                   FROM generate_subscripts(v_ords, 1) AS k
-                  ORDER BY v_ords[k];
+    PERFORM sb_ring(p_endpoint_id, r.queue_id, 'created', v_now)
+       FROM (SELECT DISTINCT i.queue_id
+               FROM unnest(v_queue_ids, p_delays) WITH ORDINALITY AS i (queue_id, delay, ord)
+              WHERE v_now + i.delay <= v_now
+                AND i.ord NOT IN (SELECT unnest(v_dup_ords))
+              ORDER BY i.queue_id) AS r;
+    RETURN QUERY
+    SELECT i.ord::integer,
+           CASE WHEN d.ord IS NULL THEN i.id ELSE (d.row).id END,
+           d.ord IS NOT NULL,
+           CASE WHEN d.ord IS NULL THEN v_now END,
+           CASE WHEN d.ord IS NULL THEN v_now + i.delay END,
+           d.row
+      FROM unnest(v_ids, p_delays) WITH ORDINALITY AS i (id, delay, ord)
+      LEFT JOIN (SELECT unnest(v_dup_ords) AS ord, unnest(v_dup_rows) AS row) AS d
+        ON d.ord = i.ord
+     ORDER BY i.ord;
+END;
+$$;
+
+-- sb_ingest_todos as servers of the previous release call it (each todo
+-- read back whole), during a rolling upgrade.
+CREATE OR REPLACE FUNCTION sb_ingest_many(
+    p_owner_id uuid,
+    p_endpoint_id uuid,
+    p_queues text[],
+    p_payloads bytea[],
+    p_content_types text[],
+    p_max_attempts integer[],
+    p_delays interval[],
+    p_webhook_ids text[],
+    p_delivery_ids text[],
+    p_keys text[],
+    p_retentions interval[],
+    p_traceparents text[],
+    p_priorities integer[]
+) RETURNS TABLE (ord bigint, deduplicated boolean, todo todos)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_ids bigint[];
+    v_dedup boolean[];
+    v_rows todos[];
+    v_fresh todos[];
+    v_new_ids bigint[];
+BEGIN
+    SELECT array_agg(m.id ORDER BY m.ord), array_agg(m.deduplicated ORDER BY m.ord),
+           array_agg(m.todo ORDER BY m.ord)
+      INTO v_ids, v_dedup, v_rows
+      FROM sb_ingest_todos(p_owner_id, p_endpoint_id, p_queues, p_payloads, p_content_types,
+                           p_max_attempts, p_delays, p_webhook_ids, p_delivery_ids, p_keys,
+                           p_retentions, p_traceparents, p_priorities) AS m;
+    -- The new todos, read in a statement after the one that inserted them
+    -- (by themselves: on Citus, not in an outer join with the arrays; whole
+    -- rows as ROW(t.*)::todos, see sb_todos_in_scope).
+    v_new_ids := ARRAY(SELECT u.id FROM unnest(v_ids, v_dedup) AS u (id, dedup)
+                        WHERE NOT u.dedup);
+    v_fresh := ARRAY(SELECT ROW(t.*)::todos FROM todos t
+                      WHERE t.endpoint_id = p_endpoint_id AND t.id = ANY (v_new_ids));
+    RETURN QUERY
+    SELECT u.ord, u.dedup, CASE WHEN u.dedup THEN u.row ELSE f.row END
+      FROM (SELECT unnest(v_ids) AS id, unnest(v_dedup) AS dedup, unnest(v_rows) AS row,
+                   generate_series(1, cardinality(v_ids))::bigint AS ord) AS u
+      LEFT JOIN (SELECT r AS row FROM unnest(v_fresh) AS r) AS f ON (f.row).id = u.id
+     ORDER BY u.ord;
 END;
 $$;
 

@@ -21,6 +21,10 @@
 
 -- Claimable pending todos of a queue, counted up to a cap (a doorbell's
 -- pending figure is a hint; counting a deep backlog on every ring is not).
+-- In the pending index's order, so that it reads that index whatever the
+-- statistics say: taken before a queue's pending todos arrived (a bulk
+-- requeue of fresh dead letters), they made the capped count a scan of the
+-- whole table (on every chunk's ring, measured).
 CREATE OR REPLACE FUNCTION sb_claimable_count(
     p_endpoint_id uuid, p_queue_id bigint, p_now timestamptz
 ) RETURNS bigint
@@ -31,6 +35,7 @@ BEGIN
                  WHERE t.endpoint_id = p_endpoint_id
                    AND t.queue_id = p_queue_id AND t.state = 'pending'
                    AND t.next_retry_at <= p_now
+                 ORDER BY t.queue_id, t.priority, t.next_retry_at, t.id
                  LIMIT 1000
             ) AS capped);
 END;

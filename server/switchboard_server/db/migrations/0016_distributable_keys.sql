@@ -104,11 +104,15 @@ ALTER TABLE schedules ADD CONSTRAINT schedules_queue_id_fkey
 -- The functions of the claim path now name the endpoint in every statement
 -- (functions/*.sql): the helpers that took a queue or todo id alone take the
 -- endpoint too, which makes them new functions. The old forms, called only
--- by other functions, are dropped. (sb_queue_admission, sb_gate_policy_changed
--- and sb_gates_slot_freed keep their old forms: servers of the previous
--- release call them during a rolling upgrade.)
+-- by other functions, are dropped (with the headless forms of
+-- sb_lock_pending and sb_try_budgeted_batch, which nothing called any more).
+-- (sb_queue_admission, sb_gate_policy_changed and sb_gates_slot_freed keep
+-- their old forms: servers of the previous release call them during a
+-- rolling upgrade.)
 DROP FUNCTION IF EXISTS sb_claim_id(bigint, text, interval, timestamptz);
 DROP FUNCTION IF EXISTS sb_lock_pending(bigint, integer, bigint, timestamptz);
+DROP FUNCTION IF EXISTS sb_lock_pending(
+    bigint, integer, bigint, timestamptz, smallint, timestamptz, bigint);
 DROP FUNCTION IF EXISTS sb_claim_pending(bigint[], text[], interval, timestamptz);
 DROP FUNCTION IF EXISTS sb_admit_and_claim_batch(
     bigint[], text, bigint, text[], interval, timestamptz);
@@ -116,6 +120,11 @@ DROP FUNCTION IF EXISTS sb_try_budgeted_claim(
     bigint, text, bigint, bigint, text, interval, timestamptz);
 DROP FUNCTION IF EXISTS sb_try_budgeted_batch(
     bigint, text, bigint, integer, bigint, text[], interval, timestamptz);
+DROP FUNCTION IF EXISTS sb_try_budgeted_batch(
+    bigint, text, bigint, integer, bigint, text[], interval, timestamptz,
+    smallint, timestamptz, bigint);
+DROP FUNCTION IF EXISTS sb_admit_then_claim_batch(
+    bigint[], text, bigint, text[], interval, timestamptz);
 DROP FUNCTION IF EXISTS sb_known_deferral(bigint, text, timestamptz);
 DROP FUNCTION IF EXISTS sb_prefilter_wanted(bigint);
 DROP FUNCTION IF EXISTS sb_claimable_count(bigint, timestamptz);

@@ -1,8 +1,9 @@
--- name: todo_ingest_many :many
+-- name: todo_ingest :many
 -- Creates todos of one endpoint, or returns the existing ones for keys that
--- todos hold; one row per item, in order. See sb_ingest_many.
-SELECT deduplicated, todo
-  FROM sb_ingest_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ORDER BY ord;
+-- todos hold; one row per item, in order: a new todo's id and instants, or
+-- the existing todo whole. See sb_ingest_todos.
+SELECT id, created_at, next_retry_at, todo
+  FROM sb_ingest_todos($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ORDER BY ord;
 
 -- name: todo_claim :one
 -- Claims one specific todo of endpoint $3 within its queue's budget; see
@@ -65,6 +66,23 @@ SELECT outcome, todo, was FROM sb_cancel($1, $2, $3) ORDER BY ord;
 -- Sends dead and cancelled todos back to pending, each on its own; one row
 -- per item, in order. See sb_requeue.
 SELECT outcome, todo, was FROM sb_requeue($1, $2, $3, $4, $5) ORDER BY ord;
+
+-- name: todo_cancel_tally :many
+-- A bulk chunk's cancel (see sb_cancel): the todos it changed, counted by
+-- queue and the state each was cancelled from (the rows stay in the
+-- database: a chunk's caller needs only the counts).
+SELECT (todo).queue AS queue, was, count(*)::integer AS n
+  FROM sb_cancel($1, $2, $3)
+ WHERE outcome = 'applied'
+ GROUP BY 1, 2;
+
+-- name: todo_requeue_tally :many
+-- A bulk chunk's requeue (see sb_requeue): the todos it changed, counted by
+-- queue and the state each was requeued from.
+SELECT (todo).queue AS queue, was, count(*)::integer AS n
+  FROM sb_requeue($1, $2, $3, $4, $5)
+ WHERE outcome = 'applied'
+ GROUP BY 1, 2;
 
 -- name: todo_bulk_chunk :one
 -- One chunk of a bulk cancel or requeue by filter: the ids taken (locked,
