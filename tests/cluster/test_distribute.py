@@ -184,6 +184,27 @@ async def test_ingest_claim_heartbeat_and_settle_are_each_one_call_on_the_endpoi
         assert [i.deduplicated for i in made] == [False, False]
         _assert_one_delegated_call(log.take(), "sb_ingest_todos", port, allowed)
 
+        # A key a todo holds: the item is answered with that todo (the
+        # holders' lookup), one shard too.
+        again = await todos.ingest_many(
+            conn,
+            owner_id=owner,
+            endpoint_id=endpoint,
+            items=[
+                todos.NewTodo(
+                    "q2",
+                    b"z",
+                    "text/plain",
+                    5,
+                    timedelta(0),
+                    idempotency_key="k",
+                    idempotency_retention=timedelta(hours=1),
+                )
+            ],
+        )
+        assert [(i.deduplicated, i.id) for i in again] == [(True, made[1].id)]
+        _assert_one_delegated_call(log.take(), "sb_ingest_todos", port, allowed)
+
         # Without keys: the plain INSERT (IngestTodos' hot path), one shard too.
         plain = await todos.ingest_many(
             conn,
