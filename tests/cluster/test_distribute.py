@@ -49,8 +49,18 @@ async def test_migrate_distribute_places_every_table_and_delegates_the_claim_cal
             "SELECT count(*) FROM pg_proc WHERE pronamespace = 'public'::regnamespace"
             " AND proname LIKE 'sb\\_%'"
         )
+        # What plain PostgreSQL keeps for the release before migration 0016
+        # (endpoint_id triggers, window_counters' old key) is gone here.
+        compat = await conn.fetch(
+            "SELECT tgname::text AS name FROM pg_trigger WHERE NOT tgisinternal"
+            "   AND tgrelid = ANY ($1::regclass[])"
+            " UNION ALL SELECT indexname::text FROM pg_indexes"
+            "  WHERE indexname = 'window_counters_policy_window_key'",
+            list(distribute.DISTRIBUTED_TABLES),
+        )
     finally:
         await conn.close()
+    assert [r["name"] for r in compat] == []
     assert {t for t, r in tables.items() if r["citus_table_type"] == "reference"} == set(
         distribute.REFERENCE_TABLES
     )

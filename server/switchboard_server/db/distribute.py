@@ -248,6 +248,7 @@ async def _convert_tables(
     async with conn.transaction():
         await conn.execute(sql("sequential_mode"))
         await conn.execute(sql("local_reference_keys_off"))
+        await conn.execute(sql("previous_release_compat_drop"))
         keys = await conn.fetch(sql("foreign_keys_of"), tables)
         for key in keys:
             await conn.execute(key["drop_statement"])

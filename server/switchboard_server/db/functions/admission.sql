@@ -622,3 +622,44 @@ BEGIN
     END;
 END;
 $$;
+
+-- Rolling upgrades over migration 0016: servers of the previous release
+-- insert policies, their audit rows and window counters without endpoint_id
+-- (SetPolicy, ClearPolicy, pause, resume). A row that comes without it gets
+-- its queue's (by queue_id) or its policy's (window_counters, by policy_id).
+-- Rows of this release name it, and the trigger's WHEN skips them without a
+-- call. Not on a Citus cluster: `migrate --distribute` drops these triggers
+-- (Citus distributes no table with triggers, and no server of a release
+-- before 0016 runs against a cluster), and they are not made again there.
+CREATE OR REPLACE FUNCTION sb_fill_endpoint_id() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_TABLE_NAME = 'window_counters' THEN
+        SELECT p.endpoint_id INTO NEW.endpoint_id
+          FROM admission_policies p WHERE p.id = NEW.policy_id;
+    ELSE
+        SELECT q.endpoint_id INTO NEW.endpoint_id FROM queues q WHERE q.id = NEW.queue_id;
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+DO $$
+BEGIN
+    IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition
+                    WHERE logicalrelid = 'admission_policies'::regclass) THEN
+            RETURN;
+        END IF;
+    END IF;
+    CREATE OR REPLACE TRIGGER admission_policies_fill_endpoint_id
+        BEFORE INSERT ON admission_policies
+        FOR EACH ROW WHEN (NEW.endpoint_id IS NULL) EXECUTE FUNCTION sb_fill_endpoint_id();
+    CREATE OR REPLACE TRIGGER policy_audit_fill_endpoint_id
+        BEFORE INSERT ON policy_audit
+        FOR EACH ROW WHEN (NEW.endpoint_id IS NULL) EXECUTE FUNCTION sb_fill_endpoint_id();
+    CREATE OR REPLACE TRIGGER window_counters_fill_endpoint_id
+        BEFORE INSERT ON window_counters
+        FOR EACH ROW WHEN (NEW.endpoint_id IS NULL) EXECUTE FUNCTION sb_fill_endpoint_id();
+END;
+$$;

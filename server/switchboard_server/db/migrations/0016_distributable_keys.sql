@@ -59,6 +59,14 @@ ALTER TABLE admission_policies
 ALTER TABLE window_counters
     ALTER COLUMN endpoint_id SET NOT NULL,
     DROP CONSTRAINT window_counters_pkey, ADD PRIMARY KEY (policy_id, window_start, endpoint_id);
+-- The old key of window_counters stays as a unique index on plain
+-- PostgreSQL: servers of the previous release carry a window's count with
+-- ON CONFLICT (policy_id, window_start), which needs it during a rolling
+-- upgrade. (`migrate --distribute` drops it: Citus allows no unique index
+-- without the distribution column, and no server of a release before this
+-- one runs against a cluster.) Their rows without endpoint_id get it from
+-- their queue or policy (sb_fill_endpoint_id, functions/admission.sql).
+CREATE UNIQUE INDEX window_counters_policy_window_key ON window_counters (policy_id, window_start);
 ALTER TABLE policy_audit
     ALTER COLUMN endpoint_id SET NOT NULL,
     DROP CONSTRAINT policy_audit_pkey, ADD PRIMARY KEY (id, endpoint_id);

@@ -40,6 +40,17 @@ SELECT format('ALTER TABLE %I DROP CONSTRAINT %I', c.conrelid::regclass::text, c
 -- can no longer be distributed.
 SET LOCAL citus.enable_local_reference_table_foreign_keys = off;
 
+-- name: previous_release_compat_drop :exec
+-- (In the conversion's transaction.) What plain PostgreSQL keeps for
+-- servers of the release before migration 0016 during a rolling upgrade
+-- (the endpoint_id triggers, window_counters' old key): Citus distributes no
+-- table with triggers or with a unique index without the distribution
+-- column, and no such server runs against a cluster.
+DROP TRIGGER IF EXISTS admission_policies_fill_endpoint_id ON admission_policies;
+DROP TRIGGER IF EXISTS policy_audit_fill_endpoint_id ON policy_audit;
+DROP TRIGGER IF EXISTS window_counters_fill_endpoint_id ON window_counters;
+DROP INDEX IF EXISTS window_counters_policy_window_key;
+
 -- name: sequential_mode :exec
 -- (In the conversion's transaction.) One connection per node: a transaction
 -- that writes reference tables and then distributed ones (or makes foreign
