@@ -71,11 +71,12 @@ WITH q AS (
       FROM q
      CROSS JOIN generate_series(1, $2::integer) AS g
      CROSS JOIN LATERAL (SELECT $3::timestamptz + (g - 1) * $4::interval AS at) AS t
-    RETURNING id, queue_id, created_at, finished_at
+    RETURNING id, queue_id, endpoint_id, created_at, finished_at
 )
 INSERT INTO attempts (todo_id, number, queue_id, lease_id, claimant, claimed_at, outcome,
-                      finished_at)
-SELECT id, 1, queue_id, gen_random_uuid(), 'seed-worker', created_at, 'completed', finished_at
+                      finished_at, endpoint_id)
+SELECT id, 1, queue_id, gen_random_uuid(), 'seed-worker', created_at, 'completed', finished_at,
+       endpoint_id
   FROM ins
 """
 

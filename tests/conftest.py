@@ -7,9 +7,10 @@ import os
 import pathlib
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from datetime import timedelta
 
+import pluggy
 import pytest
 from switchboard_server import app as server_app
 from switchboard_server.config import Settings
@@ -20,6 +21,34 @@ from switchboard_server.loops import LoopSignals
 from tests.support.client import OPERATOR_TOKEN, Client, Tenant, make_tenant
 from tests.support.databases import DatabaseFactory
 from tests.support.resolver import StaticResolver
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Groups for ``scripts/test``'s workers (``--dist loadgroup``): a test file
+    runs whole on one worker, and ``tests/cluster/`` together on one, so module
+    and session fixtures (a Citus cluster: three PostgreSQL nodes) are made once."""
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        group = "tests/cluster" if path.startswith("tests/cluster/") else path
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pluggy.Result[pytest.TestReport], None]:
+    """Under ``CI=true`` a skipped ``citus`` test is a failure: CI installs Citus
+    (``.ci/run``), so a skip there means the cluster tests silently did not run."""
+    outcome = yield
+    report = outcome.get_result()
+    if (
+        report.skipped
+        and os.environ.get("CI") == "true"
+        and item.get_closest_marker("citus") is not None
+    ):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"CI=true: a Citus cluster test must run, but it skipped: {reason}"
 
 
 @pytest.fixture(scope="session")

@@ -354,7 +354,11 @@ class AdmissionControl:
         scope, endpoint = policy_scope(principal, endpoint_id, None)
         async with self._db.transaction() as conn:
             queue_id = await admission_queries.queue_find(conn, endpoint, scope.owner_id, queue)
-            row = await admission_queries.get_active_policy(conn, queue_id) if queue_id else None
+            row = (
+                await admission_queries.get_active_policy(conn, queue_id, endpoint)
+                if queue_id
+                else None
+            )
         if row is None:
             raise errors.NotFound("no admission policy for this queue")
         return policy_of(row, endpoint, queue)
@@ -366,7 +370,11 @@ class AdmissionControl:
         scope, endpoint = policy_scope(principal, endpoint_id, None)
         async with self._db.transaction() as conn:
             queue_id = await admission_queries.queue_find(conn, endpoint, scope.owner_id, queue)
-            row = await admission_queries.get_active_policy(conn, queue_id) if queue_id else None
+            row = (
+                await admission_queries.get_active_policy(conn, queue_id, endpoint)
+                if queue_id
+                else None
+            )
             if queue_id is None or row is None:
                 raise errors.NotFound("no admission policy for this queue")
             policy = policy_of(row, endpoint, queue)
@@ -382,7 +390,7 @@ class AdmissionControl:
             queue_id = await admission_queries.queue_upsert(conn, endpoint, scope.owner_id, queue)
             if queue_id is None:
                 raise errors.NotFound("endpoint not found")
-            row = await admission_queries.lock_policy(conn, queue_id, scope.owner_id)
+            row = await admission_queries.lock_policy(conn, queue_id, scope.owner_id, endpoint)
             return await _store(conn, principal, row, endpoint, queue, limits)
 
     async def pause(
@@ -396,7 +404,7 @@ class AdmissionControl:
             queue_id = await admission_queries.queue_find(conn, endpoint, scope.owner_id, queue)
             if queue_id is None:
                 raise errors.NotFound("queue not found")
-            row = await admission_queries.lock_policy(conn, queue_id, scope.owner_id)
+            row = await admission_queries.lock_policy(conn, queue_id, scope.owner_id, endpoint)
             current = policy_of(row, endpoint, queue) if row.active else None
             if current is not None and paused(current):
                 raise errors.FailedPrecondition("the queue is paused already")
@@ -414,7 +422,11 @@ class AdmissionControl:
         scope, endpoint = policy_scope(principal, endpoint_id, None)
         async with self._db.transaction() as conn:
             queue_id = await admission_queries.queue_find(conn, endpoint, scope.owner_id, queue)
-            row = await admission_queries.get_active_policy(conn, queue_id) if queue_id else None
+            row = (
+                await admission_queries.get_active_policy(conn, queue_id, endpoint)
+                if queue_id
+                else None
+            )
             if queue_id is None or row is None or not paused(policy_of(row, endpoint, queue)):
                 return None
             return await before_pause(conn, queue_id, scope.owner_id, endpoint, queue)
@@ -431,7 +443,7 @@ class AdmissionControl:
             queue_id = await admission_queries.queue_find(conn, endpoint, scope.owner_id, queue)
             if queue_id is None:
                 raise errors.NotFound("queue not found")
-            row = await admission_queries.lock_policy(conn, queue_id, scope.owner_id)
+            row = await admission_queries.lock_policy(conn, queue_id, scope.owner_id, endpoint)
             if not row.active or not paused(policy_of(row, endpoint, queue)):
                 raise errors.FailedPrecondition("the queue is not paused")
             target = await before_pause(conn, queue_id, scope.owner_id, endpoint, queue)
@@ -460,7 +472,7 @@ class AdmissionControl:
             queue_id = await admission_queries.queue_find(conn, endpoint, scope.owner_id, queue)
             if queue_id is None:
                 raise errors.NotFound("no admission policy for this queue")
-            row = await admission_queries.lock_policy(conn, queue_id, scope.owner_id)
+            row = await admission_queries.lock_policy(conn, queue_id, scope.owner_id, endpoint)
             if not row.active:
                 raise errors.NotFound("no admission policy for this queue")
             return await _clear(conn, principal, row, endpoint, queue)
@@ -480,7 +492,7 @@ class AdmissionControl:
             if queue_id is None:
                 raise errors.NotFound("queue not found")
             rows = await admission_queries.list_audit(
-                conn, queue_id, scope.owner_id, before_id, limit
+                conn, queue_id, scope.owner_id, endpoint, before_id, limit
             )
         return [
             AuditEntry(
@@ -532,7 +544,9 @@ async def before_pause(
     before_id: int | None = None
     seen = 0
     while seen < RESUME_SCAN:
-        rows = await admission_queries.list_audit(conn, queue_id, owner_id, before_id, 100)
+        rows = await admission_queries.list_audit(
+            conn, queue_id, owner_id, endpoint, before_id, 100
+        )
         for r in rows:
             after = policy_from_json(r.after, endpoint, queue) if r.after else None
             if after is None or not paused(after):
@@ -569,6 +583,7 @@ async def _store(
     stored = await admission_queries.store_policy(
         conn,
         row.id,
+        endpoint_id=row.endpoint_id,
         active=True,
         max_in_flight=limits.max_in_flight,
         max_claims_per_window=limits.max_claims_per_window,
@@ -581,7 +596,7 @@ async def _store(
     )
     after = policy_of(stored, endpoint, queue)
     await _audit(conn, principal, stored, "set", before, after)
-    await doorbell_queries.recheck_gate(conn, row.queue_id)
+    await doorbell_queries.recheck_gate(conn, row.endpoint_id, row.queue_id)
     return after
 
 
@@ -593,6 +608,7 @@ async def _clear(
     stored = await admission_queries.store_policy(
         conn,
         row.id,
+        endpoint_id=row.endpoint_id,
         active=False,
         max_in_flight=row.max_in_flight,
         max_claims_per_window=row.max_claims_per_window,
@@ -604,7 +620,7 @@ async def _clear(
         schedule_refresh_at=row.schedule_refresh_at,
     )
     await _audit(conn, principal, stored, "clear", before, None)
-    await doorbell_queries.recheck_gate(conn, row.queue_id)
+    await doorbell_queries.recheck_gate(conn, row.endpoint_id, row.queue_id)
     return before
 
 
@@ -619,7 +635,7 @@ async def _use_now(conn: Conn, row: PolicyRow, queue_id: int, policy: Policy) ->
     if row.max_claims_per_window is not None:
         window = current_window(row.window_bounds, await clock.now(conn))
         if window is not None:
-            window_used = await admission_queries.counter_units(conn, row.id, window[0])
+            window_used = await admission_queries.counter_units(conn, row, window[0])
             window_limit, resets_at = row.max_claims_per_window, window[1]
     in_flight_used = in_flight_limit = None
     if row.max_in_flight is not None:
@@ -636,9 +652,9 @@ async def _carry_count(conn: Conn, row: PolicyRow, now: datetime, new_start: dat
     old_start = current_window_start(row.window_bounds, now)
     if old_start is None or old_start == new_start:
         return
-    units = await admission_queries.counter_units(conn, row.id, old_start)
+    units = await admission_queries.counter_units(conn, row, old_start)
     if units:
-        await admission_queries.counter_carry(conn, row.id, new_start, units)
+        await admission_queries.counter_carry(conn, row, new_start, units)
 
 
 async def _audit(
@@ -654,6 +670,7 @@ async def _audit(
         conn,
         queue_id=row.queue_id,
         owner_id=row.owner_id,
+        endpoint_id=row.endpoint_id,
         action=action,
         actor_credential_id=principal.credential_id,
         actor_human_id=principal.vended_by_human_id if is_agent else principal.human_id,
@@ -725,16 +742,16 @@ async def refresh_schedules(db: Database, batch: int = 100) -> int:
                             extra={"policy_id": row.id, "error": str(exc)},
                         )
                     await admission_queries.store_schedule(
-                        conn, row.id, [], now + RETRY_BROKEN_SCHEDULE
+                        conn, row, [], now + RETRY_BROKEN_SCHEDULE
                     )
                     continue
                 await _carry_count(conn, row, now, bounds[0])
-                await admission_queries.store_schedule(conn, row.id, bounds, bounds[REFRESH_INDEX])
+                await admission_queries.store_schedule(conn, row, bounds, bounds[REFRESH_INDEX])
                 if not row.window_bounds:  # it admits again: a deferred queue may reopen
                     log.info(
                         "admission policy window schedule rebuilt", extra={"policy_id": row.id}
                     )
-                    await doorbell_queries.recheck_gate(conn, row.queue_id)
+                    await doorbell_queries.recheck_gate(conn, row.endpoint_id, row.queue_id)
             refreshed += len(rows)
         if len(rows) < batch:
             return refreshed

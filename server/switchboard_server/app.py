@@ -10,6 +10,7 @@ grace period, stop loops, close the pool, stop the embedded database.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 from dataclasses import dataclass, field
@@ -34,12 +35,13 @@ from switchboard_server import errors, tls, tracing
 from switchboard_server.admission import AdmissionControl, refresh_schedules
 from switchboard_server.auth import Authenticator
 from switchboard_server.config import Settings
-from switchboard_server.db import Database
+from switchboard_server.db import Database, distribute
 from switchboard_server.db.listener import (
     AUTH_CHANNEL,
     DOORBELL_CHANNEL,
     REOPEN_CHANNEL,
     Listener,
+    NodeListeners,
 )
 from switchboard_server.db.migrate import migrate
 from switchboard_server.dispatch import Dispatcher, DispatchSettings
@@ -147,6 +149,11 @@ async def _connect_with_retry(dsn: str, settings: Settings) -> Database:
             )
             await asyncio.sleep(wait)
             delay = min(delay * 2, START_RETRY_CAP)
+
+
+async def _worker_nodes(db: Database) -> list[tuple[str, int]]:
+    async with db.connection() as conn:
+        return await distribute.worker_nodes(conn)
 
 
 async def run_migrations(db: Database) -> None:
@@ -259,6 +266,21 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
         # Listen before serving, so that no subscriber can miss a ring.
         supervisor.run("listener", listener.run)
         await asyncio.wait_for(listener.connected.wait(), 30)
+        async with db.connection() as conn:
+            distributed = await distribute.is_distributed(conn)
+        if distributed:
+            # On a Citus cluster rings are notified on the worker that ran the call.
+            nodes = NodeListeners(
+                db.dsn,
+                functools.partial(_worker_nodes, db),
+                {
+                    DOORBELL_CHANNEL: hub.on_payload,
+                    REOPEN_CHANNEL: lambda _payload: reopen_due.set(),
+                },
+                on_reconnect,
+            )
+            supervisor.run("node listeners", nodes.run)
+            await asyncio.wait_for(nodes.connected.wait(), 30)
         metrics = Metrics(settings.metrics_queue_labels)
         metrics.count_subscriptions(lambda: hub.subscribers)
         readiness = Readiness()

@@ -29,7 +29,8 @@ MIGRATIONS = "server/switchboard_server/db/migrations"
 RELEASED = "4bceebf"
 
 _DEFINITION = re.compile(
-    r"^CREATE\s+(?:OR\s+REPLACE\s+)?(?P<kind>FUNCTION|TRIGGER)\s+(?P<name>\w+)",
+    # (Indented: a trigger made inside a DO block, see admission.sql.)
+    r"^[ \t]*CREATE\s+(?:OR\s+REPLACE\s+)?(?P<kind>FUNCTION|TRIGGER)\s+(?P<name>\w+)",
     re.IGNORECASE | re.MULTILINE,
 )
 # The one function a migration declares: table defaults need it (0001).
@@ -119,9 +120,10 @@ async def test_every_function_has_exactly_one_home(pg_admin_dsn: str) -> None:
     homes: dict[str, set[str]] = collections.defaultdict(set)
     defined: collections.Counter[str] = collections.Counter()
     for file in function_files():
-        for _, name in _definitions(file.sql):
+        for kind, name in _definitions(file.sql):
             homes[name].add(file.name)
-            defined[name] += 1
+            if kind == "FUNCTION":
+                defined[name] += 1
     assert {n: f for n, f in homes.items() if len(f) > 1} == {}, "one file per function"
     async with new_database(pg_admin_dsn) as dsn:
         conn = await asyncpg.connect(dsn)

@@ -172,9 +172,10 @@ async def snapshot(db: Database, ids: Iterable[int]) -> dict[int, tuple[object, 
             SELECT t.id, t.state, t.attempt, t.lease_id, t.lease_expires_at, t.updated_at,
                    coalesce(array_agg(a.outcome ORDER BY a.number)
                             FILTER (WHERE a.number IS NOT NULL), '{}') AS outcomes
-              FROM todos t LEFT JOIN attempts a ON a.todo_id = t.id
+              FROM todos t
+              LEFT JOIN attempts a ON a.endpoint_id = t.endpoint_id AND a.todo_id = t.id
              WHERE t.id = ANY ($1)
-             GROUP BY t.id
+             GROUP BY t.id, t.endpoint_id
             """,
             list(ids),
         )

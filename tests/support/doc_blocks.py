@@ -48,6 +48,11 @@ NOT_RUN: dict[Block, str] = {
         "the server runs until stopped; tests/grpc/test_readme.py starts the same "
         "`switchboard serve` with an operator token before running the quickstart"
     ),
+    Block("docs/scaling-out.md", "sh", "citus_set_coordinator_host"): (
+        "it starts three PostgreSQL nodes as root with fixed ports; "
+        "tests/support/citus_cluster.py does the same steps (free ports, a temporary "
+        "directory) for tests/cluster/, whose conftest runs `switchboard migrate --distribute`"
+    ),
     Block("docs/performance.md", "sh", "scripts/bench --quick"): (
         "a full run takes about 9 minutes and rewrites docs/performance.md; "
         "tests/bench/test_quick.py runs `python -m bench --quick` (what scripts/bench execs)"

@@ -68,6 +68,7 @@ def test_a_policy_row_with_a_later_releases_column_still_builds() -> None:
         "schedule_refresh_at": None,
         "created_at": NOW,
         "updated_at": NOW,
+        "endpoint_id": uuid.uuid4(),
     }
     policy = admission_queries._policy({**row, "burst": 10})
     assert policy == admission_queries._policy(row)

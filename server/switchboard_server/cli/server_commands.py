@@ -47,6 +47,18 @@ def add_commands(sub: Subparsers) -> None:
     )
     migrate = sub.add_parser("migrate", help="apply pending schema migrations and exit")
     _db_flags(migrate)
+    migrate.add_argument(
+        "--distribute",
+        action="store_true",
+        help="then, on a Citus coordinator, distribute the tables by endpoint and delegate "
+        "the claim calls to the workers (docs/scaling-out.md); idempotent",
+    )
+    migrate.add_argument(
+        "--shard-count",
+        type=int,
+        metavar="N",
+        help="with --distribute: shards per distributed table (default: citus.shard_count)",
+    )
 
 
 def add_bootstrap(admin_sub: Subparsers) -> None:
@@ -75,17 +87,35 @@ def _settings(args: argparse.Namespace) -> Settings:
     return dataclasses.replace(settings, **overrides)  # type: ignore[arg-type]
 
 
-async def _migrate(settings: Settings) -> int:
+async def _migrate(settings: Settings, distribute: bool, shard_count: int | None) -> int:
     from switchboard_server import app
+    from switchboard_server.db import distribute as distribution
 
     db, embedded = await app.open_database(settings)
     try:
         await app.run_migrations(db)
+        print("schema is up to date")
+        if distribute:
+            if embedded is not None:
+                print("switchboard: --distribute needs a Citus coordinator", file=sys.stderr)
+                return 2
+            async with db.connection() as conn:
+                try:
+                    done = await distribution.distribute(conn, shard_count=shard_count)
+                except distribution.NotCitus as exc:
+                    print(f"switchboard: cannot distribute: {exc}", file=sys.stderr)
+                    return 2
+            print(
+                "schema is distributed"
+                if not done.changed
+                else f"schema distributed: {len(done.reference)} reference tables, "
+                f"{len(done.distributed)} distributed tables, {done.propagated} functions on "
+                f"every node, {len(done.delegated)} delegated"
+            )
     finally:
         await db.close()
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)
-    print("schema is up to date")
     return 0
 
 
@@ -139,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
 
             return _run_fast(app.serve(settings))
         if args.command == "migrate":
-            return asyncio.run(_migrate(settings))
+            return asyncio.run(_migrate(settings, args.distribute, args.shard_count))
         return asyncio.run(_bootstrap(settings, args.label))
     except errors.Unavailable as exc:
         # The database never answered (SWITCHBOARD_START_TIMEOUT) or went away

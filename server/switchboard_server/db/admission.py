@@ -32,6 +32,8 @@ class PolicyRow:
     schedule_refresh_at: datetime | None
     created_at: datetime
     updated_at: datetime
+    #: The endpoint of the policy's queue (every key of the policy names it).
+    endpoint_id: uuid.UUID
 
 
 @dataclass(frozen=True)
@@ -90,17 +92,19 @@ async def queue_find(
     return int(value) if value is not None else None
 
 
-async def lock_policy(conn: Conn, queue_id: int, owner_id: uuid.UUID) -> PolicyRow:
+async def lock_policy(
+    conn: Conn, queue_id: int, owner_id: uuid.UUID, endpoint_id: uuid.UUID
+) -> PolicyRow:
     """The queue's policy row (created inactive if missing), locked FOR UPDATE."""
-    await conn.execute(sql("policy_ensure_row"), queue_id, owner_id)
-    rec = await conn.fetchrow(sql("policy_lock"), queue_id)
+    await conn.execute(sql("policy_ensure_row"), queue_id, owner_id, endpoint_id)
+    rec = await conn.fetchrow(sql("policy_lock"), queue_id, endpoint_id)
     assert rec is not None
     return _policy(rec)
 
 
-async def get_active_policy(conn: Conn, queue_id: int) -> PolicyRow | None:
+async def get_active_policy(conn: Conn, queue_id: int, endpoint_id: uuid.UUID) -> PolicyRow | None:
     """The queue's active policy, or ``None``."""
-    rec = await conn.fetchrow(sql("policy_get_active"), queue_id)
+    rec = await conn.fetchrow(sql("policy_get_active"), queue_id, endpoint_id)
     return _policy(rec) if rec is not None else None
 
 
@@ -108,6 +112,7 @@ async def store_policy(
     conn: Conn,
     policy_id: int,
     *,
+    endpoint_id: uuid.UUID,
     active: bool,
     max_in_flight: int | None,
     max_claims_per_window: int | None,
@@ -131,16 +136,19 @@ async def store_policy(
         active,
         list(window_bounds),
         schedule_refresh_at,
+        endpoint_id,
     )
     assert rec is not None
     return _policy(rec)
 
 
 async def store_schedule(
-    conn: Conn, policy_id: int, bounds: Sequence[datetime], refresh_at: datetime
+    conn: Conn, row: PolicyRow, bounds: Sequence[datetime], refresh_at: datetime
 ) -> None:
     """Replaces a policy's window boundaries."""
-    await conn.execute(sql("policy_schedule_store"), policy_id, list(bounds), refresh_at)
+    await conn.execute(
+        sql("policy_schedule_store"), row.id, list(bounds), refresh_at, row.endpoint_id
+    )
 
 
 async def schedules_due(conn: Conn, batch: int) -> list[PolicyRow]:
@@ -184,14 +192,14 @@ async def schedules_due_now(conn: Conn, zones: Sequence[str]) -> None:
     await conn.execute(sql("policy_schedules_due_now"), list(zones))
 
 
-async def counter_units(conn: Conn, policy_id: int, window_start: datetime) -> int:
-    """Units charged in one window."""
-    return int(await conn.fetchval(sql("counter_units"), policy_id, window_start))
+async def counter_units(conn: Conn, row: PolicyRow, window_start: datetime) -> int:
+    """Units charged in one window of a policy."""
+    return int(await conn.fetchval(sql("counter_units"), row.id, window_start, row.endpoint_id))
 
 
-async def counter_carry(conn: Conn, policy_id: int, window_start: datetime, units: int) -> None:
-    """Raises a window's count to at least ``units``."""
-    await conn.execute(sql("counter_carry"), policy_id, window_start, units)
+async def counter_carry(conn: Conn, row: PolicyRow, window_start: datetime, units: int) -> None:
+    """Raises a window's count of a policy to at least ``units``."""
+    await conn.execute(sql("counter_carry"), row.id, window_start, units, row.endpoint_id)
 
 
 async def insert_audit(
@@ -199,6 +207,7 @@ async def insert_audit(
     *,
     queue_id: int,
     owner_id: uuid.UUID,
+    endpoint_id: uuid.UUID,
     action: str,
     actor_credential_id: uuid.UUID | None,
     actor_human_id: uuid.UUID | None,
@@ -217,14 +226,22 @@ async def insert_audit(
         actor_endpoint_id,
         json.dumps(before) if before is not None else None,
         json.dumps(after) if after is not None else None,
+        endpoint_id,
     )
 
 
 async def list_audit(
-    conn: Conn, queue_id: int, owner_id: uuid.UUID, before_id: int | None, limit: int
+    conn: Conn,
+    queue_id: int,
+    owner_id: uuid.UUID,
+    endpoint_id: uuid.UUID,
+    before_id: int | None,
+    limit: int,
 ) -> list[AuditRow]:
     """A page of a queue's policy changes, newest first."""
-    rows = await conn.fetch(sql("policy_audit_list"), queue_id, owner_id, before_id, limit)
+    rows = await conn.fetch(
+        sql("policy_audit_list"), queue_id, owner_id, before_id, limit, endpoint_id
+    )
     return [
         AuditRow(
             id=r["id"],

@@ -39,7 +39,7 @@ async def reopen_sweep(conn: Conn, batch: int) -> list[tuple[int, str, bool]]:
     return [(r["queue_id"], r["cause"], r["rang"]) for r in rows]
 
 
-async def recheck_gate(conn: Conn, queue_id: int) -> None:
+async def recheck_gate(conn: Conn, endpoint_id: uuid.UUID, queue_id: int) -> None:
     """A queue's policy changed: its deferred gate is due at once, or marked if
     the new policy defers the queue (so that it rings when it reopens)."""
-    await conn.execute(sql("gate_recheck"), queue_id)
+    await conn.execute(sql("gate_recheck"), endpoint_id, queue_id)

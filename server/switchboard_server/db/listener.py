@@ -6,6 +6,12 @@ so every replica drops them from its authentication cache at once;
 ``switchboard_reopen`` says a queue's gate was made due (a freed slot, a
 policy change), so every replica's reopen sweep runs at once rather than at
 its next interval.
+
+On a Citus cluster (docs/scaling-out.md) the calls that ring run delegated,
+on the worker node that holds the endpoint, and their NOTIFY is delivered
+there: ``NodeListeners`` keeps one more listener per worker node, following
+the cluster's node list. Each ring is sent once, on one node, and each
+replica hears each node once, so rings stay exactly once.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -86,3 +93,99 @@ class Listener:
 
 def _set_event(event: asyncio.Event, _conn: object) -> None:
     event.set()
+
+
+class NodeListeners:
+    """A ``Listener`` per worker node of a Citus cluster, following the node list.
+
+    ``nodes`` returns the worker nodes (host, port) as the coordinator reaches
+    them; it is read at start and every ``refresh`` seconds: a new node gets a
+    listener (and, once it listens, ``on_reconnect`` runs, so rings made
+    there before are made up for), a removed one loses its own. A listener
+    to a worker uses the coordinator's DSN with the node's host and port.
+    ``connected`` is set once every node of the first read is listened to.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        nodes: Callable[[], Awaitable[list[tuple[str, int]]]],
+        handlers: Mapping[str, Callable[[str], None]],
+        on_reconnect: Callable[[], Awaitable[None]],
+        refresh: float = 10,
+        retry: float = 0.5,
+    ) -> None:
+        self._dsn = dsn
+        self._nodes = nodes
+        self._handlers = dict(handlers)
+        self._on_reconnect = on_reconnect
+        self._refresh = refresh
+        self._retry = retry
+        self._running: dict[tuple[str, int], tuple[Listener, asyncio.Task[None]]] = {}
+        self.connected = asyncio.Event()
+
+    @property
+    def nodes(self) -> list[tuple[str, int]]:
+        """The nodes listened to (or being connected to) now."""
+        return sorted(self._running)
+
+    async def run(self) -> None:
+        """Follows the node list until cancelled."""
+        try:
+            while True:
+                try:
+                    wanted = set(await self._nodes())
+                except Exception as exc:
+                    log.warning("cannot read the cluster's nodes: %r", exc)
+                    wanted = set(self._running)
+                first = not self.connected.is_set()
+                for node in sorted(wanted - set(self._running)):
+                    self._start(node, catch_up=not first)
+                for node in sorted(set(self._running) - wanted):
+                    log.info("stopped listening on a removed node", extra={"node": node})
+                    _listener, task = self._running.pop(node)
+                    task.cancel()
+                if first:
+                    await asyncio.gather(
+                        *(lst.connected.wait() for lst, _ in self._running.values())
+                    )
+                    self.connected.set()
+                await asyncio.sleep(self._refresh)
+        finally:
+            tasks = [task for _, task in self._running.values()]
+            self._running.clear()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _start(self, node: tuple[str, int], *, catch_up: bool) -> None:
+        listener = Listener(
+            node_dsn(self._dsn, *node), self._handlers, self._on_reconnect, self._retry
+        )
+
+        async def listen() -> None:
+            if catch_up:
+                waiter = asyncio.create_task(self._caught_up(listener))
+                try:
+                    await listener.run()
+                finally:
+                    waiter.cancel()
+            else:
+                await listener.run()
+
+        log.info("listening on a worker node", extra={"node": f"{node[0]}:{node[1]}"})
+        self._running[node] = (listener, asyncio.create_task(listen()))
+
+    async def _caught_up(self, listener: Listener) -> None:
+        await listener.connected.wait()
+        await self._on_reconnect()
+
+
+def node_dsn(dsn: str, host: str, port: int) -> str:
+    """``dsn`` (a URL) pointing at another node: the same user, password,
+    database and options, that node's host and port."""
+    parts = urllib.parse.urlsplit(dsn)
+    userinfo = parts.netloc.rpartition("@")[0]
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    netloc = f"{userinfo}@{where}" if userinfo else where
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))

@@ -30,6 +30,7 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 
+from switchboard_server.db import distribute
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import sql
 
@@ -160,6 +161,7 @@ async def _apply_functions(conn: Conn) -> list[FunctionFile]:
             await conn.execute(file.sql)
             await conn.execute(sql("function_record"), file.name, file.checksum)
         await conn.execute(sql("function_validate"))
+        await distribute.after_functions(conn)
     if set(recorded) - {f.name for f in files}:
         await conn.execute(sql("function_forget"), [f.name for f in files])
     return changed

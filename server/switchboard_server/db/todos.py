@@ -191,9 +191,13 @@ async def claim(
 
     Returns once the claim is durable (``wait_durable``).
     """
-    outcome = _claim_outcome(
-        await conn.fetchrow(sql("todo_claim"), todo_id, owner_id, endpoint_id, claimant, lease)
-    )
+    if endpoint_id is None:  # owner scope: not delegated on a cluster (see the query)
+        rec = await conn.fetchrow(sql("todo_claim_owner"), todo_id, owner_id, claimant, lease)
+    else:
+        rec = await conn.fetchrow(
+            sql("todo_claim"), todo_id, owner_id, endpoint_id, claimant, lease
+        )
+    outcome = _claim_outcome(rec)
     if admitted(outcome.admission):
         await wait_durable(conn)
     return outcome
@@ -259,14 +263,13 @@ async def heartbeat_many(
     """Extends each (todo, lease) that is live: per item, in order, the outcome
     and the new expiry when applied. Todo ids must be distinct."""
     ids = [todo_id for todo_id, _ in leases]
-    rows = await conn.fetch(
-        sql("todo_heartbeat_many"),
-        owner_id,
-        endpoint_id,
-        ids,
-        [lease_id for _, lease_id in leases],
-        lease,
-    )
+    lease_ids = [lease_id for _, lease_id in leases]
+    if endpoint_id is None:  # owner scope: not delegated on a cluster (see the query)
+        rows = await conn.fetch(sql("todo_heartbeat_many_owner"), owner_id, ids, lease_ids, lease)
+    else:
+        rows = await conn.fetch(
+            sql("todo_heartbeat_many"), owner_id, endpoint_id, ids, lease_ids, lease
+        )
     outcomes = [(ItemOutcome(r["outcome"]), r["lease_expires_at"]) for r in rows]
     refused = [i for i, (o, _) in zip(ids, outcomes, strict=True) if o is ItemOutcome.NOT_CLAIMED]
     if not refused:
@@ -301,10 +304,11 @@ async def settle(
     its own (see ``sb_settle``): per item, in order. Todo ids must be distinct.
     A refusal because the todo was cancelled is ``CANCELLED``."""
     with_results = any(s.result is not None for s in settlements)
+    # Owner scope: not delegated on a cluster (see todo_settle_owner).
+    scope = (owner_id,) if endpoint_id is None else (owner_id, endpoint_id)
     rows = await conn.fetch(
-        sql("todo_settle"),
-        owner_id,
-        endpoint_id,
+        sql("todo_settle_owner" if endpoint_id is None else "todo_settle"),
+        *scope,
         [s.todo_id for s in settlements],
         [s.lease_id for s in settlements],
         [s.action.value for s in settlements],

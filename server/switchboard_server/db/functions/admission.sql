@@ -61,7 +61,8 @@ BEGIN
         v.window_start := p_policy.window_bounds[v_i];
         v.window_end := p_policy.window_bounds[v_i + 1];
         SELECT c.units INTO v.used FROM window_counters c
-         WHERE c.policy_id = p_policy.id AND c.window_start = v.window_start;
+         WHERE c.endpoint_id = p_policy.endpoint_id
+           AND c.policy_id = p_policy.id AND c.window_start = v.window_start;
         v.used := coalesce(v.used, 0);
     END IF;
     IF p_policy.max_in_flight IS NOT NULL THEN
@@ -69,7 +70,8 @@ BEGIN
         -- many ids p_own holds.
         SELECT count(*), min(t.lease_expires_at) INTO v.in_flight, v.earliest_expiry
           FROM todos t
-         WHERE t.queue_id = p_policy.queue_id AND t.state = 'claimed'
+         WHERE t.endpoint_id = p_policy.endpoint_id
+           AND t.queue_id = p_policy.queue_id AND t.state = 'claimed'
            AND t.id NOT IN (SELECT o.id FROM unnest(p_own) AS o (id));
     END IF;
     v.reason := CASE
@@ -147,26 +149,51 @@ $$;
 -- the queue has no active policy. (No variable of the policy's row type:
 -- compiling this function must not touch the policy table, so that even an
 -- unreadable table is caught below.)
-CREATE OR REPLACE FUNCTION sb_queue_admission(p_queue_id bigint, p_now timestamptz)
-RETURNS TABLE (reason text, eval admission_eval)
+CREATE OR REPLACE FUNCTION sb_queue_admission(
+    p_endpoint_id uuid, p_queue_id bigint, p_now timestamptz
+) RETURNS TABLE (reason text, eval admission_eval)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_eval admission_eval;
+    v_found record;
 BEGIN
     BEGIN
-        SELECT e.* INTO v_eval
+        -- The policy is read first, then evaluated: on Citus a statement on a
+        -- distributed table must not call a function that reads one (the
+        -- call would run inside the shard's query). ROW(p.*): on a Citus
+        -- worker a whole-row p is the shard's row type.
+        SELECT ROW(p.*)::admission_policies AS policy INTO v_found
           FROM queues q
-          JOIN admission_policies p ON p.id = q.policy_id AND p.active
-         CROSS JOIN LATERAL sb_admission_eval(p, NULL, p_now) AS e
-         WHERE q.id = p_queue_id;
+          JOIN admission_policies p
+            ON p.endpoint_id = q.endpoint_id AND p.id = q.policy_id AND p.active
+         WHERE q.endpoint_id = p_endpoint_id AND p.endpoint_id = p_endpoint_id
+           AND q.id = p_queue_id;
         IF NOT FOUND THEN
             RETURN;
         END IF;
+        v_eval := sb_admission_eval(v_found.policy, NULL, p_now);
     EXCEPTION WHEN OTHERS THEN
         RETURN QUERY SELECT 'admission_unavailable'::text, NULL::admission_eval;
         RETURN;
     END;
     RETURN QUERY SELECT v_eval.reason, v_eval;
+END;
+$$;
+
+-- The same by queue id alone (the status of listed todos' queues; and what
+-- servers of earlier releases call). On Citus the endpoint is looked up
+-- first: see above.
+CREATE OR REPLACE FUNCTION sb_queue_admission(p_queue_id bigint, p_now timestamptz)
+RETURNS TABLE (reason text, eval admission_eval)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_endpoint_id uuid;
+BEGIN
+    SELECT q.endpoint_id INTO v_endpoint_id FROM queues q WHERE q.id = p_queue_id;
+    IF FOUND THEN
+        RETURN QUERY SELECT s.reason, s.eval
+                       FROM sb_queue_admission(v_endpoint_id, p_queue_id, p_now) AS s;
+    END IF;
 END;
 $$;
 
@@ -177,17 +204,23 @@ $$;
 -- never go down within a window) or it is paused. A policy change makes the
 -- gate due at once (sb_gate_policy_changed), so the gate never outlives the
 -- policy it was evaluated under. Reads only queue_gates: it works even when
--- the policy table cannot be read.
-CREATE OR REPLACE FUNCTION sb_known_deferral(p_queue_id bigint, p_queue text, p_now timestamptz)
-RETURNS jsonb
-LANGUAGE sql STABLE AS $$
-    SELECT jsonb_build_object(
-        'queue', p_queue,
-        'reason', g.reason,
-        'window_end', CASE WHEN g.reason = 'window_exhausted' THEN g.next_check_at END)
-      FROM queue_gates g
-     WHERE g.queue_id = p_queue_id AND g.deferred AND g.next_check_at > p_now
-       AND g.reason IN ('window_exhausted', 'paused')
+-- the policy table cannot be read. (PL/pgSQL, as every function here that
+-- reads a table: Citus cannot plan an SQL function's parameterized
+-- statements on a distributed table.)
+CREATE OR REPLACE FUNCTION sb_known_deferral(
+    p_endpoint_id uuid, p_queue_id bigint, p_queue text, p_now timestamptz
+) RETURNS jsonb
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT jsonb_build_object(
+                'queue', p_queue,
+                'reason', g.reason,
+                'window_end', CASE WHEN g.reason = 'window_exhausted' THEN g.next_check_at END)
+              FROM queue_gates g
+             WHERE g.endpoint_id = p_endpoint_id AND g.queue_id = p_queue_id
+               AND g.deferred AND g.next_check_at > p_now
+               AND g.reason IN ('window_exhausted', 'paused'));
+END;
 $$;
 
 -- Whether a queue's budget is worth an unlocked evaluation before its policy
@@ -195,9 +228,14 @@ $$;
 -- straight to the locked check: evaluating it unlocked first would only
 -- repeat that work. One last seen deferred is evaluated unlocked first, so
 -- that claimers do not queue on its policy lock just to be refused.
-CREATE OR REPLACE FUNCTION sb_prefilter_wanted(p_queue_id bigint) RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (SELECT 1 FROM queue_gates g WHERE g.queue_id = p_queue_id AND g.deferred)
+CREATE OR REPLACE FUNCTION sb_prefilter_wanted(p_endpoint_id uuid, p_queue_id bigint)
+RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM queue_gates g
+                    WHERE g.endpoint_id = p_endpoint_id AND g.queue_id = p_queue_id
+                      AND g.deferred);
+END;
 $$;
 
 -- An admitted claim's transaction commits without waiting for its WAL flush
@@ -239,7 +277,9 @@ DECLARE
 BEGIN
     -- Waits for the lock; the session's lock_timeout bounds the wait, and
     -- running out of it refuses the claim (admission_unavailable).
-    SELECT * INTO v_policy FROM admission_policies p WHERE p.id = p_policy_id FOR UPDATE;
+    SELECT * INTO v_policy FROM admission_policies p
+     WHERE p.endpoint_id = p_row.endpoint_id AND p.id = p_policy_id
+       FOR UPDATE;
     IF NOT FOUND OR NOT v_policy.active THEN
         -- Cleared concurrently: no policy governs the queue any more.
         claimed := sb_claim_row(p_row, p_claimant, p_lease, p_now);
@@ -253,16 +293,16 @@ BEGIN
     END IF;
     claimed := sb_claim_row(p_row, p_claimant, p_lease, p_now);
     IF v_eval.window_start IS NOT NULL THEN
-        INSERT INTO window_counters AS c (policy_id, window_start, units)
-        VALUES (v_policy.id, v_eval.window_start, 1)
-        ON CONFLICT (policy_id, window_start) DO UPDATE SET units = c.units + 1;
+        INSERT INTO window_counters AS c (endpoint_id, policy_id, window_start, units)
+        VALUES (v_policy.endpoint_id, v_policy.id, v_eval.window_start, 1)
+        ON CONFLICT (policy_id, window_start, endpoint_id) DO UPDATE SET units = c.units + 1;
     END IF;
     admission := jsonb_build_object('headroom', sb_headroom(v_policy, v_eval));
     PERFORM sb_release_before_flush();
     v_full := sb_full_after(v_policy, v_eval, 1);
     IF v_full IS NOT NULL THEN
-        PERFORM sb_gate_mark(
-            v_policy.queue_id, v_full, sb_gate_next_check(v_full, v_eval, p_now), p_now, true);
+        PERFORM sb_gate_mark(v_policy.endpoint_id, v_policy.queue_id, v_full,
+                             sb_gate_next_check(v_full, v_eval, p_now), p_now, true);
     END IF;
 END;
 $$;
@@ -315,6 +355,7 @@ $$;
 -- members): 280 buffers a probe on a budgeted queue against 13 without a
 -- policy (docs/performance.md).
 CREATE OR REPLACE FUNCTION sb_admit_and_claim_batch(
+    p_endpoint_id uuid,
     p_ids bigint[],
     p_queue text,
     p_policy_id bigint,
@@ -331,10 +372,12 @@ DECLARE
     v_take integer;
     v_full text;
 BEGIN
-    claimed := sb_claim_pending(p_ids, p_claimants, p_lease, p_now);
+    claimed := sb_claim_pending(p_endpoint_id, p_ids, p_claimants, p_lease, p_now);
     -- Waits for the lock; the session's lock_timeout bounds the wait, and
     -- running out of it refuses the claim (admission_unavailable).
-    SELECT * INTO v_policy FROM admission_policies p WHERE p.id = p_policy_id FOR UPDATE;
+    SELECT * INTO v_policy FROM admission_policies p
+     WHERE p.endpoint_id = p_endpoint_id AND p.id = p_policy_id
+       FOR UPDATE;
     IF NOT FOUND OR NOT v_policy.active THEN
         -- Cleared concurrently: no policy governs the queue any more.
         RETURN;
@@ -354,16 +397,17 @@ BEGIN
         RAISE EXCEPTION 'cut short' USING ERRCODE = 'SBCUT';
     END IF;
     IF v_eval.window_start IS NOT NULL THEN
-        INSERT INTO window_counters AS c (policy_id, window_start, units)
-        VALUES (v_policy.id, v_eval.window_start, v_take)
-        ON CONFLICT (policy_id, window_start) DO UPDATE SET units = c.units + v_take;
+        INSERT INTO window_counters AS c (endpoint_id, policy_id, window_start, units)
+        VALUES (p_endpoint_id, v_policy.id, v_eval.window_start, v_take)
+        ON CONFLICT (policy_id, window_start, endpoint_id)
+        DO UPDATE SET units = c.units + v_take;
     END IF;
     admission := jsonb_build_object('headroom', sb_headroom_after(v_policy, v_eval, v_take));
     PERFORM sb_release_before_flush();
     v_full := sb_full_after(v_policy, v_eval, v_take);
     IF v_full IS NOT NULL THEN
-        PERFORM sb_gate_mark(
-            v_policy.queue_id, v_full, sb_gate_next_check(v_full, v_eval, p_now), p_now, true);
+        PERFORM sb_gate_mark(p_endpoint_id, v_policy.queue_id, v_full,
+                             sb_gate_next_check(v_full, v_eval, p_now), p_now, true);
     END IF;
 END;
 $$;
@@ -377,6 +421,7 @@ $$;
 -- stay locked, untouched, until the transaction ends. Raises SB429 when it
 -- admits none. Lock order: the todo rows, then the policy.
 CREATE OR REPLACE FUNCTION sb_admit_then_claim_batch(
+    p_endpoint_id uuid,
     p_ids bigint[],
     p_queue text,
     p_policy_id bigint,
@@ -393,9 +438,11 @@ DECLARE
     v_take integer;
     v_full text;
 BEGIN
-    SELECT * INTO v_policy FROM admission_policies p WHERE p.id = p_policy_id FOR UPDATE;
+    SELECT * INTO v_policy FROM admission_policies p
+     WHERE p.endpoint_id = p_endpoint_id AND p.id = p_policy_id
+       FOR UPDATE;
     IF NOT FOUND OR NOT v_policy.active THEN
-        claimed := sb_claim_pending(p_ids, p_claimants, p_lease, p_now);
+        claimed := sb_claim_pending(p_endpoint_id, p_ids, p_claimants, p_lease, p_now);
         RETURN;
     END IF;
     v_eval := sb_admission_eval(v_policy, NULL, p_now);
@@ -407,18 +454,18 @@ BEGIN
         cardinality(p_ids),
         v_policy.max_claims_per_window - v_eval.used,
         v_policy.max_in_flight - v_eval.in_flight);
-    claimed := sb_claim_pending(p_ids[1:v_take], p_claimants, p_lease, p_now);
+    claimed := sb_claim_pending(p_endpoint_id, p_ids[1:v_take], p_claimants, p_lease, p_now);
     IF v_eval.window_start IS NOT NULL THEN
-        INSERT INTO window_counters AS c (policy_id, window_start, units)
-        VALUES (v_policy.id, v_eval.window_start, v_take)
-        ON CONFLICT (policy_id, window_start) DO UPDATE SET units = c.units + v_take;
+        INSERT INTO window_counters AS c (endpoint_id, policy_id, window_start, units)
+        VALUES (p_endpoint_id, v_policy.id, v_eval.window_start, v_take)
+        ON CONFLICT (policy_id, window_start, endpoint_id) DO UPDATE SET units = c.units + v_take;
     END IF;
     admission := jsonb_build_object('headroom', sb_headroom_after(v_policy, v_eval, v_take));
     PERFORM sb_release_before_flush();
     v_full := sb_full_after(v_policy, v_eval, v_take);
     IF v_full IS NOT NULL THEN
-        PERFORM sb_gate_mark(
-            v_policy.queue_id, v_full, sb_gate_next_check(v_full, v_eval, p_now), p_now, true);
+        PERFORM sb_gate_mark(v_policy.endpoint_id, v_policy.queue_id, v_full,
+                             sb_gate_next_check(v_full, v_eval, p_now), p_now, true);
     END IF;
     IF v_take < cardinality(p_ids) THEN
         v_eval.earliest_expiry := least(v_eval.earliest_expiry, p_now + p_lease);
@@ -436,6 +483,7 @@ $$;
 -- outcome: claimed | none (no unlocked candidate) | deferred (admission is
 -- the deferral as JSON).
 CREATE OR REPLACE FUNCTION sb_try_budgeted_claim(
+    p_endpoint_id uuid,
     p_queue_id bigint,
     p_queue text,
     p_policy_id bigint,
@@ -456,13 +504,15 @@ BEGIN
     BEGIN
         IF p_lapsed_id IS NULL THEN
             SELECT * INTO v_row FROM todos t
-             WHERE t.queue_id = p_queue_id AND t.state = 'pending' AND t.next_retry_at <= p_now
+             WHERE t.endpoint_id = p_endpoint_id
+               AND t.queue_id = p_queue_id AND t.state = 'pending' AND t.next_retry_at <= p_now
              ORDER BY t.priority, t.next_retry_at, t.id
              LIMIT 1
                FOR UPDATE SKIP LOCKED;
         ELSE
             SELECT * INTO v_row FROM todos t
-             WHERE t.id = p_lapsed_id AND t.state = 'claimed' AND t.lease_expires_at <= p_now
+             WHERE t.endpoint_id = p_endpoint_id
+               AND t.id = p_lapsed_id AND t.state = 'claimed' AND t.lease_expires_at <= p_now
                FOR UPDATE SKIP LOCKED;
         END IF;
         IF NOT FOUND THEN
@@ -499,6 +549,7 @@ $$;
 -- (No variable of the policy's row type here, as in sb_queue_admission: an
 -- unreadable policy table must fail inside the handler, closed.)
 CREATE OR REPLACE FUNCTION sb_try_budgeted_batch(
+    p_endpoint_id uuid,
     p_queue_id bigint,
     p_queue text,
     p_policy_id bigint,
@@ -522,14 +573,14 @@ DECLARE
     v_cut boolean := false;
 BEGIN
     BEGIN
-        v_ids := sb_lock_pending(p_queue_id, p_limit, p_max_bytes, p_now,
+        v_ids := sb_lock_pending(p_endpoint_id, p_queue_id, p_limit, p_max_bytes, p_now,
                                  p_head_priority, p_head_retry, p_head_id);
         IF cardinality(v_ids) = 0 THEN
             outcome := 'none';
             RETURN;
         END IF;
         SELECT a.* INTO v_result FROM sb_admit_and_claim_batch(
-            v_ids, p_queue, p_policy_id, p_claimants, p_lease, p_now) a;
+            p_endpoint_id, v_ids, p_queue, p_policy_id, p_claimants, p_lease, p_now) a;
         outcome := 'claimed';
         claimed := v_result.claimed;
         admission := v_result.admission;
@@ -549,13 +600,14 @@ BEGIN
         RETURN;
     END IF;
     BEGIN
-        v_ids := sb_lock_pending(p_queue_id, p_limit, p_max_bytes, p_now);
+        v_ids := sb_lock_pending(p_endpoint_id, p_queue_id, p_limit, p_max_bytes, p_now,
+                                 NULL, NULL, NULL);
         IF cardinality(v_ids) = 0 THEN
             outcome := 'none';
             RETURN;
         END IF;
         SELECT a.* INTO v_result FROM sb_admit_then_claim_batch(
-            v_ids, p_queue, p_policy_id, p_claimants, p_lease, p_now) a;
+            p_endpoint_id, v_ids, p_queue, p_policy_id, p_claimants, p_lease, p_now) a;
         outcome := 'claimed';
         claimed := v_result.claimed;
         admission := v_result.admission;
@@ -571,23 +623,43 @@ BEGIN
 END;
 $$;
 
--- sb_try_budgeted_batch as before the head was passed (nothing calls it now;
--- dropping a function takes a numbered migration): with no head known.
-CREATE OR REPLACE FUNCTION sb_try_budgeted_batch(
-    p_queue_id bigint,
-    p_queue text,
-    p_policy_id bigint,
-    p_limit integer,
-    p_max_bytes bigint,
-    p_claimants text[],
-    p_lease interval,
-    p_now timestamptz,
-    OUT outcome text,
-    OUT claimed todos[],
-    OUT admission jsonb
-)
-LANGUAGE sql AS $$
-    SELECT r.outcome, r.claimed, r.admission
-      FROM sb_try_budgeted_batch(p_queue_id, p_queue, p_policy_id, p_limit, p_max_bytes,
-                                 p_claimants, p_lease, p_now, NULL, NULL, NULL) AS r
+-- Rolling upgrades over migration 0016: servers of the previous release
+-- insert policies, their audit rows and window counters without endpoint_id
+-- (SetPolicy, ClearPolicy, pause, resume). A row that comes without it gets
+-- its queue's (by queue_id) or its policy's (window_counters, by policy_id).
+-- Rows of this release name it, and the trigger's WHEN skips them without a
+-- call. Not on a Citus cluster: `migrate --distribute` drops these triggers
+-- (Citus distributes no table with triggers, and no server of a release
+-- before 0016 runs against a cluster), and they are not made again there.
+CREATE OR REPLACE FUNCTION sb_fill_endpoint_id() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_TABLE_NAME = 'window_counters' THEN
+        SELECT p.endpoint_id INTO NEW.endpoint_id
+          FROM admission_policies p WHERE p.id = NEW.policy_id;
+    ELSE
+        SELECT q.endpoint_id INTO NEW.endpoint_id FROM queues q WHERE q.id = NEW.queue_id;
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+DO $$
+BEGIN
+    IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition
+                    WHERE logicalrelid = 'admission_policies'::regclass) THEN
+            RETURN;
+        END IF;
+    END IF;
+    CREATE OR REPLACE TRIGGER admission_policies_fill_endpoint_id
+        BEFORE INSERT ON admission_policies
+        FOR EACH ROW WHEN (NEW.endpoint_id IS NULL) EXECUTE FUNCTION sb_fill_endpoint_id();
+    CREATE OR REPLACE TRIGGER policy_audit_fill_endpoint_id
+        BEFORE INSERT ON policy_audit
+        FOR EACH ROW WHEN (NEW.endpoint_id IS NULL) EXECUTE FUNCTION sb_fill_endpoint_id();
+    CREATE OR REPLACE TRIGGER window_counters_fill_endpoint_id
+        BEFORE INSERT ON window_counters
+        FOR EACH ROW WHEN (NEW.endpoint_id IS NULL) EXECUTE FUNCTION sb_fill_endpoint_id();
+END;
 $$;

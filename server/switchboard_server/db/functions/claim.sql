@@ -38,7 +38,8 @@ BEGIN
         RETURN QUERY SELECT 'not_claimable'::text, v_row, NULL::jsonb;
         RETURN;
     END IF;
-    SELECT q.policy_id INTO v_policy_id FROM queues q WHERE q.id = v_row.queue_id;
+    SELECT q.policy_id INTO v_policy_id FROM queues q
+     WHERE q.endpoint_id = v_row.endpoint_id AND q.id = v_row.queue_id;
     IF v_policy_id IS NULL THEN
         RETURN QUERY SELECT 'claimed'::text, sb_claim_row(v_row, p_claimant, p_lease, v_now),
                             NULL::jsonb;
@@ -56,8 +57,10 @@ BEGIN
             v_detail := jsonb_build_object('queue', v_row.queue, 'reason', 'admission_unavailable');
     END;
     SELECT count(*) INTO v_pending FROM todos t
-     WHERE t.queue_id = v_row.queue_id AND t.state = 'pending';
-    PERFORM sb_on_deferred(ARRAY[v_row.queue_id], jsonb_build_array(v_detail), v_now);
+     WHERE t.endpoint_id = v_row.endpoint_id AND t.queue_id = v_row.queue_id
+       AND t.state = 'pending';
+    PERFORM sb_on_deferred(v_row.endpoint_id, ARRAY[v_row.queue_id], jsonb_build_array(v_detail),
+                           v_now);
     RETURN QUERY SELECT 'deferred'::text, v_row,
         jsonb_build_object('deferred', jsonb_build_array(
             v_detail || jsonb_build_object('pending', v_pending, 'now', v_now)));
@@ -135,7 +138,8 @@ BEGIN
               -- not yet due). sb_lock_pending finds its priorities alike.
               WITH RECURSIVE level AS (
                   (SELECT t.priority, t.next_retry_at, t.id FROM todos t
-                    WHERE t.queue_id = q.id AND t.state = 'pending'
+                    WHERE t.endpoint_id = p_endpoint_id
+                      AND t.queue_id = q.id AND t.state = 'pending'
                     ORDER BY t.priority, t.next_retry_at, t.id
                     LIMIT 1)
                   UNION ALL
@@ -143,7 +147,8 @@ BEGIN
                     FROM level l
                     CROSS JOIN LATERAL (
                         SELECT t.priority, t.next_retry_at, t.id FROM todos t
-                         WHERE t.queue_id = q.id AND t.state = 'pending'
+                         WHERE t.endpoint_id = p_endpoint_id
+                           AND t.queue_id = q.id AND t.state = 'pending'
                            AND t.priority > l.priority
                          ORDER BY t.priority, t.next_retry_at, t.id
                          LIMIT 1
@@ -154,7 +159,8 @@ BEGIN
                WHERE l.next_retry_at <= v_now
                LIMIT 1
           ) AS head
-          LEFT JOIN queue_gates g ON g.queue_id = q.id AND q.policy_id IS NOT NULL
+          LEFT JOIN queue_gates g ON g.endpoint_id = p_endpoint_id AND g.queue_id = q.id
+                                 AND q.policy_id IS NOT NULL
          WHERE q.endpoint_id = p_endpoint_id
            AND (p_queue_names IS NULL OR q.name = ANY (p_queue_names))
          -- The most urgent head first; among equals, queues last seen
@@ -163,11 +169,12 @@ BEGIN
          ORDER BY head.priority, coalesce(g.deferred, false), head.next_retry_at, head.id
     LOOP
         IF v_queue.policy_id IS NULL THEN
-            v_ids := sb_lock_pending(v_queue.id, p_max, p_max_bytes, v_now,
+            v_ids := sb_lock_pending(p_endpoint_id, v_queue.id, p_max, p_max_bytes, v_now,
                                      v_queue.head_priority, v_queue.head_retry, v_queue.head_id);
             IF cardinality(v_ids) > 0 THEN
                 RETURN QUERY SELECT 'claimed'::text,
-                    sb_claim_pending(v_ids, p_claimants, p_lease, v_now), NULL::jsonb;
+                    sb_claim_pending(p_endpoint_id, v_ids, p_claimants, p_lease, v_now),
+                    NULL::jsonb;
                 RETURN;
             END IF;
             CONTINUE;
@@ -175,7 +182,7 @@ BEGIN
         -- A gate not deferred means no known deferral and no prefilter
         -- (sb_known_deferral and sb_prefilter_wanted both read the gate).
         v_known := CASE WHEN v_queue.gate_deferred
-                        THEN sb_known_deferral(v_queue.id, v_queue.name, v_now) END;
+                        THEN sb_known_deferral(p_endpoint_id, v_queue.id, v_queue.name, v_now) END;
         IF v_known IS NOT NULL THEN
             v_deferred := v_deferred || v_known;
             v_listed := v_listed || v_queue.id;
@@ -183,8 +190,8 @@ BEGIN
             CONTINUE;
         END IF;
         v_reason := NULL;
-        IF v_queue.gate_deferred AND sb_prefilter_wanted(v_queue.id) THEN
-            SELECT s.* INTO v_status FROM sb_queue_admission(v_queue.id, v_now) s;
+        IF v_queue.gate_deferred AND sb_prefilter_wanted(p_endpoint_id, v_queue.id) THEN
+            SELECT s.* INTO v_status FROM sb_queue_admission(p_endpoint_id, v_queue.id, v_now) s;
             v_reason := v_status.reason;
         END IF;
         IF v_reason IS NOT NULL THEN
@@ -195,22 +202,25 @@ BEGIN
                 v_no_takeover := v_no_takeover || v_queue.id;
             END IF;
             -- Remember it, so the next ClaimNext need not evaluate it again.
-            PERFORM sb_on_deferred(ARRAY[v_queue.id], jsonb_build_array(v_known), v_now);
+            PERFORM sb_on_deferred(p_endpoint_id, ARRAY[v_queue.id], jsonb_build_array(v_known),
+                                   v_now);
             CONTINUE;
         END IF;
         SELECT r.* INTO v_try FROM sb_try_budgeted_batch(
-            v_queue.id, v_queue.name, v_queue.policy_id, p_max, p_max_bytes,
+            p_endpoint_id, v_queue.id, v_queue.name, v_queue.policy_id, p_max, p_max_bytes,
             p_claimants, p_lease, v_now,
             v_queue.head_priority, v_queue.head_retry, v_queue.head_id) r;
         IF v_try.outcome = 'claimed' THEN
             v_known := v_try.admission -> 'deferred';
             IF v_known IS NOT NULL THEN
                 -- Cut short by the budget: the gate rings when the queue reopens.
-                PERFORM sb_on_deferred(ARRAY[v_queue.id], jsonb_build_array(v_known), v_now);
+                PERFORM sb_on_deferred(p_endpoint_id, ARRAY[v_queue.id],
+                                       jsonb_build_array(v_known), v_now);
                 v_try.admission := v_try.admission || jsonb_build_object(
                     'deferred', jsonb_build_array(v_known || jsonb_build_object(
                         'pending', (SELECT count(*) FROM todos t
-                                     WHERE t.queue_id = v_queue.id AND t.state = 'pending'))));
+                                     WHERE t.endpoint_id = p_endpoint_id
+                                       AND t.queue_id = v_queue.id AND t.state = 'pending'))));
             END IF;
             RETURN QUERY SELECT 'claimed'::text, v_try.claimed, v_try.admission;
             RETURN;
@@ -220,14 +230,15 @@ BEGIN
             IF v_try.admission->>'reason' <> 'in_flight_full' THEN
                 v_no_takeover := v_no_takeover || v_queue.id;
             END IF;
-            PERFORM sb_on_deferred(ARRAY[v_queue.id], jsonb_build_array(v_try.admission), v_now);
+            PERFORM sb_on_deferred(p_endpoint_id, ARRAY[v_queue.id],
+                                   jsonb_build_array(v_try.admission), v_now);
         END IF;
     END LOOP;
     -- Lapsed leases with attempts left, oldest expiry first, one per call.
     FOR v_queue IN
         SELECT t.id AS todo_id, q.id, q.name, q.policy_id
           FROM queues q
-          JOIN todos t ON t.queue_id = q.id
+          JOIN todos t ON t.endpoint_id = q.endpoint_id AND t.queue_id = q.id
          WHERE q.endpoint_id = p_endpoint_id
            AND (p_queue_names IS NULL OR q.name = ANY (p_queue_names))
            AND t.state = 'claimed' AND t.lease_expires_at <= v_now
@@ -238,7 +249,8 @@ BEGIN
     LOOP
         IF v_queue.policy_id IS NULL THEN
             SELECT * INTO v_row FROM todos t
-             WHERE t.id = v_queue.todo_id AND t.state = 'claimed' AND t.lease_expires_at <= v_now
+             WHERE t.endpoint_id = p_endpoint_id
+               AND t.id = v_queue.todo_id AND t.state = 'claimed' AND t.lease_expires_at <= v_now
                FOR UPDATE SKIP LOCKED;
             IF FOUND THEN
                 RETURN QUERY SELECT 'claimed'::text,
@@ -248,7 +260,7 @@ BEGIN
             CONTINUE;
         END IF;
         SELECT r.* INTO v_try FROM sb_try_budgeted_claim(
-            v_queue.id, v_queue.name, v_queue.policy_id, v_queue.todo_id,
+            p_endpoint_id, v_queue.id, v_queue.name, v_queue.policy_id, v_queue.todo_id,
             p_claimants[1], p_lease, v_now) r;
         IF v_try.outcome = 'claimed' THEN
             RETURN QUERY SELECT 'claimed'::text, ARRAY[v_try.claimed], v_try.admission;
@@ -260,11 +272,12 @@ BEGIN
     END LOOP;
     -- Nothing claimable: say which queues wait, and how much.
     IF jsonb_array_length(v_deferred) > 0 THEN
-        PERFORM sb_on_deferred(v_listed, v_deferred, v_now);
+        PERFORM sb_on_deferred(p_endpoint_id, v_listed, v_deferred, v_now);
         SELECT jsonb_agg(d.value || jsonb_build_object('pending', (
-                   SELECT count(*) FROM todos t JOIN queues q ON q.id = t.queue_id
-                    WHERE q.endpoint_id = p_endpoint_id AND q.name = d.value->>'queue'
-                      AND t.state = 'pending')))
+                   SELECT count(*) FROM todos t
+                     JOIN queues q ON q.endpoint_id = t.endpoint_id AND q.id = t.queue_id
+                    WHERE q.endpoint_id = p_endpoint_id AND t.endpoint_id = p_endpoint_id
+                      AND q.name = d.value->>'queue' AND t.state = 'pending')))
           INTO v_deferred
           FROM jsonb_array_elements(v_deferred) AS d;
     END IF;

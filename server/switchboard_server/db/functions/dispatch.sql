@@ -7,6 +7,11 @@
 -- (settling, extending) are taken in id order, so two such calls never
 -- deadlock; claims only ever lock todos with SKIP LOCKED.
 --
+-- Every statement on the endpoint's tables names the endpoint
+-- (endpoint_id = ...), also where an id alone would find the row: on a Citus
+-- cluster that is what keeps each statement on the one shard that holds the
+-- endpoint, inside the call delegated to its node (docs/scaling-out.md).
+--
 -- Statements that find todos by a list of ids (cancel, requeue, a bulk
 -- chunk's locks) read them by primary key, behind an OFFSET 0 fence that
 -- keeps their state tests out of the scan: with a state test in it, a
@@ -22,7 +27,7 @@ CREATE OR REPLACE FUNCTION sb_on_created(p_todo todos, p_now timestamptz) RETURN
 LANGUAGE plpgsql AS $$
 BEGIN
     IF p_todo.next_retry_at <= p_now THEN
-        PERFORM sb_ring(p_todo.queue_id, 'created', p_now);
+        PERFORM sb_ring(p_todo.endpoint_id, p_todo.queue_id, 'created', p_now);
     END IF;
 END;
 $$;
@@ -50,25 +55,29 @@ LANGUAGE sql AS $$
 $$;
 
 -- Turns one locked, claimable pending todo into a claim: a new lease,
--- attempt + 1 and one attempt row.
+-- attempt + 1 and one attempt row. (Random values are drawn before the
+-- statements that store them: Citus refuses volatile functions in an UPDATE
+-- of a distributed table.)
 CREATE OR REPLACE FUNCTION sb_claim_id(
-    p_id bigint, p_claimant text, p_lease interval, p_now timestamptz
+    p_endpoint_id uuid, p_id bigint, p_claimant text, p_lease interval, p_now timestamptz
 ) RETURNS todos
 LANGUAGE plpgsql AS $$
 DECLARE
     v_row todos;
+    v_lease uuid := gen_random_uuid();
 BEGIN
     UPDATE todos t
        SET state = 'claimed',
            attempt = t.attempt + 1,
-           lease_id = gen_random_uuid(),
+           lease_id = v_lease,
            lease_expires_at = p_now + p_lease,
            claimant = p_claimant,
            updated_at = p_now
-     WHERE t.id = p_id
+     WHERE t.endpoint_id = p_endpoint_id AND t.id = p_id
     RETURNING t.* INTO v_row;
-    INSERT INTO attempts (todo_id, number, queue_id, lease_id, claimant, claimed_at)
-    VALUES (v_row.id, v_row.attempt, v_row.queue_id, v_row.lease_id, p_claimant, p_now);
+    INSERT INTO attempts (endpoint_id, todo_id, number, queue_id, lease_id, claimant, claimed_at)
+    VALUES (p_endpoint_id, v_row.id, v_row.attempt, v_row.queue_id, v_row.lease_id, p_claimant,
+            p_now);
     RETURN v_row;
 END;
 $$;
@@ -85,9 +94,9 @@ LANGUAGE plpgsql AS $$
 BEGIN
     IF p_row.state = 'claimed' THEN
         UPDATE attempts SET outcome = 'lapsed', finished_at = p_now
-         WHERE todo_id = p_row.id AND number = p_row.attempt;
+         WHERE endpoint_id = p_row.endpoint_id AND todo_id = p_row.id AND number = p_row.attempt;
     END IF;
-    RETURN sb_claim_id(p_row.id, p_claimant, p_lease, p_now);
+    RETURN sb_claim_id(p_row.endpoint_id, p_row.id, p_claimant, p_lease, p_now);
 END;
 $$;
 
@@ -113,8 +122,8 @@ $$;
 -- commit) waits for the next claim, as a row committed just after the lock
 -- would.
 CREATE OR REPLACE FUNCTION sb_lock_pending(
-    p_queue_id bigint, p_limit integer, p_max_bytes bigint, p_now timestamptz,
-    p_head_priority smallint, p_head_retry timestamptz, p_head_id bigint
+    p_endpoint_id uuid, p_queue_id bigint, p_limit integer, p_max_bytes bigint,
+    p_now timestamptz, p_head_priority smallint, p_head_retry timestamptz, p_head_id bigint
 ) RETURNS bigint[]
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -132,7 +141,8 @@ BEGIN
               SELECT t.id, t.next_retry_at,
                      octet_length(t.payload) + octet_length(t.last_error) + 1024 AS size
                 FROM todos t
-               WHERE t.queue_id = p_queue_id AND t.state = 'pending'
+               WHERE t.endpoint_id = p_endpoint_id AND t.queue_id = p_queue_id
+                 AND t.state = 'pending'
                  AND t.priority = v_level AND t.next_retry_at <= p_now
                  AND (t.next_retry_at, t.id) >= (p_head_retry, p_head_id)
                ORDER BY t.next_retry_at, t.id
@@ -143,7 +153,8 @@ BEGIN
     WHILE cardinality(v_ids) < p_limit LOOP
         WITH RECURSIVE level AS (
             (SELECT t.priority, t.next_retry_at FROM todos t
-              WHERE t.queue_id = p_queue_id AND t.state = 'pending'
+              WHERE t.endpoint_id = p_endpoint_id AND t.queue_id = p_queue_id
+                AND t.state = 'pending'
                 AND t.priority > v_level
               ORDER BY t.priority, t.next_retry_at, t.id
               LIMIT 1)
@@ -152,7 +163,8 @@ BEGIN
               FROM level l
               CROSS JOIN LATERAL (
                   SELECT t.priority, t.next_retry_at FROM todos t
-                   WHERE t.queue_id = p_queue_id AND t.state = 'pending'
+                   WHERE t.endpoint_id = p_endpoint_id AND t.queue_id = p_queue_id
+                     AND t.state = 'pending'
                      AND t.priority > l.priority
                    ORDER BY t.priority, t.next_retry_at, t.id
                    LIMIT 1
@@ -168,7 +180,8 @@ BEGIN
               SELECT t.id, t.next_retry_at,
                      octet_length(t.payload) + octet_length(t.last_error) + 1024 AS size
                 FROM todos t
-               WHERE t.queue_id = p_queue_id AND t.state = 'pending'
+               WHERE t.endpoint_id = p_endpoint_id AND t.queue_id = p_queue_id
+                 AND t.state = 'pending'
                  AND t.priority = v_level AND t.next_retry_at <= p_now
                ORDER BY t.next_retry_at, t.id
                LIMIT p_limit - cardinality(v_ids)
@@ -185,47 +198,47 @@ BEGIN
 END;
 $$;
 
--- sb_lock_pending with no head known: every priority found by its probe.
-CREATE OR REPLACE FUNCTION sb_lock_pending(
-    p_queue_id bigint, p_limit integer, p_max_bytes bigint, p_now timestamptz
-) RETURNS bigint[]
-LANGUAGE sql AS $$
-    SELECT sb_lock_pending(p_queue_id, p_limit, p_max_bytes, p_now, NULL, NULL, NULL)
-$$;
-
 -- Turns locked, claimable pending todos (ids in claim order) into claims,
 -- the i-th for p_claimants[i] (p_claimants[1] for all, when it has one):
 -- sb_claim_id for one, and its set-based form for more (one statement for
 -- the whole batch; a single claim is cheaper through the plain statements).
 CREATE OR REPLACE FUNCTION sb_claim_pending(
-    p_ids bigint[], p_claimants text[], p_lease interval, p_now timestamptz
+    p_endpoint_id uuid, p_ids bigint[], p_claimants text[], p_lease interval, p_now timestamptz
 ) RETURNS todos[]
 LANGUAGE plpgsql AS $$
 DECLARE
     v_claimed todos[];
+    v_leases uuid[];
 BEGIN
     IF cardinality(p_ids) = 1 THEN
-        RETURN ARRAY[sb_claim_id(p_ids[1], p_claimants[1], p_lease, p_now)];
+        RETURN ARRAY[sb_claim_id(p_endpoint_id, p_ids[1], p_claimants[1], p_lease, p_now)];
     END IF;
+    v_leases := ARRAY(SELECT gen_random_uuid() FROM generate_series(1, cardinality(p_ids)));
+    -- Each id's lease and claimant come from a join, not a subscript by
+    -- position: Citus 13.2's local execution crashes on an UPDATE that
+    -- subscripts an array by a column. The rows come back as ROW(t.*)::todos
+    -- (there, a whole-row t would be the shard's row type).
     WITH claimed AS (
         UPDATE todos t
            SET state = 'claimed',
                attempt = t.attempt + 1,
-               lease_id = gen_random_uuid(),
+               lease_id = n.lease_id,
                lease_expires_at = p_now + p_lease,
-               claimant = coalesce(p_claimants[array_position(p_ids, t.id)], p_claimants[1]),
+               claimant = coalesce(n.claimant, p_claimants[1]),
                updated_at = p_now
-         WHERE t.id = ANY (p_ids)
-        RETURNING t AS row
-    ), recorded AS (
-        INSERT INTO attempts (todo_id, number, queue_id, lease_id, claimant, claimed_at)
-        SELECT (c.row).id, (c.row).attempt, (c.row).queue_id, (c.row).lease_id,
-               (c.row).claimant, p_now
-          FROM claimed c
+          FROM unnest(p_ids, v_leases, p_claimants) AS n (id, lease_id, claimant)
+         WHERE t.endpoint_id = p_endpoint_id AND t.id = n.id
+        RETURNING ROW(t.*)::todos AS row
     )
     SELECT coalesce(array_agg(c.row ORDER BY array_position(p_ids, (c.row).id)), '{}')
       INTO v_claimed
       FROM claimed c;
+    -- The attempt rows in a statement of their own: on Citus, an INSERT fed
+    -- by a data-modifying CTE is planned through intermediate results sent
+    -- to every node.
+    INSERT INTO attempts (endpoint_id, todo_id, number, queue_id, lease_id, claimant, claimed_at)
+    SELECT p_endpoint_id, c.id, c.attempt, c.queue_id, c.lease_id, c.claimant, p_now
+      FROM unnest(v_claimed) AS c;
     RETURN v_claimed;
 END;
 $$;
@@ -238,15 +251,33 @@ DECLARE
     v_row todos;
 BEGIN
     UPDATE attempts SET outcome = 'lapsed', finished_at = p_now
-     WHERE todo_id = p_row.id AND number = p_row.attempt;
+     WHERE endpoint_id = p_row.endpoint_id AND todo_id = p_row.id AND number = p_row.attempt;
     UPDATE todos
        SET state = 'dead', lease_id = NULL, lease_expires_at = NULL,
            last_error = 'lease lapsed on the last attempt',
            finished_at = p_now, updated_at = p_now
-     WHERE id = p_row.id
+     WHERE endpoint_id = p_row.endpoint_id AND id = p_row.id
     RETURNING * INTO v_row;
-    PERFORM sb_gates_slot_freed(ARRAY[p_row.queue_id], p_now);
+    PERFORM sb_gates_slot_freed(p_row.endpoint_id, ARRAY[p_row.queue_id], p_now);
     RETURN v_row;
+END;
+$$;
+
+-- The todos with these ids in the caller's scope (an endpoint's, or when
+-- p_endpoint_id is NULL any of the owner's): what the lease and operator
+-- calls report for the items they refused. (A whole-row value built with
+-- ROW(t.*)::todos: on a Citus worker a whole-row t is the shard's row type.)
+CREATE OR REPLACE FUNCTION sb_todos_in_scope(p_owner_id uuid, p_endpoint_id uuid, p_ids bigint[])
+RETURNS todos[]
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF p_endpoint_id IS NULL THEN
+        RETURN ARRAY(SELECT ROW(t.*)::todos FROM todos t
+                      WHERE t.id = ANY (p_ids) AND t.owner_id = p_owner_id);
+    END IF;
+    RETURN ARRAY(SELECT ROW(t.*)::todos FROM todos t
+                  WHERE t.endpoint_id = p_endpoint_id AND t.id = ANY (p_ids)
+                    AND t.owner_id = p_owner_id);
 END;
 $$;
 
@@ -296,9 +327,18 @@ DECLARE
     v_now timestamptz := sb_now();
     v_ords bigint[];
     v_rows todos[];
+    v_actions text[];
+    v_errors text[];
+    v_results bytea[];
+    v_result_types text[];
+    v_epoch float8 := extract(epoch FROM v_now);
+    -- A backoff's jitter per item, drawn before the UPDATE (see sb_claim_id).
+    v_jitter float8[] := ARRAY(SELECT random() FROM generate_series(1, cardinality(p_ids)));
 BEGIN
     IF cardinality(p_ids) > 1 THEN
-        PERFORM 1 FROM todos t WHERE t.id = ANY (p_ids) ORDER BY t.id FOR UPDATE;
+        PERFORM 1 FROM todos t
+         WHERE t.id = ANY (p_ids) AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+         ORDER BY t.id FOR UPDATE;
     END IF;
     WITH settled AS (
         UPDATE todos t
@@ -307,10 +347,11 @@ BEGIN
                    WHEN i.action = 'release' THEN v_now
                    WHEN i.action = 'fail' AND sb_settled_state(
                             i.action, i.permanent, t.attempt, t.max_attempts) = 'pending'
-                   THEN v_now + make_interval(
-                       secs => least(p_backoff_cap,
-                                     p_backoff_base * power(2, least(t.attempt - 1, 62)))
-                               * (0.5 + 0.5 * random()))
+                   -- (to_timestamp on seconds, not timestamptz + interval: Citus
+                   -- allows only immutable functions in a CASE of an UPDATE.)
+                   THEN to_timestamp(v_epoch + least(
+                            p_backoff_cap, p_backoff_base * power(2, least(t.attempt - 1, 62)))
+                        * (0.5 + 0.5 * v_jitter[i.ord]))
                    ELSE t.next_retry_at END,
                finished_at = CASE
                    WHEN sb_settled_state(i.action, i.permanent, t.attempt, t.max_attempts)
@@ -332,29 +373,40 @@ BEGIN
          WHERE t.id = i.id AND t.lease_id = i.lease_id
            AND t.owner_id = p_owner_id
            AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
-        RETURNING i.ord, i.action, i.error, i.result, i.result_type, t AS row
-    ), kept AS (
-        INSERT INTO todo_results (todo_id, data, content_type)
-        SELECT (s.row).id, s.result, coalesce(s.result_type, 'application/octet-stream')
-          FROM settled s
-         WHERE s.action = 'complete' AND s.result IS NOT NULL
-        ON CONFLICT (todo_id) DO UPDATE
-           SET data = EXCLUDED.data, content_type = EXCLUDED.content_type
-    ), closed AS (
-        UPDATE attempts a
-           SET outcome = CASE s.action WHEN 'complete' THEN 'completed'
-                                       WHEN 'fail' THEN 'failed' ELSE 'released' END,
-               finished_at = v_now,
-               error = CASE WHEN s.action = 'fail' THEN s.error ELSE a.error END
-          FROM settled s
-         WHERE a.todo_id = (s.row).id AND a.number = (s.row).attempt
+        RETURNING i.ord, i.action, i.error, i.result, i.result_type, ROW(t.*)::todos AS row
     )
-    SELECT coalesce(array_agg(s.ord), '{}'), coalesce(array_agg(s.row), '{}')
-      INTO v_ords, v_rows
+    SELECT coalesce(array_agg(s.ord), '{}'), coalesce(array_agg(s.row), '{}'),
+           coalesce(array_agg(s.action), '{}'), coalesce(array_agg(s.error), '{}'),
+           coalesce(array_agg(s.result), '{}'), coalesce(array_agg(s.result_type), '{}')
+      INTO v_ords, v_rows, v_actions, v_errors, v_results, v_result_types
       FROM settled s;
+    -- The results kept and the attempts closed in statements of their own
+    -- (see sb_claim_pending: on Citus, statements fed by a data-modifying CTE
+    -- go through intermediate results sent to every node).
+    INSERT INTO todo_results (endpoint_id, todo_id, data, content_type)
+    SELECT r.endpoint_id, r.id, k.result, coalesce(k.result_type, 'application/octet-stream')
+      FROM unnest(v_rows) WITH ORDINALITY AS r
+      JOIN unnest(v_actions, v_results, v_result_types) WITH ORDINALITY
+           AS k (action, result, result_type, n) ON k.n = r.ordinality
+     WHERE k.action = 'complete' AND k.result IS NOT NULL
+    ON CONFLICT (todo_id, endpoint_id) DO UPDATE
+       SET data = EXCLUDED.data, content_type = EXCLUDED.content_type;
+    UPDATE attempts a
+       SET outcome = CASE s.action WHEN 'complete' THEN 'completed'
+                                   WHEN 'fail' THEN 'failed' ELSE 'released' END,
+           finished_at = v_now,
+           error = CASE WHEN s.action = 'fail' THEN s.error ELSE a.error END
+      FROM unnest(ARRAY(SELECT r.endpoint_id FROM unnest(v_rows) AS r),
+                  ARRAY(SELECT r.id FROM unnest(v_rows) AS r),
+                  ARRAY(SELECT r.attempt FROM unnest(v_rows) AS r),
+                  v_actions, v_errors) AS s (endpoint_id, id, attempt, action, error)
+     WHERE (p_endpoint_id IS NULL OR a.endpoint_id = p_endpoint_id)
+       AND a.endpoint_id = s.endpoint_id AND a.todo_id = s.id AND a.number = s.attempt;
     IF cardinality(v_rows) > 0 THEN
-        PERFORM sb_gates_slot_freed(
-            ARRAY(SELECT DISTINCT r.queue_id FROM unnest(v_rows) AS r), v_now);
+        PERFORM sb_gates_slot_freed(f.endpoint_id, f.queue_ids, v_now)
+           FROM (SELECT r.endpoint_id, array_agg(DISTINCT r.queue_id) AS queue_ids
+                   FROM unnest(v_rows) AS r
+                  GROUP BY r.endpoint_id ORDER BY r.endpoint_id) AS f;
     END IF;
     RETURN QUERY SELECT v_ords[k], 'applied'::text, v_rows[k]
                    FROM generate_subscripts(v_ords, 1) AS k;
@@ -366,8 +418,8 @@ BEGIN
                     ELSE 'not_claimed' END,
                t
           FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
-          LEFT JOIN todos t ON t.id = i.id AND t.owner_id = p_owner_id
-                           AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+          LEFT JOIN unnest(sb_todos_in_scope(p_owner_id, p_endpoint_id, p_ids)) AS t
+                 ON t.id = i.id
          WHERE i.ord <> ALL (v_ords);
     END IF;
 END;
@@ -411,7 +463,7 @@ DECLARE
     v_ords bigint[];
     v_rows todos[];
     v_was text[];
-    v_freed bigint[];
+    v_freed todos[];
 BEGIN
     PERFORM 1 FROM todos t
      WHERE t.id = ANY (p_ids) AND t.owner_id = p_owner_id
@@ -423,7 +475,10 @@ BEGIN
           -- By primary key whatever the statistics say (OFFSET 0: the
           -- state test is not pushed into the scan, which could then take a
           -- partial index the stale statistics call tiny; see the header).
-          JOIN (SELECT t.* FROM todos t WHERE t.id = ANY (p_ids) OFFSET 0) AS t ON t.id = i.id
+          JOIN (SELECT t.* FROM todos t
+                 WHERE t.id = ANY (p_ids)
+                   AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+                OFFSET 0) AS t ON t.id = i.id
          WHERE t.owner_id = p_owner_id
            AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
            AND t.state IN ('pending', 'claimed')
@@ -433,19 +488,23 @@ BEGIN
                finished_at = v_now, updated_at = v_now
           FROM target g
          WHERE t.id = g.id
-        RETURNING g.ord, g.was, t AS row
+        RETURNING g.ord, g.was, ROW(t.*)::todos AS row
     ), closed AS (
         UPDATE attempts a SET outcome = 'cancelled', finished_at = v_now
           FROM cancelled c
-         WHERE c.was = 'claimed' AND a.todo_id = (c.row).id AND a.number = (c.row).attempt
+         WHERE c.was = 'claimed' AND a.endpoint_id = (c.row).endpoint_id
+           AND a.todo_id = (c.row).id AND a.number = (c.row).attempt
     )
     SELECT coalesce(array_agg(c.ord), '{}'), coalesce(array_agg(c.row), '{}'),
            coalesce(array_agg(c.was), '{}'),
-           coalesce(array_agg(DISTINCT (c.row).queue_id) FILTER (WHERE c.was = 'claimed'), '{}')
+           coalesce(array_agg(c.row) FILTER (WHERE c.was = 'claimed'), '{}')
       INTO v_ords, v_rows, v_was, v_freed
       FROM cancelled c;
     IF cardinality(v_freed) > 0 THEN
-        PERFORM sb_gates_slot_freed(v_freed, v_now);
+        PERFORM sb_gates_slot_freed(f.endpoint_id, f.queue_ids, v_now)
+           FROM (SELECT r.endpoint_id, array_agg(DISTINCT r.queue_id) AS queue_ids
+                   FROM unnest(v_freed) AS r
+                  GROUP BY r.endpoint_id ORDER BY r.endpoint_id) AS f;
     END IF;
     RETURN QUERY SELECT v_ords[k], 'applied'::text, v_rows[k], v_was[k]
                    FROM generate_subscripts(v_ords, 1) AS k;
@@ -454,8 +513,8 @@ BEGIN
         SELECT i.ord, CASE WHEN t.id IS NULL THEN 'not_found' ELSE 'not_cancellable' END, t,
                NULL::text
           FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
-          LEFT JOIN todos t ON t.id = i.id AND t.owner_id = p_owner_id
-                           AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+          LEFT JOIN unnest(sb_todos_in_scope(p_owner_id, p_endpoint_id, p_ids)) AS t
+                 ON t.id = i.id
          WHERE i.ord <> ALL (v_ords);
     END IF;
 END;
@@ -497,7 +556,10 @@ BEGIN
           -- By primary key whatever the statistics say (OFFSET 0: the
           -- state test is not pushed into the scan, which could then take a
           -- partial index the stale statistics call tiny; see the header).
-          JOIN (SELECT t.* FROM todos t WHERE t.id = ANY (p_ids) OFFSET 0) AS t ON t.id = i.id
+          JOIN (SELECT t.* FROM todos t
+                 WHERE t.id = ANY (p_ids)
+                   AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+                OFFSET 0) AS t ON t.id = i.id
          WHERE t.owner_id = p_owner_id
            AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
            AND t.state IN ('dead', 'cancelled')
@@ -509,7 +571,7 @@ BEGIN
                updated_at = v_now
           FROM target g
          WHERE t.id = g.id
-        RETURNING g.ord, g.was, t AS row
+        RETURNING g.ord, g.was, ROW(t.*)::todos AS row
     )
     SELECT coalesce(array_agg(r.ord), '{}'), coalesce(array_agg(r.row), '{}'),
            coalesce(array_agg(r.was), '{}')
@@ -528,8 +590,8 @@ BEGIN
                     ELSE 'not_requeueable' END,
                t, NULL::text
           FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
-          LEFT JOIN todos t ON t.id = i.id AND t.owner_id = p_owner_id
-                           AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+          LEFT JOIN unnest(sb_todos_in_scope(p_owner_id, p_endpoint_id, p_ids)) AS t
+                 ON t.id = i.id
          WHERE i.ord <> ALL (v_ords);
     END IF;
 END;
@@ -554,7 +616,9 @@ DECLARE
     v_ords bigint[];
 BEGIN
     IF cardinality(p_ids) > 1 THEN
-        PERFORM 1 FROM todos t WHERE t.id = ANY (p_ids) ORDER BY t.id FOR UPDATE;
+        PERFORM 1 FROM todos t
+         WHERE t.id = ANY (p_ids) AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+         ORDER BY t.id FOR UPDATE;
     END IF;
     WITH extended AS (
         UPDATE todos t
@@ -579,8 +643,8 @@ BEGIN
                     ELSE 'not_claimed' END,
                NULL::timestamptz
           FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
-          LEFT JOIN todos t ON t.id = i.id AND t.owner_id = p_owner_id
-                           AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+          LEFT JOIN unnest(sb_todos_in_scope(p_owner_id, p_endpoint_id, p_ids)) AS t
+                 ON t.id = i.id
          WHERE i.ord <> ALL (v_ords);
     END IF;
 END;
@@ -656,7 +720,7 @@ BEGIN
     -- the locking scan (see the header).
     SELECT coalesce(array_agg(l.id ORDER BY l.id), '{}') INTO v_locked
       FROM (SELECT t.id, t.state FROM todos t
-             WHERE t.id = ANY (v_matched)
+             WHERE t.endpoint_id = p_endpoint_id AND t.id = ANY (v_matched)
              ORDER BY t.id
             OFFSET 0
                FOR UPDATE SKIP LOCKED) AS l
@@ -665,7 +729,8 @@ BEGIN
     SELECT v_locked, cardinality(v_matched),
            (SELECT count(*)::integer
               FROM (SELECT t.state FROM todos t
-                     WHERE t.id = ANY (v_matched) AND t.id <> ALL (v_locked)
+                     WHERE t.endpoint_id = p_endpoint_id AND t.id = ANY (v_matched)
+                       AND t.id <> ALL (v_locked)
                     OFFSET 0) AS h
              WHERE h.state = ANY (p_states)),
            v_next;
@@ -737,6 +802,7 @@ DECLARE
     v_dup_rows todos[] := '{}';
     v_got_rows todos[];
     v_expired bigint[];
+    v_missing text[];
 BEGIN
     PERFORM 1 FROM endpoints e WHERE e.id = p_endpoint_id AND e.owner_id = p_owner_id;
     IF NOT FOUND THEN
@@ -747,12 +813,19 @@ BEGIN
           FROM unnest(p_queues) WITH ORDINALITY AS u (name, ord)
           JOIN queues q ON q.endpoint_id = p_endpoint_id AND q.name = u.name;
         EXIT WHEN cardinality(v_queue_ids) = v_n;
+        -- The missing names first, then the insert from them alone (on
+        -- Citus, an INSERT's SELECT must not correlate a distributed table
+        -- with a set-returning function).
+        v_missing := ARRAY(
+            SELECT DISTINCT u.name FROM unnest(p_queues) AS u (name)
+             WHERE u.name <> ALL (ARRAY(SELECT q.name FROM queues q
+                                         WHERE q.endpoint_id = p_endpoint_id
+                                           AND q.name = ANY (p_queues)))
+             ORDER BY u.name);
         INSERT INTO queues (owner_id, endpoint_id, name)
-        SELECT p_owner_id, p_endpoint_id, d.name
-          FROM (SELECT DISTINCT u.name FROM unnest(p_queues) AS u (name)) AS d
-         WHERE NOT EXISTS (SELECT 1 FROM queues q
-                            WHERE q.endpoint_id = p_endpoint_id AND q.name = d.name)
-         ORDER BY d.name
+        SELECT p_owner_id, p_endpoint_id, m.name
+          FROM unnest(v_missing) AS m (name)
+         ORDER BY m.name
         ON CONFLICT ON CONSTRAINT queues_endpoint_name_key DO NOTHING;
     END LOOP;
     SELECT array_agg(nextval(v_seq) ORDER BY g) INTO v_ids FROM generate_series(1, v_n) AS g;
@@ -773,8 +846,23 @@ BEGIN
                      traceparent, priority);
     ELSE
         LOOP
-            WITH items AS (
-                SELECT i.*
+            -- The insert reads the items straight from the arrays, and its
+            -- rows are matched to their items by id afterwards: on Citus a
+            -- CTE that both the INSERT and another part of the statement read
+            -- is sent as an intermediate result to every node (and the call
+            -- becomes a distributed transaction). (Statements on todos test
+            -- ords with = ANY: a parameter, never a subquery, there.)
+            WITH inserted AS (
+                INSERT INTO todos AS t (id, queue_id, owner_id, endpoint_id, queue, payload,
+                                        content_type, max_attempts, next_retry_at,
+                                        dedup_webhook_id, dedup_delivery_id, idempotency_key,
+                                        idempotency_retention, traceparent, priority,
+                                        created_at, updated_at)
+                OVERRIDING SYSTEM VALUE
+                SELECT i.id, i.queue_id, p_owner_id, p_endpoint_id, i.queue, i.payload,
+                       i.content_type, i.max_attempts, v_now + i.delay, i.webhook_id,
+                       i.delivery_id, i.key, CASE WHEN i.key IS NOT NULL THEN i.retention END,
+                       i.traceparent, i.priority, v_now, v_now
                   FROM unnest(v_ids, v_queue_ids, p_queues, p_payloads, p_content_types,
                               p_max_attempts, p_delays,
                               coalesce(p_webhook_ids, array_fill(NULL::text, ARRAY[v_n])),
@@ -786,25 +874,13 @@ BEGIN
                        WITH ORDINALITY AS i (id, queue_id, queue, payload, content_type,
                                              max_attempts, delay, webhook_id, delivery_id,
                                              key, retention, traceparent, priority, ord)
-                 WHERE v_left IS NULL OR i.ord IN (SELECT unnest(v_left))
-            ), inserted AS (
-                INSERT INTO todos AS t (id, queue_id, owner_id, endpoint_id, queue, payload,
-                                        content_type, max_attempts, next_retry_at,
-                                        dedup_webhook_id, dedup_delivery_id, idempotency_key,
-                                        idempotency_retention, traceparent, priority,
-                                        created_at, updated_at)
-                OVERRIDING SYSTEM VALUE
-                SELECT i.id, i.queue_id, p_owner_id, p_endpoint_id, i.queue, i.payload,
-                       i.content_type, i.max_attempts, v_now + i.delay, i.webhook_id,
-                       i.delivery_id, i.key, CASE WHEN i.key IS NOT NULL THEN i.retention END,
-                       i.traceparent, i.priority, v_now, v_now
-                  FROM items i
+                 WHERE v_left IS NULL OR i.ord = ANY (v_left)
                  ORDER BY i.webhook_id, i.delivery_id, i.queue_id, i.key, i.ord
                 ON CONFLICT DO NOTHING
                 RETURNING t.id
             )
-            SELECT coalesce(array_agg(i.ord::integer), '{}') INTO v_got
-              FROM inserted n JOIN items i ON i.id = n.id;
+            SELECT coalesce(array_agg(k.ord::integer), '{}') INTO v_got
+              FROM inserted n JOIN unnest(v_ids) WITH ORDINALITY AS k (id, ord) ON k.id = n.id;
             EXIT WHEN cardinality(v_got) = coalesce(cardinality(v_left), v_n);
             -- The rest met a key that a todo holds (one of this call's, or one a
             -- concurrent transaction committed: this statement's snapshot sees it).
@@ -812,27 +888,27 @@ BEGIN
                               FROM generate_series(1, v_n) AS l (ord)
                              WHERE (v_left IS NULL OR l.ord IN (SELECT unnest(v_left)))
                                AND l.ord NOT IN (SELECT unnest(v_got)));
-            WITH lefts AS (
-                SELECT k.*
-                  FROM unnest(v_queue_ids,
-                              coalesce(p_webhook_ids, array_fill(NULL::text, ARRAY[v_n])),
-                              coalesce(p_delivery_ids, array_fill(NULL::text, ARRAY[v_n])),
-                              coalesce(p_keys, array_fill(NULL::text, ARRAY[v_n])))
-                       WITH ORDINALITY AS k (queue_id, webhook_id, delivery_id, key, ord)
-                 WHERE k.ord IN (SELECT unnest(v_left))
-            ), holders AS (
-                SELECT k.ord, t AS row
-                  FROM lefts k
+            -- Each part unnests its own arrays (no CTE read twice, see above);
+            -- whole rows as ROW(t.*)::todos (on a Citus worker a whole-row t
+            -- is the shard's row type).
+            WITH holders AS (
+                SELECT k.ord, ROW(t.*)::todos AS row
+                  FROM unnest(coalesce(p_webhook_ids, array_fill(NULL::text, ARRAY[v_n])),
+                              coalesce(p_delivery_ids, array_fill(NULL::text, ARRAY[v_n])))
+                       WITH ORDINALITY AS k (webhook_id, delivery_id, ord)
                   JOIN todos t
                     ON t.endpoint_id = p_endpoint_id
                    AND t.dedup_webhook_id = k.webhook_id
                    AND t.dedup_delivery_id = k.delivery_id
-                 WHERE k.webhook_id IS NOT NULL
+                 WHERE k.webhook_id IS NOT NULL AND k.ord = ANY (v_left)
                 UNION ALL
-                SELECT k.ord, t AS row
-                  FROM lefts k
-                  JOIN todos t ON t.queue_id = k.queue_id AND t.idempotency_key = k.key
-                 WHERE k.key IS NOT NULL
+                SELECT k.ord, ROW(t.*)::todos AS row
+                  FROM unnest(v_queue_ids, coalesce(p_keys, array_fill(NULL::text, ARRAY[v_n])))
+                       WITH ORDINALITY AS k (queue_id, key, ord)
+                  JOIN todos t
+                    ON t.endpoint_id = p_endpoint_id
+                   AND t.queue_id = k.queue_id AND t.idempotency_key = k.key
+                 WHERE k.key IS NOT NULL AND k.ord = ANY (v_left)
             )
             SELECT coalesce(array_agg(h.ord::integer ORDER BY h.ord)
                                 FILTER (WHERE NOT x.expired), '{}'),
@@ -852,16 +928,19 @@ BEGIN
             IF cardinality(v_expired) > 0 THEN
                 -- Holders past their retention give their keys up (rechecked under
                 -- the row lock: a requeued holder keeps its key).
-                PERFORM 1 FROM todos t WHERE t.id = ANY (v_expired) ORDER BY t.id FOR UPDATE;
+                PERFORM 1 FROM todos t
+                 WHERE t.endpoint_id = p_endpoint_id AND t.id = ANY (v_expired)
+                 ORDER BY t.id FOR UPDATE;
                 UPDATE todos t SET idempotency_key = NULL
-                 WHERE t.id = ANY (v_expired) AND t.finished_at IS NOT NULL
+                 WHERE t.endpoint_id = p_endpoint_id AND t.id = ANY (v_expired)
+                   AND t.finished_at IS NOT NULL
                    AND t.finished_at + t.idempotency_retention <= v_now;
             END IF;
             -- Then the rest are inserted again (a holder deleted by retention in
             -- between, too).
         END LOOP;
     END IF;
-    PERFORM sb_ring(r.queue_id, 'created', v_now)
+    PERFORM sb_ring(p_endpoint_id, r.queue_id, 'created', v_now)
        FROM (SELECT DISTINCT i.queue_id
                FROM unnest(v_queue_ids, p_delays) WITH ORDINALITY AS i (queue_id, delay, ord)
               WHERE v_now + i.delay <= v_now
@@ -904,6 +983,8 @@ DECLARE
     v_ids bigint[];
     v_dedup boolean[];
     v_rows todos[];
+    v_fresh todos[];
+    v_new_ids bigint[];
 BEGIN
     SELECT array_agg(m.id ORDER BY m.ord), array_agg(m.deduplicated ORDER BY m.ord),
            array_agg(m.todo ORDER BY m.ord)
@@ -911,12 +992,18 @@ BEGIN
       FROM sb_ingest_todos(p_owner_id, p_endpoint_id, p_queues, p_payloads, p_content_types,
                            p_max_attempts, p_delays, p_webhook_ids, p_delivery_ids, p_keys,
                            p_retentions, p_traceparents, p_priorities) AS m;
-    -- The new todos, read in a statement after the one that inserted them.
+    -- The new todos, read in a statement after the one that inserted them
+    -- (by themselves: on Citus, not in an outer join with the arrays; whole
+    -- rows as ROW(t.*)::todos, see sb_todos_in_scope).
+    v_new_ids := ARRAY(SELECT u.id FROM unnest(v_ids, v_dedup) AS u (id, dedup)
+                        WHERE NOT u.dedup);
+    v_fresh := ARRAY(SELECT ROW(t.*)::todos FROM todos t
+                      WHERE t.endpoint_id = p_endpoint_id AND t.id = ANY (v_new_ids));
     RETURN QUERY
-    SELECT u.ord, u.dedup, CASE WHEN u.dedup THEN u.row ELSE t END
+    SELECT u.ord, u.dedup, CASE WHEN u.dedup THEN u.row ELSE f.row END
       FROM (SELECT unnest(v_ids) AS id, unnest(v_dedup) AS dedup, unnest(v_rows) AS row,
                    generate_series(1, cardinality(v_ids))::bigint AS ord) AS u
-      LEFT JOIN todos t ON t.id = u.id AND NOT u.dedup
+      LEFT JOIN (SELECT r AS row FROM unnest(v_fresh) AS r) AS f ON (f.row).id = u.id
      ORDER BY u.ord;
 END;
 $$;

@@ -15,6 +15,9 @@
 --  * the reopen sweep (every replica, SKIP LOCKED) re-evaluates due gates,
 --    flips each back exactly once, ringing it in the same transaction, and
 --    writes a gate only when its state changes.
+--
+-- Every statement on an endpoint's tables names the endpoint, as in
+-- dispatch.sql (on a Citus cluster: one shard per statement).
 
 -- Claimable pending todos of a queue, counted up to a cap (a doorbell's
 -- pending figure is a hint; counting a deep backlog on every ring is not).
@@ -22,14 +25,20 @@
 -- statistics say: taken before a queue's pending todos arrived (a bulk
 -- requeue of fresh dead letters), they made the capped count a scan of the
 -- whole table (on every chunk's ring, measured).
-CREATE OR REPLACE FUNCTION sb_claimable_count(p_queue_id bigint, p_now timestamptz) RETURNS bigint
-LANGUAGE sql STABLE AS $$
-    SELECT count(*) FROM (
-        SELECT 1 FROM todos t
-         WHERE t.queue_id = p_queue_id AND t.state = 'pending' AND t.next_retry_at <= p_now
-         ORDER BY t.queue_id, t.priority, t.next_retry_at, t.id
-         LIMIT 1000
-    ) AS capped
+CREATE OR REPLACE FUNCTION sb_claimable_count(
+    p_endpoint_id uuid, p_queue_id bigint, p_now timestamptz
+) RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT count(*) FROM (
+                SELECT 1 FROM todos t
+                 WHERE t.endpoint_id = p_endpoint_id
+                   AND t.queue_id = p_queue_id AND t.state = 'pending'
+                   AND t.next_retry_at <= p_now
+                 ORDER BY t.queue_id, t.priority, t.next_retry_at, t.id
+                 LIMIT 1000
+            ) AS capped);
+END;
 $$;
 
 -- Marks a queue's gate deferred as of p_now, due at p_next_check, or at once
@@ -43,31 +52,34 @@ $$;
 -- applies. Marking must work even when the policy cannot be read (that is
 -- one reason to defer): the policy's update time is then left unknown.
 CREATE OR REPLACE FUNCTION sb_gate_mark(
-    p_queue_id bigint, p_reason text, p_next_check timestamptz, p_now timestamptz,
+    p_endpoint_id uuid, p_queue_id bigint, p_reason text, p_next_check timestamptz, p_now timestamptz,
     p_force boolean
 ) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_policy_at timestamptz;
 BEGIN
-    PERFORM 1 FROM queue_gates g WHERE g.queue_id = p_queue_id AND g.deferred;
+    PERFORM 1 FROM queue_gates g
+     WHERE g.endpoint_id = p_endpoint_id AND g.queue_id = p_queue_id AND g.deferred;
     IF FOUND THEN
         RETURN;
     END IF;
     BEGIN
         SELECT p.updated_at INTO v_policy_at
-          FROM queues q JOIN admission_policies p ON p.id = q.policy_id
-         WHERE q.id = p_queue_id;
+          FROM queues q
+          JOIN admission_policies p ON p.endpoint_id = q.endpoint_id AND p.id = q.policy_id
+         WHERE q.endpoint_id = p_endpoint_id AND p.endpoint_id = p_endpoint_id
+           AND q.id = p_queue_id;
     EXCEPTION WHEN OTHERS THEN
         v_policy_at := NULL;
     END;
-    INSERT INTO queue_gates AS g (queue_id, deferred, reason, policy_seen_at, next_check_at,
-                                  updated_at)
-    VALUES (p_queue_id, true, p_reason, v_policy_at,
+    INSERT INTO queue_gates AS g (endpoint_id, queue_id, deferred, reason, policy_seen_at,
+                                  next_check_at, updated_at)
+    VALUES (p_endpoint_id, p_queue_id, true, p_reason, v_policy_at,
             CASE WHEN p_reason = 'in_flight_full' THEN p_now
                  ELSE coalesce(p_next_check, p_now) END,
             p_now)
-    ON CONFLICT (queue_id) DO UPDATE
+    ON CONFLICT (queue_id, endpoint_id) DO UPDATE
        SET deferred = true, reason = EXCLUDED.reason, policy_seen_at = EXCLUDED.policy_seen_at,
            next_check_at = EXCLUDED.next_check_at,
            updated_at = greatest(g.updated_at, EXCLUDED.updated_at)
@@ -78,10 +90,11 @@ $$;
 -- The mark of everything that holds a ring back or refuses a claim (rings,
 -- snapshots, refusals): unforced.
 CREATE OR REPLACE FUNCTION sb_gate_defer(
-    p_queue_id bigint, p_reason text, p_next_check timestamptz, p_now timestamptz
+    p_endpoint_id uuid, p_queue_id bigint, p_reason text, p_next_check timestamptz,
+    p_now timestamptz
 ) RETURNS void
 LANGUAGE sql AS $$
-    SELECT sb_gate_mark(p_queue_id, p_reason, p_next_check, p_now, false)
+    SELECT sb_gate_mark(p_endpoint_id, p_queue_id, p_reason, p_next_check, p_now, false)
 $$;
 
 -- When the sweep looks at a gate it found still deferred: an exhausted
@@ -112,52 +125,75 @@ $$;
 -- this transaction's freed slot) is waited for, and then the gate is made
 -- due again; a sweep that comes later skips it (SKIP LOCKED) until this
 -- transaction has committed, and then sees the slot free. The gate row is
--- written only when it was not due already.
-CREATE OR REPLACE FUNCTION sb_gates_slot_freed(p_queue_ids bigint[], p_now timestamptz) RETURNS void
-LANGUAGE sql AS $$
-    WITH locked AS (
-        SELECT l.queue_id FROM queue_gates l
-         WHERE l.queue_id = ANY (p_queue_ids) AND l.deferred AND l.reason = 'in_flight_full'
-         ORDER BY l.queue_id
-           FOR NO KEY UPDATE
-    )
-    -- count(*) reads the whole CTE, so that every such gate is locked.
-    SELECT pg_notify('switchboard_reopen', '')
-      FROM (SELECT count(*) AS n FROM locked) AS c
-     WHERE c.n > 0;
+-- written only when it was not due already. (PL/pgSQL: see
+-- sb_known_deferral.)
+CREATE OR REPLACE FUNCTION sb_gates_slot_freed(
+    p_endpoint_id uuid, p_queue_ids bigint[], p_now timestamptz
+) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM queue_gates l
+     WHERE l.endpoint_id = p_endpoint_id
+       AND l.queue_id = ANY (p_queue_ids) AND l.deferred AND l.reason = 'in_flight_full'
+     ORDER BY l.queue_id
+       FOR NO KEY UPDATE;
+    IF FOUND THEN
+        PERFORM pg_notify('switchboard_reopen', '');
+    END IF;
     UPDATE queue_gates g SET next_check_at = p_now
-     WHERE g.queue_id = ANY (p_queue_ids) AND g.deferred AND g.reason = 'in_flight_full'
+     WHERE g.endpoint_id = p_endpoint_id
+       AND g.queue_id = ANY (p_queue_ids) AND g.deferred AND g.reason = 'in_flight_full'
        AND g.next_check_at > p_now;
+END;
+$$;
+
+-- The form servers of earlier releases call (their reaper), during a
+-- rolling upgrade: each endpoint's queues in a call of their own.
+CREATE OR REPLACE FUNCTION sb_gates_slot_freed(p_queue_ids bigint[], p_now timestamptz)
+RETURNS void
+LANGUAGE sql AS $$
+    SELECT count(sb_gates_slot_freed(f.endpoint_id, f.queue_ids, p_now))
+      FROM (SELECT q.endpoint_id, array_agg(q.id ORDER BY q.id) AS queue_ids
+              FROM queues q WHERE q.id = ANY (p_queue_ids)
+             GROUP BY q.endpoint_id ORDER BY q.endpoint_id) AS f;
 $$;
 
 -- A queue's policy was set or cleared (in this transaction, under its lock):
 -- a deferred gate is due at once (the sweep, woken, rings POLICY_CHANGED if
 -- it now admits); a queue the new policy defers is marked, so that it rings
 -- when it reopens.
-CREATE OR REPLACE FUNCTION sb_gate_policy_changed(p_queue_id bigint) RETURNS void
+CREATE OR REPLACE FUNCTION sb_gate_policy_changed(p_endpoint_id uuid, p_queue_id bigint)
+RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_now timestamptz := sb_now();
     v_status record;
 BEGIN
-    UPDATE queue_gates g SET next_check_at = v_now WHERE g.queue_id = p_queue_id AND g.deferred;
+    UPDATE queue_gates g SET next_check_at = v_now
+     WHERE g.endpoint_id = p_endpoint_id AND g.queue_id = p_queue_id AND g.deferred;
     IF FOUND THEN
         PERFORM pg_notify('switchboard_reopen', '');
         RETURN;
     END IF;
-    SELECT s.* INTO v_status FROM sb_queue_admission(p_queue_id, v_now) s;
+    SELECT s.* INTO v_status FROM sb_queue_admission(p_endpoint_id, p_queue_id, v_now) s;
     IF v_status.reason IS NOT NULL THEN
-        PERFORM sb_gate_mark(p_queue_id, v_status.reason,
+        PERFORM sb_gate_mark(p_endpoint_id, p_queue_id, v_status.reason,
             sb_gate_next_check(v_status.reason, v_status.eval, v_now), v_now, true);
     END IF;
 END;
+$$;
+
+-- The form servers of earlier releases call, during a rolling upgrade.
+CREATE OR REPLACE FUNCTION sb_gate_policy_changed(p_queue_id bigint) RETURNS void
+LANGUAGE sql AS $$
+    SELECT sb_gate_policy_changed(q.endpoint_id, q.id) FROM queues q WHERE q.id = p_queue_id
 $$;
 
 -- Called when a claim leaves queues deferred (their ids and deferrals, in the
 -- same order): marks their gates, so that the reopen sweep rings each once it
 -- admits again.
 CREATE OR REPLACE FUNCTION sb_on_deferred(
-    p_queue_ids bigint[], p_deferred jsonb, p_now timestamptz
+    p_endpoint_id uuid, p_queue_ids bigint[], p_deferred jsonb, p_now timestamptz
 ) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -167,6 +203,7 @@ BEGIN
     FOR v_i IN 1 .. coalesce(cardinality(p_queue_ids), 0) LOOP
         v_deferral := p_deferred -> (v_i - 1);
         PERFORM sb_gate_defer(
+            p_endpoint_id,
             p_queue_ids[v_i],
             v_deferral ->> 'reason',
             CASE WHEN v_deferral ->> 'reason' = 'window_exhausted'
@@ -180,7 +217,9 @@ $$;
 -- Rings a queue's doorbell if it has claimable pending work and admission
 -- does not defer it: NOTIFY every replica and, when the endpoint has a
 -- notify hook, queue a POST. Held back (and the gate marked) otherwise.
-CREATE OR REPLACE FUNCTION sb_ring(p_queue_id bigint, p_cause text, p_now timestamptz) RETURNS boolean
+CREATE OR REPLACE FUNCTION sb_ring(
+    p_endpoint_id uuid, p_queue_id bigint, p_cause text, p_now timestamptz
+) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     v_queue record;
@@ -189,18 +228,18 @@ DECLARE
 BEGIN
     SELECT q.id, q.name, q.endpoint_id, q.policy_id, e.notify_url INTO v_queue
       FROM queues q JOIN endpoints e ON e.id = q.endpoint_id
-     WHERE q.id = p_queue_id;
+     WHERE q.endpoint_id = p_endpoint_id AND q.id = p_queue_id;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    v_pending := sb_claimable_count(p_queue_id, p_now);
+    v_pending := sb_claimable_count(p_endpoint_id, p_queue_id, p_now);
     IF v_pending = 0 THEN
         RETURN false;
     END IF;
     IF v_queue.policy_id IS NOT NULL THEN
-        SELECT s.* INTO v_status FROM sb_queue_admission(p_queue_id, p_now) s;
+        SELECT s.* INTO v_status FROM sb_queue_admission(p_endpoint_id, p_queue_id, p_now) s;
         IF v_status.reason IS NOT NULL THEN
-            PERFORM sb_gate_defer(p_queue_id, v_status.reason,
+            PERFORM sb_gate_defer(p_endpoint_id, p_queue_id, v_status.reason,
                                   sb_gate_next_check(v_status.reason, v_status.eval, p_now), p_now);
             RETURN false;
         END IF;
@@ -234,12 +273,12 @@ BEGIN
            AND (p_queue_names IS NULL OR q.name = ANY (p_queue_names))
          ORDER BY q.name
     LOOP
-        v_pending := sb_claimable_count(v_queue.id, v_now);
+        v_pending := sb_claimable_count(p_endpoint_id, v_queue.id, v_now);
         CONTINUE WHEN v_pending = 0;
         IF v_queue.policy_id IS NOT NULL THEN
-            SELECT s.* INTO v_status FROM sb_queue_admission(v_queue.id, v_now) s;
+            SELECT s.* INTO v_status FROM sb_queue_admission(p_endpoint_id, v_queue.id, v_now) s;
             IF v_status.reason IS NOT NULL THEN
-                PERFORM sb_gate_defer(v_queue.id, v_status.reason,
+                PERFORM sb_gate_defer(p_endpoint_id, v_queue.id, v_status.reason,
                     sb_gate_next_check(v_status.reason, v_status.eval, v_now), v_now);
                 CONTINUE;
             END IF;
@@ -276,10 +315,14 @@ BEGIN
            FOR UPDATE SKIP LOCKED
     LOOP
         SELECT p.updated_at INTO v_policy_at
-          FROM queues q JOIN admission_policies p ON p.id = q.policy_id AND p.active
-         WHERE q.id = v_gate.queue_id;
+          FROM queues q
+          JOIN admission_policies p
+            ON p.endpoint_id = q.endpoint_id AND p.id = q.policy_id AND p.active
+         WHERE q.endpoint_id = v_gate.endpoint_id AND p.endpoint_id = v_gate.endpoint_id
+           AND q.id = v_gate.queue_id;
         -- No row (no active policy any more) leaves every field NULL: admitted.
-        SELECT s.* INTO v_status FROM sb_queue_admission(v_gate.queue_id, v_now) s;
+        SELECT s.* INTO v_status
+          FROM sb_queue_admission(v_gate.endpoint_id, v_gate.queue_id, v_now) s;
         IF v_status.reason IS NOT NULL THEN
             v_next := sb_gate_next_check(v_status.reason, v_status.eval, v_now);
             IF (v_gate.reason, v_gate.policy_seen_at, v_gate.next_check_at)
@@ -287,7 +330,7 @@ BEGIN
                 UPDATE queue_gates g
                    SET reason = v_status.reason, policy_seen_at = v_policy_at,
                        next_check_at = v_next
-                 WHERE g.queue_id = v_gate.queue_id;
+                 WHERE g.endpoint_id = v_gate.endpoint_id AND g.queue_id = v_gate.queue_id;
             END IF;
             CONTINUE;
         END IF;
@@ -298,10 +341,10 @@ BEGIN
             ELSE 'policy_changed'
         END;
         UPDATE queue_gates g SET deferred = false, reason = NULL, updated_at = v_now
-         WHERE g.queue_id = v_gate.queue_id;
+         WHERE g.endpoint_id = v_gate.endpoint_id AND g.queue_id = v_gate.queue_id;
         queue_id := v_gate.queue_id;
         cause := v_cause;
-        rang := sb_ring(v_gate.queue_id, v_cause, v_now);
+        rang := sb_ring(v_gate.endpoint_id, v_gate.queue_id, v_cause, v_now);
         RETURN NEXT;
     END LOOP;
 END;

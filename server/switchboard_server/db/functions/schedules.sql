@@ -29,7 +29,8 @@ BEGIN
                            created_at, updated_at)
         VALUES (s.queue_id, s.owner_id, s.endpoint_id, s.queue, s.payload, s.content_type,
                 s.max_attempts, v_now, s.id, p_slot, v_now, v_now)
-        ON CONFLICT (schedule_id, schedule_slot) WHERE schedule_id IS NOT NULL DO NOTHING
+        ON CONFLICT (schedule_id, schedule_slot, endpoint_id) WHERE schedule_id IS NOT NULL
+        DO NOTHING
         RETURNING * INTO v_row;
         IF FOUND THEN
             PERFORM sb_on_created(v_row, v_now);

@@ -19,36 +19,39 @@ SELECT q.id FROM queues q
  WHERE q.endpoint_id = $1 AND q.owner_id = $2 AND q.name = $3;
 
 -- name: policy_ensure_row :exec
--- Makes sure the queue has a policy row (inactive until set) to lock.
-INSERT INTO admission_policies (queue_id, owner_id) VALUES ($1, $2)
+-- Makes sure the queue ($1, of endpoint $3) has a policy row (inactive until
+-- set) to lock.
+INSERT INTO admission_policies (queue_id, owner_id, endpoint_id) VALUES ($1, $2, $3)
 ON CONFLICT ON CONSTRAINT admission_policies_queue_key DO NOTHING;
 
 -- name: policy_lock :one
 -- The queue's policy row, locked: serializes changes with budgeted claims.
-SELECT * FROM admission_policies WHERE queue_id = $1 FOR UPDATE;
+SELECT * FROM admission_policies WHERE queue_id = $1 AND endpoint_id = $2 FOR UPDATE;
 
 -- name: policy_get_active :one
--- The active policy of a queue, unlocked.
-SELECT * FROM admission_policies WHERE queue_id = $1 AND active;
+-- The active policy of a queue ($1, of endpoint $2), unlocked.
+SELECT * FROM admission_policies WHERE queue_id = $1 AND endpoint_id = $2 AND active;
 
 -- name: policy_store :one
--- Writes a locked policy row and points the queue at it ($8 active).
+-- Writes a locked policy row (of endpoint $11) and points the queue at it
+-- ($8 active).
 WITH stored AS (
     UPDATE admission_policies
        SET active = $8, max_in_flight = $2, max_claims_per_window = $3,
            window_period = $4, window_zone = $5, window_start = $6, window_weekday = $7,
            window_bounds = $9, schedule_refresh_at = $10, updated_at = sb_now()
-     WHERE id = $1
+     WHERE id = $1 AND endpoint_id = $11
     RETURNING *
 ), pointed AS (
     UPDATE queues q SET policy_id = CASE WHEN stored.active THEN stored.id END
-      FROM stored WHERE q.id = stored.queue_id
+      FROM stored WHERE q.endpoint_id = $11 AND q.id = stored.queue_id
 )
 SELECT * FROM stored;
 
 -- name: policy_schedule_store :exec
--- Replaces a policy's precomputed window boundaries.
-UPDATE admission_policies SET window_bounds = $2, schedule_refresh_at = $3 WHERE id = $1;
+-- Replaces a policy's (of endpoint $4) precomputed window boundaries.
+UPDATE admission_policies SET window_bounds = $2, schedule_refresh_at = $3
+ WHERE id = $1 AND endpoint_id = $4;
 
 -- name: policy_schedule_due :many
 -- Active windowed policies whose schedule needs extending, locked for the
@@ -86,25 +89,30 @@ UPDATE admission_policies SET schedule_refresh_at = sb_now()
    AND cardinality(window_bounds) = 0 AND schedule_refresh_at > sb_now();
 
 -- name: counter_units :one
--- Units charged in one window of a policy.
-SELECT coalesce((SELECT units FROM window_counters WHERE policy_id = $1 AND window_start = $2), 0)
+-- Units charged in one window of a policy (of endpoint $3).
+SELECT coalesce((SELECT units FROM window_counters
+                  WHERE policy_id = $1 AND window_start = $2 AND endpoint_id = $3), 0)
     AS units;
 
 -- name: counter_carry :exec
 -- Carries a window's count into a (new) current window: never lowers it.
-INSERT INTO window_counters AS c (policy_id, window_start, units) VALUES ($1, $2, $3)
-ON CONFLICT (policy_id, window_start) DO UPDATE SET units = greatest(c.units, EXCLUDED.units);
+INSERT INTO window_counters AS c (policy_id, window_start, units, endpoint_id)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (policy_id, window_start, endpoint_id)
+DO UPDATE SET units = greatest(c.units, EXCLUDED.units);
 
 -- name: policy_audit_insert :exec
 INSERT INTO policy_audit (queue_id, owner_id, action, actor_credential_id, actor_human_id,
-                          actor_endpoint_id, at, before, after)
-VALUES ($1, $2, $3, $4, $5, $6, sb_now(), $7, $8);
+                          actor_endpoint_id, at, before, after, endpoint_id)
+VALUES ($1, $2, $3, $4, $5, $6, sb_now(), $7, $8, $9);
 
 -- name: policy_audit_list :many
--- A queue's policy changes, newest first; $3 is the cursor (last id seen).
+-- A queue's (of endpoint $5) policy changes, newest first; $3 is the cursor
+-- (last id seen).
 SELECT id, action, actor_credential_id, actor_human_id, actor_endpoint_id, at, before, after
   FROM policy_audit
- WHERE queue_id = $1 AND owner_id = $2 AND ($3::bigint IS NULL OR id < $3)
+ WHERE queue_id = $1 AND endpoint_id = $5 AND owner_id = $2
+   AND ($3::bigint IS NULL OR id < $3)
  ORDER BY id DESC
  LIMIT $4;
 

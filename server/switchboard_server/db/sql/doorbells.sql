@@ -8,6 +8,7 @@ SELECT queue, pending, at FROM sb_doorbell_snapshot($1, $2);
 SELECT queue_id, cause, rang FROM sb_reopen_sweep($1);
 
 -- name: gate_recheck :exec
--- A queue's policy changed (in this transaction): evaluate its deferred gate
--- at the next sweep, or mark the gate if the new policy defers the queue.
-SELECT sb_gate_policy_changed($1);
+-- A queue's ($2, of endpoint $1) policy changed (in this transaction):
+-- evaluate its deferred gate at the next sweep, or mark the gate if the new
+-- policy defers the queue.
+SELECT sb_gate_policy_changed($1, $2);

@@ -7,11 +7,13 @@
 SELECT q.name AS queue,
        CASE WHEN NOT p.active THEN 'cleared' ELSE coalesce(s.reason, 'admitting') END AS status,
        CASE WHEN p.active AND s.reason IS NOT NULL
-            THEN (SELECT count(*) FROM todos t WHERE t.queue_id = q.id AND t.state = 'pending')
+            THEN (SELECT count(*) FROM todos t
+                   WHERE t.endpoint_id = q.endpoint_id AND t.queue_id = q.id
+                     AND t.state = 'pending')
             ELSE 0 END AS pending
   FROM admission_policies p
-  JOIN queues q ON q.id = p.queue_id
-  LEFT JOIN LATERAL sb_queue_admission(q.id, sb_now()) AS s ON true;
+  JOIN queues q ON q.endpoint_id = p.endpoint_id AND q.id = p.queue_id
+  LEFT JOIN LATERAL sb_queue_admission(q.endpoint_id, q.id, sb_now()) AS s ON true;
 
 -- name: metrics_live_todos :many
 -- Pending and claimed todos per queue name (summed over every owner's

@@ -9,14 +9,17 @@
 -- schedule does not cover now.
 SELECT q.id AS queue_id, q.endpoint_id, e.name AS endpoint_name, q.name,
        (SELECT count(*) FROM todos t
-         WHERE t.queue_id = q.id AND t.state = 'pending') AS pending,
+         WHERE t.endpoint_id = q.endpoint_id AND t.queue_id = q.id AND t.state = 'pending')
+           AS pending,
        (SELECT count(*) FROM todos t
-         WHERE t.queue_id = q.id AND t.state = 'pending' AND t.next_retry_at <= clock.now)
+         WHERE t.endpoint_id = q.endpoint_id AND t.queue_id = q.id AND t.state = 'pending'
+           AND t.next_retry_at <= clock.now)
            AS ready,
        (SELECT count(*) FROM todos t
-         WHERE t.queue_id = q.id AND t.state = 'claimed') AS claimed,
+         WHERE t.endpoint_id = q.endpoint_id AND t.queue_id = q.id AND t.state = 'claimed')
+           AS claimed,
        (SELECT count(*) FROM todos t
-         WHERE t.queue_id = q.id AND t.state = 'dead') AS dead,
+         WHERE t.endpoint_id = q.endpoint_id AND t.queue_id = q.id AND t.state = 'dead') AS dead,
        p.id AS policy_id, p.max_in_flight, p.max_claims_per_window, p.window_period,
        p.window_zone, p.window_start, p.window_weekday, p.updated_at AS policy_updated_at,
        cw.started_at AS window_started_at, cw.ends_at AS window_ends_at,
@@ -27,7 +30,8 @@ SELECT q.id AS queue_id, q.endpoint_id, e.name AS endpoint_name, q.name,
   FROM (SELECT sb_now() AS now) AS clock
  CROSS JOIN endpoints e
   JOIN queues q ON q.endpoint_id = e.id AND q.owner_id = e.owner_id
-  LEFT JOIN admission_policies p ON p.id = q.policy_id AND p.active
+  LEFT JOIN admission_policies p
+    ON p.endpoint_id = q.endpoint_id AND p.id = q.policy_id AND p.active
   LEFT JOIN LATERAL (
       SELECT max(b.i) AS i
         FROM generate_subscripts(p.window_bounds, 1) AS b (i)
@@ -37,9 +41,10 @@ SELECT q.id AS queue_id, q.endpoint_id, e.name AS endpoint_name, q.name,
       SELECT p.window_bounds[wi.i] AS started_at, p.window_bounds[wi.i + 1] AS ends_at
        WHERE wi.i < cardinality(p.window_bounds)
   ) AS cw ON true
-  LEFT JOIN window_counters c ON c.policy_id = p.id AND c.window_start = cw.started_at
+  LEFT JOIN window_counters c
+    ON c.endpoint_id = p.endpoint_id AND c.policy_id = p.id AND c.window_start = cw.started_at
   LEFT JOIN LATERAL (
-      SELECT a.reason, a.eval FROM sb_queue_admission(q.id, clock.now) AS a
+      SELECT a.reason, a.eval FROM sb_queue_admission(q.endpoint_id, q.id, clock.now) AS a
        WHERE p.id IS NOT NULL
   ) AS s ON true
  WHERE e.owner_id = $1

@@ -6,8 +6,17 @@ SELECT id, created_at, next_retry_at, todo
   FROM sb_ingest_todos($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ORDER BY ord;
 
 -- name: todo_claim :one
--- Claims one specific todo within its queue's budget; see sb_claim.
+-- Claims one specific todo of endpoint $3 within its queue's budget; see
+-- sb_claim. (On a Citus cluster the call is delegated to $3's node.)
 SELECT outcome, todo, admission FROM sb_claim($1, $2, $3, $4, $5);
+
+-- name: todo_claim_owner :one
+-- todo_claim for a caller scoped to an owner, not an endpoint ($3 NULL). The
+-- WHERE clause keeps Citus from delegating the call: it has no endpoint to
+-- pick a node by, and Citus 13.2 crashes the backend on a NULL distribution
+-- argument (docs/scaling-out.md). On one server it is always true.
+SELECT c.outcome, c.todo, c.admission FROM sb_claim($1, $2, NULL, $3, $4) AS c
+ WHERE c.outcome IS NOT NULL;
 
 -- name: todo_claim_next :one
 -- Claims up to $6 of the oldest claimable todos of one of an endpoint's
@@ -21,13 +30,26 @@ SELECT outcome, todos, admission FROM sb_claim_next_for($1, $2, $3, $4, $5, $6, 
 SELECT sb_wait_durable();
 
 -- name: todo_heartbeat_many :many
--- Extends many leases, each on its own; one row per item, in order.
+-- Extends many leases of endpoint $2, each on its own; one row per item, in
+-- order.
 SELECT outcome, lease_expires_at FROM sb_heartbeat($1, $2, $3, $4, $5) ORDER BY ord;
+
+-- name: todo_heartbeat_many_owner :many
+-- todo_heartbeat_many for a caller scoped to an owner (see todo_claim_owner).
+SELECT h.outcome, h.lease_expires_at FROM sb_heartbeat($1, NULL, $2, $3, $4) AS h
+ WHERE h.ord IS NOT NULL
+ ORDER BY h.ord;
 
 -- name: todo_settle :many
 -- Completes, fails or releases claimed todos under their leases, each on
 -- its own; one row per item, in order. See sb_settle.
 SELECT outcome, todo FROM sb_settle($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ORDER BY ord;
+
+-- name: todo_settle_owner :many
+-- todo_settle for a caller scoped to an owner (see todo_claim_owner).
+SELECT s.outcome, s.todo FROM sb_settle($1, NULL, $2, $3, $4, $5, $6, $7, $8, $9, $10) AS s
+ WHERE s.ord IS NOT NULL
+ ORDER BY s.ord;
 
 -- name: todo_states :many
 -- The states of the given todos in the caller's scope (why a lease call
@@ -219,15 +241,21 @@ WITH lapsed AS (
                              THEN 'lease lapsed on the last attempt' ELSE t.last_error END,
            lease_id = NULL, lease_expires_at = NULL, updated_at = sb_now()
       FROM lapsed WHERE t.id = lapsed.id
-    RETURNING t.id, t.attempt, t.state, t.queue_id
+    RETURNING t.id, t.attempt, t.state, t.queue_id, t.endpoint_id
 ), closed AS (
     UPDATE attempts SET outcome = 'lapsed', finished_at = sb_now()
-      FROM reaped WHERE attempts.todo_id = reaped.id AND attempts.number = reaped.attempt
+      FROM reaped
+     WHERE attempts.endpoint_id = reaped.endpoint_id AND attempts.todo_id = reaped.id
+       AND attempts.number = reaped.attempt
 ), freed AS (
-    -- The reaped todos' in-flight slots are free: their gates ring SLOT_FREED.
-    SELECT sb_gates_slot_freed(array_agg(DISTINCT queue_id), sb_now()) FROM reaped
+    -- The reaped todos' in-flight slots are free: their gates ring SLOT_FREED
+    -- (each endpoint's queues in a call of their own).
+    SELECT sb_gates_slot_freed(f.endpoint_id, f.queue_ids, sb_now())
+      FROM (SELECT r.endpoint_id, array_agg(DISTINCT r.queue_id) AS queue_ids
+              FROM reaped r GROUP BY r.endpoint_id ORDER BY r.endpoint_id) AS f
 )
-SELECT reaped.id, reaped.state, reaped.queue_id FROM reaped, freed;
+SELECT reaped.id, reaped.state, reaped.queue_id
+  FROM reaped, (SELECT count(*) FROM freed) AS calls;
 
 -- name: todo_delete_finished :many
 -- Deletes up to $2 done, dead or cancelled todos (and, by cascade, their

@@ -1,0 +1,277 @@
+"""Distributing a migrated schema over a Citus cluster (``switchboard migrate --distribute``).
+
+Run on the coordinator, after the migrations (``migrate``). The same
+migrations and functions serve plain PostgreSQL and Citus; this step only
+tells Citus how to place them (docs/scaling-out.md):
+
+- the tenancy tables and the clock (``REFERENCE_TABLES``) become reference
+  tables: a copy on every node, so any node reads them locally;
+- the claim path's tables (``DISTRIBUTED_TABLES``) are distributed by
+  ``endpoint_id``, co-located with ``queues``: one endpoint's queues, todos,
+  attempts, policies, counters and gates live in one shard on one node;
+- every function of the schema is propagated to every node, and the calls
+  that act on one endpoint (``DELEGATED``) are delegated: Citus sends the
+  whole call to the node that holds the endpoint's shard, where it runs as
+  one local transaction, as on one server.
+
+Foreign keys are dropped while the tables are converted and made again after
+(Citus would otherwise turn a table with a key to a new reference table into
+a "Citus local table" that can no longer be distributed). Every step checks
+what is already done, so running it again does nothing; it holds the
+migrator's advisory lock, so replicas never migrate in between.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import asyncpg
+
+from switchboard_server.db.database import Conn
+from switchboard_server.db.queries import sql
+
+log = logging.getLogger(__name__)
+
+#: Read on every claim, written rarely: a copy on every node.
+REFERENCE_TABLES = ("owners", "humans", "endpoints", "credentials", "clock_skew")
+
+#: Distributed by ``DISTRIBUTION_COLUMN``, co-located with the first.
+DISTRIBUTED_TABLES = (
+    "queues",
+    "todos",
+    "attempts",
+    "todo_results",
+    "admission_policies",
+    "window_counters",
+    "policy_audit",
+    "queue_gates",
+    "hook_outbox",
+    "todo_audit",
+    "schedules",
+    "schedule_audit",
+)
+DISTRIBUTION_COLUMN = "endpoint_id"
+
+#: The calls delegated to the node of their endpoint: (signature, argument).
+#: Each acts on one endpoint's rows only, every statement naming it.
+DELEGATED = (
+    (
+        "sb_ingest_todos(uuid, uuid, text[], bytea[], text[], integer[], interval[], text[],"
+        " text[], text[], interval[], text[], integer[])",
+        "p_endpoint_id",
+    ),
+    (
+        "sb_ingest(uuid, uuid, text, bytea, text, integer, interval, text, text)",
+        "p_endpoint_id",
+    ),
+    (
+        "sb_ingest_many(uuid, uuid, text[], bytea[], text[], integer[], interval[], text[],"
+        " text[], text[], interval[], text[], integer[])",
+        "p_endpoint_id",
+    ),
+    (
+        "sb_ingest_many(uuid, uuid, text[], bytea[], text[], integer[], interval[], text[],"
+        " text[], text[], interval[], text[])",
+        "p_endpoint_id",
+    ),
+    ("sb_claim(bigint, uuid, uuid, text, interval)", "p_endpoint_id"),
+    (
+        "sb_claim_next_for(uuid, uuid, text[], text[], interval, integer, bigint)",
+        "p_endpoint_id",
+    ),
+    (
+        "sb_settle(uuid, uuid, bigint[], uuid[], text[], text[], boolean[], double precision,"
+        " double precision, bytea[], text[])",
+        "p_endpoint_id",
+    ),
+    ("sb_heartbeat(uuid, uuid, bigint[], uuid[], interval)", "p_endpoint_id"),
+    ("sb_doorbell_snapshot(uuid, text[])", "p_endpoint_id"),
+)
+
+
+class NotCitus(RuntimeError):
+    """The database is not a Citus coordinator with workers."""
+
+
+@dataclass
+class Report:
+    """What one run did (empty lists: it was all done already)."""
+
+    reference: list[str] = field(default_factory=list)
+    distributed: list[str] = field(default_factory=list)
+    propagated: int = 0
+    delegated: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        """Whether anything was done."""
+        return bool(self.reference or self.distributed or self.propagated or self.delegated)
+
+
+async def check_coordinator(conn: Conn) -> str:
+    """The Citus version, or ``NotCitus`` with the reason."""
+    version = await conn.fetchval(sql("citus_version"))
+    if version is None:
+        raise NotCitus(
+            "the citus extension is not installed in this database "
+            "(CREATE EXTENSION citus on every node; see docs/scaling-out.md)"
+        )
+    row = await conn.fetchrow(sql("citus_is_coordinator"))
+    assert row is not None
+    if not row["coordinator"]:
+        raise NotCitus("this node is not the cluster's coordinator (citus_set_coordinator_host)")
+    if row["workers"] == 0:
+        raise NotCitus("the cluster has no worker nodes yet (citus_add_node)")
+    return str(version)
+
+
+async def distribute(conn: Conn, *, shard_count: int | None = None) -> Report:
+    """Distributes the migrated schema (see the module's doc); idempotent.
+
+    ``shard_count``: shards per distributed table (the cluster's
+    ``citus.shard_count``, 32 by default, when ``None``). Fixed once made:
+    more nodes later take shards from the others (``citus_rebalance_start``).
+    """
+    await check_coordinator(conn)
+    report = Report()
+    await conn.execute(sql("migration_lock"))
+    try:
+        held = {
+            r["name"]: r["kind"]
+            for r in await conn.fetch(
+                sql("citus_tables_of"), [*REFERENCE_TABLES, *DISTRIBUTED_TABLES]
+            )
+        }
+        to_reference = [t for t in REFERENCE_TABLES if held.get(t) != "reference"]
+        to_distribute = [t for t in DISTRIBUTED_TABLES if held.get(t) != "distributed"]
+        for table in [*to_reference, *to_distribute]:
+            if table in held:
+                raise RuntimeError(
+                    f"table {table} is already a Citus {held[table]} table; "
+                    "it cannot be converted here (docs/scaling-out.md)"
+                )
+        if to_reference or to_distribute:
+            await _convert_tables(conn, to_reference, to_distribute, shard_count)
+            report.reference, report.distributed = to_reference, to_distribute
+        report.propagated = await _propagate_functions(conn)
+        await _plan_per_call(conn)
+        delegated = {
+            _plain(f["signature"])
+            for f in await conn.fetch(sql("schema_functions_all"))
+            if f["delegated"]
+        }
+        for signature, argument in DELEGATED:
+            if _plain(signature) not in delegated:
+                await conn.execute(
+                    sql("function_delegate"), signature, argument, DISTRIBUTED_TABLES[0]
+                )
+                report.delegated.append(signature)
+    finally:
+        await conn.execute(sql("migration_unlock"))
+    log.info(
+        "schema distributed",
+        extra={
+            "reference": report.reference,
+            "distributed": report.distributed,
+            "propagated": report.propagated,
+            "delegated": len(report.delegated),
+        },
+    )
+    return report
+
+
+async def is_distributed(conn: Conn) -> bool:
+    """Whether the schema is distributed (a Citus coordinator after ``distribute``)."""
+    if await conn.fetchval(sql("citus_version")) is None:
+        return False
+    return bool(await conn.fetchval(sql("citus_distributed")))
+
+
+async def worker_nodes(conn: Conn) -> list[tuple[str, int]]:
+    """The active primary worker nodes, as (host, port) the coordinator reaches them by."""
+    return [(r["host"], int(r["port"])) for r in await conn.fetch(sql("citus_worker_nodes"))]
+
+
+async def after_functions(conn: Conn) -> None:
+    """Called by the migrator in its transaction, after function files were
+    applied: on a distributed schema, makes them fit to run there again (see
+    ``_plan_per_call``). Nothing on plain PostgreSQL. (New delegated
+    functions need ``migrate --distribute``.)"""
+    if await is_distributed(conn):
+        await _plan_per_call(conn)
+
+
+async def _plan_per_call(conn: Conn) -> None:
+    """Resets ``plan_cache_mode`` where a function forces generic plans (a
+    saving on one server): Citus cannot plan a join on a distributed table
+    with its parameters unknown (``could not create distributed plan``)."""
+    for row in await conn.fetch(sql("generic_plan_resets")):
+        await conn.execute(row["statement"])
+
+
+async def _propagate_functions(conn: Conn) -> int:
+    """Makes every function of the schema exist on every node; returns how many
+    were new there. A node checks an SQL function's body as it creates it, so
+    one that calls another not there yet fails: such a function is tried again
+    after the others, until a round makes no progress."""
+    waiting = [
+        f["signature"]
+        for f in await conn.fetch(sql("schema_functions_all"))
+        if not f["distributed"]
+    ]
+    done = 0
+    while waiting:
+        failed: list[tuple[str, Exception]] = []
+        for signature in waiting:
+            try:
+                await conn.execute(sql("function_propagate"), signature)
+            except asyncpg.PostgresError as exc:
+                failed.append((signature, exc))
+        if len(failed) == len(waiting):
+            raise RuntimeError(
+                "cannot create these functions on the workers: "
+                + "; ".join(f"{s}: {e}" for s, e in failed)
+            )
+        done += len(waiting) - len(failed)
+        waiting = [s for s, _ in failed]
+    return done
+
+
+async def _convert_tables(
+    conn: Conn, to_reference: list[str], to_distribute: list[str], shard_count: int | None
+) -> None:
+    """Drops the foreign keys of every table involved, converts the tables
+    (their rows copied into the shards), makes the keys again, and empties
+    the coordinator's local copies of the rows, in one transaction."""
+    tables = [*REFERENCE_TABLES, *DISTRIBUTED_TABLES]
+    async with conn.transaction():
+        await conn.execute(sql("sequential_mode"))
+        await conn.execute(sql("local_reference_keys_off"))
+        await conn.execute(sql("previous_release_compat_drop"))
+        keys = await conn.fetch(sql("foreign_keys_of"), tables)
+        for key in keys:
+            await conn.execute(key["drop_statement"])
+        for table in to_reference:
+            await conn.execute(sql("reference_table_create"), table)
+        for table in to_distribute:
+            if table == DISTRIBUTED_TABLES[0]:
+                await conn.execute(
+                    sql("distributed_table_create"), table, DISTRIBUTION_COLUMN, shard_count
+                )
+            else:
+                await conn.execute(
+                    sql("distributed_table_colocate"),
+                    table,
+                    DISTRIBUTION_COLUMN,
+                    DISTRIBUTED_TABLES[0],
+                )
+        for key in keys:
+            await conn.execute(key["add_statement"])
+        for table in [*to_reference, *to_distribute]:
+            await conn.execute(sql("local_data_truncate"), table)
+
+
+def _plain(signature: str) -> str:
+    """A signature without spaces: ``regprocedure`` writes none after commas."""
+    return "".join(signature.split())

@@ -1,0 +1,34 @@
+"""Placing test tenants on the cluster's workers."""
+
+from __future__ import annotations
+
+import uuid
+
+import asyncpg
+
+from tests.support.citus_cluster import CitusCluster
+from tests.support.client import Client, Tenant, make_tenant
+
+
+async def worker_of(conn: asyncpg.Connection[asyncpg.Record], endpoint_id: str) -> int:
+    """The port of the worker that holds the endpoint's shard group."""
+    port = await conn.fetchval(
+        "SELECT nodeport FROM citus_shards WHERE shardid ="
+        " get_shard_id_for_distribution_column('todos', $1::uuid)",
+        endpoint_id,
+    )
+    return int(port)
+
+
+async def tenants_on_each_worker(
+    setup: Client, conn: asyncpg.Connection[asyncpg.Record], citus: CitusCluster
+) -> list[tuple[Tenant, int]]:
+    """Tenants (one endpoint each), made until one endpoint is on each worker."""
+    wanted = {w.port for w in citus.workers}
+    found: dict[int, Tenant] = {}
+    for _ in range(40):
+        tenant = await make_tenant(setup, f"placed-{uuid.uuid4()}")
+        found.setdefault(await worker_of(conn, tenant.endpoint_id), tenant)
+        if set(found) == wanted:
+            return [(t, p) for p, t in sorted(found.items())]
+    raise AssertionError(f"no endpoint landed on every worker: {sorted(found)} of {wanted}")
