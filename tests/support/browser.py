@@ -12,6 +12,8 @@ import asyncio
 import os
 import pathlib
 import shutil
+from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
 from selenium import webdriver
@@ -21,6 +23,8 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.wait import WebDriverWait
+
+T = TypeVar("T")
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -88,7 +92,7 @@ class Browser:
 
     async def text(self, css: str = "body") -> str:
         """The rendered text of the first element matching ``css``."""
-        return await asyncio.to_thread(lambda: str(self._find(css).text))
+        return await asyncio.to_thread(_unstale, lambda: str(self._find(css).text))
 
     async def texts(self, css: str) -> list[str]:
         """The rendered text of every element matching ``css``."""
@@ -96,7 +100,7 @@ class Browser:
         def read() -> list[str]:
             return [str(e.text) for e in self.driver.find_elements(By.CSS_SELECTOR, css)]
 
-        return await asyncio.to_thread(read)
+        return await asyncio.to_thread(_unstale, read)
 
     async def exists(self, css: str) -> bool:
         """Whether any element matches ``css``."""
@@ -153,6 +157,17 @@ class Browser:
             return png
 
         return await asyncio.to_thread(shoot)
+
+
+def _unstale(read: Callable[[], T]) -> T:
+    """``read()``, found again when the page's script replaced an element
+    between finding it and reading it (the board refreshes its counts)."""
+    for _ in range(20):
+        try:
+            return read()
+        except StaleElementReferenceException:
+            continue
+    return read()
 
 
 def _left_the_document(element: WebElement) -> bool:
