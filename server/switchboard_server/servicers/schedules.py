@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
 from switchboard.v1 import admission_pb2, schedule_pb2, schedule_pb2_grpc
 
 from switchboard_server.db.schedules import Definition
+from switchboard_server.model import Principal
 from switchboard_server.recurrence import (
     MAX_CRON,
     CatchUp,
@@ -253,29 +255,29 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServiceServicer):
     async def PauseSchedule(
         self, request: schedule_pb2.PauseScheduleRequest, context: Context
     ) -> schedule_pb2.PauseScheduleResponse:
-        v = Violations()
-        sid = schedule_id(v, "id", request.id)
-        v.check()
-        paused = await self._schedules.pause(current_principal(), sid)
-        return schedule_pb2.PauseScheduleResponse(schedule=schedule(paused))
+        paused = await self._by_id(request.id, self._schedules.pause)
+        return schedule_pb2.PauseScheduleResponse(schedule=paused)
 
     async def ResumeSchedule(
         self, request: schedule_pb2.ResumeScheduleRequest, context: Context
     ) -> schedule_pb2.ResumeScheduleResponse:
-        v = Violations()
-        sid = schedule_id(v, "id", request.id)
-        v.check()
-        resumed = await self._schedules.resume(current_principal(), sid)
-        return schedule_pb2.ResumeScheduleResponse(schedule=schedule(resumed))
+        resumed = await self._by_id(request.id, self._schedules.resume)
+        return schedule_pb2.ResumeScheduleResponse(schedule=resumed)
 
     async def DeleteSchedule(
         self, request: schedule_pb2.DeleteScheduleRequest, context: Context
     ) -> schedule_pb2.DeleteScheduleResponse:
+        deleted = await self._by_id(request.id, self._schedules.delete)
+        return schedule_pb2.DeleteScheduleResponse(schedule=deleted)
+
+    async def _by_id(
+        self, raw_id: str, act: Callable[[Principal, int], Awaitable[Schedule]]
+    ) -> schedule_pb2.Schedule:
+        """Validates the request's ``id``, then ``act`` on that schedule for the caller."""
         v = Violations()
-        sid = schedule_id(v, "id", request.id)
+        sid = schedule_id(v, "id", raw_id)
         v.check()
-        deleted = await self._schedules.delete(current_principal(), sid)
-        return schedule_pb2.DeleteScheduleResponse(schedule=schedule(deleted))
+        return schedule(await act(current_principal(), sid))
 
     async def ListScheduleAudit(
         self, request: schedule_pb2.ListScheduleAuditRequest, context: Context
