@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import AsyncIterator, Generator, Iterator
 from datetime import timedelta
 
+import asyncpg
 import pluggy
 import pytest
 from switchboard_server import app as server_app
@@ -57,9 +58,28 @@ def pg_admin_dsn() -> Iterator[str]:
     folder = pathlib.Path(tempfile.mkdtemp(prefix="sb-test-pg-"))
     try:
         with EmbeddedPostgres(folder) as pg:
+            asyncio.run(_without_durability(pg.dsn))
             yield pg.dsn
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+async def _without_durability(dsn: str) -> None:
+    """Turns off what only a crash of the machine needs: flushes to disk.
+
+    The suite's embedded cluster is thrown away with its directory; without
+    ``fsync`` its commits and its shutdown checkpoint (hundreds of test
+    databases) do not wait for the disk. Nothing a test can observe through
+    SQL changes (``synchronous_commit`` is left as it is: the early-release
+    tests read it), and the fault tests start throwaway clusters of their own.
+    """
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("ALTER SYSTEM SET fsync = off")
+        await conn.execute("ALTER SYSTEM SET full_page_writes = off")
+        await conn.execute("SELECT pg_reload_conf()")
+    finally:
+        await conn.close()
 
 
 @pytest.fixture(scope="session")
