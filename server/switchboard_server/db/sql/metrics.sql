@@ -4,16 +4,30 @@
 -- evaluation, failing closed to 'admission_unavailable', or 'admitting')
 -- and, when that status defers the queue, its pending todos. Reads only
 -- shared state, so every replica renders the same.
-SELECT q.name AS queue,
-       CASE WHEN NOT p.active THEN 'cleared' ELSE coalesce(s.reason, 'admitting') END AS status,
-       CASE WHEN p.active AND s.reason IS NOT NULL
-            THEN (SELECT count(*) FROM todos t
-                   WHERE t.endpoint_id = q.endpoint_id AND t.queue_id = q.id
-                     AND t.state = 'pending')
-            ELSE 0 END AS pending
-  FROM admission_policies p
-  JOIN queues q ON q.endpoint_id = p.endpoint_id AND q.id = p.queue_id
-  LEFT JOIN LATERAL sb_queue_admission(q.endpoint_id, q.id, sb_now()) AS s ON true;
+-- The policies are read first and evaluated after (MATERIALIZED): on a Citus
+-- cluster a function that reads distributed tables must not run inside a
+-- query on a shard, so the evaluation runs where the statement does, one
+-- endpoint's shards per call.
+WITH policies AS MATERIALIZED (
+    SELECT q.name AS queue, q.endpoint_id, q.id AS queue_id, p.active
+      FROM admission_policies p
+      JOIN queues q ON q.endpoint_id = p.endpoint_id AND q.id = p.queue_id
+), statuses AS MATERIALIZED (
+    SELECT c.queue, c.queue_id,
+           CASE WHEN NOT c.active THEN 'cleared' ELSE coalesce(s.reason, 'admitting') END AS status,
+           c.active AND s.reason IS NOT NULL AS defers
+      FROM policies c
+      LEFT JOIN LATERAL sb_queue_admission(c.endpoint_id, c.queue_id, sb_now()) AS s ON true
+), pending AS MATERIALIZED (
+    SELECT t.queue_id, count(*) AS n
+      FROM todos t
+     WHERE t.state = 'pending'
+       AND t.queue_id IN (SELECT d.queue_id FROM statuses d WHERE d.defers)
+     GROUP BY t.queue_id
+)
+SELECT s.queue, s.status, CASE WHEN s.defers THEN coalesce(n.n, 0) ELSE 0 END AS pending
+  FROM statuses s
+  LEFT JOIN pending n ON n.queue_id = s.queue_id;
 
 -- name: metrics_live_todos :many
 -- Pending and claimed todos per queue name (summed over every owner's

@@ -7,47 +7,59 @@
 -- (unlocked, failing closed). The current window is the last stored
 -- boundary at or before now, as in sb_admission_eval; none when the
 -- schedule does not cover now.
-SELECT q.id AS queue_id, q.endpoint_id, e.name AS endpoint_name, q.name,
-       (SELECT count(*) FROM todos t
-         WHERE t.endpoint_id = q.endpoint_id AND t.queue_id = q.id AND t.state = 'pending')
-           AS pending,
-       (SELECT count(*) FROM todos t
-         WHERE t.endpoint_id = q.endpoint_id AND t.queue_id = q.id AND t.state = 'pending'
-           AND t.next_retry_at <= clock.now)
-           AS ready,
-       (SELECT count(*) FROM todos t
-         WHERE t.endpoint_id = q.endpoint_id AND t.queue_id = q.id AND t.state = 'claimed')
-           AS claimed,
-       (SELECT count(*) FROM todos t
-         WHERE t.endpoint_id = q.endpoint_id AND t.queue_id = q.id AND t.state = 'dead') AS dead,
-       p.id AS policy_id, p.max_in_flight, p.max_claims_per_window, p.window_period,
-       p.window_zone, p.window_start, p.window_weekday, p.updated_at AS policy_updated_at,
-       cw.started_at AS window_started_at, cw.ends_at AS window_ends_at,
-       CASE WHEN cw.started_at IS NOT NULL THEN coalesce(c.units, 0) END AS window_used,
-       s.reason, (s.eval).window_end AS eval_window_end,
-       (s.eval).earliest_expiry AS earliest_expiry,
-       clock.now AS observed_at
-  FROM (SELECT sb_now() AS now) AS clock
- CROSS JOIN endpoints e
-  JOIN queues q ON q.endpoint_id = e.id AND q.owner_id = e.owner_id
-  LEFT JOIN admission_policies p
-    ON p.endpoint_id = q.endpoint_id AND p.id = q.policy_id AND p.active
+-- The queues are read first and evaluated after (MATERIALIZED): on a Citus
+-- cluster a function that reads distributed tables must not run inside a
+-- query on a shard (nor be a table expression of a multi-shard query), so
+-- sb_queue_admission runs where the statement does, one endpoint's shards
+-- per call.
+WITH clock AS MATERIALIZED (
+    SELECT sb_now() AS now
+), counted AS MATERIALIZED (
+    SELECT q.id AS queue_id, q.endpoint_id, e.name AS endpoint_name, q.name,
+           (SELECT count(*) FROM todos t
+             WHERE t.endpoint_id = q.endpoint_id AND t.queue_id = q.id AND t.state = 'pending')
+               AS pending,
+           (SELECT count(*) FROM todos t
+             WHERE t.endpoint_id = q.endpoint_id AND t.queue_id = q.id AND t.state = 'pending'
+               AND t.next_retry_at <= clock.now)
+               AS ready,
+           (SELECT count(*) FROM todos t
+             WHERE t.endpoint_id = q.endpoint_id AND t.queue_id = q.id AND t.state = 'claimed')
+               AS claimed,
+           (SELECT count(*) FROM todos t
+             WHERE t.endpoint_id = q.endpoint_id AND t.queue_id = q.id AND t.state = 'dead')
+               AS dead,
+           p.id AS policy_id, p.max_in_flight, p.max_claims_per_window, p.window_period,
+           p.window_zone, p.window_start, p.window_weekday, p.updated_at AS policy_updated_at,
+           cw.started_at AS window_started_at, cw.ends_at AS window_ends_at,
+           CASE WHEN cw.started_at IS NOT NULL THEN coalesce(c.units, 0) END AS window_used,
+           clock.now AS observed_at
+      FROM clock
+     CROSS JOIN endpoints e
+      JOIN queues q ON q.endpoint_id = e.id AND q.owner_id = e.owner_id
+      LEFT JOIN admission_policies p
+        ON p.endpoint_id = q.endpoint_id AND p.id = q.policy_id AND p.active
+      LEFT JOIN LATERAL (
+          SELECT max(b.i) AS i
+            FROM generate_subscripts(p.window_bounds, 1) AS b (i)
+           WHERE p.max_claims_per_window IS NOT NULL AND p.window_bounds[b.i] <= clock.now
+      ) AS wi ON true
+      LEFT JOIN LATERAL (
+          SELECT p.window_bounds[wi.i] AS started_at, p.window_bounds[wi.i + 1] AS ends_at
+           WHERE wi.i < cardinality(p.window_bounds)
+      ) AS cw ON true
+      LEFT JOIN window_counters c
+        ON c.endpoint_id = p.endpoint_id AND c.policy_id = p.id
+       AND c.window_start = cw.started_at
+     WHERE e.owner_id = $1
+       AND ($2::uuid IS NULL OR e.id = $2)
+       AND ($3::text IS NULL OR q.name = $3)
+)
+SELECT r.*, s.reason, (s.eval).window_end AS eval_window_end,
+       (s.eval).earliest_expiry AS earliest_expiry
+  FROM counted r
   LEFT JOIN LATERAL (
-      SELECT max(b.i) AS i
-        FROM generate_subscripts(p.window_bounds, 1) AS b (i)
-       WHERE p.max_claims_per_window IS NOT NULL AND p.window_bounds[b.i] <= clock.now
-  ) AS wi ON true
-  LEFT JOIN LATERAL (
-      SELECT p.window_bounds[wi.i] AS started_at, p.window_bounds[wi.i + 1] AS ends_at
-       WHERE wi.i < cardinality(p.window_bounds)
-  ) AS cw ON true
-  LEFT JOIN window_counters c
-    ON c.endpoint_id = p.endpoint_id AND c.policy_id = p.id AND c.window_start = cw.started_at
-  LEFT JOIN LATERAL (
-      SELECT a.reason, a.eval FROM sb_queue_admission(q.endpoint_id, q.id, clock.now) AS a
-       WHERE p.id IS NOT NULL
+      SELECT a.reason, a.eval FROM sb_queue_admission(r.endpoint_id, r.queue_id, r.observed_at) AS a
+       WHERE r.policy_id IS NOT NULL
   ) AS s ON true
- WHERE e.owner_id = $1
-   AND ($2::uuid IS NULL OR e.id = $2)
-   AND ($3::text IS NULL OR q.name = $3)
- ORDER BY e.name, q.name;
+ ORDER BY r.endpoint_name, r.name;
