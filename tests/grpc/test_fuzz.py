@@ -24,6 +24,7 @@ the token and (cut) the request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -123,8 +124,7 @@ class World:
 async def world(
     db_factory: DatabaseFactory, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[World]:
-    """One server for the module: a tenant with a budgeted queue, claimed todos,
-    an endpoint with every grant, and an owner of its own for notify hooks."""
+    """One server for the module, and the world of :func:`open_world` on it."""
     dsn = await db_factory.create()
     settings_ = Settings(
         database_url=dsn,
@@ -139,17 +139,29 @@ async def world(
         hook_resolver=StaticResolver(),
     )
     running = await server_app.start(settings_)
-    client = Client(running.address)
+    try:
+        async with open_world(running.address, dsn) as w:
+            yield w
+    finally:
+        await running.stop(grace=1)
+
+
+@contextlib.asynccontextmanager
+async def open_world(address: str, dsn: str, tag: str = "") -> AsyncIterator[World]:
+    """On the server at ``address`` (its database at ``dsn``): a tenant with a
+    budgeted queue, claimed todos, an endpoint with every grant, and an owner
+    of its own for notify hooks (owner names end with ``tag``)."""
+    client = Client(address)
     db = await Database.connect(dsn, min_size=1, max_size=2)
     try:
-        tenant = await make_tenant(client, "acme")
+        tenant = await make_tenant(client, "acme" + tag)
         full_id, full_token = await add_endpoint(
             client, tenant, "full", grants=list(admin_pb2.Grant.values())[1:]
         )
-        other = await make_tenant(client, "other")
+        other = await make_tenant(client, "other" + tag)
         # Hooks are set only on this owner's endpoint, whose tokens no other
         # call uses: it never has work, so no fuzzed URL is ever called.
-        hooked = await make_tenant(client, "hooked")
+        hooked = await make_tenant(client, "hooked" + tag)
         victim = await client.admin.VendCredential(
             admin_pb2.VendCredentialRequest(
                 endpoint_id=tenant.endpoint_id, presets=[admin_pb2.GRANT_PRESET_BASICS]
@@ -228,7 +240,6 @@ async def world(
     finally:
         await db.close()
         await client.close()
-        await running.stop(grace=1)
 
 
 # --- strategies ----------------------------------------------------------------
@@ -1014,13 +1025,13 @@ async def _check_invariants(w: World) -> None:
             """
             SELECT c.window_start, c.units,
                    (SELECT count(*) FROM attempts a
-                     WHERE a.queue_id = p.queue_id
+                     WHERE a.endpoint_id = p.endpoint_id AND a.queue_id = p.queue_id
                        AND a.claimed_at >= c.window_start
                        AND a.claimed_at < (SELECT min(b) FROM unnest(p.window_bounds) b
                                             WHERE b > c.window_start)) AS attempts
               FROM window_counters c
-              JOIN admission_policies p ON p.id = c.policy_id
-              JOIN queues q ON q.id = p.queue_id
+              JOIN admission_policies p ON p.endpoint_id = c.endpoint_id AND p.id = c.policy_id
+              JOIN queues q ON q.endpoint_id = p.endpoint_id AND q.id = p.queue_id
              WHERE q.endpoint_id = $1 AND q.name = $2
             """,
             uuid.UUID(w.endpoint_ids[0]),
@@ -1031,7 +1042,8 @@ async def _check_invariants(w: World) -> None:
             assert row["units"] <= WINDOW_LIMIT, dict(row)
         charged = sum(row["units"] for row in rows)
         attempts = await conn.fetchval(
-            "SELECT count(*) FROM attempts a JOIN queues q ON q.id = a.queue_id"
+            "SELECT count(*) FROM attempts a"
+            " JOIN queues q ON q.endpoint_id = a.endpoint_id AND q.id = a.queue_id"
             " WHERE q.endpoint_id = $1 AND q.name = $2",
             uuid.UUID(w.endpoint_ids[0]),
             BUDGETED,

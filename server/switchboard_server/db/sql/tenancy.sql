@@ -90,11 +90,15 @@ WITH updated AS (
            hook_failures = CASE WHEN notify_url IS NOT DISTINCT FROM $3 THEN hook_failures ELSE 0 END
      WHERE id = $1 AND owner_id = $2
     RETURNING id, owner_id, name, created_at, notify_url, hook_last_error, hook_last_error_at,
-              hook_last_success_at, hook_failures,
-              CASE WHEN notify_secret_previous_until > sb_now()
-                   THEN notify_secret_previous_until END AS previous_secret_until
+              hook_last_success_at, hook_failures, notify_secret_previous_until
 ), dropped AS (
     DELETE FROM hook_outbox o USING updated
      WHERE o.endpoint_id = updated.id AND updated.notify_url IS NULL
 )
-SELECT * FROM updated;
+-- The clock is read here, not in RETURNING: Citus allows only immutable
+-- functions in the RETURNING of a write to a reference table.
+SELECT id, owner_id, name, created_at, notify_url, hook_last_error, hook_last_error_at,
+       hook_last_success_at, hook_failures,
+       CASE WHEN notify_secret_previous_until > sb_now()
+            THEN notify_secret_previous_until END AS previous_secret_until
+  FROM updated;
