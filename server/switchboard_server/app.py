@@ -419,7 +419,10 @@ def _start_loops(
         signals.reaped,
     )
     supervisor.every(
-        "schedules", settings.schedule_interval, lambda: refresh_schedules(db), signals.scheduled
+        "schedules",
+        settings.schedule_interval,
+        lambda: refresh_schedules(db, distributed=distributed),
+        signals.scheduled,
     )
     supervisor.every(
         "scheduler",
