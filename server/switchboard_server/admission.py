@@ -729,11 +729,10 @@ async def refresh_schedules(db: Database, batch: int = 100, *, distributed: bool
     transaction of their own, every statement on its shard.
     """
     refreshed = await check_zones(db)
+    endpoints: Sequence[uuid.UUID | None] = [None]  # on one server: every endpoint at once
     if distributed:
         async with db.connection() as conn:
             endpoints = await admission_queries.schedules_due_endpoints(conn, await clock.now(conn))
-    else:
-        endpoints = [None]
     for endpoint_id in endpoints:
         while True:
             async with db.transaction() as conn:

@@ -132,12 +132,17 @@ SELECT id, endpoint_id, queue, cause, pending, rung_at, attempts, lease_until, n
        notify_secret, previous_secret
   FROM sb_hook_take($1, $2, $3, $4);
 
--- name: hook_drop_cleared_distributed :exec
--- hook_drop_cleared on a Citus cluster (which plans no recursive query over
--- every shard): one delete on every shard, joined with the endpoints (a
--- reference table, on every node).
+-- name: hook_cleared_endpoints :many
+-- (hook_drop_cleared on a Citus cluster, which plans no recursive query over
+-- every shard: a read of every shard, taking no lock.) The endpoints with
+-- rows in the outbox and no hook.
+SELECT DISTINCT o.endpoint_id
+  FROM hook_outbox o JOIN endpoints e ON e.id = o.endpoint_id AND e.notify_url IS NULL;
+
+-- name: hook_drop_cleared_endpoint :exec
+-- Deletes endpoint $1's rows if its hook is (still) cleared: on its shard only.
 DELETE FROM hook_outbox o USING endpoints e
- WHERE e.id = o.endpoint_id AND e.notify_url IS NULL;
+ WHERE o.endpoint_id = $1 AND e.id = $1 AND e.notify_url IS NULL;
 
 -- name: hook_over_cap_endpoints :many
 -- (hook_trim on a Citus cluster: a read of every shard, taking no lock.) The
