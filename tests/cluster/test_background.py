@@ -165,7 +165,7 @@ async def test_retention_deletes_old_finished_todos_on_each_worker(
         await complete(client, tenant, got)
         done[tenant.endpoint_id] = int(got.todo.id)
     # Past the retention age (7 days): the replicas' retention passes delete
-    # the done todos; a claimed one is never touched.
+    # the done todos; an unfinished one is never deleted.
     await move_clock(conn, timedelta(days=8))
 
     async def deleted() -> bool:
@@ -295,7 +295,7 @@ async def _reopen_on_each_worker(
             for b in bells:
                 await b.ready()
                 assert (await b.next(within=15)).cause == dispatch_pb2.DOORBELL_CAUSE_ATTACHED
-        held = {}
+        held: dict[str, dispatch_pb2.ClaimNextResponse] = {}
         for tenant, _, _ in streams:
             # Fills the queue's one slot: its gate is armed in the same transaction.
             held[tenant.endpoint_id] = await claim(client, tenant, "narrow")
