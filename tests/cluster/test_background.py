@@ -116,7 +116,7 @@ async def test_a_lapsed_lease_is_reaped_on_each_worker(
             "SELECT count(*) FROM todos WHERE endpoint_id = ANY ($1::uuid[]) AND state = 'claimed'",
             list(todos),
         )
-        return claimed == 0
+        return bool(claimed == 0)
 
     await eventually(reaped, "every lapsed lease is reaped")
     for endpoint_id, (retried, last) in todos.items():
@@ -176,7 +176,7 @@ async def test_retention_deletes_old_finished_todos_on_each_worker(
             list(done),
             list(done.values()),
         )
-        return left == 0
+        return bool(left == 0)
 
     await eventually(deleted, "the finished todos are deleted")
     for endpoint_id, todo_id in kept.items():
@@ -246,6 +246,7 @@ async def test_a_schedule_fires_one_todo_per_slot_on_each_worker_with_two_replic
             tenant.endpoint_id,
             int(made[tenant.endpoint_id]),
         )
+        assert row is not None
         got = list(row["slots"])
         # One todo per slot, every slot: a second firing of a slot would show
         # here or in todos_created (the slot's key refuses its todo).
