@@ -333,3 +333,25 @@ def test_the_loops_under_test_are_the_apps() -> None:
     source = inspect.getsource(app._start_loops)
     for name in LOOPS:
         assert f'"{name}"' in source, name
+
+
+async def test_the_per_shard_group_calls_are_delegated_by_their_endpoint(conn: Conn) -> None:
+    """``migrate --distribute`` delegates each pass's call by its first
+    argument, the group's endpoint, co-located with the claim path's tables:
+    the call runs whole on the node that holds the group."""
+    rows = await conn.fetch(
+        "SELECT p.oid::regprocedure::text AS signature, o.distribution_argument_index AS arg,"
+        " o.colocationid = (SELECT colocation_id FROM citus_tables"
+        "                    WHERE table_name = 'queues'::regclass) AS colocated"
+        " FROM pg_proc p JOIN pg_dist_object o"
+        " ON o.classid = 'pg_proc'::regclass AND o.objid = p.oid"
+        " WHERE p.proname = ANY ($1::text[]) AND p.pronargs >= 3"
+        " AND p.proargtypes[1] = 'uuid[]'::regtype",
+        ["sb_reap_lapsed", "sb_delete_finished", "sb_reopen_sweep", "sb_hook_take"],
+    )
+    assert sorted((r["signature"].split("(")[0], r["arg"], r["colocated"]) for r in rows) == [
+        ("sb_delete_finished", 0, True),
+        ("sb_hook_take", 0, True),
+        ("sb_reap_lapsed", 0, True),
+        ("sb_reopen_sweep", 0, True),
+    ]
