@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from typing import TypeAlias
@@ -20,6 +21,7 @@ from typing import TypeAlias
 import asyncpg
 import pytest
 from switchboard.v1 import admin_pb2, dispatch_pb2, queue_pb2, schedule_pb2
+from switchboard_server.db import hooks as hook_queries
 
 from tests.cluster.placing import tenants_on_each_worker
 from tests.support.admission import ingest, set_policy
@@ -355,3 +357,52 @@ async def test_the_per_shard_group_calls_are_delegated_by_their_endpoint(conn: C
         ("sb_reap_lapsed", 0, True),
         ("sb_reopen_sweep", 0, True),
     ]
+
+
+async def _queue_deliveries(conn: Conn, endpoint_id: str, n: int) -> None:
+    """``n`` outbox rows for the endpoint, not due for a day (no pass sends them)."""
+    await conn.execute(
+        "INSERT INTO hook_outbox (endpoint_id, queue, cause, pending, rung_at, next_attempt_at)"
+        " SELECT $1::uuid, 'q' || i, 'created', 1, sb_now(), sb_now() + interval '1 day'"
+        " FROM generate_series(1, $2) AS i",
+        endpoint_id,
+        n,
+    )
+
+
+async def test_the_outbox_is_bounded_on_each_worker(
+    citus: CitusCluster, conn: Conn, clients: list[Client], replicas: list[ServerProcess]
+) -> None:
+    """The rows of an endpoint without a hook are dropped by the replicas'
+    passes; an endpoint over the cap keeps its newest rows (``hooks._bound``
+    on a cluster: found by a read of every shard, deleted on each shard)."""
+    client = clients[0]
+    placed = await tenants_on_each_worker(client, conn, citus)
+    async with Receiver() as receiver:
+        for tenant, _ in placed:
+            await _queue_deliveries(conn, tenant.endpoint_id, 3)  # no hook: cleared
+
+        async def dropped() -> bool:
+            left = await conn.fetchval(
+                "SELECT count(*) FROM hook_outbox WHERE endpoint_id = ANY ($1::uuid[])",
+                [t.endpoint_id for t, _ in placed],
+            )
+            return bool(left == 0)
+
+        await eventually(dropped, "the rows of endpoints without a hook are dropped")
+        for tenant, _ in placed:
+            await client.admin.SetNotifyHook(
+                admin_pb2.SetNotifyHookRequest(endpoint_id=tenant.endpoint_id, url=receiver.url),
+                metadata=tenant.human,
+            )
+            await _queue_deliveries(conn, tenant.endpoint_id, 5)
+        trimmed = await hook_queries.trim_distributed(conn, 2)
+        for tenant, _ in placed:
+            assert trimmed[uuid.UUID(tenant.endpoint_id)] == 3
+            newest = await conn.fetch(
+                "SELECT queue FROM hook_outbox WHERE endpoint_id = $1::uuid ORDER BY id",
+                tenant.endpoint_id,
+            )
+            assert [r["queue"] for r in newest] == ["q4", "q5"]
+        assert receiver.requests == []
+    assert_no_failed_pass(replicas)
