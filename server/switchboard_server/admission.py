@@ -717,41 +717,54 @@ async def check_zones(db: Database) -> int:
     return len(emptied)
 
 
-async def refresh_schedules(db: Database, batch: int = 100) -> int:
+async def refresh_schedules(db: Database, batch: int = 100, *, distributed: bool = False) -> int:
     """One schedule pass: re-validates every policy's zone (``check_zones``),
     then extends the window schedules that are due, rebuilding emptied ones
     whose zone is known again; the number of schedules changed.
 
     Safe on every replica (rows are taken with SKIP LOCKED). An emptied
     schedule makes the claim path refuse with ``admission_unavailable``.
+    ``distributed`` (a Citus cluster): the endpoints with due schedules are
+    read from every shard, then each endpoint's are locked and extended in a
+    transaction of their own, every statement on its shard.
     """
     refreshed = await check_zones(db)
-    while True:
-        async with db.transaction() as conn:
-            rows = await admission_queries.schedules_due(conn, batch)
-            now = await clock.now(conn)
-            for row in rows:
-                try:
-                    spec = spec_of(row)
-                    assert spec is not None
-                    bounds = schedule(spec, now)
-                except (WindowSpecError, ValueError) as exc:
-                    if row.window_bounds:  # once per policy: an empty one was told already
-                        log.warning(
-                            "admission policy window cannot be evaluated; claims refused",
-                            extra={"policy_id": row.id, "error": str(exc)},
-                        )
-                    await admission_queries.store_schedule(
-                        conn, row, [], now + RETRY_BROKEN_SCHEDULE
-                    )
-                    continue
-                await _carry_count(conn, row, now, bounds[0])
-                await admission_queries.store_schedule(conn, row, bounds, bounds[REFRESH_INDEX])
-                if not row.window_bounds:  # it admits again: a deferred queue may reopen
-                    log.info(
-                        "admission policy window schedule rebuilt", extra={"policy_id": row.id}
-                    )
-                    await doorbell_queries.recheck_gate(conn, row.endpoint_id, row.queue_id)
-            refreshed += len(rows)
-        if len(rows) < batch:
-            return refreshed
+    endpoints: Sequence[uuid.UUID | None] = [None]  # on one server: every endpoint at once
+    if distributed:
+        async with db.connection() as conn:
+            endpoints = await admission_queries.schedules_due_endpoints(conn, await clock.now(conn))
+    for endpoint_id in endpoints:
+        while True:
+            async with db.transaction() as conn:
+                now = await clock.now(conn)
+                if endpoint_id is None:
+                    rows = await admission_queries.schedules_due(conn, batch)
+                else:
+                    rows = await admission_queries.schedules_due_of(conn, endpoint_id, batch, now)
+                await _refresh(conn, rows, now)
+                refreshed += len(rows)
+            if len(rows) < batch:
+                break
+    return refreshed
+
+
+async def _refresh(conn: Conn, rows: list[PolicyRow], now: datetime) -> None:
+    """Extends (or empties) the locked due window schedules ``rows``."""
+    for row in rows:
+        try:
+            spec = spec_of(row)
+            assert spec is not None
+            bounds = schedule(spec, now)
+        except (WindowSpecError, ValueError) as exc:
+            if row.window_bounds:  # once per policy: an empty one was told already
+                log.warning(
+                    "admission policy window cannot be evaluated; claims refused",
+                    extra={"policy_id": row.id, "error": str(exc)},
+                )
+            await admission_queries.store_schedule(conn, row, [], now + RETRY_BROKEN_SCHEDULE)
+            continue
+        await _carry_count(conn, row, now, bounds[0])
+        await admission_queries.store_schedule(conn, row, bounds, bounds[REFRESH_INDEX])
+        if not row.window_bounds:  # it admits again: a deferred queue may reopen
+            log.info("admission policy window schedule rebuilt", extra={"policy_id": row.id})
+            await doorbell_queries.recheck_gate(conn, row.endpoint_id, row.queue_id)

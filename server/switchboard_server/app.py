@@ -324,7 +324,15 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
         supervisor.run("health", db_health.run)
         runner = await start_http(deps, settings)
         _start_loops(
-            supervisor, settings, db, hub, signals or LoopSignals(), http, metrics, reopen_due
+            supervisor,
+            settings,
+            db,
+            hub,
+            signals or LoopSignals(),
+            http,
+            metrics,
+            reopen_due,
+            distributed=distributed,
         )
     except BaseException:
         if runner is not None:
@@ -400,23 +408,32 @@ def _start_loops(
     http: httpx.AsyncClient,
     metrics: Metrics,
     reopen_due: asyncio.Event,
+    *,
+    distributed: bool,
 ) -> None:
+    # On a Citus cluster the passes that lock rows run per shard group.
     supervisor.every(
-        "reaper", settings.reaper_interval, lambda: reap_once(db, metrics), signals.reaped
+        "reaper",
+        settings.reaper_interval,
+        lambda: reap_once(db, metrics, distributed=distributed),
+        signals.reaped,
     )
     supervisor.every(
-        "schedules", settings.schedule_interval, lambda: refresh_schedules(db), signals.scheduled
+        "schedules",
+        settings.schedule_interval,
+        lambda: refresh_schedules(db, distributed=distributed),
+        signals.scheduled,
     )
     supervisor.every(
         "scheduler",
         settings.scheduler_interval,
-        lambda: fire_due(db, settings.scheduler_grace),
+        lambda: fire_due(db, settings.scheduler_grace, distributed=distributed),
         signals.fired,
     )
     supervisor.every(
         "reopen",
         settings.reopen_interval,
-        lambda: reopen_once(db),
+        lambda: reopen_once(db, distributed=distributed),
         signals.reopened,
         wake=reopen_due,
     )
@@ -424,11 +441,14 @@ def _start_loops(
     supervisor.every(
         "retention",
         settings.retention_interval,
-        lambda: retain_once(db, settings.retention_age),
+        lambda: retain_once(db, settings.retention_age, distributed=distributed),
         signals.retained,
     )
     supervisor.every(
-        "hooks", settings.hook_interval, lambda: deliver_once(db, http, settings), signals.hooked
+        "hooks",
+        settings.hook_interval,
+        lambda: deliver_once(db, http, settings, distributed=distributed),
+        signals.hooked,
     )
 
 

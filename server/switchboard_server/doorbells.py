@@ -185,8 +185,14 @@ class DoorbellHub:
             sub.offer(bell)
 
 
-async def reopen_once(db: Database, batch: int = 200) -> int:
-    """One pass of the reopen sweep; the number of gates reopened."""
+async def reopen_once(db: Database, batch: int = 200, *, distributed: bool = False) -> int:
+    """One pass of the reopen sweep; the number of gates reopened.
+
+    ``distributed`` (a Citus cluster): shard group by shard group, each sweep
+    delegated to the group's node (docs/scaling-out.md).
+    """
+    if distributed:
+        return await _reopen_per_group(db, batch)
     total = 0
     while True:
         async with db.transaction() as conn:
@@ -194,3 +200,16 @@ async def reopen_once(db: Database, batch: int = 200) -> int:
         total += len(reopened)
         if len(reopened) < batch:
             return total
+
+
+async def _reopen_per_group(db: Database, batch: int) -> int:
+    total = 0
+    async with db.connection() as conn:
+        for group in await doorbell_queries.due_gate_endpoint_groups(conn):
+            while True:
+                # Outside a transaction block: the call is delegated.
+                reopened = await doorbell_queries.reopen_sweep_of(conn, group, batch)
+                total += len(reopened)
+                if len(reopened) < batch:
+                    break
+    return total

@@ -45,6 +45,7 @@ from switchboard_server.backoff import retry_delay
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
 from switchboard_server.db import hooks as hook_queries
+from switchboard_server.db.database import Conn
 from switchboard_server.db.hooks import Delivery
 from switchboard_server.hook_policy import HookPolicy, IPAddress
 
@@ -226,15 +227,21 @@ def signed_headers(delivery: Delivery, body: bytes, now: float | None = None) ->
     }
 
 
-async def deliver_once(db: Database, client: httpx.AsyncClient, settings: Settings) -> int:
+async def deliver_once(
+    db: Database, client: httpx.AsyncClient, settings: Settings, *, distributed: bool = False
+) -> int:
     """One pass: bounds the outbox, then sends what is due; the number delivered.
 
     Up to ``IN_FLIGHT`` POSTs run at once, each to the head of a different
     queue. Whenever one finishes, the heads that became due are taken, so a
     slow or silent receiver holds up only its own queues. The pass ends when
     nothing is left in flight (or after ``MAX_TAKES`` takes, once drained).
+
+    ``distributed`` (a Citus cluster): the due rows are taken shard group by
+    shard group, each take delegated to the group's node
+    (docs/scaling-out.md, "Background work on a cluster").
     """
-    await _bound(db, settings.hook_outbox_cap)
+    await _bound(db, settings.hook_outbox_cap, distributed=distributed)
     # Longer than one POST may take, so a live sender never loses its row.
     lease = settings.hook_timeout * 2 + timedelta(seconds=5)
     inflight: set[asyncio.Task[bool]] = set()
@@ -244,7 +251,10 @@ async def deliver_once(db: Database, client: httpx.AsyncClient, settings: Settin
             room = IN_FLIGHT - len(inflight)
             if room > 0:
                 async with db.connection() as conn:
-                    batch = await hook_queries.take(conn, room, lease)
+                    if distributed:
+                        batch = await _take_per_group(conn, room, lease)
+                    else:
+                        batch = await hook_queries.take(conn, room, lease)
                 inflight.update(
                     asyncio.create_task(_deliver(db, client, settings, d)) for d in batch
                 )
@@ -263,12 +273,26 @@ async def deliver_once(db: Database, client: httpx.AsyncClient, settings: Settin
     return total
 
 
-async def _bound(db: Database, cap: int) -> None:
+async def _take_per_group(conn: Conn, room: int, lease: timedelta) -> list[Delivery]:
+    """``take`` on a Citus cluster: up to ``room`` due rows, group by group."""
+    batch: list[Delivery] = []
+    for group in await hook_queries.due_endpoint_groups(conn):
+        if len(batch) >= room:
+            break
+        batch += await hook_queries.take_of(conn, group, room - len(batch), lease)
+    return batch
+
+
+async def _bound(db: Database, cap: int, *, distributed: bool) -> None:
     async with db.connection() as conn:
-        cleared = await hook_queries.drop_cleared(conn)
-        trimmed = (
-            await hook_queries.trim(conn, cap) if await hook_queries.over_cap(conn, cap) else {}
-        )
+        if distributed:
+            cleared = await hook_queries.drop_cleared_distributed(conn)
+            trimmed = await hook_queries.trim_distributed(conn, cap)
+        else:
+            cleared = await hook_queries.drop_cleared(conn)
+            trimmed = (
+                await hook_queries.trim(conn, cap) if await hook_queries.over_cap(conn, cap) else {}
+            )
     if cleared:
         log.info("dropped notify hook deliveries of cleared hooks", extra={"rows": cleared})
     for endpoint_id, dropped in trimmed.items():
@@ -322,7 +346,9 @@ async def _settle(db: Database, settings: Settings, delivery: Delivery, error: s
 async def _release(db: Database, delivery: Delivery) -> None:
     try:
         async with db.connection() as conn:
-            await hook_queries.release(conn, delivery.id, delivery.lease_until)
+            await hook_queries.release(
+                conn, delivery.id, delivery.endpoint_id, delivery.lease_until
+            )
     except Exception:
         log.warning("could not hand back a notify hook delivery", exc_info=True)
 

@@ -7,7 +7,11 @@ Each loop catches and logs the errors of one iteration and carries on (a
 database blip must not kill it); the supervisor treats a loop that exits on
 its own as a bug and reports it. ``stop()`` cancels the loops and waits for
 them. Loops are safe on every replica at once: each batch is one statement
-that locks rows with SKIP LOCKED.
+that locks rows with SKIP LOCKED. On a Citus cluster (``distributed``, read
+once at start) the passes that lock rows run shard group by shard group:
+the endpoints with work are read from every shard without locks, then one
+call per shard group, delegated to its node, takes the rows there with SKIP
+LOCKED, endpoint by endpoint (docs/scaling-out.md).
 """
 
 from __future__ import annotations
@@ -48,11 +52,17 @@ class LoopSignals:
     hooked: asyncio.Queue[int] | None = None
 
 
-async def reap_once(db: Database, metrics: Metrics | None = None) -> int:
+async def reap_once(
+    db: Database, metrics: Metrics | None = None, *, distributed: bool = False
+) -> int:
     """Returns every lapsed lease to pending (or dead), in batches; the number reaped.
 
     Each reaped lease is counted on ``metrics`` as a lapsed attempt.
+    ``distributed`` (a Citus cluster): shard group by shard group, each batch
+    delegated to the group's node.
     """
+    if distributed:
+        return await _reap_per_group(db, metrics)
     total = 0
     while True:
         async with db.transaction() as conn:
@@ -64,8 +74,14 @@ async def reap_once(db: Database, metrics: Metrics | None = None) -> int:
             return total
 
 
-async def retain_once(db: Database, age: timedelta) -> int:
-    """Deletes done, dead and cancelled todos older than ``age``, in batches; the number deleted."""
+async def retain_once(db: Database, age: timedelta, *, distributed: bool = False) -> int:
+    """Deletes done, dead and cancelled todos older than ``age``, in batches; the number deleted.
+
+    ``distributed`` (a Citus cluster): shard group by shard group, each batch
+    delegated to the group's node.
+    """
+    if distributed:
+        return await _retain_per_group(db, age)
     total = 0
     while True:
         async with db.transaction() as conn:
@@ -73,6 +89,35 @@ async def retain_once(db: Database, age: timedelta) -> int:
         total += deleted
         if deleted < BATCH:
             return total
+
+
+async def _reap_per_group(db: Database, metrics: Metrics | None) -> int:
+    total = 0
+    async with db.connection() as conn:
+        for group in await todo_queries.lapsed_endpoint_groups(conn):
+            while True:
+                # Outside a transaction block: the call is delegated.
+                reaped = await todo_queries.reap_lapsed_of(conn, group, batch=BATCH)
+                if metrics is not None:
+                    metrics.attempts_ended(AttemptOutcome.LAPSED, len(reaped))
+                total += len(reaped)
+                if len(reaped) < BATCH:
+                    break
+    return total
+
+
+async def _retain_per_group(db: Database, age: timedelta) -> int:
+    total = 0
+    async with db.connection() as conn:
+        for group in await todo_queries.finished_endpoint_groups(conn, older_than=age):
+            while True:
+                deleted = await todo_queries.delete_finished_of(
+                    conn, group, older_than=age, batch=BATCH
+                )
+                total += deleted
+                if deleted < BATCH:
+                    break
+    return total
 
 
 @dataclass

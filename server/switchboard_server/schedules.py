@@ -369,41 +369,71 @@ async def _audit(
     )
 
 
-async def fire_due(db: Database, grace: timedelta, batch: int = BATCH) -> int:
+async def fire_due(
+    db: Database, grace: timedelta, batch: int = BATCH, *, distributed: bool = False
+) -> int:
     """One scheduler pass: creates the todo of every due slot (as each schedule's
     catch-up policy says) and advances the schedules; the number of todos created.
 
-    Safe on every replica at once (see the module docstring).
+    Safe on every replica at once (see the module docstring). ``distributed``
+    (a Citus cluster): the endpoints with due schedules are read from every
+    shard, then each endpoint's are locked and fired in a transaction of
+    their own, every statement on its shard (docs/scaling-out.md).
     """
+    if distributed:
+        return await _fire_due_per_endpoint(db, grace, batch)
     created = 0
     while True:
         async with db.transaction() as conn:
             rows = await schedule_queries.due(conn, batch)
             now = await clock.now(conn)
-            for row in rows:
-                assert row.next_slot is not None
-                try:
-                    recurrence = recurrence_of(row)
-                    step = plan(recurrence, CatchUp(row.catch_up), row.next_slot, now, grace)
-                except RecurrenceError as exc:
-                    log.warning(
-                        "schedule cannot be evaluated; retrying later",
-                        extra={"schedule_id": row.id, "error": str(exc)},
-                    )
-                    await schedule_queries.fire(conn, row.id, None, now + RETRY_BROKEN)
-                    continue
-                todo = await schedule_queries.fire(conn, row.id, step.slot, step.next_slot)
-                if step.skipped:
-                    log.info(
-                        "schedule missed slots",
-                        extra={
-                            "schedule_id": row.id,
-                            "missed_from": row.next_slot.isoformat(),
-                            "created_slot": step.slot.isoformat() if step.slot else None,
-                            "catch_up": row.catch_up,
-                        },
-                    )
-                if todo is not None:
-                    created += 1
+            created += await _fire(conn, rows, now, grace)
         if len(rows) < batch:
             return created
+
+
+async def _fire_due_per_endpoint(db: Database, grace: timedelta, batch: int) -> int:
+    async with db.connection() as conn:
+        now = await clock.now(conn)
+        endpoints = await schedule_queries.due_endpoints(conn, now)
+    created = 0
+    for endpoint_id in endpoints:
+        while True:
+            async with db.transaction() as conn:
+                now = await clock.now(conn)
+                rows = await schedule_queries.due_of(conn, endpoint_id, batch, now)
+                created += await _fire(conn, rows, now, grace)
+            if len(rows) < batch:
+                break
+    return created
+
+
+async def _fire(conn: Conn, rows: list[ScheduleRow], now: datetime, grace: timedelta) -> int:
+    """Fires the locked due schedules ``rows``; the number of todos created."""
+    created = 0
+    for row in rows:
+        assert row.next_slot is not None
+        try:
+            recurrence = recurrence_of(row)
+            step = plan(recurrence, CatchUp(row.catch_up), row.next_slot, now, grace)
+        except RecurrenceError as exc:
+            log.warning(
+                "schedule cannot be evaluated; retrying later",
+                extra={"schedule_id": row.id, "error": str(exc)},
+            )
+            await schedule_queries.fire(conn, row, None, now + RETRY_BROKEN)
+            continue
+        todo = await schedule_queries.fire(conn, row, step.slot, step.next_slot)
+        if step.skipped:
+            log.info(
+                "schedule missed slots",
+                extra={
+                    "schedule_id": row.id,
+                    "missed_from": row.next_slot.isoformat(),
+                    "created_slot": step.slot.isoformat() if step.slot else None,
+                    "catch_up": row.catch_up,
+                },
+            )
+        if todo is not None:
+            created += 1
+    return created

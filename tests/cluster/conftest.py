@@ -63,9 +63,16 @@ def cluster_dsn(citus: CitusCluster, distribute_output: str) -> str:
 @pytest.fixture(scope="session")
 async def replicas(cluster_dsn: str) -> AsyncIterator[list[ServerProcess]]:
     """Two server replicas on the coordinator, shared by the cluster tests
-    (each test makes tenants of its own)."""
+    (each test makes tenants of its own). Their reaper and retention run every
+    second, and their notify hooks may post to this machine (the receivers of
+    test_background.py)."""
+    env = {
+        "SWITCHBOARD_REAPER_INTERVAL": "1",
+        "SWITCHBOARD_RETENTION_INTERVAL": "1",
+        "SWITCHBOARD_HOOKS_ALLOW_PRIVATE": "1",
+    }
     started = await asyncio.gather(
-        ServerProcess.start(cluster_dsn), ServerProcess.start(cluster_dsn)
+        ServerProcess.start(cluster_dsn, env), ServerProcess.start(cluster_dsn, env)
     )
     try:
         yield list(started)

@@ -4,6 +4,7 @@ grants and tenancy; the scheduler creating todos, and DST days."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -506,8 +507,10 @@ async def test_a_slot_never_gets_a_second_todo_even_from_a_stale_plan(
     )
     slot = datetime(2026, 6, 1, 12, 1, tzinfo=UTC)
     async with db.transaction() as conn:
-        first = await schedule_queries.fire(conn, int(made.id), slot, slot + timedelta(minutes=1))
-        again = await schedule_queries.fire(conn, int(made.id), slot, slot + timedelta(minutes=2))
+        row = await schedule_queries.lock(conn, int(made.id), uuid.UUID(tenant.owner_id), None)
+        assert row is not None
+        first = await schedule_queries.fire(conn, row, slot, slot + timedelta(minutes=1))
+        again = await schedule_queries.fire(conn, row, slot, slot + timedelta(minutes=2))
     assert first is not None and first.schedule_slot == slot
     assert again is None  # todos_schedule_slot_key: the slot's todo exists
     assert len(await scheduled_todos(client, tenant)) == 1

@@ -156,6 +156,20 @@ async def schedules_due(conn: Conn, batch: int) -> list[PolicyRow]:
     return [_policy(r) for r in await conn.fetch(sql("policy_schedule_due"), batch)]
 
 
+async def schedules_due_endpoints(conn: Conn, now: datetime) -> list[uuid.UUID]:
+    """(A Citus cluster: a read of every shard, no locks.) The endpoints with
+    an active windowed policy whose schedule is due at ``now``."""
+    return [r["endpoint_id"] for r in await conn.fetch(sql("policy_schedule_due_endpoints"), now)]
+
+
+async def schedules_due_of(
+    conn: Conn, endpoint_id: uuid.UUID, batch: int, now: datetime
+) -> list[PolicyRow]:
+    """``schedules_due`` for one endpoint's policies (a statement on its shard only)."""
+    rows = await conn.fetch(sql("policy_schedule_due_of"), batch, endpoint_id, now)
+    return [_policy(r) for r in rows]
+
+
 @dataclass(frozen=True)
 class PolicyZone:
     """A zone that active windowed policies use."""

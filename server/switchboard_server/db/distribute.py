@@ -24,6 +24,7 @@ migrator's advisory lock, so replicas never migrate in between.
 from __future__ import annotations
 
 import logging
+import uuid
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -87,6 +88,11 @@ DELEGATED = (
     ),
     ("sb_heartbeat(uuid, uuid, bigint[], uuid[], interval)", "p_endpoint_id"),
     ("sb_doorbell_snapshot(uuid, text[])", "p_endpoint_id"),
+    # The background passes, per shard group (``endpoint_groups``).
+    ("sb_reap_lapsed(uuid, uuid[], integer)", "p_endpoint_id"),
+    ("sb_delete_finished(uuid, uuid[], interval, integer)", "p_endpoint_id"),
+    ("sb_reopen_sweep(uuid, uuid[], integer)", "p_endpoint_id"),
+    ("sb_hook_take(uuid, uuid[], integer, interval)", "p_endpoint_id"),
 )
 
 
@@ -186,6 +192,19 @@ async def is_distributed(conn: Conn) -> bool:
     if await conn.fetchval(sql("citus_version")) is None:
         return False
     return bool(await conn.fetchval(sql("citus_distributed")))
+
+
+async def endpoint_groups(conn: Conn, candidates: str, *args: object) -> list[list[uuid.UUID]]:
+    """The endpoints that the named read-only query ``candidates`` finds (its
+    ``$1`` is the shared clock's now, then ``args``), grouped by the shard
+    group that holds them: a background pass on a cluster makes one delegated
+    call per group, with its first endpoint as the one Citus places it by."""
+    now = await conn.fetchval(sql("clock_now"))
+    found = [r["endpoint_id"] for r in await conn.fetch(sql(candidates), now, *args)]
+    if not found:
+        return []
+    rows = await conn.fetch(sql("citus_shard_groups"), found, DISTRIBUTED_TABLES[0])
+    return [list(r["endpoint_ids"]) for r in rows]
 
 
 async def worker_nodes(conn: Conn) -> list[tuple[str, int]]:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from switchboard_server.db import distribute
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import sql
 
@@ -43,3 +44,17 @@ async def recheck_gate(conn: Conn, endpoint_id: uuid.UUID, queue_id: int) -> Non
     """A queue's policy changed: its deferred gate is due at once, or marked if
     the new policy defers the queue (so that it rings when it reopens)."""
     await conn.execute(sql("gate_recheck"), endpoint_id, queue_id)
+
+
+async def due_gate_endpoint_groups(conn: Conn) -> list[list[uuid.UUID]]:
+    """(A Citus cluster.) The endpoints with a due deferred gate, by shard group."""
+    return await distribute.endpoint_groups(conn, "gate_due_endpoints")
+
+
+async def reopen_sweep_of(
+    conn: Conn, endpoint_ids: Sequence[uuid.UUID], batch: int
+) -> list[tuple[int, str, bool]]:
+    """``reopen_sweep`` for endpoints of one shard group, in one call delegated
+    to the group's node (outside any transaction block)."""
+    rows = await conn.fetch(sql("gate_reopen_sweep_of"), endpoint_ids[0], endpoint_ids, batch)
+    return [(r["queue_id"], r["cause"], r["rang"]) for r in rows]

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+import asyncpg
+
+from switchboard_server.db import distribute
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import sql
 
@@ -36,7 +40,25 @@ class Delivery:
 
 async def take(conn: Conn, batch: int, lease: timedelta) -> list[Delivery]:
     """Leases up to ``batch`` due deliveries, the oldest of each (endpoint, queue) only."""
-    rows = await conn.fetch(sql("hook_take"), batch, lease)
+    return _deliveries(await conn.fetch(sql("hook_take"), batch, lease))
+
+
+async def due_endpoint_groups(conn: Conn) -> list[list[uuid.UUID]]:
+    """(A Citus cluster.) The endpoints with a due delivery and a hook, by shard group."""
+    return await distribute.endpoint_groups(conn, "hook_due_endpoints")
+
+
+async def take_of(
+    conn: Conn, endpoint_ids: Sequence[uuid.UUID], batch: int, lease: timedelta
+) -> list[Delivery]:
+    """``take`` for endpoints of one shard group, in one call delegated to the
+    group's node (outside any transaction block)."""
+    return _deliveries(
+        await conn.fetch(sql("hook_take_of"), endpoint_ids[0], endpoint_ids, batch, lease)
+    )
+
+
+def _deliveries(rows: Sequence[asyncpg.Record]) -> list[Delivery]:
     return [
         Delivery(
             id=r["id"],
@@ -57,7 +79,7 @@ async def take(conn: Conn, batch: int, lease: timedelta) -> list[Delivery]:
 
 async def delivered(conn: Conn, delivery_id: int, endpoint_id: uuid.UUID) -> None:
     """Deletes a delivery the receiver acknowledged and notes the success on the endpoint."""
-    await conn.execute(sql("hook_delivered"), delivery_id)
+    await conn.execute(sql("hook_delivered"), delivery_id, endpoint_id)
     await conn.execute(sql("hook_status_delivered"), endpoint_id)
 
 
@@ -71,13 +93,17 @@ async def failed(
 ) -> None:
     """Records a failed attempt and schedules the next one (if the lease is still ours);
     the endpoint's owner sees the error."""
-    if await conn.fetchval(sql("hook_failed"), delivery_id, error, retry_in, lease_until):
+    if await conn.fetchval(
+        sql("hook_failed"), delivery_id, error, retry_in, lease_until, endpoint_id
+    ):
         await conn.execute(sql("hook_status_failed"), endpoint_id, error)
 
 
-async def release(conn: Conn, delivery_id: int, lease_until: datetime) -> None:
+async def release(
+    conn: Conn, delivery_id: int, endpoint_id: uuid.UUID, lease_until: datetime
+) -> None:
     """Hands an unsent delivery back at once (if the lease is still ours)."""
-    await conn.execute(sql("hook_release"), delivery_id, lease_until)
+    await conn.execute(sql("hook_release"), delivery_id, lease_until, endpoint_id)
 
 
 async def over_cap(conn: Conn, cap: int) -> bool:
@@ -95,3 +121,25 @@ async def drop_cleared(conn: Conn) -> int:
     """Drops the rows of endpoints whose hook is cleared; how many."""
     count = await conn.fetchval(sql("hook_drop_cleared"))
     return int(count or 0)
+
+
+async def drop_cleared_distributed(conn: Conn) -> int:
+    """``drop_cleared`` on a Citus cluster: the endpoints are read from every
+    shard (no writes there while there are none), then each is emptied on its
+    shard; how many rows."""
+    dropped = 0
+    for r in await conn.fetch(sql("hook_cleared_endpoints")):
+        status = await conn.execute(sql("hook_drop_cleared_endpoint"), r["endpoint_id"])
+        dropped += int(status.split()[-1])
+    return dropped
+
+
+async def trim_distributed(conn: Conn, cap: int) -> dict[uuid.UUID, int]:
+    """``trim`` on a Citus cluster: the endpoints over the cap are read from
+    every shard, then each is trimmed on its own shard."""
+    dropped: dict[uuid.UUID, int] = {}
+    for r in await conn.fetch(sql("hook_over_cap_endpoints"), cap):
+        rows = await conn.fetch(sql("hook_trim_endpoint"), r["endpoint_id"], cap)
+        if rows:
+            dropped[r["endpoint_id"]] = len(rows)
+    return dropped

@@ -203,11 +203,25 @@ async def due(conn: Conn, batch: int) -> list[ScheduleRow]:
     return [_row(r) for r in await conn.fetch(sql("schedule_due"), batch)]
 
 
+async def due_endpoints(conn: Conn, now: datetime) -> list[uuid.UUID]:
+    """(A Citus cluster: a read of every shard, no locks.) The endpoints with a
+    running schedule due at ``now``."""
+    return [r["endpoint_id"] for r in await conn.fetch(sql("schedule_due_endpoints"), now)]
+
+
+async def due_of(
+    conn: Conn, endpoint_id: uuid.UUID, batch: int, now: datetime
+) -> list[ScheduleRow]:
+    """``due`` for one endpoint's schedules (a statement on its shard only)."""
+    return [_row(r) for r in await conn.fetch(sql("schedule_due_of"), batch, endpoint_id, now)]
+
+
 async def fire(
-    conn: Conn, schedule_id: int, slot: datetime | None, next_slot: datetime
+    conn: Conn, row: ScheduleRow, slot: datetime | None, next_slot: datetime
 ) -> Todo | None:
-    """Creates the slot's todo (``None``: skipped, or it exists) and advances the schedule."""
-    rec = await conn.fetchrow(sql("schedule_fire"), schedule_id, slot, next_slot)
+    """Creates the slot's todo (``None``: skipped, or it exists) and advances
+    the (locked) schedule ``row``."""
+    rec = await conn.fetchrow(sql("schedule_fire"), row.endpoint_id, row.id, slot, next_slot)
     return todo_from_record(rec) if rec is not None else None
 
 

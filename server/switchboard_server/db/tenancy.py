@@ -165,6 +165,15 @@ async def set_endpoint_hook(
     """Sets or clears an endpoint's notify hook; ``None`` if not the owner's endpoint.
 
     With ``grace`` the replaced secret stays valid that long (a rotation).
+    Clearing drops the deliveries waiting to be sent: call it in a transaction.
     """
-    rec = await conn.fetchrow(sql("endpoint_set_hook"), endpoint_id, owner_id, url, secret, grace)
-    return Endpoint(**dict(rec)) if rec is not None else None
+    now = await conn.fetchval(sql("clock_now"))
+    until = now + grace if grace is not None else None
+    rec = await conn.fetchrow(
+        sql("endpoint_set_hook"), endpoint_id, owner_id, url, secret, grace, now, until
+    )
+    if rec is None:
+        return None
+    if url is None:
+        await conn.execute(sql("hook_outbox_clear"), endpoint_id)
+    return Endpoint(**dict(rec))

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 import asyncpg
 
 from switchboard_server import errors
+from switchboard_server.db import distribute
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import sql
 from switchboard_server.db.rows import record
@@ -722,3 +723,34 @@ async def delete_finished(conn: Conn, *, older_than: timedelta, batch: int) -> i
     """Deletes up to ``batch`` done, dead or cancelled todos finished before ``older_than`` ago."""
     rows = await conn.fetch(sql("todo_delete_finished"), older_than, batch)
     return len(rows)
+
+
+async def lapsed_endpoint_groups(conn: Conn) -> list[list[uuid.UUID]]:
+    """(A Citus cluster.) The endpoints with a lapsed lease, by shard group."""
+    return await distribute.endpoint_groups(conn, "todo_lapsed_endpoints")
+
+
+async def reap_lapsed_of(
+    conn: Conn, endpoint_ids: Sequence[uuid.UUID], *, batch: int
+) -> list[tuple[int, TodoState, int]]:
+    """``reap_lapsed`` for endpoints of one shard group, in one call delegated
+    to the group's node (outside any transaction block: a call inside one is
+    not delegated)."""
+    rows = await conn.fetch(sql("todo_reap_lapsed_of"), endpoint_ids[0], endpoint_ids, batch)
+    return [(r["id"], TodoState(r["state"]), r["queue_id"]) for r in rows]
+
+
+async def finished_endpoint_groups(conn: Conn, *, older_than: timedelta) -> list[list[uuid.UUID]]:
+    """(A Citus cluster.) The endpoints with a todo finished before ``older_than``
+    ago, by shard group."""
+    return await distribute.endpoint_groups(conn, "todo_finished_endpoints_before", older_than)
+
+
+async def delete_finished_of(
+    conn: Conn, endpoint_ids: Sequence[uuid.UUID], *, older_than: timedelta, batch: int
+) -> int:
+    """``delete_finished`` for endpoints of one shard group, in one delegated call."""
+    deleted = await conn.fetchval(
+        sql("todo_delete_finished_of"), endpoint_ids[0], endpoint_ids, older_than, batch
+    )
+    return int(deleted or 0)

@@ -1030,3 +1030,93 @@ LANGUAGE sql AS $$
                           p_max_attempts, p_delays, p_webhook_ids, p_delivery_ids, p_keys,
                           p_retentions, p_traceparents, NULL) AS m
 $$;
+
+-- The reaper and retention on a Citus cluster (loops.reap_once and
+-- retain_once, when the schema is distributed): todo_reap_lapsed and
+-- todo_delete_finished for the endpoints p_endpoint_ids, all of one shard
+-- group, delegated by p_endpoint_id (one of them) to the node that holds the
+-- group. Endpoint by endpoint, every statement naming one, so that each
+-- stays on its shard there (a FOR UPDATE across shards is refused); SKIP
+-- LOCKED shares the work with the other replicas, as on one server. Up to
+-- p_batch todos in all.
+
+-- Returns up to p_batch lapsed leases of the endpoints to pending (dead when
+-- no attempts are left), freeing their queues' in-flight slots.
+CREATE OR REPLACE FUNCTION sb_reap_lapsed(
+    p_endpoint_id uuid, p_endpoint_ids uuid[], p_batch integer
+) RETURNS TABLE (id bigint, state text, queue_id bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := sb_now();
+    v_endpoint uuid;
+    v_ids bigint[];
+    v_queue_ids bigint[];
+    v_left integer := p_batch;
+BEGIN
+    FOREACH v_endpoint IN ARRAY p_endpoint_ids LOOP
+        EXIT WHEN v_left <= 0;
+        SELECT coalesce(array_agg(l.id ORDER BY l.id), '{}') INTO v_ids
+          FROM (SELECT t.id FROM todos t
+                 WHERE t.endpoint_id = v_endpoint AND t.state = 'claimed'
+                   AND t.lease_expires_at <= v_now
+                 LIMIT v_left
+                   FOR UPDATE SKIP LOCKED) AS l;
+        CONTINUE WHEN cardinality(v_ids) = 0;
+        v_left := v_left - cardinality(v_ids);
+        UPDATE attempts a SET outcome = 'lapsed', finished_at = v_now
+          FROM todos t
+         WHERE t.endpoint_id = v_endpoint AND t.id = ANY (v_ids)
+           AND a.endpoint_id = v_endpoint AND a.todo_id = t.id AND a.number = t.attempt;
+        UPDATE todos t
+           SET state = CASE WHEN t.attempt >= t.max_attempts THEN 'dead' ELSE 'pending' END,
+               next_retry_at = v_now,
+               finished_at = CASE WHEN t.attempt >= t.max_attempts THEN v_now END,
+               last_error = CASE WHEN t.attempt >= t.max_attempts
+                                 THEN 'lease lapsed on the last attempt' ELSE t.last_error END,
+               lease_id = NULL, lease_expires_at = NULL, updated_at = v_now
+         WHERE t.endpoint_id = v_endpoint AND t.id = ANY (v_ids);
+        SELECT array_agg(DISTINCT t.queue_id ORDER BY t.queue_id) INTO v_queue_ids
+          FROM todos t WHERE t.endpoint_id = v_endpoint AND t.id = ANY (v_ids);
+        -- The reaped todos' in-flight slots are free: their gates ring SLOT_FREED.
+        PERFORM sb_gates_slot_freed(v_endpoint, v_queue_ids, v_now);
+        RETURN QUERY
+            SELECT t.id, t.state, t.queue_id FROM todos t
+             WHERE t.endpoint_id = v_endpoint AND t.id = ANY (v_ids);
+    END LOOP;
+END;
+$$;
+
+-- Deletes up to p_batch of the endpoints' done, dead or cancelled todos (and,
+-- by cascade, their attempts and results) that finished more than
+-- p_older_than ago (as todo_delete_finished); how many.
+CREATE OR REPLACE FUNCTION sb_delete_finished(
+    p_endpoint_id uuid, p_endpoint_ids uuid[], p_older_than interval, p_batch integer
+) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := sb_now();
+    v_endpoint uuid;
+    v_ids bigint[];
+    v_deleted integer;
+    v_left integer := p_batch;
+BEGIN
+    FOREACH v_endpoint IN ARRAY p_endpoint_ids LOOP
+        EXIT WHEN v_left <= 0;
+        SELECT coalesce(array_agg(l.id), '{}') INTO v_ids
+          FROM (SELECT t.id FROM todos t
+                 WHERE t.endpoint_id = v_endpoint
+                   AND t.state IN ('done', 'dead', 'cancelled')
+                   AND t.finished_at < v_now - p_older_than
+                   AND (t.idempotency_key IS NULL
+                        OR t.finished_at + t.idempotency_retention <= v_now)
+                 ORDER BY t.finished_at
+                 LIMIT v_left
+                   FOR UPDATE SKIP LOCKED) AS l;
+        CONTINUE WHEN cardinality(v_ids) = 0;
+        DELETE FROM todos t WHERE t.endpoint_id = v_endpoint AND t.id = ANY (v_ids);
+        GET DIAGNOSTICS v_deleted = ROW_COUNT;
+        v_left := v_left - v_deleted;
+    END LOOP;
+    RETURN p_batch - v_left;
+END;
+$$;

@@ -293,19 +293,15 @@ $$;
 
 -- The reopen sweep: re-evaluates up to p_batch due deferred gates (SKIP
 -- LOCKED: safe on every replica) and reopens each gate whose queue admits
--- again, ringing it once in the same transaction. A gate still deferred is
--- written only when its reason, policy or next check changes. Returns the
--- reopens.
+-- again, ringing it once in the same transaction (sb_gate_reevaluate).
+-- Returns the reopens.
 CREATE OR REPLACE FUNCTION sb_reopen_sweep(p_batch integer)
 RETURNS TABLE (queue_id bigint, cause text, rang boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_now timestamptz := sb_now();
     v_gate queue_gates;
-    v_status record;
-    v_policy_at timestamptz;
-    v_next timestamptz;
-    v_cause text;
+    v_reopen record;
 BEGIN
     FOR v_gate IN
         SELECT * FROM queue_gates g
@@ -314,38 +310,95 @@ BEGIN
          LIMIT p_batch
            FOR UPDATE SKIP LOCKED
     LOOP
-        SELECT p.updated_at INTO v_policy_at
-          FROM queues q
-          JOIN admission_policies p
-            ON p.endpoint_id = q.endpoint_id AND p.id = q.policy_id AND p.active
-         WHERE q.endpoint_id = v_gate.endpoint_id AND p.endpoint_id = v_gate.endpoint_id
-           AND q.id = v_gate.queue_id;
-        -- No row (no active policy any more) leaves every field NULL: admitted.
-        SELECT s.* INTO v_status
-          FROM sb_queue_admission(v_gate.endpoint_id, v_gate.queue_id, v_now) s;
-        IF v_status.reason IS NOT NULL THEN
-            v_next := sb_gate_next_check(v_status.reason, v_status.eval, v_now);
-            IF (v_gate.reason, v_gate.policy_seen_at, v_gate.next_check_at)
-               IS DISTINCT FROM (v_status.reason, v_policy_at, v_next) THEN
-                UPDATE queue_gates g
-                   SET reason = v_status.reason, policy_seen_at = v_policy_at,
-                       next_check_at = v_next
-                 WHERE g.endpoint_id = v_gate.endpoint_id AND g.queue_id = v_gate.queue_id;
-            END IF;
-            CONTINUE;
-        END IF;
-        v_cause := CASE
-            WHEN v_policy_at IS DISTINCT FROM v_gate.policy_seen_at THEN 'policy_changed'
-            WHEN v_gate.reason = 'window_exhausted' THEN 'window_boundary'
-            WHEN v_gate.reason = 'in_flight_full' THEN 'slot_freed'
-            ELSE 'policy_changed'
-        END;
-        UPDATE queue_gates g SET deferred = false, reason = NULL, updated_at = v_now
-         WHERE g.endpoint_id = v_gate.endpoint_id AND g.queue_id = v_gate.queue_id;
+        SELECT r.cause, r.rang INTO v_reopen FROM sb_gate_reevaluate(v_gate, v_now) r;
+        CONTINUE WHEN v_reopen.cause IS NULL;
         queue_id := v_gate.queue_id;
-        cause := v_cause;
-        rang := sb_ring(v_gate.endpoint_id, v_gate.queue_id, v_cause, v_now);
+        cause := v_reopen.cause;
+        rang := v_reopen.rang;
         RETURN NEXT;
     END LOOP;
+END;
+$$;
+
+-- The reopen sweep on a Citus cluster (doorbells.reopen_once, when the
+-- schema is distributed): sb_reopen_sweep for the endpoints p_endpoint_ids,
+-- all of one shard group, delegated by p_endpoint_id (one of them) to the
+-- node that holds the group. Endpoint by endpoint, every statement naming
+-- one, so that each stays on its shard there; up to p_batch gates in all.
+-- The rings are notified on that node (its listeners: db/listener.py).
+CREATE OR REPLACE FUNCTION sb_reopen_sweep(
+    p_endpoint_id uuid, p_endpoint_ids uuid[], p_batch integer
+) RETURNS TABLE (queue_id bigint, cause text, rang boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := sb_now();
+    v_endpoint uuid;
+    v_gate queue_gates;
+    v_reopen record;
+    v_left integer := p_batch;
+BEGIN
+    FOREACH v_endpoint IN ARRAY p_endpoint_ids LOOP
+        EXIT WHEN v_left <= 0;
+        FOR v_gate IN
+            SELECT * FROM queue_gates g
+             WHERE g.endpoint_id = v_endpoint AND g.deferred AND g.next_check_at <= v_now
+             ORDER BY g.next_check_at
+             LIMIT v_left
+               FOR UPDATE SKIP LOCKED
+        LOOP
+            v_left := v_left - 1;
+            SELECT r.cause, r.rang INTO v_reopen FROM sb_gate_reevaluate(v_gate, v_now) r;
+            CONTINUE WHEN v_reopen.cause IS NULL;
+            queue_id := v_gate.queue_id;
+            cause := v_reopen.cause;
+            rang := v_reopen.rang;
+            RETURN NEXT;
+        END LOOP;
+    END LOOP;
+END;
+$$;
+
+-- Re-evaluates one due deferred gate, locked by the caller (a reopen
+-- sweep): reopens it if its queue admits again and rings it (its cause, and
+-- whether it rang), or else keeps it deferred (cause NULL), written only
+-- when its reason, policy or next check changes.
+CREATE OR REPLACE FUNCTION sb_gate_reevaluate(
+    p_gate queue_gates, p_now timestamptz, OUT cause text, OUT rang boolean
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_status record;
+    v_policy_at timestamptz;
+    v_next timestamptz;
+BEGIN
+    SELECT p.updated_at INTO v_policy_at
+      FROM queues q
+      JOIN admission_policies p
+        ON p.endpoint_id = q.endpoint_id AND p.id = q.policy_id AND p.active
+     WHERE q.endpoint_id = p_gate.endpoint_id AND p.endpoint_id = p_gate.endpoint_id
+       AND q.id = p_gate.queue_id;
+    -- No row (no active policy any more) leaves every field NULL: admitted.
+    SELECT s.* INTO v_status
+      FROM sb_queue_admission(p_gate.endpoint_id, p_gate.queue_id, p_now) s;
+    IF v_status.reason IS NOT NULL THEN
+        v_next := sb_gate_next_check(v_status.reason, v_status.eval, p_now);
+        IF (p_gate.reason, p_gate.policy_seen_at, p_gate.next_check_at)
+           IS DISTINCT FROM (v_status.reason, v_policy_at, v_next) THEN
+            UPDATE queue_gates g
+               SET reason = v_status.reason, policy_seen_at = v_policy_at,
+                   next_check_at = v_next
+             WHERE g.endpoint_id = p_gate.endpoint_id AND g.queue_id = p_gate.queue_id;
+        END IF;
+        RETURN;
+    END IF;
+    cause := CASE
+        WHEN v_policy_at IS DISTINCT FROM p_gate.policy_seen_at THEN 'policy_changed'
+        WHEN p_gate.reason = 'window_exhausted' THEN 'window_boundary'
+        WHEN p_gate.reason = 'in_flight_full' THEN 'slot_freed'
+        ELSE 'policy_changed'
+    END;
+    UPDATE queue_gates g SET deferred = false, reason = NULL, updated_at = p_now
+     WHERE g.endpoint_id = p_gate.endpoint_id AND g.queue_id = p_gate.queue_id;
+    rang := sb_ring(p_gate.endpoint_id, p_gate.queue_id, cause, p_now);
 END;
 $$;

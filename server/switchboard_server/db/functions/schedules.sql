@@ -2,13 +2,15 @@
 -- slots (zone rules, cron) and locks the due schedule rows (SKIP LOCKED);
 -- this function does the rest in the caller's transaction.
 
--- Creates the todo of schedule p_id's slot p_slot (unless p_slot is NULL:
--- the due slots were skipped) and advances the schedule to p_next_slot.
--- The caller holds the schedule row's lock and has checked that the slot is
--- due. A todo for the same slot that exists already (todos_schedule_slot_key)
--- is never created twice: the slot is then only advanced past. Returns the
--- created todo, or NULL.
+-- Creates the todo of schedule p_id's (of endpoint p_endpoint_id) slot
+-- p_slot (unless p_slot is NULL: the due slots were skipped) and advances
+-- the schedule to p_next_slot. The caller holds the schedule row's lock and
+-- has checked that the slot is due. A todo for the same slot that exists
+-- already (todos_schedule_slot_key) is never created twice: the slot is then
+-- only advanced past. Returns the created todo, or NULL. Every statement
+-- names the endpoint: on a Citus cluster each stays on its shard.
 CREATE OR REPLACE FUNCTION sb_schedule_fire(
+    p_endpoint_id uuid,
     p_id bigint,
     p_slot timestamptz,
     p_next_slot timestamptz
@@ -19,7 +21,7 @@ DECLARE
     s schedules;
     v_row todos;
 BEGIN
-    SELECT * INTO s FROM schedules WHERE id = p_id;
+    SELECT * INTO s FROM schedules WHERE endpoint_id = p_endpoint_id AND id = p_id;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
@@ -41,7 +43,21 @@ BEGIN
            last_slot = CASE WHEN v_row.id IS NULL THEN last_slot ELSE p_slot END,
            last_todo_id = coalesce(v_row.id, last_todo_id),
            todos_created = todos_created + (v_row.id IS NOT NULL)::integer
-     WHERE id = p_id;
+     WHERE endpoint_id = p_endpoint_id AND id = p_id;
     RETURN v_row;
+END;
+$$;
+
+-- sb_schedule_fire as servers of the previous release call it (by the
+-- schedule's id alone), during a rolling upgrade.
+CREATE OR REPLACE FUNCTION sb_schedule_fire(
+    p_id bigint,
+    p_slot timestamptz,
+    p_next_slot timestamptz
+) RETURNS todos
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN sb_schedule_fire((SELECT endpoint_id FROM schedules WHERE id = p_id),
+                            p_id, p_slot, p_next_slot);
 END;
 $$;

@@ -62,6 +62,22 @@ SELECT * FROM admission_policies
  LIMIT $1
    FOR UPDATE SKIP LOCKED;
 
+-- name: policy_schedule_due_endpoints :many
+-- (The refresher on a Citus cluster: a read of every shard, taking no lock.)
+-- The endpoints with an active windowed policy whose schedule is due at $1.
+SELECT DISTINCT endpoint_id FROM admission_policies
+ WHERE active AND window_period IS NOT NULL AND schedule_refresh_at <= $1;
+
+-- name: policy_schedule_due_of :many
+-- policy_schedule_due for endpoint $2 only, due at $3: on a Citus cluster the
+-- statement stays on the endpoint's shard, where FOR UPDATE is allowed.
+SELECT * FROM admission_policies
+ WHERE endpoint_id = $2 AND active AND window_period IS NOT NULL
+   AND schedule_refresh_at <= $3
+ ORDER BY schedule_refresh_at
+ LIMIT $1
+   FOR UPDATE SKIP LOCKED;
+
 -- name: policy_zones :many
 -- The zones of the active windowed policies, each once, and whether a
 -- schedule in it is empty: the zone check reads each zone once per pass.

@@ -123,3 +123,11 @@ SELECT nodename AS host, nodeport AS port
   FROM pg_dist_node
  WHERE isactive AND noderole = 'primary' AND groupid <> 0
  ORDER BY nodeid;
+
+-- name: citus_shard_groups :many
+-- (Only where Citus is installed.) The endpoints $1 grouped by the shard of
+-- table $2 (and so of every table co-located with it) that holds them.
+SELECT array_agg(e ORDER BY e) AS endpoint_ids
+  FROM unnest($1::uuid[]) AS e
+ GROUP BY get_shard_id_for_distribution_column($2::regclass, e)
+ ORDER BY 1;

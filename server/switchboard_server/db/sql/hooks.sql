@@ -38,21 +38,19 @@ RETURNING o.id, o.endpoint_id, o.queue, o.cause, o.pending, o.rung_at, o.attempt
                THEN e.notify_secret_previous END AS previous_secret;
 
 -- name: hook_delivered :exec
--- The receiver acknowledged delivery $1: it is done.
-DELETE FROM hook_outbox WHERE id = $1;
+-- The receiver acknowledged delivery $1 (of endpoint $2): it is done.
+DELETE FROM hook_outbox WHERE id = $1 AND endpoint_id = $2;
 
 -- name: hook_failed :one
--- Delivery $1 failed with error $2: try again after $3 (an interval). Only
--- while the lease $4 taken for it is still the row's (a replica that took
--- it over after the lease lapsed owns it now); whether it was.
-WITH failed AS (
-    UPDATE hook_outbox
-       SET attempts = attempts + 1, last_error = $2, next_attempt_at = sb_now() + $3::interval,
-           lease_until = NULL
-     WHERE id = $1 AND lease_until = $4
-    RETURNING id
-)
-SELECT EXISTS (SELECT 1 FROM failed) AS failed;
+-- Delivery $1 (of endpoint $5) failed with error $2: try again after $3 (an
+-- interval). Only while the lease $4 taken for it is still the row's (a
+-- replica that took it over after the lease lapsed owns it now); whether it
+-- was (a row: it was).
+UPDATE hook_outbox
+   SET attempts = attempts + 1, last_error = $2, next_attempt_at = sb_now() + $3::interval,
+       lease_until = NULL
+ WHERE id = $1 AND endpoint_id = $5 AND lease_until = $4
+RETURNING true AS failed;
 
 -- name: hook_status_failed :exec
 -- Endpoint $1's hook failed a delivery with error $2: its owner sees it.
@@ -68,9 +66,10 @@ UPDATE endpoints SET hook_last_success_at = sb_now(), hook_failures = 0
  WHERE id = $1 AND notify_url IS NOT NULL;
 
 -- name: hook_release :exec
--- Hands delivery $1 back unsent (the process is stopping), if its lease $2 is
--- still the row's, so that another replica need not wait for the lease to lapse.
-UPDATE hook_outbox SET lease_until = NULL WHERE id = $1 AND lease_until = $2;
+-- Hands delivery $1 (of endpoint $3) back unsent (the process is stopping),
+-- if its lease $2 is still the row's, so that another replica need not wait
+-- for the lease to lapse.
+UPDATE hook_outbox SET lease_until = NULL WHERE id = $1 AND endpoint_id = $3 AND lease_until = $2;
 
 -- name: hook_over_cap :one
 -- Whether the whole outbox holds more than $1 rows (reads at most $1 + 1):
@@ -118,3 +117,42 @@ WITH RECURSIVE outbox_endpoints AS (
     RETURNING o.id
 )
 SELECT count(*) AS dropped FROM dropped;
+
+-- name: hook_due_endpoints :many
+-- (Delivery on a Citus cluster: a read of every shard, taking no lock.) The
+-- endpoints with a delivery due at $1 (the shared clock's now) and a hook.
+SELECT DISTINCT o.endpoint_id
+  FROM hook_outbox o JOIN endpoints e ON e.id = o.endpoint_id AND e.notify_url IS NOT NULL
+ WHERE o.next_attempt_at <= $1 AND (o.lease_until IS NULL OR o.lease_until <= $1);
+
+-- name: hook_take_of :many
+-- hook_take for the endpoints $2 of one shard group, delegated by $1 (one of
+-- them) to the group's node; see sb_hook_take.
+SELECT id, endpoint_id, queue, cause, pending, rung_at, attempts, lease_until, notify_url,
+       notify_secret, previous_secret
+  FROM sb_hook_take($1, $2, $3, $4);
+
+-- name: hook_cleared_endpoints :many
+-- (hook_drop_cleared on a Citus cluster, which plans no recursive query over
+-- every shard: a read of every shard, taking no lock.) The endpoints with
+-- rows in the outbox and no hook.
+SELECT DISTINCT o.endpoint_id
+  FROM hook_outbox o JOIN endpoints e ON e.id = o.endpoint_id AND e.notify_url IS NULL;
+
+-- name: hook_drop_cleared_endpoint :exec
+-- Deletes endpoint $1's rows if its hook is (still) cleared: on its shard only.
+DELETE FROM hook_outbox o USING endpoints e
+ WHERE o.endpoint_id = $1 AND e.id = $1 AND e.notify_url IS NULL;
+
+-- name: hook_over_cap_endpoints :many
+-- (hook_trim on a Citus cluster: a read of every shard, taking no lock.) The
+-- endpoints with more than $1 undelivered rows.
+SELECT endpoint_id FROM hook_outbox GROUP BY endpoint_id HAVING count(*) > $1;
+
+-- name: hook_trim_endpoint :many
+-- hook_trim for endpoint $1 alone: deletes its oldest rows beyond $2.
+DELETE FROM hook_outbox o
+ WHERE o.endpoint_id = $1
+   AND o.id IN (SELECT x.id FROM hook_outbox x WHERE x.endpoint_id = $1
+                 ORDER BY x.id DESC OFFSET $2)
+RETURNING o.id;

@@ -56,8 +56,23 @@ SELECT * FROM schedules
    FOR UPDATE SKIP LOCKED;
 
 -- name: schedule_fire :one
--- Creates a locked schedule's slot todo ($2; NULL: none) and advances it to $3.
-SELECT * FROM sb_schedule_fire($1, $2, $3) WHERE id IS NOT NULL;
+-- Creates a locked schedule's ($2, of endpoint $1) slot todo ($3; NULL:
+-- none) and advances it to $4.
+SELECT * FROM sb_schedule_fire($1, $2, $3, $4) WHERE id IS NOT NULL;
+
+-- name: schedule_due_endpoints :many
+-- (The scheduler on a Citus cluster: a read of every shard, taking no
+-- lock.) The endpoints with a running schedule due at $1 (the shared clock's now).
+SELECT DISTINCT endpoint_id FROM schedules WHERE NOT paused AND next_slot <= $1;
+
+-- name: schedule_due_of :many
+-- schedule_due for endpoint $2 only, due at $3: on a Citus cluster the statement stays
+-- on the endpoint's shard, where FOR UPDATE is allowed.
+SELECT * FROM schedules
+ WHERE endpoint_id = $2 AND NOT paused AND next_slot <= $3
+ ORDER BY next_slot
+ LIMIT $1
+   FOR UPDATE SKIP LOCKED;
 
 -- name: schedule_audit_insert :exec
 INSERT INTO schedule_audit (schedule_id, owner_id, endpoint_id, action, actor_credential_id,

@@ -71,34 +71,30 @@ SELECT revoked.*, pg_notify('switchboard_auth', revoked.id::text) IS NULL AS not
 -- Sets (or with NULLs clears) an endpoint's notify hook: URL $3, secret $4.
 -- With a grace period $5 (an interval) the secret it replaces keeps signing
 -- deliveries until then (a rotation); without one only $4 is valid. A new
--- URL starts a fresh delivery status. Clearing drops what was waiting to be
--- sent.
-WITH updated AS (
-    UPDATE endpoints
-       SET notify_url = $3, notify_secret = $4,
-           notify_secret_previous = CASE WHEN $5::interval IS NOT NULL AND $3::text IS NOT NULL
-                                         THEN notify_secret END,
-           notify_secret_previous_until =
-               CASE WHEN $5::interval IS NOT NULL AND $3::text IS NOT NULL
-                         AND notify_secret IS NOT NULL
-                    THEN sb_now() + $5::interval END,
-           hook_last_error = CASE WHEN notify_url IS NOT DISTINCT FROM $3 THEN hook_last_error END,
-           hook_last_error_at =
-               CASE WHEN notify_url IS NOT DISTINCT FROM $3 THEN hook_last_error_at END,
-           hook_last_success_at =
-               CASE WHEN notify_url IS NOT DISTINCT FROM $3 THEN hook_last_success_at END,
-           hook_failures = CASE WHEN notify_url IS NOT DISTINCT FROM $3 THEN hook_failures ELSE 0 END
-     WHERE id = $1 AND owner_id = $2
-    RETURNING id, owner_id, name, created_at, notify_url, hook_last_error, hook_last_error_at,
-              hook_last_success_at, hook_failures, notify_secret_previous_until
-), dropped AS (
-    DELETE FROM hook_outbox o USING updated
-     WHERE o.endpoint_id = updated.id AND updated.notify_url IS NULL
-)
--- The clock is read here, not in RETURNING: Citus allows only immutable
--- functions in the RETURNING of a write to a reference table.
-SELECT id, owner_id, name, created_at, notify_url, hook_last_error, hook_last_error_at,
-       hook_last_success_at, hook_failures,
-       CASE WHEN notify_secret_previous_until > sb_now()
-            THEN notify_secret_previous_until END AS previous_secret_until
-  FROM updated;
+-- URL starts a fresh delivery status. $6: the shared clock's now, and $7
+-- that plus $5 (Citus allows only immutable functions in a CASE or the
+-- RETURNING clause of a reference table's update). Clearing also drops what
+-- was waiting to be sent (hook_outbox_clear, in the same transaction).
+UPDATE endpoints
+   SET notify_url = $3, notify_secret = $4,
+       notify_secret_previous = CASE WHEN $5::interval IS NOT NULL AND $3::text IS NOT NULL
+                                     THEN notify_secret END,
+       notify_secret_previous_until =
+           CASE WHEN $5::interval IS NOT NULL AND $3::text IS NOT NULL
+                     AND notify_secret IS NOT NULL
+                THEN $7::timestamptz END,
+       hook_last_error = CASE WHEN notify_url IS NOT DISTINCT FROM $3 THEN hook_last_error END,
+       hook_last_error_at =
+           CASE WHEN notify_url IS NOT DISTINCT FROM $3 THEN hook_last_error_at END,
+       hook_last_success_at =
+           CASE WHEN notify_url IS NOT DISTINCT FROM $3 THEN hook_last_success_at END,
+       hook_failures = CASE WHEN notify_url IS NOT DISTINCT FROM $3 THEN hook_failures ELSE 0 END
+ WHERE id = $1 AND owner_id = $2
+RETURNING id, owner_id, name, created_at, notify_url, hook_last_error, hook_last_error_at,
+          hook_last_success_at, hook_failures,
+          CASE WHEN notify_secret_previous_until > $6::timestamptz
+               THEN notify_secret_previous_until END AS previous_secret_until;
+
+-- name: hook_outbox_clear :exec
+-- Drops what was waiting to be sent to endpoint $1's hook (it was cleared).
+DELETE FROM hook_outbox WHERE endpoint_id = $1;

@@ -273,3 +273,25 @@ WITH old AS (
 )
 DELETE FROM todos t USING old WHERE t.id = old.id
 RETURNING t.id;
+
+-- name: todo_lapsed_endpoints :many
+-- (The reaper on a Citus cluster: a read of every shard, taking no lock.)
+-- The endpoints with a lease lapsed at $1 (the shared clock's now).
+SELECT DISTINCT endpoint_id FROM todos WHERE state = 'claimed' AND lease_expires_at <= $1;
+
+-- name: todo_reap_lapsed_of :many
+-- todo_reap_lapsed for the endpoints $2 of one shard group, delegated by $1
+-- (one of them) to the group's node; see sb_reap_lapsed.
+SELECT id, state, queue_id FROM sb_reap_lapsed($1, $2, $3);
+
+-- name: todo_finished_endpoints_before :many
+-- (Retention on a Citus cluster: a read of every shard, taking no lock.)
+-- The endpoints with a done, dead or cancelled todo that finished more than
+-- $2 (an interval) before $1 (the shared clock's now).
+SELECT DISTINCT endpoint_id FROM todos
+ WHERE state IN ('done', 'dead', 'cancelled') AND finished_at < $1::timestamptz - $2::interval;
+
+-- name: todo_delete_finished_of :one
+-- todo_delete_finished for the endpoints $2 of one shard group, delegated by
+-- $1 (one of them) to the group's node; see sb_delete_finished.
+SELECT sb_delete_finished($1, $2, $3, $4) AS deleted;
