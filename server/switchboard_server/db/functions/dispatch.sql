@@ -1030,3 +1030,36 @@ LANGUAGE sql AS $$
                           p_max_attempts, p_delays, p_webhook_ids, p_delivery_ids, p_keys,
                           p_retentions, p_traceparents, NULL) AS m
 $$;
+
+-- Deletes the attempts of deleted todos: what the foreign key's ON DELETE
+-- CASCADE did before migration 0017 dropped it (the key cost every claimed
+-- todo a check; see the migration). One statement per deleting statement,
+-- whatever deleted the todos (a cascade from a queue or an owner, a
+-- hand-written DELETE, the retention of a server of the previous release).
+-- Retention deletes the attempts itself (todo_delete_finished), so that it
+-- needs no trigger: on a Citus cluster there is none (`migrate --distribute`
+-- drops it; Citus distributes no table with triggers).
+CREATE OR REPLACE FUNCTION sb_delete_attempts_of_todos() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM attempts a
+     USING gone g
+     WHERE a.endpoint_id = g.endpoint_id AND a.todo_id = g.id;
+    RETURN NULL;
+END;
+$$;
+
+DO $$
+BEGIN
+    IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition
+                    WHERE logicalrelid = 'todos'::regclass) THEN
+            RETURN;
+        END IF;
+    END IF;
+    CREATE OR REPLACE TRIGGER todos_delete_attempts
+        AFTER DELETE ON todos
+        REFERENCING OLD TABLE AS gone
+        FOR EACH STATEMENT EXECUTE FUNCTION sb_delete_attempts_of_todos();
+END;
+$$;
