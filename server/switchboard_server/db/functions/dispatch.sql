@@ -1086,9 +1086,10 @@ BEGIN
 END;
 $$;
 
--- Deletes up to p_batch of the endpoints' done, dead or cancelled todos (and,
--- by cascade, their attempts and results) that finished more than
--- p_older_than ago (as todo_delete_finished); how many.
+-- Deletes up to p_batch of the endpoints' done, dead or cancelled todos (with
+-- their attempts, and by cascade their results) that finished more than
+-- p_older_than ago (as todo_delete_finished); how many. (Attempts have no
+-- foreign key to todos since migration 0017, and a cluster has no trigger.)
 CREATE OR REPLACE FUNCTION sb_delete_finished(
     p_endpoint_id uuid, p_endpoint_ids uuid[], p_older_than interval, p_batch integer
 ) RETURNS integer
@@ -1113,10 +1114,44 @@ BEGIN
                  LIMIT v_left
                    FOR UPDATE SKIP LOCKED) AS l;
         CONTINUE WHEN cardinality(v_ids) = 0;
+        DELETE FROM attempts a WHERE a.endpoint_id = v_endpoint AND a.todo_id = ANY (v_ids);
         DELETE FROM todos t WHERE t.endpoint_id = v_endpoint AND t.id = ANY (v_ids);
         GET DIAGNOSTICS v_deleted = ROW_COUNT;
         v_left := v_left - v_deleted;
     END LOOP;
     RETURN p_batch - v_left;
+END;
+$$;
+
+-- Deletes the attempts of deleted todos: what the foreign key's ON DELETE
+-- CASCADE did before migration 0017 dropped it (the key cost every claimed
+-- todo a check; see the migration). One statement per deleting statement,
+-- whatever deleted the todos (a cascade from a queue or an owner, a
+-- hand-written DELETE, the retention of a server of the previous release).
+-- Retention deletes the attempts itself (todo_delete_finished), so that it
+-- needs no trigger: on a Citus cluster there is none (`migrate --distribute`
+-- drops it; Citus distributes no table with triggers).
+CREATE OR REPLACE FUNCTION sb_delete_attempts_of_todos() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM attempts a
+     USING gone g
+     WHERE a.endpoint_id = g.endpoint_id AND a.todo_id = g.id;
+    RETURN NULL;
+END;
+$$;
+
+DO $$
+BEGIN
+    IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition
+                    WHERE logicalrelid = 'todos'::regclass) THEN
+            RETURN;
+        END IF;
+    END IF;
+    CREATE OR REPLACE TRIGGER todos_delete_attempts
+        AFTER DELETE ON todos
+        REFERENCING OLD TABLE AS gone
+        FOR EACH STATEMENT EXECUTE FUNCTION sb_delete_attempts_of_todos();
 END;
 $$;

@@ -49,6 +49,9 @@ SET LOCAL citus.enable_local_reference_table_foreign_keys = off;
 DROP TRIGGER IF EXISTS admission_policies_fill_endpoint_id ON admission_policies;
 DROP TRIGGER IF EXISTS policy_audit_fill_endpoint_id ON policy_audit;
 DROP TRIGGER IF EXISTS window_counters_fill_endpoint_id ON window_counters;
+-- And the statement trigger that deletes the attempts of deleted todos
+-- (migration 0017): on a cluster, retention deletes them itself.
+DROP TRIGGER IF EXISTS todos_delete_attempts ON todos;
 DROP INDEX IF EXISTS window_counters_policy_window_key;
 
 -- name: sequential_mode :exec

@@ -258,9 +258,10 @@ SELECT reaped.id, reaped.state, reaped.queue_id
   FROM reaped, (SELECT count(*) FROM freed) AS calls;
 
 -- name: todo_delete_finished :many
--- Deletes up to $2 done, dead or cancelled todos (and, by cascade, their
--- attempts and results) that finished more than $1 ago. Never touches
--- pending or claimed todos.
+-- Deletes up to $2 done, dead or cancelled todos (and their attempts, and by
+-- cascade their results) that finished more than $1 ago. Never touches
+-- pending or claimed todos. (Attempts have no foreign key to todos since
+-- migration 0017: this statement deletes them, on every kind of database.)
 WITH old AS (
     SELECT id FROM todos
      WHERE state IN ('done', 'dead', 'cancelled') AND finished_at < sb_now() - $1::interval
@@ -270,9 +271,14 @@ WITH old AS (
      ORDER BY finished_at
      LIMIT $2
        FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM todos t USING old WHERE t.id = old.id
+    RETURNING t.id, t.endpoint_id
+), closed AS (
+    DELETE FROM attempts a USING gone g
+     WHERE a.endpoint_id = g.endpoint_id AND a.todo_id = g.id
 )
-DELETE FROM todos t USING old WHERE t.id = old.id
-RETURNING t.id;
+SELECT gone.id FROM gone;
 
 -- name: todo_lapsed_endpoints :many
 -- (The reaper on a Citus cluster: a read of every shard, taking no lock.)

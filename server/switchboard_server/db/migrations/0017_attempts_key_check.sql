@@ -1,0 +1,25 @@
+-- What a claim costs the database, third round (issue 16): no foreign-key
+-- check per attempt.
+--
+-- Every claim inserts one attempts row per claimed todo, and the foreign key
+-- attempts (todo_id, endpoint_id) -> todos checked each one after the
+-- insert: a queued trigger event per row, then a primary-key probe of todos
+-- and a KEY SHARE lock of the todo's row, through SPI, one executor run per
+-- row (5 buffers and about 6 microseconds of PostgreSQL time per claimed
+-- todo, measured: docs/performance.md, "What changed: no foreign-key check
+-- per attempt"). The check can never fail: attempts rows are only ever
+-- written by the claim functions, for todos the same transaction holds
+-- locked (FOR UPDATE) and has just claimed, so the todo exists and cannot
+-- be deleted before the attempt commits.
+--
+-- What the key's ON DELETE CASCADE did is done without it:
+--  * retention (todo_delete_finished, the only statement of the server that
+--    deletes todos) deletes the attempts of the todos it deletes, in the
+--    same statement;
+--  * any other delete of todos (a cascade from a deleted queue or owner, a
+--    hand-written DELETE, the retention of a server of the previous release
+--    during a rolling upgrade) deletes their attempts through the statement
+--    trigger todos_delete_attempts (functions/dispatch.sql). Not on a Citus
+--    cluster, which distributes no table with triggers: there, retention is
+--    what deletes attempts (docs/scaling-out.md).
+ALTER TABLE attempts DROP CONSTRAINT attempts_todo_id_fkey;
