@@ -32,7 +32,7 @@ from tests.support.processes import ServerProcess
 
 #: Rounds of the workload (of about 0.4 s each) and workers per endpoint:
 #: fewer than on one server (two endpoints run at once, on two cores).
-ROUNDS = 20
+ROUNDS = 15
 WORKERS = 8
 
 #: On each worker: the observations, and the trigger function reading the
