@@ -555,7 +555,8 @@ class Dispatcher:
         lease: timedelta | None,
     ) -> list[Extended]:
         """Extends each live lease of (todo, lease) pairs, in one transaction:
-        per item, the outcome and the new expiry. Todo ids must be distinct."""
+        per item, the outcome and the new expiry. Todo ids must be distinct.
+        (A human's, of several endpoints: see ``todo_queries.endpoints_of``.)"""
         scope = require_tenant(principal, Grant.CLAIM)
         key = _ExtendFor(scope.owner_id, scope.endpoint_id, lease or self._settings.default_lease)
         return await self._extend(key, leases)
@@ -787,7 +788,7 @@ class Dispatcher:
         ``NotFound`` outside the caller's scope; ``FailedPrecondition`` for a
         done, dead or cancelled todo.
         """
-        scope = require_tenant(principal, Grant.CANCEL)
+        scope = await self._todo_scope(require_tenant(principal, Grant.CANCEL), todo_id)
         async with self._db.transaction() as conn:
             (acted,) = await todo_queries.cancel(
                 conn, ids=[todo_id], owner_id=scope.owner_id, endpoint_id=scope.endpoint_id
@@ -816,7 +817,7 @@ class Dispatcher:
         pending, claimed or done todo; ``InvalidArgument`` when ``max_attempts``
         is not above the todo's attempts so far.
         """
-        scope = require_tenant(principal, Grant.REQUEUE)
+        scope = await self._todo_scope(require_tenant(principal, Grant.REQUEUE), todo_id)
         async with self._db.transaction() as conn:
             (acted,) = await todo_queries.requeue(
                 conn,
@@ -846,6 +847,31 @@ class Dispatcher:
             (view,) = await self._views(conn, [todo])
         self._metrics.requeued(_changed([acted]))
         return view
+
+    async def _by_endpoint(self, scope: Scope, ids: Sequence[int]) -> dict[uuid.UUID, list[int]]:
+        """``ids`` by endpoint: all the caller's own endpoint's, or for a caller
+        scoped to an owner (a human) each todo's, read first
+        (``todo_queries.endpoints_of``), in endpoint order; ids that are not
+        the owner's todos are left out."""
+        if scope.endpoint_id is not None:
+            return {scope.endpoint_id: list(ids)}
+        async with self._db.connection() as conn:
+            found = await todo_queries.endpoints_of(conn, ids=ids, owner_id=scope.owner_id)
+        grouped: dict[uuid.UUID, list[int]] = {}
+        for todo_id in ids:
+            if todo_id in found:
+                grouped.setdefault(found[todo_id], []).append(todo_id)
+        return dict(sorted(grouped.items()))
+
+    async def _todo_scope(self, scope: Scope, todo_id: int) -> Scope:
+        """The scope of a call on one todo: the caller's, narrowed to the todo's
+        endpoint for a caller scoped to an owner; ``NotFound`` when the todo is
+        not the owner's."""
+        grouped = await self._by_endpoint(scope, [todo_id])
+        if not grouped:
+            raise errors.NotFound("todo not found")
+        (endpoint_id,) = grouped
+        return Scope(scope.owner_id, endpoint_id)
 
     async def _act(
         self,
@@ -889,27 +915,37 @@ class Dispatcher:
     ) -> list[todo_queries.Acted]:
         """Cancels (``action`` ``cancel``) or requeues (``requeue``) distinct todos
         in one transaction, each on its own: per id, in order, what was done.
-        One audit entry per endpoint whose todos changed."""
+        A human's ids are acted on endpoint by endpoint (their endpoints read
+        first: on a Citus cluster every statement then runs on one endpoint's
+        shards). One audit entry per endpoint whose todos changed."""
         grant = Grant.CANCEL if action == "cancel" else Grant.REQUEUE
         scope = require_tenant(principal, grant)
+        grouped = await self._by_endpoint(scope, ids)
+        done: dict[int, todo_queries.Acted] = {}
         async with self._db.transaction() as conn:
-            acted = await self._act(conn, action, ids, scope, delay, max_attempts)
-            changed: dict[uuid.UUID, list[int]] = {}
-            for todo_id, a in zip(ids, acted, strict=True):
-                if a.outcome == "applied" and a.todo is not None:
-                    changed.setdefault(a.todo.endpoint_id, []).append(todo_id)
-            for endpoint_id, todo_ids in changed.items():
-                await _audit(
-                    conn,
-                    principal,
-                    endpoint_id,
-                    action,
-                    None,
-                    len(todo_ids),
-                    {"todo_ids": [str(i) for i in todo_ids]},
+            for endpoint_id, mine in grouped.items():
+                acted = await self._act(
+                    conn, action, mine, Scope(scope.owner_id, endpoint_id), delay, max_attempts
                 )
-        self._count_changed(action, _changed(acted))
-        return acted
+                done.update(zip(mine, acted, strict=True))
+                changed = [
+                    str(todo_id)
+                    for todo_id, a in zip(mine, acted, strict=True)
+                    if a.outcome == "applied" and a.todo is not None
+                ]
+                if changed:
+                    await _audit(
+                        conn,
+                        principal,
+                        endpoint_id,
+                        action,
+                        None,
+                        len(changed),
+                        {"todo_ids": changed},
+                    )
+        every = [done.get(todo_id, todo_queries.Acted("not_found", None)) for todo_id in ids]
+        self._count_changed(action, _changed(every))
+        return every
 
     async def bulk_by_filter(
         self,

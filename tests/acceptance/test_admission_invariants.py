@@ -1,101 +1,33 @@
-"""The admission invariants under a random concurrent workload.
+"""The admission invariants under a random concurrent workload, on one
+PostgreSQL with two real server processes: the workload and the checks are
+tests/support/invariants.py's (shared with tests/cluster/test_invariants.py).
 
-Several workers on two real server processes claim, fail, release, complete
-and abandon todos (abandoned leases lapse and are taken over) while a
-controller moves the shared clock across hourly window boundaries and edits
-the policy's limits. Afterwards:
-
-- for every window, units charged equal the committed claims recorded in
-  attempt history;
-- no claim committed while its window had already reached the limit in
-  force at that moment, and in-flight never exceeded ``max_in_flight`` at
-  any claim's commit.
-
-The last two are observed by a test-only deferred constraint trigger: it
-runs at each claim's COMMIT, while the claim still holds its queue's policy
-lock, and its statements read fresh snapshots, so it sees exactly the
-in-flight count, the window's units and the limits in force at that commit.
+Several workers claim, fail, release, complete and abandon todos (abandoned
+leases lapse and are taken over) while a controller moves the shared clock
+across hourly window boundaries and edits the policy's limits. Afterwards,
+for every window, units charged equal the committed claims recorded in
+attempt history; and no claim committed while its window had already reached
+the limit in force at that moment, and in-flight never exceeded
+``max_in_flight`` at any claim's commit (observed by a test-only deferred
+constraint trigger at each claim's COMMIT, while the claim still holds its
+queue's policy lock).
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
 from datetime import timedelta
 
-import grpc
 import pytest
-from google.protobuf import duration_pb2
-from switchboard.v1 import admission_pb2, dispatch_pb2
 from switchboard_server.db import Database
 
-from tests.support.admission import CLAIM_OBSERVER, ingest, set_policy, window
-from tests.support.client import Client, Tenant, make_tenant
+from tests.support.admission import CLAIM_OBSERVER
+from tests.support.client import Client, make_tenant
 from tests.support.databases import move_clock
+from tests.support.invariants import assert_invariants, run_workload
 from tests.support.processes import ServerProcess
 
 pytestmark = pytest.mark.slow
-
-ROUNDS = 25
-WORKERS = 12
-
-
-class Tally:
-    """What the workload did, so the test can show it exercised every path."""
-
-    def __init__(self) -> None:
-        self.claims = 0
-        self.deferred = 0
-        self.completed = 0
-        self.failed = 0
-        self.released = 0
-        self.abandoned = 0
-        self.stale = 0
-
-
-async def worker(
-    client: Client, tenant: Tenant, seed: int, stop: asyncio.Event, tally: Tally
-) -> None:
-    rng = random.Random(seed)
-    lease = duration_pb2.Duration(seconds=600)
-    while not stop.is_set():
-        got = await client.dispatch.ClaimNext(
-            dispatch_pb2.ClaimNextRequest(claimant=f"w{seed}", lease_duration=lease),
-            metadata=tenant.agent,
-        )
-        if got.empty:
-            tally.deferred += bool(got.deferred)
-            await asyncio.sleep(0.01)
-            continue
-        tally.claims += 1
-        todo_id, lease_id = got.todo.id, got.lease.lease_id
-        roll = rng.random()
-        try:
-            if roll < 0.4:
-                await client.dispatch.Complete(
-                    dispatch_pb2.CompleteRequest(todo_id=todo_id, lease_id=lease_id),
-                    metadata=tenant.agent,
-                )
-                tally.completed += 1
-            elif roll < 0.6:
-                await client.dispatch.Fail(
-                    dispatch_pb2.FailRequest(todo_id=todo_id, lease_id=lease_id, error="flaky"),
-                    metadata=tenant.agent,
-                )
-                tally.failed += 1
-            elif roll < 0.8:
-                await client.dispatch.Release(
-                    dispatch_pb2.ReleaseRequest(todo_id=todo_id, lease_id=lease_id),
-                    metadata=tenant.agent,
-                )
-                tally.released += 1
-            else:
-                tally.abandoned += 1  # the lease lapses when the clock moves on
-        except grpc.aio.AioRpcError as err:
-            # Taken over after the clock moved past the lease: stale, as it should be.
-            assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err
-            tally.stale += 1
-        await asyncio.sleep(rng.random() * 0.01)
 
 
 async def test_admission_invariants_hold_under_concurrent_random_workload(
@@ -104,74 +36,20 @@ async def test_admission_invariants_hold_under_concurrent_random_workload(
     async with db.connection() as conn:
         await conn.execute(CLAIM_OBSERVER)
     replicas = await asyncio.gather(ServerProcess.start(dsn), ServerProcess.start(dsn))
-    setup = Client(replicas[0].address)
-    clients = [Client(replicas[i % 2].address) for i in range(WORKERS)]
-    tally = Tally()
-    rng = random.Random(7)
     try:
-        tenant = await make_tenant(setup, "stress")
-        await ingest(setup, tenant.agent, "investigations", 400, max_attempts=4)
-        hourly = window(admission_pb2.WINDOW_PERIOD_HOUR, "UTC", "00:00")
-        await set_policy(
-            setup,
-            tenant.human,
-            "investigations",
-            endpoint_id=tenant.endpoint_id,
-            max_in_flight=4,
-            max_claims_per_window=10,
-            win=hourly,
-        )
-        stop = asyncio.Event()
-        workers = [
-            asyncio.create_task(worker(c, tenant, i, stop, tally)) for i, c in enumerate(clients)
-        ]
-        for _ in range(ROUNDS):
-            await asyncio.sleep(0.4)
-            # Cross window boundaries and lapse abandoned leases (600 s).
-            await move_clock(db, timedelta(minutes=rng.choice([13, 25, 40, 61])))
-            await set_policy(
-                setup,
-                tenant.human,
-                "investigations",
-                endpoint_id=tenant.endpoint_id,
-                max_in_flight=rng.randint(1, 6),
-                max_claims_per_window=rng.randint(4, 20),
-                win=hourly,
-            )
-        stop.set()
-        await asyncio.gather(*workers)
+        setup = Client(replicas[0].address)
+        try:
+            tenant = await make_tenant(setup, "stress")
+        finally:
+            await setup.close()
+
+        async def forward(by: timedelta) -> None:
+            await move_clock(db, by)
+
+        tally = await run_workload(replicas, tenant, forward)
     finally:
-        for c in [setup, *clients]:
-            await c.close()
         await asyncio.gather(*(r.stop() for r in replicas))
 
     async with db.connection() as conn:
         observations = await conn.fetch("SELECT * FROM claim_observations")
-        per_window = await conn.fetch(
-            """
-            SELECT coalesce(a.window_start, c.window_start) AS window_start,
-                   coalesce(a.claims, 0) AS claims, coalesce(c.units, 0) AS units
-              FROM (SELECT date_trunc('hour', claimed_at) AS window_start, count(*) AS claims
-                      FROM attempts GROUP BY 1) a
-              FULL JOIN window_counters c ON c.window_start = a.window_start
-            """
-        )
-        outcomes = dict(await conn.fetch("SELECT outcome, count(*) FROM attempts GROUP BY outcome"))
-        attempts = await conn.fetchval("SELECT count(*) FROM attempts")
-
-    # The run exercised what it claims to.
-    assert tally.claims >= 30 and tally.deferred > 0
-    assert tally.completed and tally.failed and tally.released and tally.abandoned
-    assert outcomes.get("lapsed", 0) > 0, "some leases were taken over or reaped"
-    assert len(per_window) >= 3, "the run crossed window boundaries"
-
-    # Units charged equal committed claims, window by window.
-    mismatched = [dict(r) for r in per_window if r["claims"] != r["units"]]
-    assert mismatched == []
-    assert sum(r["units"] for r in per_window) == attempts == len(observations)
-
-    # At every claim's commit: within the limits in force then.
-    over_window = [dict(o) for o in observations if o["units"] > o["window_limit"]]
-    over_flight = [dict(o) for o in observations if o["in_flight"] > o["max_in_flight"]]
-    assert over_window == []
-    assert over_flight == []
+        await assert_invariants(conn, tenant.endpoint_id, tally, observations)

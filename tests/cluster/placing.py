@@ -7,7 +7,7 @@ import uuid
 import asyncpg
 
 from tests.support.citus_cluster import CitusCluster
-from tests.support.client import Client, Tenant, make_tenant
+from tests.support.client import Client, Tenant, add_endpoint, auth, make_tenant
 
 
 async def worker_of(conn: asyncpg.Connection[asyncpg.Record], endpoint_id: str) -> int:
@@ -32,3 +32,20 @@ async def tenants_on_each_worker(
         if set(found) == wanted:
             return [(t, p) for p, t in sorted(found.items())]
     raise AssertionError(f"no endpoint landed on every worker: {sorted(found)} of {wanted}")
+
+
+async def one_owner_on_each_worker(
+    setup: Client, conn: asyncpg.Connection[asyncpg.Record], citus: CitusCluster
+) -> tuple[Tenant, list[tuple[str, tuple[tuple[str, str], ...], int]]]:
+    """A tenant whose endpoints (its first, then more added until it holds one
+    on each worker) include one on each worker: the tenant, and for each
+    worker (by port) one endpoint's id, credential metadata and port."""
+    tenant = await make_tenant(setup, f"spread-{uuid.uuid4()}")
+    wanted = {w.port for w in citus.workers}
+    found = {await worker_of(conn, tenant.endpoint_id): (tenant.endpoint_id, tenant.agent)}
+    for n in range(40):
+        if set(found) == wanted:
+            return tenant, [(e, md, p) for p, (e, md) in sorted(found.items())]
+        endpoint_id, token = await add_endpoint(setup, tenant, f"agent-{n}")
+        found.setdefault(await worker_of(conn, endpoint_id), (endpoint_id, auth(token)))
+    raise AssertionError(f"no endpoint of one owner landed on every worker: {sorted(found)}")

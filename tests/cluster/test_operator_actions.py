@@ -1,23 +1,36 @@
 """Cancel and requeue on a Citus cluster, for an endpoint on each worker. By
 filter (an endpoint's scope, in chunks: the bulk path reads todos by primary
 key behind an OFFSET 0 fence, named by endpoint, see functions/dispatch.sql)
-the answers and the stored states are what one PostgreSQL gives. By ids, a
-human's call is owner-wide (no endpoint): its row locks span shards, which
-Citus refuses (a known gap, docs/scaling-out.md, Next)."""
+the answers and the stored states are what one PostgreSQL gives.
+
+By ids, a human's call is owner-wide (no endpoint): the server reads the
+todos' endpoints first, then acts endpoint by endpoint, each statement on one
+endpoint's shards (a statement locking rows of several shards is refused by
+Citus). So are a human's lease calls by id (Claim, Heartbeat, HeartbeatTodos,
+SettleTodos). Here with one owner's endpoints on both workers."""
 
 from __future__ import annotations
 
-import asyncpg
-import pytest
-from switchboard.v1 import dispatch_pb2, queue_pb2, todo_pb2
+import uuid
+from datetime import timedelta
 
-from tests.cluster.placing import tenants_on_each_worker
+import asyncpg
+import grpc
+from switchboard.v1 import dispatch_pb2, queue_pb2, todo_pb2
+from switchboard_server.db import distribute, todos
+
+from tests.cluster.placing import one_owner_on_each_worker, tenants_on_each_worker
+from tests.cluster.test_distribute import _SHARD, _Log
 from tests.support.citus_cluster import CitusCluster
-from tests.support.client import Client, Tenant
+from tests.support.client import Client, Tenant, make_tenant
+from tests.support.errors import expect_code
 from tests.support.processes import ServerProcess
 
 APPLIED = dispatch_pb2.BULK_ITEM_STATUS_APPLIED
 NOT_FOUND = dispatch_pb2.BULK_ITEM_STATUS_NOT_FOUND
+REFUSED = dispatch_pb2.BULK_ITEM_STATUS_REFUSED
+MISSING = "999999999"
+Metadata = tuple[tuple[str, str], ...]
 
 
 async def _states(conn: asyncpg.Connection[asyncpg.Record], endpoint: str) -> dict[str, int]:
@@ -30,6 +43,10 @@ async def _states(conn: asyncpg.Connection[asyncpg.Record], endpoint: str) -> di
 
 
 async def _ingest(client: Client, tenant: Tenant, n: int) -> list[str]:
+    return await _ingest_as(client, tenant.agent, n)
+
+
+async def _ingest_as(client: Client, metadata: Metadata, n: int) -> list[str]:
     made = await client.dispatch.IngestTodos(
         dispatch_pb2.IngestTodosRequest(
             todos=[
@@ -37,7 +54,7 @@ async def _ingest(client: Client, tenant: Tenant, n: int) -> list[str]:
                 for _ in range(n)
             ]
         ),
-        metadata=tenant.agent,
+        metadata=metadata,
     )
     return [r.todo.id for r in made.results]
 
@@ -75,24 +92,264 @@ async def test_cancel_and_requeue_by_filter_on_each_worker(
         await client.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a human's cancel by ids locks the owner's todos across shards (FOR UPDATE): "
-    "Citus refuses it (could not run distributed query with FOR UPDATE/SHARE commands)",
-)
-async def test_a_humans_cancel_by_ids_on_a_worker(
+async def test_a_humans_cancel_and_requeue_by_ids_across_endpoints_on_both_workers(
     citus: CitusCluster, cluster_dsn: str, replicas: list[ServerProcess]
 ) -> None:
-    client = Client(replicas[0].address)
+    client, other = Client(replicas[0].address), Client(replicas[1].address)
     conn = await asyncpg.connect(cluster_dsn)
     try:
-        (tenant, _), *_ = await tenants_on_each_worker(client, conn, citus)
-        ids = await _ingest(client, tenant, 2)
+        tenant, spread = await one_owner_on_each_worker(client, conn, citus)
+        assert sorted(p for *_, p in spread) == sorted(w.port for w in citus.workers)
+        (ea, mda, _), (eb, mdb, _) = spread
+        stranger = await make_tenant(client, f"stranger-{uuid.uuid4()}")
+        (foreign,) = await _ingest(client, stranger, 1)
+        a, b = await _ingest_as(client, mda, 3), await _ingest_as(client, mdb, 3)
+        # The oldest of each endpoint is claimed: cancelling it ends its attempt.
+        for md in (mda, mdb):
+            got = await client.dispatch.ClaimNext(
+                dispatch_pb2.ClaimNextRequest(claimant="w", queues=["ops"]), metadata=md
+            )
+            assert got.todo.id in (a[0], b[0])
+        ids = [a[0], b[0], a[1], b[1], foreign, a[2], b[2], MISSING]
+        expected = [APPLIED] * 4 + [NOT_FOUND] + [APPLIED] * 2 + [NOT_FOUND]
+
         cancelled = await client.dispatch.CancelTodos(
-            dispatch_pb2.CancelTodosRequest(todo_ids=[*ids, "999999999"]),
-            metadata=tenant.human,
+            dispatch_pb2.CancelTodosRequest(todo_ids=ids), metadata=tenant.human
         )
-        assert [r.status for r in cancelled.results] == [APPLIED, APPLIED, NOT_FOUND]
+        assert [r.todo_id for r in cancelled.results] == ids
+        assert [r.status for r in cancelled.results] == expected
+        assert {r.state for r in cancelled.results if r.status == APPLIED} == {
+            todo_pb2.TODO_STATE_CANCELLED
+        }
+        for endpoint in (ea, eb):
+            assert await _states(conn, endpoint) == {"cancelled": 3}
+            ended = await conn.fetch(
+                "SELECT outcome FROM attempts WHERE endpoint_id = $1::uuid", endpoint
+            )
+            assert [r["outcome"] for r in ended] == ["cancelled"]
+        assert await _states(conn, stranger.endpoint_id) == {"pending": 1}
+        # Again: each refused, as on one server.
+        again = await other.dispatch.CancelTodos(
+            dispatch_pb2.CancelTodosRequest(todo_ids=ids), metadata=tenant.human
+        )
+        assert [r.status for r in again.results] == [
+            REFUSED if s == APPLIED else s for s in expected
+        ]
+
+        back = await other.dispatch.RequeueTodos(
+            dispatch_pb2.RequeueTodosRequest(todo_ids=ids), metadata=tenant.human
+        )
+        assert [r.status for r in back.results] == expected
+        for endpoint in (ea, eb):
+            assert await _states(conn, endpoint) == {"pending": 3}
+
+        # One audit entry per call and endpoint.
+        audit = await client.dispatch.ListTodoAudit(
+            dispatch_pb2.ListTodoAuditRequest(), metadata=tenant.human
+        )
+        assert sorted((e.action, e.endpoint_id, e.count) for e in audit.entries) == sorted(
+            (action, endpoint, 3)
+            for action in (dispatch_pb2.TODO_ACTION_CANCEL, dispatch_pb2.TODO_ACTION_REQUEUE)
+            for endpoint in (ea, eb)
+        )
+
+        # One todo at a time, on each worker; another owner's is not found.
+        for todo_id, endpoint in ((a[1], ea), (b[1], eb)):
+            one = await client.dispatch.CancelTodo(
+                dispatch_pb2.CancelTodoRequest(todo_id=todo_id), metadata=tenant.human
+            )
+            assert (one.todo.state, one.todo.queue.endpoint_id) == (
+                todo_pb2.TODO_STATE_CANCELLED,
+                endpoint,
+            )
+            requeued = await other.dispatch.RequeueTodo(
+                dispatch_pb2.RequeueTodoRequest(todo_id=todo_id), metadata=tenant.human
+            )
+            assert requeued.todo.state == todo_pb2.TODO_STATE_PENDING
+        for call in (
+            client.dispatch.CancelTodo(
+                dispatch_pb2.CancelTodoRequest(todo_id=foreign), metadata=tenant.human
+            ),
+            client.dispatch.RequeueTodo(
+                dispatch_pb2.RequeueTodoRequest(todo_id=foreign), metadata=tenant.human
+            ),
+        ):
+            await expect_code(call, grpc.StatusCode.NOT_FOUND)
+        assert await _states(conn, stranger.endpoint_id) == {"pending": 1}
     finally:
         await conn.close()
         await client.close()
+        await other.close()
+
+
+async def test_a_humans_lease_calls_by_id_on_both_workers(
+    citus: CitusCluster, cluster_dsn: str, replicas: list[ServerProcess]
+) -> None:
+    client, other = Client(replicas[0].address), Client(replicas[1].address)
+    conn = await asyncpg.connect(cluster_dsn)
+    try:
+        tenant, spread = await one_owner_on_each_worker(client, conn, citus)
+        (ea, mda, _), (eb, mdb, _) = spread
+        stranger = await make_tenant(client, f"stranger-{uuid.uuid4()}")
+        (foreign,) = await _ingest(client, stranger, 1)
+        made = [*await _ingest_as(client, mda, 1), *await _ingest_as(client, mdb, 1)]
+        claims = [
+            await c.dispatch.Claim(
+                dispatch_pb2.ClaimRequest(todo_id=todo_id, claimant="human"),
+                metadata=tenant.human,
+            )
+            for c, todo_id in zip((client, other), made, strict=True)
+        ]
+        assert [c.todo.queue.endpoint_id for c in claims] == [ea, eb]
+        await expect_code(
+            client.dispatch.Claim(
+                dispatch_pb2.ClaimRequest(todo_id=foreign, claimant="human"),
+                metadata=tenant.human,
+            ),
+            grpc.StatusCode.NOT_FOUND,
+        )
+        for c in claims:
+            beat = await other.dispatch.Heartbeat(
+                dispatch_pb2.HeartbeatRequest(todo_id=c.todo.id, lease_id=c.lease.lease_id),
+                metadata=tenant.human,
+            )
+            assert beat.lease.lease_id == c.lease.lease_id
+        refs = [dispatch_pb2.LeaseRef(todo_id=c.todo.id, lease_id=c.lease.lease_id) for c in claims]
+        stray = str(uuid.uuid4())
+        beats = await client.dispatch.HeartbeatTodos(
+            dispatch_pb2.HeartbeatTodosRequest(
+                leases=[
+                    refs[0],
+                    dispatch_pb2.LeaseRef(todo_id=foreign, lease_id=stray),
+                    refs[1],
+                    dispatch_pb2.LeaseRef(todo_id=MISSING, lease_id=stray),
+                ]
+            ),
+            metadata=tenant.human,
+        )
+        assert [r.status for r in beats.results] == [
+            dispatch_pb2.BATCH_ITEM_STATUS_APPLIED,
+            dispatch_pb2.BATCH_ITEM_STATUS_NOT_FOUND,
+            dispatch_pb2.BATCH_ITEM_STATUS_APPLIED,
+            dispatch_pb2.BATCH_ITEM_STATUS_NOT_FOUND,
+        ]
+        settled = await other.dispatch.SettleTodos(
+            dispatch_pb2.SettleTodosRequest(
+                settlements=[
+                    dispatch_pb2.Settlement(
+                        todo_id=MISSING, lease_id=stray, complete=dispatch_pb2.CompleteAction()
+                    ),
+                    *(
+                        dispatch_pb2.Settlement(
+                            todo_id=r.todo_id,
+                            lease_id=r.lease_id,
+                            complete=dispatch_pb2.CompleteAction(),
+                        )
+                        for r in reversed(refs)
+                    ),
+                ]
+            ),
+            metadata=tenant.human,
+        )
+        assert [r.status for r in settled.results] == [
+            dispatch_pb2.BATCH_ITEM_STATUS_NOT_FOUND,
+            dispatch_pb2.BATCH_ITEM_STATUS_APPLIED,
+            dispatch_pb2.BATCH_ITEM_STATUS_APPLIED,
+        ]
+        for endpoint in (ea, eb):
+            assert await _states(conn, endpoint) == {"done": 1}
+        assert await _states(conn, stranger.endpoint_id) == {"pending": 1}
+    finally:
+        await conn.close()
+        await client.close()
+        await other.close()
+
+
+async def test_an_endpoints_cancel_and_requeue_by_ids_run_on_its_worker_only(
+    citus: CitusCluster, cluster_dsn: str, replicas: list[ServerProcess]
+) -> None:
+    """The transaction of one endpoint's cancel (or requeue) by ids and its
+    audit entry: every statement goes to the endpoint's worker, on its shards
+    only, and it commits there alone (no two-phase commit)."""
+    client = Client(replicas[0].address)
+    conn = await asyncpg.connect(cluster_dsn)
+    try:
+        for tenant, port in await tenants_on_each_worker(client, conn, citus):
+            ids = [int(i) for i in await _ingest(client, tenant, 3)]
+            await client.dispatch.ClaimNext(
+                dispatch_pb2.ClaimNextRequest(claimant="w", queues=["ops"]),
+                metadata=tenant.agent,
+            )
+            allowed = await _shards_of(conn, tenant.endpoint_id)
+            owner, endpoint = uuid.UUID(tenant.owner_id), uuid.UUID(tenant.endpoint_id)
+            log = _Log()
+            conn.add_log_listener(log)
+            await conn.execute("SET citus.log_remote_commands = on")
+            await conn.execute("SET client_min_messages = log")
+            try:
+                async with conn.transaction():
+                    acted = await todos.cancel(conn, ids=ids, owner_id=owner, endpoint_id=endpoint)
+                    await _audited(conn, owner, endpoint, "cancel")
+                assert [a.outcome for a in acted] == ["applied"] * 3
+                assert {a.was.value for a in acted if a.was} == {"pending", "claimed"}
+                _assert_on_one_worker(log.take(), port, allowed)
+                async with conn.transaction():
+                    back = await todos.requeue(
+                        conn,
+                        ids=ids,
+                        owner_id=owner,
+                        endpoint_id=endpoint,
+                        delay=timedelta(0),
+                        max_attempts=None,
+                    )
+                    await _audited(conn, owner, endpoint, "requeue")
+                assert [a.outcome for a in back] == ["applied"] * 3
+                _assert_on_one_worker(log.take(), port, allowed)
+            finally:
+                await conn.execute("RESET citus.log_remote_commands")
+                await conn.execute("RESET client_min_messages")
+                conn.remove_log_listener(log)
+    finally:
+        await conn.close()
+        await client.close()
+
+
+async def _shards_of(conn: asyncpg.Connection[asyncpg.Record], endpoint: str) -> set[int]:
+    """The endpoint's shard of every co-located table, and the reference tables'."""
+    rows = await conn.fetch(
+        "SELECT get_shard_id_for_distribution_column(t, $1::uuid) AS shardid"
+        "  FROM unnest($2::regclass[]) AS t"
+        " UNION SELECT shardid FROM pg_dist_shard WHERE logicalrelid = ANY ($3::regclass[])",
+        endpoint,
+        list(distribute.DISTRIBUTED_TABLES),
+        list(distribute.REFERENCE_TABLES),
+    )
+    return {int(r["shardid"]) for r in rows}
+
+
+async def _audited(
+    conn: asyncpg.Connection[asyncpg.Record], owner: uuid.UUID, endpoint: uuid.UUID, action: str
+) -> None:
+    await todos.insert_audit(
+        conn,
+        owner_id=owner,
+        endpoint_id=endpoint,
+        action=action,
+        todo_id=None,
+        count=3,
+        filter_json=None,
+        actor_credential_id=None,
+        actor_human_id=None,
+        actor_endpoint_id=None,
+    )
+
+
+def _assert_on_one_worker(messages: list[tuple[str, str]], port: int, allowed: set[int]) -> None:
+    issued = [(m, d) for m, d in messages if m.startswith("issuing ")]
+    assert issued, messages
+    elsewhere = [(m, d) for m, d in issued if f"127.0.0.1:{port} " not in d + " "]
+    assert elsewhere == []
+    assert not [m for m, _ in issued if "PREPARE TRANSACTION" in m], issued
+    touched = {int(shard) for m, _ in issued for _, shard in _SHARD.findall(m)}
+    assert touched, issued
+    assert touched <= allowed, sorted(touched - allowed)

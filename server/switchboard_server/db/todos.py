@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import asyncpg
 
@@ -28,6 +29,11 @@ from switchboard_server.model import (
 )
 
 _NOT_FOUND_SQLSTATE = "SB404"
+
+T = TypeVar("T")
+
+#: What a heartbeat did with one lease: the outcome, and the new expiry when applied.
+Extension = tuple[ItemOutcome, datetime | None]
 
 
 def todo_from_record(rec: Mapping[str, Any]) -> Todo:
@@ -192,12 +198,11 @@ async def claim(
 
     Returns once the claim is durable (``wait_durable``).
     """
-    if endpoint_id is None:  # owner scope: not delegated on a cluster (see the query)
-        rec = await conn.fetchrow(sql("todo_claim_owner"), todo_id, owner_id, claimant, lease)
-    else:
-        rec = await conn.fetchrow(
-            sql("todo_claim"), todo_id, owner_id, endpoint_id, claimant, lease
-        )
+    if endpoint_id is None:  # owner scope: the todo's endpoint first (see endpoints_of)
+        endpoint_id = (await endpoints_of(conn, ids=[todo_id], owner_id=owner_id)).get(todo_id)
+        if endpoint_id is None:
+            return ClaimOutcome("not_found", None, {})
+    rec = await conn.fetchrow(sql("todo_claim"), todo_id, owner_id, endpoint_id, claimant, lease)
     outcome = _claim_outcome(rec)
     if admitted(outcome.admission):
         await wait_durable(conn)
@@ -253,6 +258,49 @@ async def claim_next(
     return outcome
 
 
+async def endpoints_of(
+    conn: Conn, *, ids: Sequence[int], owner_id: uuid.UUID
+) -> dict[int, uuid.UUID]:
+    """The endpoint of each of ``ids`` that is one of the owner's todos (the
+    others are missing): a plain read, no lock.
+
+    A call by ids of a caller scoped to an owner (a human's) reads them first,
+    then acts endpoint by endpoint with the endpoint's own statements: on a
+    Citus cluster each statement then runs on the endpoint's shards only (a
+    statement locking rows of several shards is refused there; see
+    docs/scaling-out.md). A todo never changes endpoint.
+    """
+    rows = await conn.fetch(sql("todo_endpoints"), list(ids), owner_id)
+    return {int(r["id"]): r["endpoint_id"] for r in rows}
+
+
+async def _per_endpoint(
+    conn: Conn,
+    ids: Sequence[int],
+    owner_id: uuid.UUID,
+    missing: T,
+    act: Callable[[uuid.UUID, list[int]], Awaitable[Sequence[T]]],
+) -> list[T]:
+    """A lease call by ids of a caller scoped to an owner: the todos' endpoints
+    read first (``endpoints_of``), then ``act(endpoint, positions)`` for each
+    endpoint's items (their positions in ``ids``), in endpoint order, all in
+    one transaction (one call alone when the items are of one endpoint: on a
+    Citus cluster it is then delegated). Per item, in order, what ``act``
+    answered, or ``missing`` for an id that is not one of the owner's todos."""
+    found = await endpoints_of(conn, ids=ids, owner_id=owner_id)
+    grouped: dict[uuid.UUID, list[int]] = {}
+    for p, todo_id in enumerate(ids):
+        if todo_id in found:
+            grouped.setdefault(found[todo_id], []).append(p)
+    out = [missing] * len(ids)
+    together = conn.transaction() if len(grouped) > 1 else contextlib.nullcontext()
+    async with together:
+        for endpoint, positions in sorted(grouped.items()):
+            for p, item in zip(positions, await act(endpoint, positions), strict=True):
+                out[p] = item
+    return out
+
+
 async def heartbeat_many(
     conn: Conn,
     *,
@@ -264,13 +312,19 @@ async def heartbeat_many(
     """Extends each (todo, lease) that is live: per item, in order, the outcome
     and the new expiry when applied. Todo ids must be distinct."""
     ids = [todo_id for todo_id, _ in leases]
+    if endpoint_id is None:  # owner scope: endpoint by endpoint (see endpoints_of)
+
+        async def extend(endpoint: uuid.UUID, positions: list[int]) -> list[Extension]:
+            mine = [leases[p] for p in positions]
+            return await heartbeat_many(
+                conn, leases=mine, owner_id=owner_id, endpoint_id=endpoint, lease=lease
+            )
+
+        return await _per_endpoint(conn, ids, owner_id, (ItemOutcome.NOT_FOUND, None), extend)
     lease_ids = [lease_id for _, lease_id in leases]
-    if endpoint_id is None:  # owner scope: not delegated on a cluster (see the query)
-        rows = await conn.fetch(sql("todo_heartbeat_many_owner"), owner_id, ids, lease_ids, lease)
-    else:
-        rows = await conn.fetch(
-            sql("todo_heartbeat_many"), owner_id, endpoint_id, ids, lease_ids, lease
-        )
+    rows = await conn.fetch(
+        sql("todo_heartbeat_many"), owner_id, endpoint_id, ids, lease_ids, lease
+    )
     outcomes = [(ItemOutcome(r["outcome"]), r["lease_expires_at"]) for r in rows]
     refused = [i for i, (o, _) in zip(ids, outcomes, strict=True) if o is ItemOutcome.NOT_CLAIMED]
     if not refused:
@@ -304,12 +358,27 @@ async def settle(
     """Completes, fails or releases claimed todos under their leases, each on
     its own (see ``sb_settle``): per item, in order. Todo ids must be distinct.
     A refusal because the todo was cancelled is ``CANCELLED``."""
+    if endpoint_id is None:  # owner scope: endpoint by endpoint (see endpoints_of)
+
+        async def settle_of(endpoint: uuid.UUID, positions: list[int]) -> list[Settled]:
+            return await settle(
+                conn,
+                settlements=[settlements[p] for p in positions],
+                owner_id=owner_id,
+                endpoint_id=endpoint,
+                backoff_base=backoff_base,
+                backoff_cap=backoff_cap,
+            )
+
+        ids = [s.todo_id for s in settlements]
+        return await _per_endpoint(
+            conn, ids, owner_id, Settled(ItemOutcome.NOT_FOUND, None), settle_of
+        )
     with_results = any(s.result is not None for s in settlements)
-    # Owner scope: not delegated on a cluster (see todo_settle_owner).
-    scope = (owner_id,) if endpoint_id is None else (owner_id, endpoint_id)
     rows = await conn.fetch(
-        sql("todo_settle_owner" if endpoint_id is None else "todo_settle"),
-        *scope,
+        sql("todo_settle"),
+        owner_id,
+        endpoint_id,
         [s.todo_id for s in settlements],
         [s.lease_id for s in settlements],
         [s.action.value for s in settlements],

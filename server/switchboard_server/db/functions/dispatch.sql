@@ -487,12 +487,15 @@ BEGIN
            SET state = 'cancelled', lease_id = NULL, lease_expires_at = NULL,
                finished_at = v_now, updated_at = v_now
           FROM target g
-         WHERE t.id = g.id
+         -- Every table named with the endpoint too: on a Citus cluster the
+         -- whole statement then runs on the endpoint's shards only.
+         WHERE t.id = g.id AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
         RETURNING g.ord, g.was, ROW(t.*)::todos AS row
     ), closed AS (
         UPDATE attempts a SET outcome = 'cancelled', finished_at = v_now
           FROM cancelled c
-         WHERE c.was = 'claimed' AND a.endpoint_id = (c.row).endpoint_id
+         WHERE c.was = 'claimed' AND (p_endpoint_id IS NULL OR a.endpoint_id = p_endpoint_id)
+           AND a.endpoint_id = (c.row).endpoint_id
            AND a.todo_id = (c.row).id AND a.number = (c.row).attempt
     )
     SELECT coalesce(array_agg(c.ord), '{}'), coalesce(array_agg(c.row), '{}'),
@@ -570,7 +573,7 @@ BEGIN
                max_attempts = coalesce(p_max_attempts, greatest(t.max_attempts, t.attempt + 1)),
                updated_at = v_now
           FROM target g
-         WHERE t.id = g.id
+         WHERE t.id = g.id AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
         RETURNING g.ord, g.was, ROW(t.*)::todos AS row
     )
     SELECT coalesce(array_agg(r.ord), '{}'), coalesce(array_agg(r.row), '{}'),

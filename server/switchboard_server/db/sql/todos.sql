@@ -10,14 +10,6 @@ SELECT id, created_at, next_retry_at, todo
 -- sb_claim. (On a Citus cluster the call is delegated to $3's node.)
 SELECT outcome, todo, admission FROM sb_claim($1, $2, $3, $4, $5);
 
--- name: todo_claim_owner :one
--- todo_claim for a caller scoped to an owner, not an endpoint ($3 NULL). The
--- WHERE clause keeps Citus from delegating the call: it has no endpoint to
--- pick a node by, and Citus 13.2 crashes the backend on a NULL distribution
--- argument (docs/scaling-out.md). On one server it is always true.
-SELECT c.outcome, c.todo, c.admission FROM sb_claim($1, $2, NULL, $3, $4) AS c
- WHERE c.outcome IS NOT NULL;
-
 -- name: todo_claim_next :one
 -- Claims up to $6 of the oldest claimable todos of one of an endpoint's
 -- queues (about $7 bytes at most), within budgets, the i-th for claimant
@@ -34,22 +26,18 @@ SELECT sb_wait_durable();
 -- order.
 SELECT outcome, lease_expires_at FROM sb_heartbeat($1, $2, $3, $4, $5) ORDER BY ord;
 
--- name: todo_heartbeat_many_owner :many
--- todo_heartbeat_many for a caller scoped to an owner (see todo_claim_owner).
-SELECT h.outcome, h.lease_expires_at FROM sb_heartbeat($1, NULL, $2, $3, $4) AS h
- WHERE h.ord IS NOT NULL
- ORDER BY h.ord;
-
 -- name: todo_settle :many
 -- Completes, fails or releases claimed todos under their leases, each on
 -- its own; one row per item, in order. See sb_settle.
 SELECT outcome, todo FROM sb_settle($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ORDER BY ord;
 
--- name: todo_settle_owner :many
--- todo_settle for a caller scoped to an owner (see todo_claim_owner).
-SELECT s.outcome, s.todo FROM sb_settle($1, NULL, $2, $3, $4, $5, $6, $7, $8, $9, $10) AS s
- WHERE s.ord IS NOT NULL
- ORDER BY s.ord;
+-- name: todo_endpoints :many
+-- The endpoints of those of the given todos that are owner $2's. A call by
+-- ids of a caller scoped to an owner (a human's) reads them first, then acts
+-- endpoint by endpoint, each with the endpoint's own call: on a Citus
+-- cluster this read fans out to every shard (without a lock), and each
+-- endpoint's call runs on the node that holds it (docs/scaling-out.md).
+SELECT id, endpoint_id FROM todos WHERE id = ANY ($1::bigint[]) AND owner_id = $2;
 
 -- name: todo_states :many
 -- The states of the given todos in the caller's scope (why a lease call
