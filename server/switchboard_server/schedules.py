@@ -271,7 +271,9 @@ class Schedules:
             next_slot = before.next_slot
             if not before.paused and not _same_recurrence(before, definition):
                 next_slot = next_after(recurrence, await clock.now(conn))
-            after = await schedule_queries.update(conn, before.id, definition, next_slot)
+            after = await schedule_queries.update(
+                conn, before.id, before.endpoint_id, definition, next_slot
+            )
             await _audit(conn, principal, after, "update", before, after)
         return Schedule(after, recurrence)
 
@@ -288,7 +290,7 @@ class Schedules:
         owner_id, endpoint = schedule_scope(principal, None, Grant.MANAGE_SCHEDULES)
         async with self._db.transaction() as conn:
             before = await self._lock(conn, schedule_id, owner_id, endpoint)
-            await schedule_queries.delete(conn, before.id)
+            await schedule_queries.delete(conn, before.id, before.endpoint_id)
             await _audit(conn, principal, before, "delete", before, None)
         return _schedule(before)
 
@@ -319,7 +321,9 @@ class Schedules:
                     raise errors.FailedPrecondition(
                         f"the schedule's recurrence cannot be evaluated: {exc}"
                     ) from exc
-            after = await schedule_queries.set_paused(conn, before.id, paused, next_slot)
+            after = await schedule_queries.set_paused(
+                conn, before.id, before.endpoint_id, paused, next_slot
+            )
             await _audit(conn, principal, after, "pause" if paused else "resume", before, after)
         return _schedule(after)
 

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import asyncpg
 from prometheus_client.parser import text_string_to_metric_families
-from switchboard.v1 import dispatch_pb2
+from switchboard.v1 import dispatch_pb2, queue_pb2, schedule_pb2
 
 from tests.cluster.placing import tenants_on_each_worker
 from tests.support.admission import ingest, set_policy
@@ -178,6 +178,61 @@ async def test_metrics_and_the_board_read_endpoints_on_each_worker(
                     # One match opens its page.
                     assert resp.status in (302, 303), (resp.status, await resp.text())
                     assert resp.headers["Location"].endswith(f"/board/todos/{todo_id}")
+    finally:
+        await conn.close()
+        await setup.close()
+
+
+async def test_a_human_changes_schedules_by_id_on_each_worker(
+    citus: CitusCluster, cluster_dsn: str, replicas: list[ServerProcess]
+) -> None:
+    """Get, Update, Pause, Resume and Delete by id (a human's: no endpoint
+    given) lock the schedule on its endpoint's shard; Citus refused the
+    owner-wide ``FOR UPDATE`` (INTERNAL) before."""
+    setup = Client(replicas[0].address)
+    conn = await asyncpg.connect(cluster_dsn)
+    try:
+        placed = await tenants_on_each_worker(setup, conn, citus)
+        assert sorted(p for _, p in placed) == sorted(w.port for w in citus.workers)
+        for tenant, _ in placed:
+            created = await setup.schedules.CreateSchedule(
+                schedule_pb2.CreateScheduleRequest(
+                    schedule=schedule_pb2.Schedule(
+                        queue=queue_pb2.QueueRef(endpoint_id=tenant.endpoint_id, name="nightly"),
+                        name="report",
+                        template=schedule_pb2.TodoTemplate(payload=b"{}"),
+                        recurrence=schedule_pb2.Recurrence(time_zone="UTC", cron="0 3 * * *"),
+                    )
+                ),
+                metadata=tenant.human,
+            )
+            sid = created.schedule.id
+            changed = created.schedule
+            changed.recurrence.cron = "30 4 * * *"
+            updated = await setup.schedules.UpdateSchedule(
+                schedule_pb2.UpdateScheduleRequest(schedule=changed), metadata=tenant.human
+            )
+            assert updated.schedule.recurrence.cron == "30 4 * * *"
+            paused = await setup.schedules.PauseSchedule(
+                schedule_pb2.PauseScheduleRequest(id=sid), metadata=tenant.human
+            )
+            assert paused.schedule.paused
+            resumed = await setup.schedules.ResumeSchedule(
+                schedule_pb2.ResumeScheduleRequest(id=sid), metadata=tenant.human
+            )
+            assert not resumed.schedule.paused
+            await setup.schedules.DeleteSchedule(
+                schedule_pb2.DeleteScheduleRequest(id=sid), metadata=tenant.human
+            )
+            assert 0 == await conn.fetchval(
+                "SELECT count(*) FROM schedules WHERE endpoint_id = $1::uuid AND id = $2",
+                tenant.endpoint_id,
+                int(sid),
+            )
+            audit = await setup.schedules.ListScheduleAudit(
+                schedule_pb2.ListScheduleAuditRequest(schedule_id=sid), metadata=tenant.human
+            )
+            assert len(audit.entries) == 5, audit
     finally:
         await conn.close()
         await setup.close()

@@ -144,7 +144,16 @@ async def get(
 async def lock(
     conn: Conn, schedule_id: int, owner_id: uuid.UUID, endpoint_id: uuid.UUID | None
 ) -> ScheduleRow | None:
-    """``get``, with the row locked until the transaction ends."""
+    """``get``, with the row locked until the transaction ends.
+
+    Without an endpoint (a human's call) the schedule's endpoint is read
+    first: the lock then names it, so that on a Citus cluster it stays on
+    that endpoint's shard (a ``FOR UPDATE`` across shards is refused)."""
+    if endpoint_id is None:
+        found = await get(conn, schedule_id, owner_id, None)
+        if found is None:
+            return None
+        endpoint_id = found.endpoint_id
     rec = await conn.fetchrow(sql("schedule_lock"), schedule_id, owner_id, endpoint_id)
     return _row(rec) if rec is not None else None
 
@@ -158,7 +167,11 @@ async def list_page(
 
 
 async def update(
-    conn: Conn, schedule_id: int, definition: Definition, next_slot: datetime | None
+    conn: Conn,
+    schedule_id: int,
+    endpoint_id: uuid.UUID,
+    definition: Definition,
+    next_slot: datetime | None,
 ) -> ScheduleRow:
     """Replaces a locked schedule's definition and next slot."""
     d = definition
@@ -177,6 +190,7 @@ async def update(
             d.cron,
             d.catch_up,
             next_slot,
+            endpoint_id,
         )
     except asyncpg.UniqueViolationError as exc:
         raise _name_taken(exc, d.name) from exc
@@ -185,17 +199,23 @@ async def update(
 
 
 async def set_paused(
-    conn: Conn, schedule_id: int, paused: bool, next_slot: datetime | None
+    conn: Conn,
+    schedule_id: int,
+    endpoint_id: uuid.UUID,
+    paused: bool,
+    next_slot: datetime | None,
 ) -> ScheduleRow:
     """Pauses or resumes a locked schedule."""
-    rec = await conn.fetchrow(sql("schedule_set_paused"), schedule_id, paused, next_slot)
+    rec = await conn.fetchrow(
+        sql("schedule_set_paused"), schedule_id, paused, next_slot, endpoint_id
+    )
     assert rec is not None
     return _row(rec)
 
 
-async def delete(conn: Conn, schedule_id: int) -> None:
+async def delete(conn: Conn, schedule_id: int, endpoint_id: uuid.UUID) -> None:
     """Deletes a schedule (its todos stay)."""
-    await conn.execute(sql("schedule_delete"), schedule_id)
+    await conn.execute(sql("schedule_delete"), schedule_id, endpoint_id)
 
 
 async def due(conn: Conn, batch: int) -> list[ScheduleRow]:

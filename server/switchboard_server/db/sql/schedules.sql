@@ -12,9 +12,11 @@ SELECT * FROM schedules
  WHERE id = $1 AND owner_id = $2 AND ($3::uuid IS NULL OR endpoint_id = $3);
 
 -- name: schedule_lock :one
--- schedule_get, locked for a change: waits for a scheduler pass on it.
+-- schedule_get of endpoint $3's schedule, locked for a change: waits for a
+-- scheduler pass on it. (The endpoint is always named: on a Citus cluster a
+-- FOR UPDATE must stay on one shard.)
 SELECT * FROM schedules
- WHERE id = $1 AND owner_id = $2 AND ($3::uuid IS NULL OR endpoint_id = $3)
+ WHERE id = $1 AND owner_id = $2 AND endpoint_id = $3
    FOR UPDATE;
 
 -- name: schedule_list :many
@@ -27,23 +29,24 @@ SELECT * FROM schedules
  LIMIT $4;
 
 -- name: schedule_update :one
--- Replaces a locked schedule's definition and next slot.
+-- Replaces a locked schedule's ($1, of endpoint $13) definition and next slot.
 UPDATE schedules
    SET name = $2, payload = $3, content_type = $4, max_attempts = $5, time_zone = $6,
        calendar_period = $7, calendar_at = $8, calendar_weekday = $9, cron = $10,
        catch_up = $11, next_slot = $12, updated_at = sb_now()
- WHERE id = $1
+ WHERE id = $1 AND endpoint_id = $13
 RETURNING *;
 
 -- name: schedule_set_paused :one
 -- Pauses ($2 true, next slot NULL) or resumes ($2 false, next slot $3) a
--- locked schedule.
+-- locked schedule ($1, of endpoint $4).
 UPDATE schedules SET paused = $2, next_slot = $3, updated_at = sb_now()
- WHERE id = $1
+ WHERE id = $1 AND endpoint_id = $4
 RETURNING *;
 
 -- name: schedule_delete :exec
-DELETE FROM schedules WHERE id = $1;
+-- Deletes schedule $1 of endpoint $2.
+DELETE FROM schedules WHERE id = $1 AND endpoint_id = $2;
 
 -- name: schedule_due :many
 -- Running schedules whose next slot is due, locked for the scheduler (SKIP
