@@ -20,6 +20,7 @@ from switchboard_server.model import (
     AttemptOutcome,
     ItemOutcome,
     Settled,
+    SettledState,
     Settlement,
     Todo,
     TodoResult,
@@ -283,12 +284,40 @@ async def heartbeat_many(
     ]
 
 
-def _item_outcome(outcome: str, todo: Todo | None) -> ItemOutcome:
+def _item_outcome(outcome: str, state: TodoState | None) -> ItemOutcome:
     """An item's outcome; a todo refused because it was cancelled is ``CANCELLED``."""
     item = ItemOutcome(outcome)
-    if item is ItemOutcome.NOT_CLAIMED and todo is not None and todo.state is TodoState.CANCELLED:
+    if item is ItemOutcome.NOT_CLAIMED and state is TodoState.CANCELLED:
         return ItemOutcome.CANCELLED
     return item
+
+
+def _settle_args(
+    settlements: Sequence[Settlement],
+    owner_id: uuid.UUID,
+    endpoint_id: uuid.UUID | None,
+    backoff_base: timedelta,
+    backoff_cap: timedelta,
+) -> list[Any]:
+    """The arguments of ``todo_settle`` and its forms (the owner-scoped forms
+    take no endpoint)."""
+    with_results = any(s.result is not None for s in settlements)
+    return [
+        owner_id,
+        *(() if endpoint_id is None else (endpoint_id,)),
+        [s.todo_id for s in settlements],
+        [s.lease_id for s in settlements],
+        [s.action.value for s in settlements],
+        [s.error for s in settlements],
+        [s.permanent for s in settlements],
+        backoff_base.total_seconds(),
+        backoff_cap.total_seconds(),
+        # Without results (the common case) no result arrays are sent.
+        [s.result.data if s.result else None for s in settlements] if with_results else None,
+        [s.result.content_type if s.result else None for s in settlements]
+        if with_results
+        else None,
+    ]
 
 
 async def settle(
@@ -303,29 +332,42 @@ async def settle(
     """Completes, fails or releases claimed todos under their leases, each on
     its own (see ``sb_settle``): per item, in order. Todo ids must be distinct.
     A refusal because the todo was cancelled is ``CANCELLED``."""
-    with_results = any(s.result is not None for s in settlements)
     # Owner scope: not delegated on a cluster (see todo_settle_owner).
-    scope = (owner_id,) if endpoint_id is None else (owner_id, endpoint_id)
     rows = await conn.fetch(
         sql("todo_settle_owner" if endpoint_id is None else "todo_settle"),
-        *scope,
-        [s.todo_id for s in settlements],
-        [s.lease_id for s in settlements],
-        [s.action.value for s in settlements],
-        [s.error for s in settlements],
-        [s.permanent for s in settlements],
-        backoff_base.total_seconds(),
-        backoff_cap.total_seconds(),
-        # Without results (the common case) no result arrays are sent.
-        [s.result.data if s.result else None for s in settlements] if with_results else None,
-        [s.result.content_type if s.result else None for s in settlements]
-        if with_results
-        else None,
+        *_settle_args(settlements, owner_id, endpoint_id, backoff_base, backoff_cap),
     )
     settled = []
     for r in rows:
         todo = todo_from_record(r["todo"]) if r["todo"] is not None else None
-        settled.append(Settled(_item_outcome(r["outcome"], todo), todo))
+        state = todo.state if todo is not None else None
+        settled.append(Settled(_item_outcome(r["outcome"], state), todo))
+    return settled
+
+
+_STATES = {s.value: s for s in TodoState}
+
+
+async def settle_states(
+    conn: Conn,
+    *,
+    settlements: Sequence[Settlement],
+    owner_id: uuid.UUID,
+    endpoint_id: uuid.UUID | None,
+    backoff_base: timedelta,
+    backoff_cap: timedelta,
+) -> list[SettledState]:
+    """``settle``, answered with each todo's state and ``next_retry_at`` after
+    it instead of the whole todo: what a batch's caller is told (the database
+    sends, and this process decodes, two columns per todo instead of all)."""
+    rows = await conn.fetch(
+        sql("todo_settle_states_owner" if endpoint_id is None else "todo_settle_states"),
+        *_settle_args(settlements, owner_id, endpoint_id, backoff_base, backoff_cap),
+    )
+    settled = []
+    for outcome, stored, next_retry_at in rows:
+        state = _STATES[stored] if stored is not None else None
+        settled.append(SettledState(_item_outcome(outcome, state), state, next_retry_at))
     return settled
 
 

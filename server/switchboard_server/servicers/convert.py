@@ -30,7 +30,7 @@ from switchboard_server.model import (
     Lease,
     Owner,
     PrincipalKind,
-    Settled,
+    SettledState,
     Todo,
     TodoResult,
     TodoState,
@@ -380,15 +380,16 @@ def todo_audit_entry(value: TodoAuditEntry) -> dispatch_pb2.TodoAuditEntry:
     )
 
 
-def settlement_result(todo_id: int, value: Settled) -> dispatch_pb2.SettlementResult:
+def settlement_result(todo_id: int, value: SettledState) -> dispatch_pb2.SettlementResult:
     """The wire form of what SettleTodos did with one todo."""
     msg = dispatch_pb2.SettlementResult(todo_id=str(todo_id), status=ITEM_OUTCOME[value.outcome])
-    if value.todo is not None:
-        msg.state = TODO_STATE_TO_PROTO[value.todo.state]
-        if value.outcome is ItemOutcome.APPLIED and value.todo.state is TodoState.PENDING:
-            msg.next_retry_at.FromDatetime(value.todo.next_retry_at)
+    if value.state is not None:
+        msg.state = TODO_STATE_TO_PROTO[value.state]
+        if value.outcome is ItemOutcome.APPLIED and value.state is TodoState.PENDING:
+            assert value.next_retry_at is not None
+            msg.next_retry_at.FromDatetime(value.next_retry_at)
     if value.outcome is not ItemOutcome.APPLIED:
-        msg.message = refusal_message(value.outcome, value.todo)
+        msg.message = refusal_message(value.outcome, value.state)
     return msg
 
 

@@ -51,6 +51,20 @@ SELECT s.outcome, s.todo FROM sb_settle($1, NULL, $2, $3, $4, $5, $6, $7, $8, $9
  WHERE s.ord IS NOT NULL
  ORDER BY s.ord;
 
+-- name: todo_settle_states :many
+-- todo_settle answered with what SettleTodos reports of each todo: its state
+-- and next_retry_at after the settlement (NULL when not found), not the
+-- whole todo (the same call; on a Citus cluster, delegated the same way).
+SELECT outcome, (todo).state, (todo).next_retry_at
+  FROM sb_settle($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ORDER BY ord;
+
+-- name: todo_settle_states_owner :many
+-- todo_settle_states for a caller scoped to an owner (see todo_claim_owner).
+SELECT s.outcome, (s.todo).state, (s.todo).next_retry_at
+  FROM sb_settle($1, NULL, $2, $3, $4, $5, $6, $7, $8, $9, $10) AS s
+ WHERE s.ord IS NOT NULL
+ ORDER BY s.ord;
+
 -- name: todo_states :many
 -- The states of the given todos in the caller's scope (why a lease call
 -- refused them).
