@@ -13,8 +13,9 @@ import asyncio
 import functools
 import logging
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 import httpx
@@ -371,6 +372,34 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
     return app
 
 
+class GenericHandlersOnly:
+    """The server as the generated ``add_*Servicer_to_server`` functions see it:
+    each adds its service's handlers twice, as a generic handler and as
+    registered methods; only the generic handler reaches the server.
+
+    grpc.aio's server keeps one pending call request per registered method
+    and, before it takes each call, waits on all of them (``asyncio.wait``):
+    with our 44 methods, that is more Python work per RPC than the rest of
+    what grpc does for it (docs/performance.md). With generic handlers only,
+    one pending request takes every call, and the method is found by name,
+    through the same interceptor, as for Health and reflection.
+    """
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(
+        self, generic_rpc_handlers: Sequence[grpc.GenericRpcHandler[Any, Any]]
+    ) -> None:
+        """Passed on to the server."""
+        self._server.add_generic_rpc_handlers(generic_rpc_handlers)
+
+    def add_registered_method_handlers(
+        self, service_name: str, method_handlers: dict[str, grpc.RpcMethodHandler[Any, Any]]
+    ) -> None:
+        """Left out: the same handlers came as a generic handler (see the class)."""
+
+
 def _grpc_server(
     deps: WebDeps, hub: DoorbellHub, tenancy: Tenancy
 ) -> tuple[grpc.aio.Server, HealthServicer]:
@@ -381,18 +410,19 @@ def _grpc_server(
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ],
     )
+    services = cast(grpc.aio.Server, GenericHandlersOnly(server))
     dispatch_pb2_grpc.add_DispatchServiceServicer_to_server(
-        DispatchServicer(deps.dispatcher, hub), server
+        DispatchServicer(deps.dispatcher, hub), services
     )
     admission_pb2_grpc.add_AdmissionServiceServicer_to_server(
-        AdmissionServicer(deps.admission), server
+        AdmissionServicer(deps.admission), services
     )
-    admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(tenancy), server)
+    admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(tenancy), services)
     schedule_pb2_grpc.add_ScheduleServiceServicer_to_server(
-        ScheduleServicer(Schedules(deps.db)), server
+        ScheduleServicer(Schedules(deps.db)), services
     )
     health_servicer = HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, services)
     reflection.enable_server_reflection(
         (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )

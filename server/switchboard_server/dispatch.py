@@ -48,6 +48,7 @@ from switchboard_server.model import (
     PrincipalKind,
     SettleAction,
     Settled,
+    SettledState,
     Settlement,
     Todo,
     TodoResult,
@@ -582,11 +583,22 @@ class Dispatcher:
 
     async def settle(
         self, principal: Principal, settlements: Sequence[Settlement]
-    ) -> list[Settled]:
+    ) -> list[SettledState]:
         """Completes, fails or releases claimed todos in one transaction, each
-        applied or refused on its own. Todo ids must be distinct."""
+        applied or refused on its own: per item, the outcome and the todo's
+        state after it. Todo ids must be distinct."""
         scope = require_tenant(principal, Grant.CLAIM)
-        return await self._settle(_Caller(scope.owner_id, scope.endpoint_id), settlements)
+        async with self._db.statement() as conn:
+            results = await todo_queries.settle_states(
+                conn,
+                settlements=settlements,
+                owner_id=scope.owner_id,
+                endpoint_id=scope.endpoint_id,
+                backoff_base=self._settings.backoff_base,
+                backoff_cap=self._settings.backoff_cap,
+            )
+        self._count_ended(settlements, [r.outcome for r in results])
+        return results
 
     async def _settle(self, caller: _Caller, settlements: Sequence[Settlement]) -> list[Settled]:
         async with self._db.statement() as conn:
@@ -598,14 +610,20 @@ class Dispatcher:
                 backoff_base=self._settings.backoff_base,
                 backoff_cap=self._settings.backoff_cap,
             )
+        self._count_ended(settlements, [r.outcome for r in results])
+        return results
+
+    def _count_ended(
+        self, settlements: Sequence[Settlement], outcomes: Sequence[ItemOutcome]
+    ) -> None:
+        """Counts the attempts that settlements ended, once they committed."""
         ended = Counter(
             _ENDED[s.action]
-            for s, r in zip(settlements, results, strict=True)
-            if r.outcome is ItemOutcome.APPLIED
+            for s, outcome in zip(settlements, outcomes, strict=True)
+            if outcome is ItemOutcome.APPLIED
         )
         for outcome, count in ended.items():
             self._metrics.attempts_ended(outcome, count)
-        return results
 
     async def _settle_each(
         self, caller: _Caller, settlements: list[Settlement]
@@ -1220,21 +1238,21 @@ async def _open_audit(
     )
 
 
-def refusal_message(outcome: ItemOutcome, todo: Todo | None) -> str:
-    """Why a lease call refused one todo, for people."""
+def refusal_message(outcome: ItemOutcome, state: TodoState | None) -> str:
+    """Why a lease call refused one todo (in ``state`` now, when known), for people."""
     if outcome is ItemOutcome.NOT_FOUND:
         return "todo not found"
     if outcome is ItemOutcome.CANCELLED:
         return "the todo was cancelled: its lease is void"
     if outcome is ItemOutcome.STALE_LEASE:
         return "the lease is stale: the todo was taken over by a later claim"
-    if todo is not None:
-        return f"the lease is stale: the todo is now {todo.state.value}"
+    if state is not None:
+        return f"the lease is stale: the todo is now {state.value}"
     return "the lease is stale: the todo is no longer claimed"
 
 
 def _refusal(outcome: ItemOutcome, todo: Todo | None) -> errors.SwitchboardError:
-    message = refusal_message(outcome, todo)
+    message = refusal_message(outcome, todo.state if todo is not None else None)
     if outcome is ItemOutcome.NOT_FOUND:
         return errors.NotFound(message)
     if outcome is ItemOutcome.CANCELLED:

@@ -101,6 +101,9 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.queue_labels = queue_labels
         self._queue = QueueLabels(queue_labels)
+        #: Each (method, code)'s children of the RPC count and duration, looked
+        #: up once: ``labels()`` validates and locks on every call.
+        self._rpc_children: dict[tuple[str, grpc.StatusCode], tuple[Counter, Histogram]] = {}
         r = self.registry
         self.todos_claimed = Counter(
             "switchboard_todos_claimed",
@@ -235,8 +238,14 @@ class Metrics:
 
     def rpc(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
         """Counts and times one finished RPC."""
-        self.rpc_requests.labels(method, code.name).inc()
-        self.rpc_duration.labels(method).observe(seconds)
+        children = self._rpc_children.get((method, code))
+        if children is None:
+            children = self._rpc_children[(method, code)] = (
+                self.rpc_requests.labels(method, code.name),
+                self.rpc_duration.labels(method),
+            )
+        children[0].inc()
+        children[1].observe(seconds)
 
     @contextlib.contextmanager
     def claim_transaction(self, kind: str) -> Iterator[ClaimObservation]:

@@ -6,6 +6,7 @@ import enum
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 
 class TodoState(enum.Enum):
@@ -172,6 +173,16 @@ class Settled:
 
     outcome: ItemOutcome
     todo: Todo | None
+
+
+class SettledState(NamedTuple):
+    """The outcome of one settlement of a batch and the todo's state and
+    ``next_retry_at`` after it (``None`` when not found): what SettleTodos
+    answers, without the whole todo. (A named tuple: a batch builds hundreds.)"""
+
+    outcome: ItemOutcome
+    state: TodoState | None
+    next_retry_at: datetime | None
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import asyncpg
 import pytest
 from switchboard_server.db import distribute, todos
 from switchboard_server.db.database import session_settings
-from switchboard_server.model import SettleAction, Settlement
+from switchboard_server.model import SettleAction, Settlement, TodoState
 
 from tests.cluster.conftest import SHARD_COUNT, migrate_cli
 from tests.support.citus_cluster import CitusCluster
@@ -277,6 +277,20 @@ async def test_ingest_claim_heartbeat_and_settle_are_each_one_call_on_the_endpoi
         )
         assert one.outcome == "claimed"
         _assert_one_delegated_call(log.take(), "sb_claim", port, allowed)
+
+        # SettleTodos' form, answered with the todos' states: one call too.
+        assert one.todo is not None and one.todo.lease_id is not None
+        states = await todos.settle_states(
+            conn,
+            settlements=[Settlement(one.todo.id, one.todo.lease_id, SettleAction.FAIL, "x")],
+            owner_id=owner,
+            endpoint_id=endpoint,
+            backoff_base=timedelta(seconds=1),
+            backoff_cap=timedelta(seconds=10),
+        )
+        assert [(s.outcome.value, s.state) for s in states] == [("applied", TodoState.PENDING)]
+        assert states[0].next_retry_at is not None
+        _assert_one_delegated_call(log.take(), "sb_settle", port, allowed)
     finally:
         await conn.close()
 

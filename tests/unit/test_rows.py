@@ -3,12 +3,14 @@ release keeps reading the tables during a rolling upgrade."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from datetime import UTC, datetime
 
+import pytest
 from switchboard_server.db import admission as admission_queries
 from switchboard_server.db.todos import todo_from_record
-from switchboard_server.model import TodoState
+from switchboard_server.model import Todo, TodoState
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -45,6 +47,16 @@ def test_a_todo_row_with_a_later_releases_column_still_builds() -> None:
     assert todo.id == 7 and todo.state is TodoState.PENDING and todo.payload == b"hi"
     assert todo.priority == 3
     assert todo == todo_from_record(TODO_ROW)
+
+
+def test_a_full_todo_row_builds_the_todo_the_constructor_builds() -> None:
+    row = {**TODO_ROW, "schedule_id": 4, "schedule_slot": NOW, "payload": b"hi"}
+    todo = todo_from_record(row)
+    expected = Todo(**{**row, "state": TodoState.PENDING})  # type: ignore[arg-type]
+    assert todo == expected and hash(todo) == hash(expected)
+    assert vars(todo) == vars(expected)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        todo.attempt = 1  # type: ignore[misc]
 
 
 def test_a_todo_row_of_an_earlier_schema_takes_the_defaults() -> None:

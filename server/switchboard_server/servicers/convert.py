@@ -30,7 +30,7 @@ from switchboard_server.model import (
     Lease,
     Owner,
     PrincipalKind,
-    Settled,
+    SettledState,
     Todo,
     TodoResult,
     TodoState,
@@ -216,32 +216,40 @@ def doorbell(value: Doorbell) -> dispatch_pb2.Doorbell:
     )
 
 
-def todo(
-    value: Todo, admission: AdmissionStatus | None = None, result: TodoResult | None = None
-) -> todo_pb2.Todo:
-    """The wire form of a todo (with its result, when one is given)."""
-    msg = todo_pb2.Todo(
-        id=str(value.id),
-        queue=queue_ref(value.endpoint_id, value.queue),
-        state=TODO_STATE_TO_PROTO[value.state],
-        payload=value.payload,
-        content_type=value.content_type,
-        attempt=value.attempt,
-        max_attempts=value.max_attempts,
-        next_retry_at=timestamp(value.next_retry_at),
-        lease_expires_at=timestamp(value.lease_expires_at),
-        claimant=value.claimant,
-        last_error=value.last_error,
-        created_at=timestamp(value.created_at),
-        updated_at=timestamp(value.updated_at),
-        finished_at=timestamp(value.finished_at),
-        priority=value.priority,
-    )
-    if admission is not None:
-        msg.admission.CopyFrom(admission_status(admission))
-    if result is not None:
-        msg.result.data = result.data
-        msg.result.content_type = result.content_type
+def set_timestamp(ts: timestamp_pb2.Timestamp, value: datetime) -> None:
+    """Sets a Timestamp in place to a datetime, as ``timestamp`` computes it."""
+    if value.tzinfo is None:
+        ts.FromDatetime(value)
+        return
+    delta = value - _EPOCH
+    ts.seconds = delta.days * 86400 + delta.seconds
+    ts.nanos = delta.microseconds * 1000
+
+
+def fill_todo(msg: todo_pb2.Todo, value: Todo, endpoint_id: str | None = None) -> None:
+    """Writes the wire form of a todo into an empty message, in place: a batch
+    fills the items it adds to its response instead of building each todo
+    and copying it there (twice as costly). ``endpoint_id``: the todo's
+    endpoint as text, when the caller already has it."""
+    msg.id = str(value.id)
+    queue = msg.queue
+    queue.endpoint_id = endpoint_id if endpoint_id is not None else str(value.endpoint_id)
+    queue.name = value.queue
+    msg.state = TODO_STATE_TO_PROTO[value.state]
+    msg.payload = value.payload
+    msg.content_type = value.content_type
+    msg.attempt = value.attempt
+    msg.max_attempts = value.max_attempts
+    set_timestamp(msg.next_retry_at, value.next_retry_at)
+    if value.lease_expires_at is not None:
+        set_timestamp(msg.lease_expires_at, value.lease_expires_at)
+    msg.claimant = value.claimant
+    msg.last_error = value.last_error
+    set_timestamp(msg.created_at, value.created_at)
+    set_timestamp(msg.updated_at, value.updated_at)
+    if value.finished_at is not None:
+        set_timestamp(msg.finished_at, value.finished_at)
+    msg.priority = value.priority
     if value.dedup_webhook_id is not None and value.dedup_delivery_id is not None:
         msg.dedup.webhook_id = value.dedup_webhook_id
         msg.dedup.delivery_id = value.dedup_delivery_id
@@ -252,6 +260,19 @@ def todo(
     if value.schedule_id is not None and value.schedule_slot is not None:
         msg.schedule_id = str(value.schedule_id)
         msg.schedule_slot.FromDatetime(value.schedule_slot)
+
+
+def todo(
+    value: Todo, admission: AdmissionStatus | None = None, result: TodoResult | None = None
+) -> todo_pb2.Todo:
+    """The wire form of a todo (with its result, when one is given)."""
+    msg = todo_pb2.Todo()
+    fill_todo(msg, value)
+    if admission is not None:
+        msg.admission.CopyFrom(admission_status(admission))
+    if result is not None:
+        msg.result.data = result.data
+        msg.result.content_type = result.content_type
     return msg
 
 
@@ -380,21 +401,28 @@ def todo_audit_entry(value: TodoAuditEntry) -> dispatch_pb2.TodoAuditEntry:
     )
 
 
-def settlement_result(todo_id: int, value: Settled) -> dispatch_pb2.SettlementResult:
+def settlement_result(todo_id: int, value: SettledState) -> dispatch_pb2.SettlementResult:
     """The wire form of what SettleTodos did with one todo."""
     msg = dispatch_pb2.SettlementResult(todo_id=str(todo_id), status=ITEM_OUTCOME[value.outcome])
-    if value.todo is not None:
-        msg.state = TODO_STATE_TO_PROTO[value.todo.state]
-        if value.outcome is ItemOutcome.APPLIED and value.todo.state is TodoState.PENDING:
-            msg.next_retry_at.FromDatetime(value.todo.next_retry_at)
+    if value.state is not None:
+        msg.state = TODO_STATE_TO_PROTO[value.state]
+        if value.outcome is ItemOutcome.APPLIED and value.state is TodoState.PENDING:
+            assert value.next_retry_at is not None
+            msg.next_retry_at.FromDatetime(value.next_retry_at)
     if value.outcome is not ItemOutcome.APPLIED:
-        msg.message = refusal_message(value.outcome, value.todo)
+        msg.message = refusal_message(value.outcome, value.state)
     return msg
 
 
 def lease(value: Lease) -> todo_pb2.Lease:
     """The wire form of a lease."""
     return todo_pb2.Lease(lease_id=str(value.lease_id), expires_at=timestamp(value.expires_at))
+
+
+def fill_lease(msg: todo_pb2.Lease, value: Lease) -> None:
+    """Writes the wire form of a lease into an empty message, in place (see ``fill_todo``)."""
+    msg.lease_id = str(value.lease_id)
+    set_timestamp(msg.expires_at, value.expires_at)
 
 
 def owner(value: Owner) -> admin_pb2.Owner:

@@ -212,16 +212,24 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
         if not result.claimed:
             return dispatch_pb2.ClaimNextResponse(empty=True, deferred=deferred)
         response = dispatch_pb2.ClaimNextResponse(deferred=deferred)
+        first = result.claimed[0]
         if max_todos == 1:
-            first = result.claimed[0]
-            response.todo.CopyFrom(convert.todo(first.todo))
-            response.lease.CopyFrom(convert.lease(first.lease))
+            convert.fill_todo(response.todo, first.todo)
+            convert.fill_lease(response.lease, first.lease)
         else:
-            response.claimed.extend(
-                dispatch_pb2.ClaimedTodo(todo=convert.todo(c.todo), lease=convert.lease(c.lease))
-                for c in result.claimed
-            )
-        headroom = result.claimed[0].headroom
+            # A batch is of one queue: its endpoint's text is made once.
+            endpoint_id = first.todo.endpoint_id
+            endpoint_text = str(endpoint_id)
+            add = response.claimed.add
+            for claimed in result.claimed:
+                item = add()
+                convert.fill_todo(
+                    item.todo,
+                    claimed.todo,
+                    endpoint_text if claimed.todo.endpoint_id == endpoint_id else None,
+                )
+                convert.fill_lease(item.lease, claimed.lease)
+        headroom = first.headroom
         if headroom is not None:
             response.headroom.CopyFrom(convert.headroom(headroom))
             response.policy.CopyFrom(convert.policy(headroom.policy))

@@ -122,16 +122,28 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     def __init__(self, authenticator: Authenticator, metrics: Metrics | None = None) -> None:
         self._auth = authenticator
         self._metrics = metrics
+        #: Each method's wrapped handler, made at its first call: a method's
+        #: handler never changes once the server serves.
+        self._wrapped: dict[str, Handler] = {}
 
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler]],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> Handler:
-        handler = await continuation(handler_call_details)
         method: str = handler_call_details.method
+        wrapped = self._wrapped.get(method)
+        if wrapped is not None:
+            return wrapped
+        handler = await continuation(handler_call_details)
         if handler is None or method.startswith(_PUBLIC_PREFIXES):
             return handler
+        wrapped = self._wrap(handler, method)
+        if wrapped is not handler:
+            self._wrapped[method] = wrapped
+        return wrapped
+
+    def _wrap(self, handler: Handler, method: str) -> Handler:
         # grpc gets no deserializer, so it hands the wrapper the raw bytes.
         parse = _parser(handler.request_deserializer)
         if handler.unary_unary is not None:

@@ -306,8 +306,21 @@ class Violations:
             self.add(field, f"must hold between 1 and {MAX_BATCH} items")
         refs, seen = [], set()
         for i, item in enumerate(items):
-            todo_id = self.todo_id(f"{field}[{i}].todo_id", item.todo_id)
-            lease_id = self.lease_id(f"{field}[{i}].lease_id", item.lease_id)
+            # Each item's field names are formatted only when its value needs
+            # the full check (a batch holds up to MAX_BATCH items).
+            raw_id, raw_lease = item.todo_id, item.lease_id
+            valid_id = (
+                len(raw_id) <= MAX_TODO_ID_DIGITS
+                and raw_id.isascii()
+                and raw_id.isdigit()
+                and 0 < (todo_id := int(raw_id)) <= MAX_TODO_ID
+            )
+            if not valid_id:
+                todo_id = self.todo_id(f"{field}[{i}].todo_id", raw_id)
+            if raw_lease and UUID_TEXT.fullmatch(raw_lease):
+                lease_id = uuid.UUID(raw_lease)
+            else:
+                lease_id = self.lease_id(f"{field}[{i}].lease_id", raw_lease)
             if todo_id and todo_id in seen:
                 self.add(f"{field}[{i}].todo_id", "names a todo already in this call")
             seen.add(todo_id)

@@ -39,6 +39,13 @@ SELECT outcome, todo FROM sb_settle($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11
 -- endpoint's call runs on the node that holds it (docs/scaling-out.md).
 SELECT id, endpoint_id FROM todos WHERE id = ANY ($1::bigint[]) AND owner_id = $2;
 
+-- name: todo_settle_states :many
+-- todo_settle answered with what SettleTodos reports of each todo: its state
+-- and next_retry_at after the settlement (NULL when not found), not the
+-- whole todo (the same call; on a Citus cluster, delegated the same way).
+SELECT outcome, (todo).state, (todo).next_retry_at
+  FROM sb_settle($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ORDER BY ord;
+
 -- name: todo_states :many
 -- The states of the given todos in the caller's scope (why a lease call
 -- refused them).
