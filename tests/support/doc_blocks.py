@@ -113,6 +113,10 @@ NOT_RUN: dict[Block, str] = {
         "names a public receiver (the hook egress policy resolves it); "
         "tests/grpc/test_hook_signatures.py rotates a secret through SetNotifyHook"
     ),
+    Block("docs/performance.md", "sh", "scripts/bench --only cluster"): (
+        "a full cluster run takes about 7 minutes; tests/bench/test_cluster_bench.py runs "
+        "`python -m bench --quick --only cluster`"
+    ),
     Block("docs/performance.md", "sh", "scripts/bench --profile"): (
         "a full profile takes about 4 minutes; tests/bench/test_quick.py runs "
         "`python -m bench --profile --quick`"
