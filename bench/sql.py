@@ -488,3 +488,12 @@ SELECT query, calls, total_exec_time, rows
  ORDER BY total_exec_time DESC
  LIMIT $1
 """
+
+#: Top-level calls of the claim and settle functions on this node (a
+#: coordinator's calls, or what a worker received delegated).
+CLAIM_PATH_CALLS = """
+SELECT coalesce(sum(calls) FILTER (WHERE query LIKE '%sb_claim_next_for(%'), 0)::bigint AS claims,
+       coalesce(sum(calls) FILTER (WHERE query LIKE '%sb_settle(%'), 0)::bigint AS settles
+  FROM pg_stat_statements
+ WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND toplevel
+"""

@@ -425,12 +425,12 @@ class ClusterBench(Scenario):
                     rates: dict[str, float] = {}
                     for system in order:
                         await self.top_up(system)
-                        profile = last and kind == "drain"
+                        profile = last and kind in ("drain", "db")
                         if profile:
                             before = await self.reset_statements(system)
                         result = await self.measure_on(system, kind, rnd.tag)
                         if profile:
-                            await self.read_statements(system, before)
+                            await self.read_statements(system, kind, before)
                         self.record(system, kind, result)
                         rates[system.key] = result.rate
                         if result.errors:
@@ -455,19 +455,26 @@ class ClusterBench(Scenario):
                     await conn.close()
         return await self.pending(system)
 
-    async def read_statements(self, system: System, pending_before: int) -> None:
-        """Every node's top statements since the reset, per todo claimed meanwhile."""
+    async def read_statements(self, system: System, kind: str, pending_before: int) -> None:
+        """Every node's top statements since the reset, per todo claimed meanwhile;
+        on the cluster, the share of the coordinator's claim and settle calls
+        that its workers received delegated."""
+        figures = self.b.figures["cluster"]
         todos = pending_before - await self.pending(system)
-        self.b.figures["cluster"].setdefault("profiled_todos", {})[system.key] = todos
-        if not self.b.figures["cluster"]["pg_stat_statements"] or todos <= 0:
+        figures.setdefault("profiled_todos", {})[f"{system.key}.{kind}"] = todos
+        if not figures["pg_stat_statements"] or todos <= 0:
             return
+        calls: dict[str, asyncpg.Record] = {}
         for group, node in system.groups.items():
             conn = await asyncpg.connect(node.dsn)
             try:
                 rows = await conn.fetch(sql.TOP_STATEMENTS, TOP)
+                record = await conn.fetchrow(sql.CLAIM_PATH_CALLS)
+                assert record is not None
+                calls[group] = record
             finally:
                 await conn.close()
-            self.statements.setdefault(system.key, {})[group] = [
+            self.statements.setdefault(f"{system.key}.{kind}", {})[group] = [
                 {
                     "query": " ".join(str(r["query"]).split())[:300],
                     "calls": int(r["calls"]),
@@ -477,7 +484,17 @@ class ClusterBench(Scenario):
                 }
                 for r in rows
             ]
-        self.b.figures["cluster"]["statements"] = self.statements
+        figures["statements"] = self.statements
+        if system.key == "citus":
+            share = {}
+            for what in ("claims", "settles"):
+                made = int(calls["pg.coordinator"][what])
+                received = sum(int(r[what]) for g, r in calls.items() if g != "pg.coordinator")
+                share[what] = round(received / made, 3) if made else None
+                self.b.series(f"cluster.citus.{kind}.delegated.{what}").add(
+                    received / made if made else float("nan")
+                )
+            figures.setdefault("delegated_share", {})[kind] = share
 
     async def close(self) -> None:
         """Stops the servers, closes the clients and pools, removes the nodes (idempotent)."""
@@ -532,6 +549,19 @@ class ClusterBench(Scenario):
                         _ratio(p50[1], p50[0]),
                     ]
                 )
+        for kind in ("drain", "db"):
+            for what in ("claims", "settles"):
+                name = f"cluster.citus.{kind}.delegated.{what}"
+                if name in s:
+                    compare.rows.append(
+                        [
+                            f"{KINDS[kind].split(',')[0]}, last round: share of the coordinator's "
+                            f"{what[:-1]} calls its workers received delegated",
+                            "",
+                            s[name].fmt(3),
+                            "",
+                        ]
+                    )
         cpu = Section(
             [
                 "10. CPU ms per todo, by process (median over rounds)",
@@ -563,7 +593,7 @@ class ClusterBench(Scenario):
         sections = [compare, cpu, self.model()]
         statements = Section(
             [
-                "10. top-level statements per node, in the last round's gRPC drain",
+                "10. top-level statements per node, in the last round's gRPC drain and DB ceiling",
                 "node",
                 "calls per todo",
                 "ms per todo",
