@@ -14,8 +14,11 @@ worker. Each endpoint has a queue ``work`` under the never-binding policy
 of scenario 2 (10,000 in flight, 10⁹ a day) and a pending backlog of mixed
 priorities (bench SQL), topped up before each measurement.
 
-In each round, for each measurement, one system then the other (the order
-alternates by round), 64 workers spread over the two endpoints:
+Before the rounds, every pooled connection is warmed up (``prime``: asyncpg's
+type introspection takes seconds per connection on a database with the
+citus extension). In each round, for each measurement, one system then the
+other (the order alternates by round), 64 workers spread over the two
+endpoints:
 
 * ``drain``: ClaimNext then Complete through gRPC (scenario 2's loop);
 * ``db``: the same statements from asyncpg (the DB ceiling's loop: the
@@ -27,9 +30,11 @@ alternates by round), 64 workers spread over the two endpoints:
 
 Where the time goes: the CPU of every process group (each server, the
 plain node, the coordinator, each worker, the load generator) per todo of
-each measurement; and in the last round, around the gRPC drain of each
-system, the top-level statements of every node (``pg_stat_statements``):
-what the coordinator runs, and what each worker receives from it.
+each measurement; and in the last round, around the gRPC drain and the DB
+ceiling of each system, the top-level statements of every node
+(``pg_stat_statements``): what the coordinator runs, what each worker
+receives from it, and the share of the coordinator's claim and settle
+calls that reached a worker delegated.
 
 No target: on 2 shared cores no speed-up can be expected; the ratios
 (cluster / one PostgreSQL, per round, median) are the cost of delegation.
