@@ -136,16 +136,9 @@ class Cluster:
             return None
         try:
             pid = int((self._embedded.pgdata / "postmaster.pid").read_text().split()[0])
-            root = psutil.Process(pid)
-            own = root.cpu_times()
-            total = own.user + own.system + own.children_user + own.children_system
-            for proc in root.children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    times = proc.cpu_times()
-                    total += times.user + times.system
-            return total
-        except (OSError, ValueError, IndexError, psutil.Error):
+        except (OSError, ValueError, IndexError):
             return None
+        return tree_cpu_seconds(pid)
 
     async def stop(self, keep: bool = False) -> None:
         """Drops the databases (unless ``keep``) and stops the embedded PostgreSQL."""
@@ -164,6 +157,22 @@ class Cluster:
                 shutil.rmtree(self.tmp, ignore_errors=True)
             elif not keep:
                 shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def tree_cpu_seconds(pid: int) -> float | None:
+    """CPU time of a process (a postmaster) and its children, live and exited
+    (the exited ones it reaped count in its children's times); None when gone."""
+    try:
+        root = psutil.Process(pid)
+        own = root.cpu_times()
+        total = own.user + own.system + own.children_user + own.children_system
+        for proc in root.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                times = proc.cpu_times()
+                total += times.user + times.system
+        return float(total)
+    except psutil.Error:
+        return None
 
 
 def _create(path: pathlib.Path) -> BinaryIO:

@@ -126,11 +126,12 @@ def table(
         lines += [f"| {name} | {value} |" for name, value in ceilings]
     for section in sections or []:
         lines += ["", *section.markdown()]
-    lines += [
-        "",
-        "| scenario | measured | reference | ratio | target | result |",
-        "|---|---|---|---|---|---|",
-    ]
+    if targets:
+        lines += [
+            "",
+            "| scenario | measured | reference | ratio | target | result |",
+            "|---|---|---|---|---|---|",
+        ]
     for t in targets:
         ratio = "" if t.ratio is None else f"{t.ratio:.3f}"
         result = "pass" if t.passed else "**FAIL**"

@@ -101,7 +101,9 @@ def parser() -> argparse.ArgumentParser:
         metavar="NAMES",
         help="run only these scenario families (comma-separated module names of "
         "bench/scenarios, e.g. ingest), without the shared data set unless one of them "
-        "uses it; results go to bench/results/tmp/ as with --quick",
+        "uses it; results go to bench/results/tmp/ as with --quick, except for families "
+        "outside the default run (cluster: a Citus cluster against one PostgreSQL), "
+        "recorded as <date>-<commit>-cluster.json",
     )
     p.add_argument(
         "--strict", action="store_true", help="exit with status 1 when a target is missed"
@@ -226,8 +228,20 @@ async def _main(args: argparse.Namespace) -> int:
         "databases": [cluster.database, *cluster.others],
         "notes": bench.notes,
     }
-    readme = not args.no_readme and not _server_settings(args) and not args.only
-    path = report.write_results(result, markdown, params.mode == "quick" or bool(args.only), readme)
+    # Families outside the default run (``cluster``) are only ever run by name:
+    # such a run is recorded as the others (``<date>-<commit>-<names>.json``,
+    # its own table on the page), not as a partial run of the main bench.
+    extra = bool(args.only) and not any(
+        cls.default_run for cls in scenarios.families() if cls.name in args.only
+    )
+    readme = not args.no_readme and not _server_settings(args) and (not args.only or extra)
+    path = report.write_results(
+        result,
+        markdown,
+        params.mode == "quick" or (bool(args.only) and not extra),
+        readme,
+        "-".join(args.only) if extra else "",
+    )
     print(markdown)
     print(f"results: {path.relative_to(report.ROOT)}", file=sys.stderr)
     failed = [t for t in targets if not t.passed]

@@ -441,3 +441,59 @@ SELECT s.most_common_vals::text AS vals, s.most_common_freqs::text AS freqs,
   FROM pg_stats s JOIN pg_stat_user_tables t ON t.relname = s.tablename
  WHERE s.tablename = 'todos' AND s.attname = 'state'
 """
+
+# -- The cluster bench (bench/scenarios/cluster.py; a Citus cluster and one PostgreSQL). --
+
+#: A pending backlog on one queue without reading ``queues`` (on a Citus
+#: coordinator an ``INSERT ... SELECT`` joined with a distributed table is
+#: planned across shards; this one is computed on the coordinator and copied
+#: into the endpoint's shard): $5 todos of queue $1 (owner $2, endpoint $3,
+#: name $4), max_attempts $6, eligible from $7 every $8, priorities 0 to 9.
+SEED_PENDING_ON = f"""
+INSERT INTO todos (queue_id, owner_id, endpoint_id, queue, state, payload, content_type,
+                   attempt, max_attempts, next_retry_at, created_at, updated_at, priority)
+SELECT $1::bigint, $2::uuid, $3::uuid, $4::text, 'pending', {_PAYLOAD}, 'application/json',
+       0, $6::integer, t.at, t.at, t.at, g % 10
+  FROM generate_series(0, $5::integer - 1) AS g
+ CROSS JOIN LATERAL (SELECT $7::timestamptz + g * $8::interval AS at) AS t
+"""
+
+#: Pending todos of queue $1 of endpoint $2 (routed to the endpoint's shard on a cluster).
+PENDING_ON = """
+SELECT count(*) FROM todos WHERE endpoint_id = $2 AND queue_id = $1 AND state = 'pending'
+"""
+
+#: The claim path's tables, vacuumed and analyzed after seeding (on a Citus
+#: coordinator a table list is propagated to the shards).
+VACUUM_ANALYZE_CLAIM_TABLES = "VACUUM ANALYZE todos, attempts, window_counters, queues"
+
+#: The port of the worker holding endpoint $1's shard group (on the coordinator).
+WORKER_OF_ENDPOINT = """
+SELECT nodeport FROM citus_shards
+ WHERE shardid = get_shard_id_for_distribution_column('todos', $1::uuid)
+"""
+
+#: pg_stat_statements in this database (on a Citus coordinator: on every node).
+STATEMENTS_EXTENSION = "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"
+
+#: Forgets every statement's figures (before a measured drain).
+STATEMENTS_RESET = "SELECT pg_stat_statements_reset()"
+
+#: The top-level statements of this database by total time (all roles).
+TOP_STATEMENTS = """
+SELECT query, calls, total_exec_time, rows
+  FROM pg_stat_statements
+ WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND toplevel
+ ORDER BY total_exec_time DESC
+ LIMIT $1
+"""
+
+#: Top-level calls of the claim and settle functions on this node (a
+#: coordinator's calls, or what a worker received delegated).
+CLAIM_PATH_CALLS = """
+SELECT coalesce(sum(calls) FILTER (WHERE query LIKE '%sb_claim_next_for(%'), 0)::bigint AS claims,
+       coalesce(sum(calls) FILTER (WHERE query LIKE '%sb_settle(%'), 0)::bigint AS settles
+  FROM pg_stat_statements
+ WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND toplevel
+"""

@@ -25,6 +25,8 @@ data of its own makes them in a phase of its own.
   1100  fanout_latency: scenario 6 (and memory's RSS with streams)
   1150  bulk_requeue: scenario 8
   1200  dataset: table statistics
+  1300  cluster: a Citus cluster against one PostgreSQL (only
+        with ``--only cluster``: its own nodes, servers and rounds)
   ====  =========================================================
 
 * ``steps()``: what it does in each round, at its place in the round
@@ -34,7 +36,7 @@ data of its own makes them in a phase of its own.
 * ``targets()``, ``ceilings()``, ``sections()``: its rows of the report,
   in ``report_order`` (the scenario numbers: ceilings 0, drain 1,
   reference 3.5, backlog 4, fairness 5, fanout_latency 6, memory 7, bulk_requeue 8,
-  ingest 9).
+  ingest 9, cluster 10).
 """
 
 from __future__ import annotations
@@ -93,6 +95,9 @@ class Scenario:
     #: Whether it measures on the shared data set (``bench/dataset.py``): a
     #: run of only families that do not (``--only``) skips seeding it.
     uses_dataset: ClassVar[bool] = True
+    #: Whether a run without ``--only`` runs it (quick or full); one that is
+    #: not is run by naming it (``--only cluster``).
+    default_run: ClassVar[bool] = True
 
     def __init__(self, bench: Bench) -> None:
         self.b = bench
@@ -143,8 +148,8 @@ def families() -> list[type[Scenario]]:
 
 def registered(bench: Bench, only: Collection[str] = ()) -> list[Scenario]:
     """An instance of every family for one run (of those named in ``only``,
-    when given), in report order."""
-    chosen = [cls for cls in families() if not only or cls.name in only]
+    when given, else of those in the default run), in report order."""
+    chosen = [cls for cls in families() if cls.name in only or (not only and cls.default_run)]
     unknown = set(only) - {cls.name for cls in chosen}
     if unknown:
         raise LookupError(f"no scenario family named {', '.join(sorted(unknown))}")

@@ -53,9 +53,20 @@ def test_only_runs_the_named_families_and_rejects_unknown_names() -> None:
     chosen = scenarios.registered(bench, ("ingest",))
     assert [f.name for f in chosen] == ["ingest"]
     assert not any(f.uses_dataset for f in chosen), "ingest alone needs no data set"
-    assert len(scenarios.registered(bench)) == len(scenarios.families())
+    default = [cls.name for cls in scenarios.families() if cls.default_run]
+    assert [f.name for f in scenarios.registered(bench)] == default
     with pytest.raises(LookupError):
         scenarios.registered(bench, ("ingest", "nope"))
     assert run.parser().parse_args(["--only", "ingest, drain"]).only == ("ingest", "drain")
     with pytest.raises(SystemExit):
         run.main(["--only", "nope"])
+
+
+def test_the_cluster_bench_runs_only_when_named() -> None:
+    # It starts four PostgreSQL nodes and two servers: never part of the default
+    # (or quick) run, whose test has a time budget; `--only cluster` runs it.
+    bench = _stub()
+    assert "cluster" not in [f.name for f in scenarios.registered(bench)]
+    chosen = scenarios.registered(bench, ("cluster",))
+    assert [f.name for f in chosen] == ["cluster"]
+    assert not chosen[0].uses_dataset

@@ -1,22 +1,35 @@
 """Moving a populated plain-PostgreSQL database onto a Citus cluster
 (docs/scaling-out.md, "Moving an existing database"): its tables restored
-into the coordinator as plain tables (what ``pg_dump`` into the coordinator
-leaves; here they are migrated and filled there), then
-``switchboard migrate --distribute`` distributes them with their rows. Every
-todo, attempt, counter and policy is kept, and the budgets go on binding."""
+into the coordinator as plain tables, then ``switchboard migrate
+--distribute`` distributes them with their rows. Every todo, attempt,
+counter and policy is kept, and the budgets go on binding.
+
+Two ways in: a database migrated and filled on the coordinator itself (what
+a restore leaves), and the page's commands as written: a plain PostgreSQL
+filled through a server, ``pg_dump``, ``pg_restore`` into the coordinator,
+``migrate --distribute``, then a server on the coordinator claiming on."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
+import tempfile
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
+from switchboard.v1 import admission_pb2, dispatch_pb2, queue_pb2
 from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import todos
 from switchboard_server.model import SettleAction, Settlement
 
 from tests.cluster.conftest import SHARD_COUNT, migrate_cli
-from tests.support.citus_cluster import CitusCluster
+from tests.support.admission import set_policy, window
+from tests.support.citus_cluster import PG_BIN, CitusCluster, PlainPostgres
+from tests.support.client import Client, Tenant, make_tenant
+from tests.support.doc_blocks import MOVE_TO_CLUSTER
+from tests.support.processes import ServerProcess
 
 ENDPOINTS = 4
 WINDOW = 6
@@ -158,3 +171,175 @@ async def _snapshot(conn: asyncpg.Connection[asyncpg.Record]) -> asyncpg.Record:
     row = await conn.fetchrow(SNAPSHOT)
     assert row is not None
     return row
+
+
+async def test_a_plain_postgresql_moves_onto_the_cluster_by_the_pages_commands(
+    citus: CitusCluster,
+) -> None:
+    plain = PlainPostgres()  # PostgreSQL 15 without Citus: the deployment before the move
+    await asyncio.to_thread(plain.start)
+    try:
+        held = await _fill_through_a_server(plain.dsn)
+        conn = await asyncpg.connect(plain.dsn)
+        try:
+            before = dict(await _snapshot(conn))
+        finally:
+            await conn.close()
+        assert before["units"] == ENDPOINTS * WINDOW and before["policies"] == ENDPOINTS
+
+        coordinator = await citus.new_database(f"moved_{uuid.uuid4().hex[:8]}")
+        conn = await asyncpg.connect(coordinator)
+        try:
+            # The tests' shard count for the page's `migrate --distribute`
+            # (which takes the cluster's citus.shard_count).
+            await conn.execute(
+                f"ALTER DATABASE {coordinator.rsplit('/', 1)[1]} "
+                f"SET citus.shard_count = {SHARD_COUNT}"
+            )
+        finally:
+            await conn.close()
+        out = await _run_the_pages_commands(plain.dsn, coordinator)
+        assert "12 distributed tables" in out, out
+
+        conn = await asyncpg.connect(coordinator)
+        try:
+            assert dict(await _snapshot(conn)) == before
+            distributed = await conn.fetchval(
+                "SELECT count(*) FROM citus_tables WHERE distribution_column = 'endpoint_id'"
+            )
+            assert distributed == 12
+            # The coordinator keeps no rows of its own: the shards hold them.
+            assert 0 == await conn.fetchval(
+                "SELECT pg_relation_size('todos') + pg_relation_size('attempts')"
+            )
+        finally:
+            await conn.close()
+        await _claims_go_on(coordinator, held)
+    finally:
+        await asyncio.to_thread(plain.remove)
+
+
+#: A daily window whose boundary is about 12 hours away: none falls in the test.
+def _far_window() -> admission_pb2.Window:
+    return window(start=f"{(datetime.now(UTC).hour + 12) % 24:02d}:00")
+
+
+async def _fill_through_a_server(dsn: str) -> dict[Tenant, list[tuple[str, str]]]:
+    """A server on the plain database (it migrates it); per endpoint, through
+    gRPC: 10 todos in each of two queues (priorities 0-2), a window of 6 on
+    one, spent by a batch claim, 3 of them completed. The 3 still held, by
+    tenant (todo id, lease id)."""
+    server = await ServerProcess.start(dsn)
+    client = Client(server.address)
+    held: dict[Tenant, list[tuple[str, str]]] = {}
+    try:
+        for n in range(ENDPOINTS):
+            tenant = await make_tenant(client, f"moved-{n}")
+            await client.dispatch.IngestTodos(
+                dispatch_pb2.IngestTodosRequest(
+                    todos=[
+                        dispatch_pb2.IngestRequest(
+                            queue=queue_pb2.QueueRef(name=q), payload=b"x", priority=i % 3
+                        )
+                        for q in ("budgeted", "free")
+                        for i in range(10)
+                    ]
+                ),
+                metadata=tenant.agent,
+            )
+            await set_policy(
+                client,
+                tenant.human,
+                "budgeted",
+                endpoint_id=tenant.endpoint_id,
+                max_claims_per_window=WINDOW,
+                win=_far_window(),
+            )
+            batch = await client.dispatch.ClaimNext(
+                dispatch_pb2.ClaimNextRequest(claimant="w", queues=["budgeted"], max_todos=10),
+                metadata=tenant.agent,
+            )
+            claimed = [(c.todo.id, c.lease.lease_id) for c in batch.claimed]
+            assert len(claimed) == WINDOW
+            settled = await client.dispatch.SettleTodos(
+                _completing(claimed[:3]), metadata=tenant.agent
+            )
+            assert all(r.status == dispatch_pb2.BATCH_ITEM_STATUS_APPLIED for r in settled.results)
+            held[tenant] = claimed[3:]
+    finally:
+        await client.close()
+        await server.stop()
+    return held
+
+
+def _completing(items: list[tuple[str, str]]) -> dispatch_pb2.SettleTodosRequest:
+    return dispatch_pb2.SettleTodosRequest(
+        settlements=[
+            dispatch_pb2.Settlement(
+                todo_id=todo, lease_id=lease, complete=dispatch_pb2.CompleteAction()
+            )
+            for todo, lease in items
+        ]
+    )
+
+
+async def _run_the_pages_commands(old: str, coordinator: str) -> str:
+    """docs/scaling-out.md's commands as written, with the page's two URLs set,
+    PostgreSQL 15's client programs and this venv's ``switchboard`` on the PATH."""
+    path = os.pathsep.join([str(PG_BIN), os.path.dirname(sys.executable), os.environ["PATH"]])
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")},
+        "PATH": path,
+        "OLD_DATABASE_URL": old,
+        "COORDINATOR_URL": coordinator,
+    }
+    with tempfile.TemporaryDirectory() as work:
+        proc = await asyncio.create_subprocess_exec(
+            "bash",
+            "-euo",
+            "pipefail",
+            "-c",
+            MOVE_TO_CLUSTER.text(),
+            cwd=work,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 300)
+    assert proc.returncode == 0, out.decode() + err.decode()
+    return out.decode()
+
+
+async def _claims_go_on(coordinator: str, held: dict[Tenant, list[tuple[str, str]]]) -> None:
+    """A server on the coordinator: the moved credentials work, the spent window
+    still refuses, the other queue claims in priority order, the leases taken
+    on one PostgreSQL settle, and new todos are taken in."""
+    server = await ServerProcess.start(coordinator)
+    client = Client(server.address)
+    try:
+        for tenant, leases in held.items():
+            md = tenant.agent
+            over = await client.dispatch.ClaimNext(
+                dispatch_pb2.ClaimNextRequest(claimant="w", queues=["budgeted"]), metadata=md
+            )
+            assert over.empty
+            assert [d.reason for d in over.deferred] == [
+                admission_pb2.DEFERRAL_REASON_WINDOW_EXHAUSTED
+            ]
+            free = await client.dispatch.ClaimNext(
+                dispatch_pb2.ClaimNextRequest(claimant="w", queues=["free"], max_todos=2),
+                metadata=md,
+            )
+            assert [c.todo.priority for c in free.claimed] == [0, 0]
+            settled = await client.dispatch.SettleTodos(_completing(leases), metadata=md)
+            assert [r.status for r in settled.results] == [
+                dispatch_pb2.BATCH_ITEM_STATUS_APPLIED
+            ] * len(leases)
+            new = await client.dispatch.Ingest(
+                dispatch_pb2.IngestRequest(queue=queue_pb2.QueueRef(name="free"), payload=b"y"),
+                metadata=md,
+            )
+            assert not new.deduplicated and new.todo.id
+    finally:
+        await client.close()
+        await server.stop()

@@ -26,6 +26,8 @@ ADMISSION_EXAMPLE = Block("docs/admission.md", "sh", "AdmissionService/SetPolicy
 WALKTHROUGH = Block("docs/grpcurl.md", "sh", "call()")
 #: The command line's example session.
 CLI_EXAMPLE = Block("docs/cli.md", "sh", "switchboard policy set investigations")
+#: Moving a plain-PostgreSQL database onto a Citus cluster (dump, restore, distribute).
+MOVE_TO_CLUSTER = Block("docs/scaling-out.md", "sh", "pg_restore")
 
 #: Each executed block, and the test file that runs it (it names the block).
 EXECUTED: dict[Block, str] = {
@@ -35,6 +37,7 @@ EXECUTED: dict[Block, str] = {
     ADMISSION_EXAMPLE: "tests/grpc/test_readme.py",
     WALKTHROUGH: "tests/grpc/test_readme.py",
     CLI_EXAMPLE: "tests/grpc/test_readme.py",
+    MOVE_TO_CLUSTER: "tests/cluster/test_populated.py",
 }
 
 #: Command blocks no test runs as written, and why.
@@ -109,6 +112,10 @@ NOT_RUN: dict[Block, str] = {
     Block("docs/deployment.md", "sh", '"rotate_secret\\":true'): (
         "names a public receiver (the hook egress policy resolves it); "
         "tests/grpc/test_hook_signatures.py rotates a secret through SetNotifyHook"
+    ),
+    Block("docs/performance.md", "sh", "scripts/bench --only cluster"): (
+        "a full cluster run takes about 7 minutes; tests/bench/test_cluster_bench.py runs "
+        "`python -m bench --quick --only cluster`"
     ),
     Block("docs/performance.md", "sh", "scripts/bench --profile"): (
         "a full profile takes about 4 minutes; tests/bench/test_quick.py runs "
