@@ -20,7 +20,8 @@ from datetime import timedelta
 
 import asyncpg
 import pytest
-from switchboard_server.db import todos
+from switchboard_server.db import Database, todos
+from switchboard_server.db.database import Conn
 
 #: Refused by Citus while it plans the subquery (the shape of the reaper's pass).
 REFUSED = (
@@ -30,7 +31,7 @@ REFUSED = (
 
 
 async def _claim_is_delegated(
-    conn: asyncpg.Connection[asyncpg.Record],
+    conn: Conn,
     owner: uuid.UUID,
     endpoint: uuid.UUID,
     log: list[str],
@@ -84,3 +85,49 @@ async def test_claims_stay_delegated_after_a_refused_query_on_the_session(
             )
     finally:
         await conn.close()
+
+
+async def test_the_server_drops_a_session_on_which_citus_refused_a_statement(
+    cluster_dsn: str,
+) -> None:
+    """What the server does about the bug above: a pooled connection on which
+    a statement was refused as not supported is closed, so the next claim
+    from the pool runs on a fresh session, delegated."""
+    setup = await asyncpg.connect(cluster_dsn)
+    try:
+        owner = await setup.fetchval(
+            "INSERT INTO owners (name) VALUES ($1) RETURNING id", f"dropped-{uuid.uuid4()}"
+        )
+        endpoint = await setup.fetchval(
+            "INSERT INTO endpoints (owner_id, name) VALUES ($1, 'agent') RETURNING id", owner
+        )
+    finally:
+        await setup.close()
+    log: list[str] = []
+
+    def keep(_conn: object, message: asyncpg.PostgresLogMessage) -> None:
+        log.append(message.message)
+
+    async def delegated(conn: Conn) -> bool:
+        # (A pooled connection must not go back with a log listener.)
+        conn.add_log_listener(keep)
+        try:
+            await conn.execute("SET citus.log_remote_commands = on")
+            return await _claim_is_delegated(conn, owner, endpoint, log)
+        finally:
+            await conn.execute("RESET citus.log_remote_commands")
+            conn.remove_log_listener(keep)
+
+    db = await Database.connect(cluster_dsn, min_size=1, max_size=1)
+    try:
+        async with db.connection() as conn:
+            before = conn.get_server_pid()
+            assert await delegated(conn)
+        with pytest.raises(asyncpg.FeatureNotSupportedError, match="FOR UPDATE/SHARE"):
+            async with db.connection() as conn:
+                await conn.fetch(REFUSED)
+        async with db.connection() as conn:
+            assert conn.get_server_pid() != before, "the refused session was kept"
+            assert await delegated(conn)
+    finally:
+        await db.close()

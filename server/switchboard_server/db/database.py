@@ -236,6 +236,13 @@ def _discard_if_broken(conn: Conn) -> Iterator[None]:
     A connection that failed with a connection or shutdown error, or with
     one of asyncpg's client-side errors, may look open and fail again on its
     next use; it is cheaper to reconnect than to find out.
+
+    So is one on which a statement was refused as not supported (SQLSTATE
+    0A000): on a Citus cluster, Citus 13.2.2 leaves a session whose query it
+    refused while planning unable to delegate function calls ever again
+    (its claims then run statement by statement from the coordinator;
+    ``tests/cluster/test_delegation.py``). No statement of the server's is
+    refused on purpose; this keeps one that is from slowing its session.
     """
     try:
         yield
@@ -244,12 +251,20 @@ def _discard_if_broken(conn: Conn) -> Iterator[None]:
         unavailable = translated(exc) or (
             translated(exc.__cause__) if exc.__cause__ is not None else None
         )
-        if unavailable is not None and not isinstance(unavailable, errors.Aborted):
+        if _refused(exc) or (
+            unavailable is not None and not isinstance(unavailable, errors.Aborted)
+        ):
             # A connection that already closed was handed back by asyncpg
             # itself; its proxy then refuses every call, this one too.
             with contextlib.suppress(asyncpg.InterfaceError):
                 conn.terminate()
         raise
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether PostgreSQL (or Citus) refused a statement as not supported."""
+    cause = exc if isinstance(exc, asyncpg.PostgresError) else exc.__cause__
+    return isinstance(cause, asyncpg.exceptions.FeatureNotSupportedError)
 
 
 @contextlib.contextmanager
