@@ -159,16 +159,24 @@ async def ingest_todos(
 ) -> IngestedTodos:
     """Creates todos of one endpoint (see ``sb_ingest_todos``): per todo, in
     order, what became of it."""
+    n = len(todos)
+    shared: tuple[Any, ...] = (todos.content_types, todos.max_attempts, todos.delays)
+    # Content types, attempts and delays that all todos share (the common
+    # case) are sent once each: an array costs asyncpg an isinstance check
+    # per element, and the database a decode per element.
+    if n > 1 and all(column.count(column[0]) == n for column in shared):
+        query = sql("todo_ingest_uniform")
+        shared = tuple(column[0] for column in shared)
+    else:
+        query = sql("todo_ingest")
     try:
         rows = await conn.fetch(
-            sql("todo_ingest"),
+            query,
             owner_id,
             endpoint_id,
             todos.queues,
             todos.payloads,
-            todos.content_types,
-            todos.max_attempts,
-            todos.delays,
+            *shared,
             todos.webhook_ids,
             todos.delivery_ids,
             todos.idempotency_keys,
