@@ -139,6 +139,9 @@ class IngestRequest(NamedTuple):
 #: existing one a key matched.
 NewTodo = todo_queries.NewTodo
 Ingested = todo_queries.Ingested
+#: Todos to ingest as columns, and what ingest did with each.
+NewTodos = todo_queries.NewTodos
+IngestedTodos = todo_queries.IngestedTodos
 
 
 @dataclass(frozen=True)
@@ -345,19 +348,17 @@ class Dispatcher:
         return result
 
     async def ingest_many(
-        self,
-        principal: Principal,
-        endpoint_id: uuid.UUID | None,
-        reqs: Sequence[IngestRequest],
-        traceparent: str | None = None,
-    ) -> list[Ingested]:
+        self, principal: Principal, endpoint_id: uuid.UUID | None, todos: NewTodos
+    ) -> IngestedTodos:
         """Creates todos of one endpoint (any of its queues) in one transaction:
-        per item, in order, the todo created or the existing one a key matched
-        (or an earlier item's)."""
+        per todo, in order, the todo created or the existing one a key matched
+        (or an earlier todo's)."""
         scope = endpoint_scope(principal, Grant.INGEST, endpoint_id)
         assert scope.endpoint_id is not None
-        caller = _Caller(scope.owner_id, scope.endpoint_id)
-        return await self._ingest(caller, [r.new_todo(traceparent) for r in reqs])
+        async with self._db.statement() as conn:
+            return await todo_queries.ingest_todos(
+                conn, owner_id=scope.owner_id, endpoint_id=scope.endpoint_id, todos=todos
+            )
 
     async def _ingest(
         self, caller: _Caller, items: Sequence[todo_queries.NewTodo]

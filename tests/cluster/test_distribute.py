@@ -183,7 +183,7 @@ async def test_ingest_claim_heartbeat_and_settle_are_each_one_call_on_the_endpoi
                 todos.NewTodo(
                     "q2",
                     b"z",
-                    "text/plain",
+                    "application/json",  # not shared: the arrays (todo_ingest)
                     5,
                     timedelta(0),
                     idempotency_key="k",
@@ -215,7 +215,8 @@ async def test_ingest_claim_heartbeat_and_settle_are_each_one_call_on_the_endpoi
         assert [(i.deduplicated, i.id) for i in again] == [(True, made[1].id)]
         _assert_one_delegated_call(log.take(), "sb_ingest_todos", port, allowed)
 
-        # Without keys: the plain INSERT (IngestTodos' hot path), one shard too.
+        # Without keys: the plain INSERT (IngestTodos' hot path), one shard
+        # too; and the fields the todos share sent once (todo_ingest_uniform).
         plain = await todos.ingest_many(
             conn,
             owner_id=owner,

@@ -244,3 +244,68 @@ async def test_each_result_is_the_todo_as_stored_without_reading_it_back(
     assert first.traceparent and first.state == todo_pb2.TODO_STATE_PENDING
     delayed = response.results[3].todo
     assert delayed.next_retry_at.ToSeconds() == delayed.created_at.ToSeconds() + 90
+
+
+async def test_plain_items_of_several_shapes_are_answered_as_stored(
+    client: Client, tenant: Tenant
+) -> None:
+    # Items with no endpoint, keys, delay or attempts of their own are read
+    # as columns and answered from one serialized todo per shape: each answer
+    # must still be what GetTodo reads, for every shape and id.
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    items = [
+        item("q" if i % 3 else "other", str(i).encode(), content_type=ct, priority=i % 10)
+        for i, ct in enumerate(["", "text/plain", "application/json; charset=utf-8"] * 40)
+    ]
+    response = await client.dispatch.IngestTodos(
+        dispatch_pb2.IngestTodosRequest(todos=items),
+        metadata=(*tenant.agent, ("traceparent", traceparent)),
+    )
+    assert len(response.results) == len(items)
+    for i, result in enumerate(response.results):
+        assert not result.deduplicated
+        stored = await client.dispatch.GetTodo(
+            dispatch_pb2.GetTodoRequest(todo_id=result.todo.id), metadata=tenant.agent
+        )
+        expected = todo_pb2.Todo()
+        expected.CopyFrom(stored.todo)
+        expected.ClearField("admission")
+        assert expected.payload == str(i).encode()
+        expected.payload = b""
+        assert result.todo == expected, (i, result.todo, expected)
+    assert {r.todo.content_type for r in response.results} == {
+        "application/octet-stream",
+        "text/plain",
+        "application/json; charset=utf-8",
+    }
+    assert {r.todo.traceparent for r in response.results} == {traceparent}
+
+
+async def test_invalid_plain_items_are_named_one_by_one(
+    client: Client, tenant: Tenant, db: Database
+) -> None:
+    items = [item("work", content_type="text/plain", priority=3) for _ in range(300)]
+    items[5] = item("work", content_type="text/\x00plain")
+    items[17] = item("work", priority=10)
+    items[18] = item("work", priority=-1)
+    items[42] = item("")
+    items[43] = item("bad queue")
+    items[299] = item("work", b"x" * (1024 * 1024 + 1))
+    err = await expect_code(
+        client.dispatch.IngestTodos(
+            dispatch_pb2.IngestTodosRequest(todos=items), metadata=tenant.agent
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    )
+    assert violations(err) == {
+        "todos[5].content_type": "must not contain control characters (NUL included) or "
+        "noncharacters",
+        "todos[17].priority": "must be between 0 (most urgent) and 9",
+        "todos[18].priority": "must be between 0 (most urgent) and 9",
+        "todos[42].queue.name": "must be 1-64 characters of letters, digits and _ . : -, "
+        "starting with a letter or digit",
+        "todos[43].queue.name": "must be 1-64 characters of letters, digits and _ . : -, "
+        "starting with a letter or digit",
+        "todos[299].payload": "at most 1048576 bytes",
+    }
+    assert (await row_counts(db, ["todos", "queues"])) == {"todos": 0, "queues": 0}

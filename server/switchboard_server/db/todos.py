@@ -114,6 +114,130 @@ class Ingested(NamedTuple):
         return self.existing is not None
 
 
+@dataclass(slots=True)
+class NewTodos:
+    """Todos to ingest as columns, one entry per todo: the arrays
+    ``sb_ingest_todos`` takes. A column of keys, trace contexts or priorities
+    that no todo sets is ``None`` (no array is sent, and without keys the
+    function skips every dedup lookup). An IngestTodos call validates its
+    items into columns directly: no object per todo."""
+
+    queues: list[str]
+    payloads: list[bytes]
+    content_types: list[str]
+    max_attempts: list[int]
+    delays: list[timedelta]
+    webhook_ids: list[str | None] | None = None
+    delivery_ids: list[str | None] | None = None
+    idempotency_keys: list[str | None] | None = None
+    idempotency_retentions: list[timedelta | None] | None = None
+    traceparents: list[str | None] | None = None
+    #: ``None``: all at the default (0).
+    priorities: list[int] | None = None
+
+    @classmethod
+    def of(cls, items: Sequence[NewTodo]) -> NewTodos:
+        """The columns of ``items``."""
+        webhooks = keys = traced = ranked = False
+        for i in items:
+            webhooks = webhooks or i.webhook_id is not None
+            keys = keys or i.idempotency_key is not None
+            traced = traced or i.traceparent is not None
+            ranked = ranked or i.priority != 0
+        return cls(
+            [i.queue for i in items],
+            [i.payload for i in items],
+            [i.content_type for i in items],
+            [i.max_attempts for i in items],
+            [i.delay for i in items],
+            [i.webhook_id for i in items] if webhooks else None,
+            [i.delivery_id for i in items] if webhooks else None,
+            [i.idempotency_key for i in items] if keys else None,
+            [i.idempotency_retention for i in items] if keys else None,
+            [i.traceparent for i in items] if traced else None,
+            [i.priority for i in items] if ranked else None,
+        )
+
+    def __len__(self) -> int:
+        return len(self.queues)
+
+
+@dataclass(slots=True)
+class IngestedTodos:
+    """What ingest did with each todo of ``todos``, as columns (``Ingested``
+    per todo, without an object per todo): the id and instants the database
+    gave a created todo, or, where ``existing`` holds one, those of the todo
+    a key matched instead."""
+
+    endpoint_id: uuid.UUID
+    todos: NewTodos
+    ids: Sequence[int]
+    created_at: Sequence[datetime]
+    next_retry_at: Sequence[datetime]
+    #: Per todo, the existing todo a key matched; ``None``: no key matched any.
+    existing: Sequence[Todo | None] | None = None
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+async def ingest_todos(
+    conn: Conn, *, owner_id: uuid.UUID, endpoint_id: uuid.UUID, todos: NewTodos
+) -> IngestedTodos:
+    """Creates todos of one endpoint (see ``sb_ingest_todos``): per todo, in
+    order, what became of it."""
+    n = len(todos)
+    shared: tuple[Any, ...] = (todos.content_types, todos.max_attempts, todos.delays)
+    # Content types, attempts and delays that all todos share (the common
+    # case) are sent once each: an array costs asyncpg an isinstance check
+    # per element, and the database a decode per element.
+    if n > 1 and all(column.count(column[0]) == n for column in shared):
+        query = sql("todo_ingest_uniform")
+        shared = tuple(column[0] for column in shared)
+    else:
+        query = sql("todo_ingest")
+    try:
+        rows = await conn.fetch(
+            query,
+            owner_id,
+            endpoint_id,
+            todos.queues,
+            todos.payloads,
+            *shared,
+            todos.webhook_ids,
+            todos.delivery_ids,
+            todos.idempotency_keys,
+            todos.idempotency_retentions,
+            todos.traceparents,
+            todos.priorities,
+        )
+    except asyncpg.PostgresError as exc:
+        if _not_found(exc):
+            raise errors.NotFound("endpoint not found") from exc
+        raise
+    if len(rows) != len(todos):
+        raise RuntimeError(f"sb_ingest_todos answered {len(rows)} rows for {len(todos)} todos")
+    if not rows:
+        return IngestedTodos(endpoint_id, todos, (), (), ())
+    # One pass in C over the rows, one tuple per column.
+    ids, created_at, next_retry_at, existing = zip(*rows, strict=True)
+    if existing.count(None) == len(existing):
+        return IngestedTodos(endpoint_id, todos, ids, created_at, next_retry_at)
+    # A key matched: the existing todo's id and instants.
+    matched = [None if row is None else todo_from_record(row) for row in existing]
+    return IngestedTodos(
+        endpoint_id,
+        todos,
+        [t.id if t is not None else i for t, i in zip(matched, ids, strict=True)],
+        [t.created_at if t is not None else c for t, c in zip(matched, created_at, strict=True)],
+        [
+            t.next_retry_at if t is not None else n
+            for t, n in zip(matched, next_retry_at, strict=True)
+        ],
+        matched,
+    )
+
+
 async def ingest_many(
     conn: Conn,
     *,
@@ -121,48 +245,18 @@ async def ingest_many(
     endpoint_id: uuid.UUID,
     items: Sequence[NewTodo],
 ) -> list[Ingested]:
-    """Creates todos of one endpoint (see ``sb_ingest_todos``): per item, in
-    order, what became of it."""
-    webhooks = keys = traced = ranked = False
-    for i in items:
-        webhooks = webhooks or i.webhook_id is not None
-        keys = keys or i.idempotency_key is not None
-        traced = traced or i.traceparent is not None
-        ranked = ranked or i.priority != 0
-    try:
-        rows = await conn.fetch(
-            sql("todo_ingest"),
-            owner_id,
-            endpoint_id,
-            [i.queue for i in items],
-            [i.payload for i in items],
-            [i.content_type for i in items],
-            [i.max_attempts for i in items],
-            [i.delay for i in items],
-            # Without keys (the common case) no key arrays are sent, and the
-            # function skips every dedup lookup.
-            [i.webhook_id for i in items] if webhooks else None,
-            [i.delivery_id for i in items] if webhooks else None,
-            [i.idempotency_key for i in items] if keys else None,
-            [i.idempotency_retention for i in items] if keys else None,
-            [i.traceparent for i in items] if traced else None,
-            # All at the default (0): no array.
-            [i.priority for i in items] if ranked else None,
+    """``ingest_todos`` of todos given one by one: per item, in order, what
+    became of it."""
+    done = await ingest_todos(
+        conn, owner_id=owner_id, endpoint_id=endpoint_id, todos=NewTodos.of(items)
+    )
+    existing = done.existing or [None] * len(items)
+    return [
+        Ingested(endpoint_id, item, todo_id, created_at, next_retry_at, todo)
+        for item, todo_id, created_at, next_retry_at, todo in zip(
+            items, done.ids, done.created_at, done.next_retry_at, existing, strict=True
         )
-    except asyncpg.PostgresError as exc:
-        if _not_found(exc):
-            raise errors.NotFound("endpoint not found") from exc
-        raise
-    out: list[Ingested] = []
-    for item, (todo_id, created_at, next_retry_at, existing) in zip(items, rows, strict=True):
-        if existing is None:
-            out.append(Ingested(endpoint_id, item, todo_id, created_at, next_retry_at))
-        else:
-            todo = todo_from_record(existing)
-            out.append(
-                Ingested(endpoint_id, item, todo.id, todo.created_at, todo.next_retry_at, todo)
-            )
-    return out
+    ]
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import operator
+import uuid
+from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -15,6 +17,7 @@ from switchboard_server.model import ItemOutcome, Lease, SettleAction, Settlemen
 from switchboard_server.servicers import convert
 from switchboard_server.servicers.interceptor import current_principal
 from switchboard_server.servicers.validate import (
+    DEFAULT_CONTENT_TYPE,
     DEFAULT_MAX_ATTEMPTS,
     MAX_ATTEMPTS_LIMIT,
     MAX_BATCH,
@@ -157,23 +160,15 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
     ) -> dispatch_pb2.IngestTodosResponse:
         v = Violations()
         endpoint_id = v.parse_uuid("endpoint_id", request.endpoint_id, required=False)
-        if not 1 <= len(request.todos) <= MAX_BATCH:
+        todos = request.todos
+        if not 1 <= len(todos) <= MAX_BATCH:
             v.add("todos", f"must hold between 1 and {MAX_BATCH} items")
-        items = [_ingest_item(v, f"todos[{i}].", t) for i, t in enumerate(request.todos)]
-        for i, item in enumerate(items):
-            if item.endpoint_id is None:
-                continue
-            if endpoint_id is None:
-                endpoint_id = item.endpoint_id  # the first item that names one
-            elif item.endpoint_id != endpoint_id:
-                v.add(
-                    f"todos[{i}].queue.endpoint_id",
-                    "must be empty or the call's endpoint (every item goes to one endpoint)",
-                )
+        traceparent = tracing.traceparent(context)
+        columns = None if len(v) else _plain_ingest_columns(todos, traceparent)
+        if columns is None:
+            endpoint_id, columns = _ingest_columns(v, todos, endpoint_id, traceparent)
         v.check()
-        results = await self._dispatcher.ingest_many(
-            current_principal(), endpoint_id, items, tracing.traceparent(context)
-        )
+        results = await self._dispatcher.ingest_many(current_principal(), endpoint_id, columns)
         return convert.ingest_todos_response(results)
 
     async def Claim(
@@ -536,6 +531,97 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
                 yield dispatch_pb2.WatchReopenResponse(doorbell=convert.doorbell(bell))
 
 
+_QUEUE = operator.attrgetter("queue")
+_NAME = operator.attrgetter("name")
+_ENDPOINT_ID = operator.attrgetter("endpoint_id")
+_PAYLOAD = operator.attrgetter("payload")
+_CONTENT_TYPE = operator.attrgetter("content_type")
+_PRIORITY = operator.attrgetter("priority")
+_IDEMPOTENCY_KEY = operator.attrgetter("idempotency_key")
+#: The fields a plain item leaves unset (see ``_plain_ingest_columns``).
+_HAS_RARE_FIELD = tuple(
+    operator.methodcaller("HasField", name)
+    for name in ("dedup", "max_attempts", "delay", "idempotency_retention")
+)
+
+
+def _plain_ingest_columns(
+    todos: Sequence[dispatch_pb2.IngestRequest], traceparent: str | None
+) -> dispatch.NewTodos | None:
+    """IngestTodos' items as columns, when every item is plain (a queue of the
+    call's endpoint, a payload, perhaps a content type and a priority; no
+    endpoint, keys, delay or attempts of its own) and valid; else ``None``,
+    and ``_ingest_columns`` checks the items one by one, naming each problem.
+
+    Each field is read for all items at once (``map`` over the items, no
+    Python code per item), and each distinct queue name and content type is
+    checked once: what ``_ingest_item`` checks, for a fraction of its cost.
+    """
+    # The items' Python objects once (iterating the repeated field makes
+    # them anew each time).
+    items = list(todos)
+    n = len(items)
+    if not n:
+        return None
+    refs = list(map(_QUEUE, items))
+    if any(map(_ENDPOINT_ID, refs)) or any(map(_IDEMPOTENCY_KEY, items)):
+        return None
+    for has in _HAS_RARE_FIELD:
+        if any(map(has, items)):
+            return None
+    queues = list(map(_NAME, refs))
+    for name in set(queues):
+        if QUEUE_NAME.fullmatch(name) is None:
+            return None
+    payloads = list(map(_PAYLOAD, items))
+    if max(map(len, payloads)) > MAX_PAYLOAD_BYTES:
+        return None
+    content_types = list(map(_CONTENT_TYPE, items))
+    if any(content_types):
+        probe = Violations()
+        for content_type in set(content_types):
+            probe.text("", content_type, maximum=MAX_CONTENT_TYPE)
+        if len(probe):
+            return None
+        content_types = [c or DEFAULT_CONTENT_TYPE for c in content_types]
+    else:
+        content_types = [DEFAULT_CONTENT_TYPE] * n
+    priorities = list(map(_PRIORITY, items))
+    if min(priorities) < dispatch.DEFAULT_PRIORITY or max(priorities) > dispatch.MAX_PRIORITY:
+        return None
+    return dispatch.NewTodos(
+        queues,
+        payloads,
+        content_types,
+        [DEFAULT_MAX_ATTEMPTS] * n,
+        [_NO_DELAY] * n,
+        traceparents=None if traceparent is None else [traceparent] * n,
+        priorities=priorities if any(priorities) else None,
+    )
+
+
+def _ingest_columns(
+    v: Violations,
+    todos: Sequence[dispatch_pb2.IngestRequest],
+    endpoint_id: uuid.UUID | None,
+    traceparent: str | None,
+) -> tuple[uuid.UUID | None, dispatch.NewTodos]:
+    """IngestTodos' items checked one by one (``_ingest_item``), and the
+    endpoint they go to: the call's, else the first that an item names."""
+    items = [_ingest_item(v, f"todos[{i}].", t) for i, t in enumerate(todos)]
+    for i, item in enumerate(items):
+        if item.endpoint_id is None:
+            continue
+        if endpoint_id is None:
+            endpoint_id = item.endpoint_id  # the first item that names one
+        elif item.endpoint_id != endpoint_id:
+            v.add(
+                f"todos[{i}].queue.endpoint_id",
+                "must be empty or the call's endpoint (every item goes to one endpoint)",
+            )
+    return endpoint_id, dispatch.NewTodos.of([r.new_todo(traceparent) for r in items])
+
+
 def _ingest_item(
     v: Violations, at: str, request: dispatch_pb2.IngestRequest
 ) -> dispatch.IngestRequest:
@@ -596,7 +682,7 @@ def _ingest_item(
         dispatch.NewTodo(
             queue,
             payload,
-            content_type or "application/octet-stream",
+            content_type or DEFAULT_CONTENT_TYPE,
             max_attempts,
             delay or _NO_DELAY,
             dedup[0] if dedup else None,

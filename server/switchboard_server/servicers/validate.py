@@ -20,6 +20,8 @@ from switchboard_server.model import TodoResult
 QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
 MAX_PAYLOAD_BYTES = 1024 * 1024
 MAX_CONTENT_TYPE = 255
+#: The content type of a payload or result that names none.
+DEFAULT_CONTENT_TYPE = "application/octet-stream"
 MAX_DEDUP_PART = 200
 #: How long an idempotency key may deduplicate after its todo finished.
 MAX_IDEMPOTENCY_RETENTION = timedelta(days=30)
@@ -226,7 +228,7 @@ class Violations:
         if len(data) > MAX_RESULT_BYTES:
             self.add(f"{field}.data", f"at most {MAX_RESULT_BYTES} bytes")
         content_type = self.text(f"{field}.content_type", content_type, maximum=MAX_CONTENT_TYPE)
-        return TodoResult(data, content_type or "application/octet-stream")
+        return TodoResult(data, content_type or DEFAULT_CONTENT_TYPE)
 
     def lease(self, request: LeaseRequest) -> timedelta | None:
         """A request's optional ``lease_duration`` (``MIN_LEASE`` to ``MAX_LEASE``)."""

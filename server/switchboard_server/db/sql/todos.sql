@@ -5,6 +5,19 @@
 SELECT id, created_at, next_retry_at, todo
   FROM sb_ingest_todos($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ORDER BY ord;
 
+-- name: todo_ingest_uniform :many
+-- todo_ingest for todos that share their content type ($5), max attempts
+-- ($6) and delay ($7), as most calls' todos do: each is sent once, and the
+-- arrays of copies are made here (the client encodes, and the server
+-- decodes, three values, not three hundred). On Citus the call is still
+-- delegated whole (the arguments are evaluated on the coordinator).
+SELECT id, created_at, next_retry_at, todo
+  FROM sb_ingest_todos($1, $2, $3, $4,
+                       array_fill($5::text, ARRAY[cardinality($3::text[])]),
+                       array_fill($6::integer, ARRAY[cardinality($3::text[])]),
+                       array_fill($7::interval, ARRAY[cardinality($3::text[])]),
+                       $8, $9, $10, $11, $12, $13) ORDER BY ord;
+
 -- name: todo_claim :one
 -- Claims one specific todo of endpoint $3 within its queue's budget; see
 -- sb_claim. (On a Citus cluster the call is delegated to $3's node.)
