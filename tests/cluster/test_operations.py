@@ -12,7 +12,6 @@ the search by id, for a tenant on each worker.
 from __future__ import annotations
 
 import contextlib
-import re
 import uuid
 from collections.abc import AsyncIterator
 
@@ -23,6 +22,7 @@ from switchboard.v1 import dispatch_pb2, queue_pb2, schedule_pb2
 
 from tests.cluster.placing import tenants_on_each_worker
 from tests.support.admission import ingest, set_policy
+from tests.support.board_http import sign_in
 from tests.support.citus_cluster import CitusCluster
 from tests.support.client import Client, Tenant
 from tests.support.processes import ServerProcess
@@ -52,15 +52,10 @@ async def signed_in(
 ) -> AsyncIterator[aiohttp.ClientSession]:
     """A board session of the tenant's human (a refusal shows the replica's errors)."""
     async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
-        async with http.get(f"{base}/board/signin") as resp:
-            match = re.search(r'name="csrf" value="([^"]+)"', await resp.text())
-            assert match
-        async with http.post(
-            f"{base}/board/signin", data={"token": tenant.human_token, "csrf": match[1]}
-        ) as resp:
-            assert resp.status == 200, [
-                line[:1500] for line in replica.log if '"error"' in line and "board" in line
-            ][-2:]
+        status, _csrf = await sign_in(http, base, tenant.human_token)
+        assert status == 200, [
+            line[:1500] for line in replica.log if '"error"' in line and "board" in line
+        ][-2:]
         yield http
 
 

@@ -29,6 +29,7 @@ from switchboard_server.db import Database
 from switchboard_server.web import board as board_module
 
 from tests.support.admission import ingest, set_policy
+from tests.support.board_http import sign_in as sign_in_over_http
 from tests.support.browser import Browser, require_browser
 from tests.support.client import Client, Tenant, add_endpoint, make_tenant
 from tests.support.errors import expect_code
@@ -239,15 +240,9 @@ class Board:
 async def board(server: App, tenant: Tenant) -> AsyncIterator[Board]:
     base = f"http://{server.http_address}"
     async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
-        async with http.get(f"{base}/board/signin") as resp:
-            match = re.search(r'name="csrf" value="([^"]+)"', await resp.text())
-            assert match
-        async with http.post(
-            f"{base}/board/signin", data={"token": tenant.human_token, "csrf": match[1]}
-        ) as resp:
-            match = re.search(r'name="csrf" value="([^"]+)"', await resp.text())
-            assert resp.status == 200 and match
-        yield Board(http, base, match[1])
+        status, csrf = await sign_in_over_http(http, base, tenant.human_token)
+        assert status == 200 and csrf
+        yield Board(http, base, csrf)
 
 
 async def test_forms_refuse_bad_input_and_missing_csrf_and_change_nothing(

@@ -499,32 +499,16 @@ async def settle(
     """Completes, fails or releases claimed todos under their leases, each on
     its own (see ``sb_settle``): per item, in order. Todo ids must be distinct.
     A refusal because the todo was cancelled is ``CANCELLED``."""
-    if endpoint_id is None:  # owner scope: endpoint by endpoint (see endpoints_of)
-
-        async def settle_of(endpoint: uuid.UUID, positions: list[int]) -> list[Settled]:
-            return await settle(
-                conn,
-                settlements=[settlements[p] for p in positions],
-                owner_id=owner_id,
-                endpoint_id=endpoint,
-                backoff_base=backoff_base,
-                backoff_cap=backoff_cap,
-            )
-
-        ids = [s.todo_id for s in settlements]
-        return await _per_endpoint(
-            conn, ids, owner_id, Settled(ItemOutcome.NOT_FOUND, None), settle_of
-        )
-    rows = await conn.fetch(
-        sql("todo_settle"),
-        *_settle_args(settlements, owner_id, endpoint_id, backoff_base, backoff_cap),
+    return await _settle_by_endpoint(
+        conn,
+        settlements,
+        owner_id,
+        endpoint_id,
+        (backoff_base, backoff_cap),
+        "todo_settle",
+        _settled,
+        Settled(ItemOutcome.NOT_FOUND, None),
     )
-    settled = []
-    for r in rows:
-        todo = todo_from_record(r["todo"]) if r["todo"] is not None else None
-        state = todo.state if todo is not None else None
-        settled.append(Settled(_item_outcome(r["outcome"], state), todo))
-    return settled
 
 
 async def settle_states(
@@ -539,26 +523,55 @@ async def settle_states(
     """``settle``, answered with each todo's state and ``next_retry_at`` after
     it instead of the whole todo: what a batch's caller is told (the database
     sends, and this process decodes, two columns per todo instead of all)."""
-    if endpoint_id is None:  # owner scope: endpoint by endpoint (see endpoints_of)
+    return await _settle_by_endpoint(
+        conn,
+        settlements,
+        owner_id,
+        endpoint_id,
+        (backoff_base, backoff_cap),
+        "todo_settle_states",
+        _settled_states,
+        SettledState(ItemOutcome.NOT_FOUND, None, None),
+    )
 
-        async def settle_of(endpoint: uuid.UUID, positions: list[int]) -> list[SettledState]:
-            return await settle_states(
-                conn,
-                settlements=[settlements[p] for p in positions],
-                owner_id=owner_id,
-                endpoint_id=endpoint,
-                backoff_base=backoff_base,
-                backoff_cap=backoff_cap,
+
+async def _settle_by_endpoint(
+    conn: Conn,
+    settlements: Sequence[Settlement],
+    owner_id: uuid.UUID,
+    endpoint_id: uuid.UUID | None,
+    backoff: tuple[timedelta, timedelta],
+    query: str,
+    answer: Callable[[Sequence[asyncpg.Record]], list[T]],
+    missing: T,
+) -> list[T]:
+    """The settle call ``query`` for one endpoint's items, each row read by
+    ``answer``; for an owner-scoped caller, endpoint by endpoint (see
+    ``_per_endpoint``: ``missing`` for an id not of the owner's todos)."""
+    if endpoint_id is None:
+
+        async def settle_of(endpoint: uuid.UUID, positions: list[int]) -> list[T]:
+            mine = [settlements[p] for p in positions]
+            return await _settle_by_endpoint(
+                conn, mine, owner_id, endpoint, backoff, query, answer, missing
             )
 
         ids = [s.todo_id for s in settlements]
-        return await _per_endpoint(
-            conn, ids, owner_id, SettledState(ItemOutcome.NOT_FOUND, None, None), settle_of
-        )
-    rows = await conn.fetch(
-        sql("todo_settle_states"),
-        *_settle_args(settlements, owner_id, endpoint_id, backoff_base, backoff_cap),
-    )
+        return await _per_endpoint(conn, ids, owner_id, missing, settle_of)
+    rows = await conn.fetch(sql(query), *_settle_args(settlements, owner_id, endpoint_id, *backoff))
+    return answer(rows)
+
+
+def _settled(rows: Sequence[asyncpg.Record]) -> list[Settled]:
+    settled = []
+    for r in rows:
+        todo = todo_from_record(r["todo"]) if r["todo"] is not None else None
+        state = todo.state if todo is not None else None
+        settled.append(Settled(_item_outcome(r["outcome"], state), todo))
+    return settled
+
+
+def _settled_states(rows: Sequence[asyncpg.Record]) -> list[SettledState]:
     settled = []
     for outcome, stored, next_retry_at in rows:
         state = _STATES[stored] if stored is not None else None
