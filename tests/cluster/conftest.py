@@ -15,11 +15,15 @@ import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
 
 import pytest
 
 from tests.support.citus_cluster import CitusCluster, missing
 from tests.support.processes import ServerProcess
+
+#: The shared replicas' reaper interval (an in-flight deferral's hint adds it).
+REAPER_INTERVAL = timedelta(seconds=1)
 
 #: Shards per distributed table: few, so the cluster is quick to make; enough
 #: that endpoints spread over both workers.
@@ -67,7 +71,7 @@ async def replicas(cluster_dsn: str) -> AsyncIterator[list[ServerProcess]]:
     second, and their notify hooks may post to this machine (the receivers of
     test_background.py)."""
     env = {
-        "SWITCHBOARD_REAPER_INTERVAL": "1",
+        "SWITCHBOARD_REAPER_INTERVAL": str(int(REAPER_INTERVAL.total_seconds())),
         "SWITCHBOARD_RETENTION_INTERVAL": "1",
         "SWITCHBOARD_HOOKS_ALLOW_PRIVATE": "1",
     }

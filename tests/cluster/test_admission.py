@@ -18,12 +18,12 @@ placement asserted):
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
 
 import asyncpg
 import grpc
 from switchboard.v1 import admission_pb2, dispatch_pb2
 
+from tests.cluster.conftest import REAPER_INTERVAL
 from tests.cluster.placing import tenants_on_each_worker
 from tests.support.admission import ingest, set_policy
 from tests.support.citus_cluster import CitusCluster
@@ -35,8 +35,6 @@ LIMIT = 10
 TODOS = 25
 CALLERS = 18  # per endpoint
 IN_FLIGHT = 4
-#: The servers' reaper interval (the default): the in-flight hint adds it.
-REAPER_INTERVAL = timedelta(seconds=5)
 
 
 async def test_window_limit_admits_exactly_10_per_endpoint_on_each_worker(
