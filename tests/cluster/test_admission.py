@@ -37,6 +37,53 @@ CALLERS = 18  # per endpoint
 IN_FLIGHT = 4
 
 
+async def race(
+    citus: CitusCluster,
+    setup: Client,
+    callers: list[Client],
+    conn: asyncpg.Connection[asyncpg.Record],
+    *,
+    max_in_flight: int | None = None,
+    max_claims_per_window: int | None = None,
+) -> tuple[list[tuple[Tenant, int]], list[dispatch_pb2.ClaimNextResponse]]:
+    """An endpoint on each worker (the placement asserted), TODOS pending in
+    its budgeted queue ("investigations", under the policy given), then every caller's
+    ClaimNext at once, caller i for endpoint i % 2: the endpoints and the
+    answers in caller order."""
+    placed = await tenants_on_each_worker(setup, conn, citus)
+    assert sorted(p for _, p in placed) == sorted(w.port for w in citus.workers)
+    for tenant, _ in placed:
+        await ingest(setup, tenant.agent, "investigations", TODOS)
+        await set_policy(
+            setup,
+            tenant.human,
+            "investigations",
+            endpoint_id=tenant.endpoint_id,
+            max_in_flight=max_in_flight,
+            max_claims_per_window=max_claims_per_window,
+        )
+    # Warm every channel first so the claims race each other, not the handshakes.
+    await asyncio.gather(
+        *(
+            c.dispatch.GetTodo(
+                dispatch_pb2.GetTodoRequest(todo_id="1"), metadata=placed[0][0].agent
+            )
+            for c in callers
+        ),
+        return_exceptions=True,
+    )
+    answers = await asyncio.gather(
+        *(
+            c.dispatch.ClaimNext(
+                dispatch_pb2.ClaimNextRequest(claimant=f"caller-{i}"),
+                metadata=placed[i % 2][0].agent,
+            )
+            for i, c in enumerate(callers)
+        )
+    )
+    return placed, list(answers)
+
+
 async def test_window_limit_admits_exactly_10_per_endpoint_on_each_worker(
     citus: CitusCluster, cluster_dsn: str, replicas: list[ServerProcess]
 ) -> None:
@@ -44,37 +91,7 @@ async def test_window_limit_admits_exactly_10_per_endpoint_on_each_worker(
     callers = [Client(replicas[i % 2].address) for i in range(2 * CALLERS)]
     conn = await asyncpg.connect(cluster_dsn)
     try:
-        placed = await tenants_on_each_worker(setup, conn, citus)
-        # The placement, asserted: the endpoints' shards are on both workers.
-        assert sorted(p for _, p in placed) == sorted(w.port for w in citus.workers)
-        for tenant, _ in placed:
-            await ingest(setup, tenant.agent, "investigations", TODOS)
-            await set_policy(
-                setup,
-                tenant.human,
-                "investigations",
-                endpoint_id=tenant.endpoint_id,
-                max_claims_per_window=LIMIT,
-            )
-        # Warm every channel first so the claims race each other, not the handshakes.
-        await asyncio.gather(
-            *(
-                c.dispatch.GetTodo(
-                    dispatch_pb2.GetTodoRequest(todo_id="1"), metadata=placed[0][0].agent
-                )
-                for c in callers
-            ),
-            return_exceptions=True,
-        )
-        answers = await asyncio.gather(
-            *(
-                c.dispatch.ClaimNext(
-                    dispatch_pb2.ClaimNextRequest(claimant=f"caller-{i}"),
-                    metadata=placed[i % 2][0].agent,
-                )
-                for i, c in enumerate(callers)
-            )
-        )
+        placed, answers = await race(citus, setup, callers, conn, max_claims_per_window=LIMIT)
         per_endpoint = {
             tenant.endpoint_id: [a for i, a in enumerate(answers) if i % 2 == k]
             for k, (tenant, _) in enumerate(placed)
@@ -148,36 +165,8 @@ async def test_in_flight_cap_holds_exactly_4_per_endpoint_on_each_worker(
     callers = [Client(replicas[i % 2].address) for i in range(2 * CALLERS)]
     conn = await asyncpg.connect(cluster_dsn)
     try:
-        placed = await tenants_on_each_worker(setup, conn, citus)
-        assert sorted(p for _, p in placed) == sorted(w.port for w in citus.workers)
-        for tenant, _ in placed:
-            await ingest(setup, tenant.agent, "investigations", TODOS)
-            await set_policy(
-                setup,
-                tenant.human,
-                "investigations",
-                endpoint_id=tenant.endpoint_id,
-                max_in_flight=IN_FLIGHT,
-            )
-        await asyncio.gather(
-            *(
-                c.dispatch.GetTodo(
-                    dispatch_pb2.GetTodoRequest(todo_id="1"), metadata=placed[0][0].agent
-                )
-                for c in callers
-            ),
-            return_exceptions=True,
-        )
         # Many ClaimNext callers at once, each holding what it claims.
-        answers = await asyncio.gather(
-            *(
-                c.dispatch.ClaimNext(
-                    dispatch_pb2.ClaimNextRequest(claimant=f"caller-{i}"),
-                    metadata=placed[i % 2][0].agent,
-                )
-                for i, c in enumerate(callers)
-            )
-        )
+        placed, answers = await race(citus, setup, callers, conn, max_in_flight=IN_FLIGHT)
         for k, (tenant, _) in enumerate(placed):
             mine = [a for i, a in enumerate(answers) if i % 2 == k]
             held = [a for a in mine if not a.empty]
