@@ -322,6 +322,13 @@ LANGUAGE plpgsql
 -- Its statements' custom plans cost more to make (the planner cannot see
 -- into the arrays) than they save.
 SET plan_cache_mode = force_generic_plan
+-- A session plans each statement once, when it first runs, and keeps the
+-- plan until an ANALYZE: planned on a fresh database's nearly empty tables,
+-- a join of the items with attempts (or todos) was a hash join over a
+-- sequential scan, kept while the table grew, one whole scan per call.
+-- Each item is found by its key, whatever the tables held when planned
+-- (tests/db/test_settle_plan.py).
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
 AS $$
 DECLARE
     v_now timestamptz := sb_now();
@@ -457,6 +464,7 @@ CREATE OR REPLACE FUNCTION sb_cancel(p_owner_id uuid, p_endpoint_id uuid, p_ids 
 RETURNS TABLE (ord bigint, outcome text, todo todos, was text)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan  -- as sb_settle
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off  -- as sb_settle
 AS $$
 DECLARE
     v_now timestamptz := sb_now();
@@ -542,6 +550,7 @@ CREATE OR REPLACE FUNCTION sb_requeue(
 ) RETURNS TABLE (ord bigint, outcome text, todo todos, was text)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan  -- as sb_settle
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off  -- as sb_settle
 AS $$
 DECLARE
     v_now timestamptz := sb_now();
@@ -613,6 +622,7 @@ CREATE OR REPLACE FUNCTION sb_heartbeat(
 ) RETURNS TABLE (ord bigint, outcome text, lease_expires_at timestamptz)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan  -- as sb_settle
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off  -- as sb_settle
 AS $$
 DECLARE
     v_now timestamptz := sb_now();
@@ -791,6 +801,7 @@ CREATE OR REPLACE FUNCTION sb_ingest_todos(
 )
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan  -- as sb_settle
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off  -- as sb_settle
 AS $$
 #variable_conflict use_column
 DECLARE
