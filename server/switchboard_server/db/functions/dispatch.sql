@@ -226,11 +226,12 @@ BEGIN
                lease_expires_at = p_now + p_lease,
                claimant = coalesce(n.claimant, p_claimants[1]),
                updated_at = p_now
-          FROM unnest(p_ids, v_leases, p_claimants) AS n (id, lease_id, claimant)
+          FROM unnest(p_ids, v_leases, p_claimants) WITH ORDINALITY
+               AS n (id, lease_id, claimant, ord)
          WHERE t.endpoint_id = p_endpoint_id AND t.id = n.id
-        RETURNING ROW(t.*)::todos AS row
+        RETURNING n.ord, ROW(t.*)::todos AS row
     )
-    SELECT coalesce(array_agg(c.row ORDER BY array_position(p_ids, (c.row).id)), '{}')
+    SELECT coalesce(array_agg(c.row ORDER BY c.ord), '{}')
       INTO v_claimed
       FROM claimed c;
     -- The attempt rows in a statement of their own: on Citus, an INSERT fed
@@ -334,6 +335,10 @@ DECLARE
     v_now timestamptz := sb_now();
     v_ords bigint[];
     v_rows todos[];
+    v_ids bigint[];
+    v_endpoints uuid[];
+    v_queues bigint[];
+    v_attempts integer[];
     v_actions text[];
     v_errors text[];
     v_results bytea[];
@@ -347,6 +352,9 @@ BEGIN
          WHERE t.id = ANY (p_ids) AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
          ORDER BY t.id FOR UPDATE;
     END IF;
+    -- What the statements after it need of each settled todo comes back as
+    -- arrays of its own (ids, endpoints, queues, attempts), not read again
+    -- out of the whole rows.
     WITH settled AS (
         UPDATE todos t
            SET state = sb_settled_state(i.action, i.permanent, t.attempt, t.max_attempts),
@@ -380,43 +388,47 @@ BEGIN
          WHERE t.id = i.id AND t.lease_id = i.lease_id
            AND t.owner_id = p_owner_id
            AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
-        RETURNING i.ord, i.action, i.error, i.result, i.result_type, ROW(t.*)::todos AS row
+        RETURNING i.ord, i.action, i.error, i.result, i.result_type, t.id, t.endpoint_id,
+                  t.queue_id, t.attempt, ROW(t.*)::todos AS row
     )
     SELECT coalesce(array_agg(s.ord), '{}'), coalesce(array_agg(s.row), '{}'),
+           coalesce(array_agg(s.id), '{}'), coalesce(array_agg(s.endpoint_id), '{}'),
+           coalesce(array_agg(s.queue_id), '{}'), coalesce(array_agg(s.attempt), '{}'),
            coalesce(array_agg(s.action), '{}'), coalesce(array_agg(s.error), '{}'),
            coalesce(array_agg(s.result), '{}'), coalesce(array_agg(s.result_type), '{}')
-      INTO v_ords, v_rows, v_actions, v_errors, v_results, v_result_types
+      INTO v_ords, v_rows, v_ids, v_endpoints, v_queues, v_attempts, v_actions, v_errors,
+           v_results, v_result_types
       FROM settled s;
     -- The results kept and the attempts closed in statements of their own
     -- (see sb_claim_pending: on Citus, statements fed by a data-modifying CTE
     -- go through intermediate results sent to every node).
-    INSERT INTO todo_results (endpoint_id, todo_id, data, content_type)
-    SELECT r.endpoint_id, r.id, k.result, coalesce(k.result_type, 'application/octet-stream')
-      FROM unnest(v_rows) WITH ORDINALITY AS r
-      JOIN unnest(v_actions, v_results, v_result_types) WITH ORDINALITY
-           AS k (action, result, result_type, n) ON k.n = r.ordinality
-     WHERE k.action = 'complete' AND k.result IS NOT NULL
-    ON CONFLICT (todo_id, endpoint_id) DO UPDATE
-       SET data = EXCLUDED.data, content_type = EXCLUDED.content_type;
+    IF p_results IS NOT NULL THEN
+        INSERT INTO todo_results (endpoint_id, todo_id, data, content_type)
+        SELECT k.endpoint_id, k.id, k.result, coalesce(k.result_type, 'application/octet-stream')
+          FROM unnest(v_endpoints, v_ids, v_actions, v_results, v_result_types)
+               AS k (endpoint_id, id, action, result, result_type)
+         WHERE k.action = 'complete' AND k.result IS NOT NULL
+        ON CONFLICT (todo_id, endpoint_id) DO UPDATE
+           SET data = EXCLUDED.data, content_type = EXCLUDED.content_type;
+    END IF;
     UPDATE attempts a
        SET outcome = CASE s.action WHEN 'complete' THEN 'completed'
                                    WHEN 'fail' THEN 'failed' ELSE 'released' END,
            finished_at = v_now,
            error = CASE WHEN s.action = 'fail' THEN s.error ELSE a.error END
-      FROM unnest(ARRAY(SELECT r.endpoint_id FROM unnest(v_rows) AS r),
-                  ARRAY(SELECT r.id FROM unnest(v_rows) AS r),
-                  ARRAY(SELECT r.attempt FROM unnest(v_rows) AS r),
-                  v_actions, v_errors) AS s (endpoint_id, id, attempt, action, error)
+      FROM unnest(v_endpoints, v_ids, v_attempts, v_actions, v_errors)
+           AS s (endpoint_id, id, attempt, action, error)
      WHERE (p_endpoint_id IS NULL OR a.endpoint_id = p_endpoint_id)
        AND a.endpoint_id = s.endpoint_id AND a.todo_id = s.id AND a.number = s.attempt;
-    IF cardinality(v_rows) > 0 THEN
+    IF cardinality(v_ids) > 0 THEN
         PERFORM sb_gates_slot_freed(f.endpoint_id, f.queue_ids, v_now)
-           FROM (SELECT r.endpoint_id, array_agg(DISTINCT r.queue_id) AS queue_ids
-                   FROM unnest(v_rows) AS r
-                  GROUP BY r.endpoint_id ORDER BY r.endpoint_id) AS f;
+           FROM (SELECT q.endpoint_id, array_agg(DISTINCT q.queue_id) AS queue_ids
+                   FROM unnest(v_endpoints, v_queues) AS q (endpoint_id, queue_id)
+                  GROUP BY q.endpoint_id ORDER BY q.endpoint_id) AS f;
     END IF;
-    RETURN QUERY SELECT v_ords[k], 'applied'::text, v_rows[k]
-                   FROM generate_subscripts(v_ords, 1) AS k;
+    -- (Set-returning calls side by side step together; unnest(v_rows) in FROM
+    -- would spread each todo into its columns.)
+    RETURN QUERY SELECT unnest(v_ords), 'applied'::text, unnest(v_rows);
     IF cardinality(v_ords) < cardinality(p_ids) THEN
         RETURN QUERY
         SELECT i.ord,
