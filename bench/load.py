@@ -320,7 +320,9 @@ def db_claim_loop(
 
     ``todo_claim_next`` for up to ``batch`` todos, then ``todo_settle``
     completing all of them (``batch`` 1: the transactions of ClaimNext and
-    Complete; more: those of a batched ClaimNext and one SettleTodos), with
+    Complete; more: those of a batched ClaimNext and one SettleTodos, whose
+    statement, ``todo_settle_states``, answers each item's state and next
+    retry instead of the whole todo: SettleTodos reports no more), with
     the server's default batch byte cap and backoff. Each named query is one
     statement, so each is issued on its own from a pooled connection and
     PostgreSQL runs it as its own transaction: one round-trip per claim and
@@ -346,6 +348,7 @@ def db_claim_loop(
     actions = ["complete"] * batch
     no_errors: list[str | None] = [None] * batch
     not_permanent = [False] * batch
+    settle = sql.SETTLE if batch == 1 else sql.SETTLE_STATES
 
     async def work(i: int, meter: Meter) -> None:
         claimants = ["bench"]
@@ -380,7 +383,7 @@ def db_claim_loop(
                 n = len(todos)
                 async with pool.acquire() as conn:
                     rows = await conn.fetch(
-                        sql.SETTLE,
+                        settle,
                         owner_id,
                         endpoint_id,
                         [t["id"] for t in todos],

@@ -29,8 +29,12 @@ CLAIM_NEXT = sql("todo_claim_next")
 #: (``switchboard.release_before_flush``), and wait for the flush here.
 WAIT_DURABLE = sql("todo_wait_durable")
 #: ``SELECT outcome, todo FROM sb_settle($1..$11)``: completes, fails or
-#: releases claimed todos under their leases; one row per item, in order.
+#: releases claimed todos under their leases; one row per item, in order
+#: (what Complete, Fail and Release run: their responses carry the todo).
 SETTLE = sql("todo_settle")
+#: The same call answered with each todo's state and next retry only: what
+#: SettleTodos runs (its response carries no todo).
+SETTLE_STATES = sql("todo_settle_states")
 
 # -- Bench-only statements. ---------------------------------------------------
 

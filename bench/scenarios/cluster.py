@@ -261,7 +261,7 @@ class ClusterBench(Scenario):
         conns = [await pool.acquire() for _ in range(b.p.pool_size)]
         try:
             for conn in conns:
-                for query in (sql.CLAIM_NEXT, sql.SETTLE, sql.WAIT_DURABLE):
+                for query in (sql.CLAIM_NEXT, sql.SETTLE, sql.SETTLE_STATES, sql.WAIT_DURABLE):
                     await conn.prepare(query)
         finally:
             for conn in conns:
