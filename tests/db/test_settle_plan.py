@@ -197,3 +197,21 @@ async def test_plans_made_on_a_fresh_database_still_probe_by_key_once_it_grew(
         assert all(n < 100 for n in scanned.values()), scanned
     finally:
         await conn.close()
+
+
+async def test_functions_that_turn_sequential_scans_off_turn_jit_off(db: Database) -> None:
+    """Before PostgreSQL 18 a plan whose only way is a sequential scan (the
+    one-row clock_skew read of sb_now()) costs 10^10 with sequential scans
+    off, which sets JIT compiling it, in every call (on PostgreSQL 15 the
+    budgeted DB ceiling fell from 590 to 32 claims a second: the cluster
+    bench's one PostgreSQL). Every function that turns them off turns JIT
+    off too."""
+    async with db.connection() as conn:
+        configs = await conn.fetch(
+            "SELECT p.proname, p.proconfig FROM pg_proc p"
+            " WHERE p.pronamespace = 'public'::regnamespace"
+            "   AND 'enable_seqscan=off' = ANY (p.proconfig)"
+        )
+    names = {r["proname"] for r in configs}
+    assert {"sb_settle", "sb_heartbeat", "sb_claim_next_for"} <= names
+    assert [r["proname"] for r in configs if "jit=off" not in r["proconfig"]] == []

@@ -107,7 +107,8 @@ LANGUAGE plpgsql
 -- partial pending index serves every probe whatever the parameters): custom
 -- plans are remade on each call, and cost 12% of a claim, measured.
 SET plan_cache_mode = force_generic_plan
-SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off  -- as sb_settle
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+SET jit = off  -- as sb_settle
 AS $$
 DECLARE
     v_now timestamptz := sb_now();

@@ -328,8 +328,12 @@ SET plan_cache_mode = force_generic_plan
 -- a join of the items with attempts (or todos) was a hash join over a
 -- sequential scan, kept while the table grew, one whole scan per call.
 -- Each item is found by its key, whatever the tables held when planned
--- (tests/db/test_settle_plan.py).
+-- (tests/db/test_settle_plan.py). And no JIT: before PostgreSQL 18 a
+-- sequential scan turned off still costs 10^10 when it is the only way (the
+-- one-row clock_skew read of sb_now(), planned anew on each call), which
+-- made each such statement JIT-compile (tens of milliseconds).
 SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+SET jit = off
 AS $$
 DECLARE
     v_now timestamptz := sb_now();
@@ -476,7 +480,8 @@ CREATE OR REPLACE FUNCTION sb_cancel(p_owner_id uuid, p_endpoint_id uuid, p_ids 
 RETURNS TABLE (ord bigint, outcome text, todo todos, was text)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan  -- as sb_settle
-SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off  -- as sb_settle
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+SET jit = off  -- as sb_settle
 AS $$
 DECLARE
     v_now timestamptz := sb_now();
@@ -562,7 +567,8 @@ CREATE OR REPLACE FUNCTION sb_requeue(
 ) RETURNS TABLE (ord bigint, outcome text, todo todos, was text)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan  -- as sb_settle
-SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off  -- as sb_settle
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+SET jit = off  -- as sb_settle
 AS $$
 DECLARE
     v_now timestamptz := sb_now();
@@ -634,7 +640,8 @@ CREATE OR REPLACE FUNCTION sb_heartbeat(
 ) RETURNS TABLE (ord bigint, outcome text, lease_expires_at timestamptz)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan  -- as sb_settle
-SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off  -- as sb_settle
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+SET jit = off  -- as sb_settle
 AS $$
 DECLARE
     v_now timestamptz := sb_now();
@@ -813,7 +820,8 @@ CREATE OR REPLACE FUNCTION sb_ingest_todos(
 )
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan  -- as sb_settle
-SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off  -- as sb_settle
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+SET jit = off  -- as sb_settle
 AS $$
 #variable_conflict use_column
 DECLARE
