@@ -17,6 +17,7 @@ import asyncpg
 from switchboard_server.db import Database
 from switchboard_server.db import tenancy as tenancy_queries
 from switchboard_server.db import todos as todo_queries
+from switchboard_server.model import Endpoint, Owner
 
 # The claimed-only index (one since migration 0013; there was also todos_lease_expiry_idx).
 CLAIMED_ONLY = ("todos_claimed_idx",)
@@ -34,9 +35,12 @@ async def _tuples_read(conn: asyncpg.Connection, names: tuple[str, ...]) -> int:
     return int(value or 0)
 
 
-async def test_a_batch_settle_does_not_walk_the_claimed_rows(db: Database, dsn: str) -> None:
+async def _tenant_with_a_todo(
+    db: Database, name: str
+) -> tuple[Owner, Endpoint, todo_queries.Ingested]:
+    """A new owner and endpoint (named ``name``) with one pending todo in queue "work"."""
     async with db.transaction() as conn:
-        owner = await tenancy_queries.create_owner(conn, "settle-plan")
+        owner = await tenancy_queries.create_owner(conn, name)
         endpoint = await tenancy_queries.create_endpoint(conn, owner.id, "agent")
         (todo,) = await todo_queries.ingest_many(
             conn,
@@ -44,6 +48,11 @@ async def test_a_batch_settle_does_not_walk_the_claimed_rows(db: Database, dsn: 
             endpoint_id=endpoint.id,
             items=[todo_queries.NewTodo("work", b"p", "text/plain", 5, timedelta(0))],
         )
+    return owner, endpoint, todo
+
+
+async def test_a_batch_settle_does_not_walk_the_claimed_rows(db: Database, dsn: str) -> None:
+    owner, endpoint, todo = await _tenant_with_a_todo(db, "settle-plan")
     conn = await asyncpg.connect(dsn)
     try:
         # A seeded queue, analyzed while nothing is claimed.
@@ -102,18 +111,10 @@ async def test_plans_made_on_a_fresh_database_still_probe_by_key_once_it_grew(
     fresh database, with todos and attempts nearly empty, a hash join over a
     sequential scan is the cheapest plan of a join with the items. Kept until
     an ANALYZE invalidates it, it read the whole attempts table on every
-    settle as it grew (a fresh server spent PostgreSQL 2-4 times the CPU per
-    todo of one started later, docs/performance.md). Whatever the tables
-    held when planned, a todo is found by its key."""
-    async with db.transaction() as conn:
-        owner = await tenancy_queries.create_owner(conn, "fresh-plans")
-        endpoint = await tenancy_queries.create_endpoint(conn, owner.id, "agent")
-        (seed,) = await todo_queries.ingest_many(
-            conn,
-            owner_id=owner.id,
-            endpoint_id=endpoint.id,
-            items=[todo_queries.NewTodo("work", b"p", "text/plain", 5, timedelta(0))],
-        )
+    settle as it grew (docs/performance.md, "plans that a fresh database
+    cannot make stale"). Whatever the tables held when planned, a todo is
+    found by its key."""
+    owner, endpoint, seed = await _tenant_with_a_todo(db, "fresh-plans")
     conn = await asyncpg.connect(dsn)
     lease = timedelta(minutes=5)
     claim = "SELECT todos FROM sb_claim_next_for($1, $2, NULL, ARRAY['w'], $3, $4, 100000000)"
