@@ -48,7 +48,7 @@ CLOCK = "SELECT clock_timestamp()"
 #: transactions that made them: a transaction's claims share its start time.
 CLAIM_TRANSACTIONS = """
 SELECT count(*) AS claims, count(DISTINCT claimed_at) AS transactions
-  FROM attempts WHERE queue_id = $1 AND claimed_at >= $2 AND claimed_at < $3
+  FROM all_attempts WHERE queue_id = $1 AND claimed_at >= $2 AND claimed_at < $3
 """
 
 #: ``server_version`` of the PostgreSQL in use.

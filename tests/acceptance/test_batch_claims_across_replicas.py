@@ -111,7 +111,7 @@ async def test_20_batch_claimers_on_two_replicas_claim_each_todo_once_within_lim
 
     async with db.connection() as conn:
         units = await conn.fetchval("SELECT sum(units) FROM window_counters")
-        attempts = await conn.fetchval("SELECT count(*) FROM attempts")
+        attempts = await conn.fetchval("SELECT count(*) FROM all_attempts")
         states = dict(await conn.fetch("SELECT state, count(*) FROM todos GROUP BY state"))
         untouched = await conn.fetchval(
             "SELECT count(*) FROM todos WHERE state = 'pending' AND attempt = 0"

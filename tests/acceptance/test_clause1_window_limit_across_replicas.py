@@ -66,6 +66,6 @@ async def test_window_limit_10_with_50_callers_on_two_replicas(dsn: str, db: Dat
 
     async with db.connection() as conn:
         units = await conn.fetchval("SELECT sum(units) FROM window_counters")
-        attempts = await conn.fetchval("SELECT count(*) FROM attempts")
+        attempts = await conn.fetchval("SELECT count(*) FROM all_attempts")
         pending = await conn.fetchval("SELECT count(*) FROM todos WHERE state = 'pending'")
     assert units == 10 and attempts == 10 and pending == 50

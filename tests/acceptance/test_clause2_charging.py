@@ -65,6 +65,6 @@ async def test_every_committed_claim_is_charged_and_nothing_refunds(
     assert await units(db) == 4, "completion refunds nothing"
     async with db.connection() as conn:
         attempts = await conn.fetchval(
-            "SELECT count(*) FROM attempts WHERE todo_id = $1", int(todo_id)
+            "SELECT count(*) FROM all_attempts WHERE todo_id = $1", int(todo_id)
         )
     assert attempts == 4, "charged units equal committed claims"

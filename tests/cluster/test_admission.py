@@ -134,7 +134,7 @@ async def test_window_limit_admits_exactly_10_per_endpoint_on_each_worker(
                 endpoint_id,
             )
             attempts = await conn.fetchval(
-                "SELECT count(*) FROM attempts WHERE endpoint_id = $1::uuid", endpoint_id
+                "SELECT count(*) FROM all_attempts WHERE endpoint_id = $1::uuid", endpoint_id
             )
             pending = await conn.fetchval(
                 "SELECT count(*) FROM todos WHERE endpoint_id = $1::uuid AND state = 'pending'",
@@ -236,7 +236,7 @@ async def _in_flight(conn: asyncpg.Connection[asyncpg.Record], endpoint_id: str)
     """The endpoint's claimed todos and its attempts so far."""
     row = await conn.fetchrow(
         "SELECT (SELECT count(*) FROM todos WHERE endpoint_id = $1::uuid AND state = 'claimed'),"
-        "       (SELECT count(*) FROM attempts WHERE endpoint_id = $1::uuid)",
+        "       (SELECT count(*) FROM all_attempts WHERE endpoint_id = $1::uuid)",
         endpoint_id,
     )
     assert row is not None

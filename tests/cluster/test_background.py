@@ -139,7 +139,7 @@ async def test_a_lapsed_lease_is_reaped_on_each_worker(
             "lease lapsed on the last attempt",
         )
         outcomes = await conn.fetch(
-            "SELECT todo_id, number, outcome FROM attempts WHERE endpoint_id = $1::uuid"
+            "SELECT todo_id, number, outcome FROM all_attempts WHERE endpoint_id = $1::uuid"
             " ORDER BY todo_id",
             endpoint_id,
         )
@@ -190,7 +190,7 @@ async def test_retention_deletes_old_finished_todos_on_each_worker(
         assert state in ("claimed", "pending"), (endpoint_id, state)
         # The done todo's attempt went with it (by cascade); the kept one's stays.
         attempts = await conn.fetch(
-            "SELECT todo_id FROM attempts WHERE endpoint_id = $1::uuid", endpoint_id
+            "SELECT todo_id FROM all_attempts WHERE endpoint_id = $1::uuid", endpoint_id
         )
         assert [r["todo_id"] for r in attempts] == [todo_id]
     assert_no_failed_pass(replicas)

@@ -187,7 +187,7 @@ async def _one_endpoint(
     # Every unit charged is an attempt; the other queue was never touched.
     counts = await conn.fetchrow(
         "SELECT (SELECT sum(units) FROM window_counters WHERE endpoint_id = $1::uuid),"
-        "       (SELECT count(*) FROM attempts a JOIN queues q"
+        "       (SELECT count(*) FROM all_attempts a JOIN queues q"
         "          ON q.endpoint_id = a.endpoint_id AND q.id = a.queue_id"
         "         WHERE a.endpoint_id = $1::uuid AND q.name = 'work')",
         tenant.endpoint_id,

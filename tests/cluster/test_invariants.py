@@ -65,9 +65,7 @@ BEGIN
     IF v_found = 0 THEN
         RETURN NULL;
     END IF;
-    EXECUTE format('SELECT a.claimed_at FROM %s a WHERE a.todo_id = $1 AND a.number = $2',
-                   observed_shard('attempts', NEW.endpoint_id))
-       INTO v_claimed_at USING NEW.id, NEW.attempt;
+    v_claimed_at := NEW.claimed_at;
     EXECUTE format('SELECT count(*) FROM %s t WHERE t.queue_id = $1 AND t.state = ''claimed''',
                    observed_shard('todos', NEW.endpoint_id))
        INTO v_in_flight USING NEW.queue_id;

@@ -124,7 +124,7 @@ async def test_a_humans_cancel_and_requeue_by_ids_across_endpoints_on_both_worke
         for endpoint in (ea, eb):
             assert await _states(conn, endpoint) == {"cancelled": 3}
             ended = await conn.fetch(
-                "SELECT outcome FROM attempts WHERE endpoint_id = $1::uuid", endpoint
+                "SELECT outcome FROM all_attempts WHERE endpoint_id = $1::uuid", endpoint
             )
             assert [r["outcome"] for r in ended] == ["cancelled"]
         assert await _states(conn, stranger.endpoint_id) == {"pending": 1}

@@ -37,14 +37,14 @@ WINDOW = 6
 #: What must survive: counts, and every todo's identity, state, attempt and lease.
 SNAPSHOT = """
 SELECT (SELECT count(*) FROM todos) AS todos,
-       (SELECT count(*) FROM attempts) AS attempts,
+       (SELECT count(*) FROM all_attempts) AS attempts,
        (SELECT coalesce(sum(units), 0) FROM window_counters) AS units,
        (SELECT count(*) FROM admission_policies WHERE active) AS policies,
        (SELECT count(*) FROM queues) AS queues,
        (SELECT md5(string_agg(concat_ws('|', id, endpoint_id, state, attempt, lease_id,
                                         priority), ',' ORDER BY id)) FROM todos) AS todos_digest,
        (SELECT md5(string_agg(concat_ws('|', todo_id, number, outcome), ','
-                              ORDER BY todo_id, number)) FROM attempts) AS attempts_digest
+                              ORDER BY todo_id, number)) FROM all_attempts) AS attempts_digest
 """
 
 

@@ -253,7 +253,7 @@ async def test_a_busy_endpoints_shard_moves_to_the_other_worker_under_claim_load
 
         rows = await conn.fetch(
             "SELECT t.id::text AS id, t.state, count(a.number) AS attempts"
-            "  FROM todos t LEFT JOIN attempts a"
+            "  FROM todos t LEFT JOIN all_attempts a"
             "    ON a.endpoint_id = t.endpoint_id AND a.todo_id = t.id"
             " WHERE t.endpoint_id = $1::uuid GROUP BY t.id, t.state",
             tenant.endpoint_id,

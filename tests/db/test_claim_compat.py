@@ -54,7 +54,7 @@ async def test_the_0005_batch_form_claims_a_batch_under_its_one_claimant(db: Dat
             OWNER,
             ENDPOINT,
         )
-        recorded = await conn.fetch("SELECT claimant FROM attempts ORDER BY todo_id")
+        recorded = await conn.fetch("SELECT claimant FROM all_attempts ORDER BY todo_id")
     assert rec is not None and rec["outcome"] == "claimed"
     assert [t["id"] for t in rec["todos"]] == ids
     assert {t["claimant"] for t in rec["todos"]} == {"old"}
@@ -71,7 +71,7 @@ async def test_claims_for_many_claimants_record_each_todo_under_its_own(db: Data
             ENDPOINT,
             ["a", "b", "c", "d"],
         )
-        recorded = await conn.fetch("SELECT todo_id, claimant FROM attempts ORDER BY todo_id")
+        recorded = await conn.fetch("SELECT todo_id, claimant FROM all_attempts ORDER BY todo_id")
     assert rec is not None and rec["outcome"] == "claimed"
     # Three todos for four claimants: the first three, in claim order.
     assert [(t["id"], t["claimant"]) for t in rec["todos"]] == list(zip(ids, "abc", strict=True))

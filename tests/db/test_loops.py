@@ -173,7 +173,7 @@ async def snapshot(db: Database, ids: Iterable[int]) -> dict[int, tuple[object, 
                    coalesce(array_agg(a.outcome ORDER BY a.number)
                             FILTER (WHERE a.number IS NOT NULL), '{}') AS outcomes
               FROM todos t
-              LEFT JOIN attempts a ON a.endpoint_id = t.endpoint_id AND a.todo_id = t.id
+              LEFT JOIN all_attempts a ON a.endpoint_id = t.endpoint_id AND a.todo_id = t.id
              WHERE t.id = ANY ($1)
              GROUP BY t.id, t.endpoint_id
             """,
@@ -197,7 +197,7 @@ async def existing(db: Database, ids: Iterable[int]) -> tuple[set[int], set[int]
     async with db.connection() as conn:
         todos = await conn.fetch("SELECT id FROM todos WHERE id = ANY ($1)", list(ids))
         attempts = await conn.fetch(
-            "SELECT DISTINCT todo_id FROM attempts WHERE todo_id = ANY ($1)", list(ids)
+            "SELECT DISTINCT todo_id FROM all_attempts WHERE todo_id = ANY ($1)", list(ids)
         )
     return {r["id"] for r in todos}, {r["todo_id"] for r in attempts}
 

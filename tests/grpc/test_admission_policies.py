@@ -414,7 +414,7 @@ async def test_a_zero_limit_pauses_the_queue(
     assert got.todo.admission.state == admission_pb2.ADMISSION_STATE_DEFERRED
     assert got.todo.admission.reason == PAUSED
     async with db.connection() as conn:
-        assert await conn.fetchval("SELECT count(*) FROM attempts") == 0
+        assert await conn.fetchval("SELECT count(*) FROM all_attempts") == 0
         assert await conn.fetchval("SELECT coalesce(sum(units), 0) FROM window_counters") == 0
 
     # Raising the limit admits at once: no clock move, no sweep.

@@ -81,7 +81,7 @@ async def units_charged(db: Database) -> int:
 
 async def attempt_rows(db: Database) -> int:
     async with db.connection() as conn:
-        return int(await conn.fetchval("SELECT count(*) FROM attempts"))
+        return int(await conn.fetchval("SELECT count(*) FROM all_attempts"))
 
 
 async def far_day_window(db: Database) -> tuple[admission_pb2.Window, datetime]:

@@ -99,7 +99,7 @@ async def test_a_batch_takes_the_oldest_todos_of_one_queue_each_with_its_own_lea
     assert [str(r["lease_id"]) for r in stored] == [c.lease.lease_id for c in resp.claimed]
     async with db.connection() as conn:
         attempts = await conn.fetchval(
-            "SELECT count(*) FROM attempts WHERE outcome = 'running' AND claimant = 'batcher'"
+            "SELECT count(*) FROM all_attempts WHERE outcome = 'running' AND claimant = 'batcher'"
         )
     assert attempts == 10
     # The rest of the queue, then the other queue: a batch never mixes queues.
@@ -145,7 +145,7 @@ async def test_a_batch_of_50_with_7_units_left_claims_and_charges_exactly_7(
     assert await rows(db, ids[7:]) == before[7:]
     async with db.connection() as conn:
         units = await conn.fetchval("SELECT sum(units) FROM window_counters")
-        attempts = await conn.fetchval("SELECT count(*) FROM attempts")
+        attempts = await conn.fetchval("SELECT count(*) FROM all_attempts")
         gate = await conn.fetchrow("SELECT deferred, reason FROM queue_gates")
     assert units == 10 and attempts == 10
     # The queue is remembered as deferred, so its reopen rings.

@@ -1,7 +1,7 @@
 """A batch claim on a budgeted queue writes its claims before it takes the policy lock.
 
 At B = 100 the policy row's lock was held about 33 ms a call for the claim's
-100-row ``UPDATE`` and its attempts insert, so claimers of one budgeted
+100-row ``UPDATE`` (and, before migration 0018, its attempts insert), so claimers of one budgeted
 queue queued behind each other's writes (``docs/performance.md``, "Claim
 first, lock second"). Now ``sb_admit_and_claim_batch`` makes those writes
 first (the rows are already locked by the claim, SKIP LOCKED), and under the
@@ -65,12 +65,12 @@ async def test_the_claim_is_written_before_the_policy_lock_and_not_counted_again
                     break
                 await asyncio.sleep(0.01)
             assert waiting, "the claimer never waited for the policy lock"
-            # Its claims are already written: it holds the attempts table's
-            # write lock (the attempts insert; before, the claim had only
-            # locked its rows when it queued).
+            # Its claims are already written: it holds todos' write lock (the
+            # claim's UPDATE; before, the claim had only locked its rows, FOR
+            # UPDATE, a RowShareLock, when it queued).
             modes = await holder.fetchval(
                 "SELECT array_agg(mode) FROM pg_locks"
-                " WHERE pid = $1 AND relation = 'attempts'::regclass AND granted",
+                " WHERE pid = $1 AND relation = 'todos'::regclass AND granted",
                 claimer_pid,
             )
             assert modes is not None and "RowExclusiveLock" in modes
@@ -93,7 +93,7 @@ async def test_the_claim_is_written_before_the_policy_lock_and_not_counted_again
         assert headroom["in_flight_used"] == 3
         assert headroom["in_flight_limit"] == 3
         attempts = await holder.fetchval(
-            "SELECT count(*) FROM attempts a JOIN todos t ON t.id = a.todo_id"
+            "SELECT count(*) FROM all_attempts a JOIN todos t ON t.id = a.todo_id"
             " WHERE t.endpoint_id = $1",
             endpoint,
         )
@@ -140,7 +140,7 @@ async def test_a_cut_short_batch_claims_the_admitted_part_and_a_refused_one_writ
         ]
         assert (
             await conn.fetchval(
-                "SELECT count(*) FROM attempts WHERE todo_id = ANY ($1::bigint[])",
+                "SELECT count(*) FROM all_attempts WHERE todo_id = ANY ($1::bigint[])",
                 [r["id"] for r in rows],
             )
             == 2

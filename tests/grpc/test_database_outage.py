@@ -300,7 +300,7 @@ async def test_postgres_restarted_under_load(cluster: ThrowawayPostgres) -> None
                 "SELECT id, state FROM todos WHERE id = ANY($1)", list(acked)
             )
             twice = await conn.fetch(
-                "SELECT todo_id FROM attempts WHERE outcome = 'completed' "
+                "SELECT todo_id FROM all_attempts WHERE outcome = 'completed' "
                 "GROUP BY todo_id HAVING count(*) > 1"
             )
             deliveries = await conn.fetchval("SELECT count(*) FROM todos")

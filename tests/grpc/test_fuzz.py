@@ -1024,7 +1024,7 @@ async def _check_invariants(w: World) -> None:
         rows = await conn.fetch(
             """
             SELECT c.window_start, c.units,
-                   (SELECT count(*) FROM attempts a
+                   (SELECT count(*) FROM all_attempts a
                      WHERE a.endpoint_id = p.endpoint_id AND a.queue_id = p.queue_id
                        AND a.claimed_at >= c.window_start
                        AND a.claimed_at < (SELECT min(b) FROM unnest(p.window_bounds) b
@@ -1042,7 +1042,7 @@ async def _check_invariants(w: World) -> None:
             assert row["units"] <= WINDOW_LIMIT, dict(row)
         charged = sum(row["units"] for row in rows)
         attempts = await conn.fetchval(
-            "SELECT count(*) FROM attempts a"
+            "SELECT count(*) FROM all_attempts a"
             " JOIN queues q ON q.endpoint_id = a.endpoint_id AND q.id = a.queue_id"
             " WHERE q.endpoint_id = $1 AND q.name = $2",
             uuid.UUID(w.endpoint_ids[0]),

@@ -120,7 +120,8 @@ async def units_and_attempts(db: Database, queue: str) -> tuple[int, int]:
             queue,
         )
         attempts = await conn.fetchval(
-            "SELECT count(*) FROM attempts a JOIN queues q ON q.id = a.queue_id WHERE q.name = $1",
+            "SELECT count(*) FROM all_attempts a JOIN queues q ON q.id = a.queue_id"
+            " WHERE q.name = $1",
             queue,
         )
     return int(units), int(attempts)

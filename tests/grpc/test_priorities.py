@@ -243,8 +243,8 @@ async def test_concurrent_claims_on_two_replicas_drain_in_priority_order_once_ea
     clients = [Client(replicas[i % 2].address) for i in range(workers)]
 
     async def drain(c: Client) -> None:
-        # Claims only (the leases are held): each attempt row keeps the id
-        # of the transaction that claimed it.
+        # Claims only (the leases are held): each claimed todo's row keeps
+        # the id of the transaction that claimed it.
         while not (await claim(c, tenant)).empty:
             pass
 
@@ -254,10 +254,10 @@ async def test_concurrent_claims_on_two_replicas_drain_in_priority_order_once_ea
 
     async with db.connection() as conn:
         # In the order the claims took their first row lock (a claim's
-        # transaction id is assigned by it), as the attempt rows record.
+        # transaction id is assigned by it), as the claimed rows record.
         claims = await conn.fetch(
-            "SELECT a.todo_id, a.xmin::text::bigint AS xid, t.priority FROM attempts a"
-            " JOIN todos t ON t.id = a.todo_id ORDER BY xid, t.priority"
+            "SELECT t.id AS todo_id, t.xmin::text::bigint AS xid, t.priority FROM todos t"
+            " WHERE t.state = 'claimed' ORDER BY xid, t.priority"
         )
     counted = collections.Counter(str(r["todo_id"]) for r in claims)
     assert sorted(counted) == sorted(all_ids) and set(counted.values()) == {1}

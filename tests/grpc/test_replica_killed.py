@@ -193,7 +193,7 @@ async def test_a_replica_killed_under_load(replicas: list[ServerProcess], dsn: s
         await sampler
 
         units = await conn.fetchval("SELECT coalesce(sum(units), 0) FROM window_counters")
-        attempts = await conn.fetchval("SELECT count(*) FROM attempts")
+        attempts = await conn.fetchval("SELECT count(*) FROM all_attempts")
         states = await conn.fetch("SELECT state, count(*) AS n FROM todos GROUP BY state")
     finally:
         fleet.stop.set()

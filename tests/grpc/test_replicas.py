@@ -73,7 +73,7 @@ async def test_200_todos_20_claimers_two_replicas_each_claimed_once(
     assert duplicates == []
     assert set(claimed) == all_ids
     async with db.connection() as conn:
-        rows = await conn.fetch("SELECT todo_id, count(*) AS n FROM attempts GROUP BY todo_id")
+        rows = await conn.fetch("SELECT todo_id, count(*) AS n FROM all_attempts GROUP BY todo_id")
         states = await conn.fetch("SELECT state, count(*) AS n FROM todos GROUP BY state")
     assert len(rows) == 200 and all(r["n"] == 1 for r in rows)
     assert {r["state"]: r["n"] for r in states} == {"done": 200}

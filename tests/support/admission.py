@@ -25,15 +25,14 @@ BEGIN
         RETURN NULL;
     END IF;
     INSERT INTO claim_observations
-    SELECT NEW.id, NEW.attempt, a.claimed_at,
+    SELECT NEW.id, NEW.attempt, NEW.claimed_at,
            (SELECT count(*) FROM todos t WHERE t.queue_id = NEW.queue_id AND t.state = 'claimed'),
            v_policy.max_in_flight,
            -- The latest window charged is the current one: none lies ahead.
            (SELECT c.units FROM window_counters c
-             WHERE c.policy_id = v_policy.id AND c.window_start <= a.claimed_at
+             WHERE c.policy_id = v_policy.id AND c.window_start <= NEW.claimed_at
              ORDER BY c.window_start DESC LIMIT 1),
-           v_policy.max_claims_per_window
-      FROM attempts a WHERE a.todo_id = NEW.id AND a.number = NEW.attempt;
+           v_policy.max_claims_per_window;
     RETURN NULL;
 END;
 $$;

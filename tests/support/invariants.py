@@ -177,7 +177,7 @@ async def assert_invariants(
         SELECT coalesce(a.window_start, c.window_start) AS window_start,
                coalesce(a.claims, 0) AS claims, coalesce(c.units, 0) AS units
           FROM (SELECT date_trunc('hour', claimed_at) AS window_start, count(*) AS claims
-                  FROM attempts WHERE endpoint_id = $1::uuid GROUP BY 1) a
+                  FROM all_attempts WHERE endpoint_id = $1::uuid GROUP BY 1) a
           FULL JOIN (SELECT window_start, units FROM window_counters
                       WHERE endpoint_id = $1::uuid) c ON c.window_start = a.window_start
         """,
@@ -185,12 +185,13 @@ async def assert_invariants(
     )
     outcomes = dict(
         await conn.fetch(
-            "SELECT outcome, count(*) FROM attempts WHERE endpoint_id = $1::uuid GROUP BY outcome",
+            "SELECT outcome, count(*) FROM all_attempts WHERE endpoint_id = $1::uuid"
+            " GROUP BY outcome",
             endpoint_id,
         )
     )
     attempts = await conn.fetchval(
-        "SELECT count(*) FROM attempts WHERE endpoint_id = $1::uuid", endpoint_id
+        "SELECT count(*) FROM all_attempts WHERE endpoint_id = $1::uuid", endpoint_id
     )
 
     # The run exercised what it claims to.

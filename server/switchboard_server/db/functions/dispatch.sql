@@ -55,9 +55,10 @@ LANGUAGE sql AS $$
 $$;
 
 -- Turns one locked, claimable pending todo into a claim: a new lease,
--- attempt + 1 and one attempt row. (Random values are drawn before the
--- statements that store them: Citus refuses volatile functions in an UPDATE
--- of a distributed table.)
+-- attempt + 1, claimed now. (The running attempt is the todo's row: its
+-- attempts row is written when it ends, see all_attempts in migration 0018.
+-- Random values are drawn before the statements that store them: Citus
+-- refuses volatile functions in an UPDATE of a distributed table.)
 CREATE OR REPLACE FUNCTION sb_claim_id(
     p_endpoint_id uuid, p_id bigint, p_claimant text, p_lease interval, p_now timestamptz
 ) RETURNS todos
@@ -72,18 +73,37 @@ BEGIN
            lease_id = v_lease,
            lease_expires_at = p_now + p_lease,
            claimant = p_claimant,
+           claimed_at = p_now,
            updated_at = p_now
      WHERE t.endpoint_id = p_endpoint_id AND t.id = p_id
     RETURNING t.* INTO v_row;
-    INSERT INTO attempts (endpoint_id, todo_id, number, queue_id, lease_id, claimant, claimed_at)
-    VALUES (p_endpoint_id, v_row.id, v_row.attempt, v_row.queue_id, v_row.lease_id, p_claimant,
-            p_now);
     RETURN v_row;
 END;
 $$;
 
+-- Ends the running attempts of claimed todos (p_rows, as they were while
+-- claimed), each with outcome p_outcome: their attempts rows (written only
+-- when an attempt ends; all_attempts in migration 0018). ON CONFLICT: a
+-- running row that a server of an earlier release wrote is ended in place.
+-- (PL/pgSQL: Citus plans no statement with parameters in an SQL function.)
+CREATE OR REPLACE FUNCTION sb_end_attempts(
+    p_endpoint_id uuid, p_rows todos[], p_outcome text, p_now timestamptz
+) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO attempts AS a (endpoint_id, todo_id, number, queue_id, lease_id, claimant,
+                               claimed_at, outcome, finished_at)
+    SELECT p_endpoint_id, r.id, r.attempt, r.queue_id, r.lease_id, r.claimant,
+           coalesce(r.claimed_at, r.updated_at), p_outcome, p_now
+      FROM unnest(p_rows) AS r
+    ON CONFLICT (todo_id, number, endpoint_id) DO UPDATE
+       SET outcome = EXCLUDED.outcome, finished_at = EXCLUDED.finished_at
+     WHERE a.outcome = 'running';
+END;
+$$;
+
 -- Turns a locked, claimable row into a claim (sb_claim_id). A takeover (the
--- row is still claimed, its lease lapsed) first closes the lapsed attempt.
+-- row is still claimed, its lease lapsed) first ends the lapsed attempt.
 CREATE OR REPLACE FUNCTION sb_claim_row(
     p_row todos,
     p_claimant text,
@@ -93,8 +113,7 @@ CREATE OR REPLACE FUNCTION sb_claim_row(
 LANGUAGE plpgsql AS $$
 BEGIN
     IF p_row.state = 'claimed' THEN
-        UPDATE attempts SET outcome = 'lapsed', finished_at = p_now
-         WHERE endpoint_id = p_row.endpoint_id AND todo_id = p_row.id AND number = p_row.attempt;
+        PERFORM sb_end_attempts(p_row.endpoint_id, ARRAY[p_row], 'lapsed', p_now);
     END IF;
     RETURN sb_claim_id(p_row.endpoint_id, p_row.id, p_claimant, p_lease, p_now);
 END;
@@ -198,8 +217,9 @@ BEGIN
 END;
 $$;
 
--- Turns locked, claimable pending todos (ids in claim order) into claims,
--- the i-th for p_claimants[i] (p_claimants[1] for all, when it has one):
+-- Turns locked, claimable pending todos (ids in claim order) into claims
+-- (no attempts rows: see sb_claim_id), the i-th for p_claimants[i]
+-- (p_claimants[1] for all, when it has one):
 -- sb_claim_id for one, and its set-based form for more (one statement for
 -- the whole batch; a single claim is cheaper through the plain statements).
 CREATE OR REPLACE FUNCTION sb_claim_pending(
@@ -225,6 +245,7 @@ BEGIN
                lease_id = n.lease_id,
                lease_expires_at = p_now + p_lease,
                claimant = coalesce(n.claimant, p_claimants[1]),
+               claimed_at = p_now,
                updated_at = p_now
           FROM unnest(p_ids, v_leases, p_claimants) WITH ORDINALITY
                AS n (id, lease_id, claimant, ord)
@@ -234,12 +255,6 @@ BEGIN
     SELECT coalesce(array_agg(c.row ORDER BY c.ord), '{}')
       INTO v_claimed
       FROM claimed c;
-    -- The attempt rows in a statement of their own: on Citus, an INSERT fed
-    -- by a data-modifying CTE is planned through intermediate results sent
-    -- to every node.
-    INSERT INTO attempts (endpoint_id, todo_id, number, queue_id, lease_id, claimant, claimed_at)
-    SELECT p_endpoint_id, c.id, c.attempt, c.queue_id, c.lease_id, c.claimant, p_now
-      FROM unnest(v_claimed) AS c;
     RETURN v_claimed;
 END;
 $$;
@@ -251,8 +266,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_row todos;
 BEGIN
-    UPDATE attempts SET outcome = 'lapsed', finished_at = p_now
-     WHERE endpoint_id = p_row.endpoint_id AND todo_id = p_row.id AND number = p_row.attempt;
+    PERFORM sb_end_attempts(p_row.endpoint_id, ARRAY[p_row], 'lapsed', p_now);
     UPDATE todos
        SET state = 'dead', lease_id = NULL, lease_expires_at = NULL,
            last_error = 'lease lapsed on the last attempt',
@@ -343,6 +357,9 @@ DECLARE
     v_endpoints uuid[];
     v_queues bigint[];
     v_attempts integer[];
+    v_leases uuid[];
+    v_claimants text[];
+    v_claimed_at timestamptz[];
     v_actions text[];
     v_errors text[];
     v_results bytea[];
@@ -357,8 +374,8 @@ BEGIN
          ORDER BY t.id FOR UPDATE;
     END IF;
     -- What the statements after it need of each settled todo comes back as
-    -- arrays of its own (ids, endpoints, queues, attempts), not read again
-    -- out of the whole rows.
+    -- arrays of its own (ids, endpoints, queues, the attempt ended), not read
+    -- again out of the whole rows.
     WITH settled AS (
         UPDATE todos t
            SET state = sb_settled_state(i.action, i.permanent, t.attempt, t.max_attempts),
@@ -393,17 +410,20 @@ BEGIN
            AND t.owner_id = p_owner_id
            AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
         RETURNING i.ord, i.action, i.error, i.result, i.result_type, t.id, t.endpoint_id,
-                  t.queue_id, t.attempt, ROW(t.*)::todos AS row
+                  t.queue_id, t.attempt, i.lease_id, t.claimant,
+                  coalesce(t.claimed_at, t.updated_at) AS claimed_at, ROW(t.*)::todos AS row
     )
     SELECT coalesce(array_agg(s.ord), '{}'), coalesce(array_agg(s.row), '{}'),
            coalesce(array_agg(s.id), '{}'), coalesce(array_agg(s.endpoint_id), '{}'),
            coalesce(array_agg(s.queue_id), '{}'), coalesce(array_agg(s.attempt), '{}'),
+           coalesce(array_agg(s.lease_id), '{}'), coalesce(array_agg(s.claimant), '{}'),
+           coalesce(array_agg(s.claimed_at), '{}'),
            coalesce(array_agg(s.action), '{}'), coalesce(array_agg(s.error), '{}'),
            coalesce(array_agg(s.result), '{}'), coalesce(array_agg(s.result_type), '{}')
-      INTO v_ords, v_rows, v_ids, v_endpoints, v_queues, v_attempts, v_actions, v_errors,
-           v_results, v_result_types
+      INTO v_ords, v_rows, v_ids, v_endpoints, v_queues, v_attempts, v_leases, v_claimants,
+           v_claimed_at, v_actions, v_errors, v_results, v_result_types
       FROM settled s;
-    -- The results kept and the attempts closed in statements of their own
+    -- The results kept and the attempts ended in statements of their own
     -- (see sb_claim_pending: on Citus, statements fed by a data-modifying CTE
     -- go through intermediate results sent to every node).
     IF p_results IS NOT NULL THEN
@@ -415,15 +435,21 @@ BEGIN
         ON CONFLICT (todo_id, endpoint_id) DO UPDATE
            SET data = EXCLUDED.data, content_type = EXCLUDED.content_type;
     END IF;
-    UPDATE attempts a
-       SET outcome = CASE s.action WHEN 'complete' THEN 'completed'
-                                   WHEN 'fail' THEN 'failed' ELSE 'released' END,
-           finished_at = v_now,
-           error = CASE WHEN s.action = 'fail' THEN s.error ELSE a.error END
-      FROM unnest(v_endpoints, v_ids, v_attempts, v_actions, v_errors)
-           AS s (endpoint_id, id, attempt, action, error)
-     WHERE (p_endpoint_id IS NULL OR a.endpoint_id = p_endpoint_id)
-       AND a.endpoint_id = s.endpoint_id AND a.todo_id = s.id AND a.number = s.attempt;
+    -- (ON CONFLICT: see sb_end_attempt.)
+    INSERT INTO attempts AS a (endpoint_id, todo_id, number, queue_id, lease_id, claimant,
+                               claimed_at, outcome, finished_at, error)
+    SELECT s.endpoint_id, s.id, s.attempt, s.queue_id, s.lease_id, s.claimant, s.claimed_at,
+           CASE s.action WHEN 'complete' THEN 'completed'
+                         WHEN 'fail' THEN 'failed' ELSE 'released' END,
+           v_now, CASE WHEN s.action = 'fail' THEN coalesce(s.error, '') ELSE '' END
+      FROM unnest(v_endpoints, v_ids, v_attempts, v_queues, v_leases, v_claimants,
+                  v_claimed_at, v_actions, v_errors)
+           AS s (endpoint_id, id, attempt, queue_id, lease_id, claimant, claimed_at, action,
+                 error)
+    ON CONFLICT (todo_id, number, endpoint_id) DO UPDATE
+       SET outcome = EXCLUDED.outcome, finished_at = EXCLUDED.finished_at,
+           error = EXCLUDED.error
+     WHERE a.outcome = 'running';
     IF cardinality(v_ids) > 0 THEN
         PERFORM sb_gates_slot_freed(f.endpoint_id, f.queue_ids, v_now)
            FROM (SELECT q.endpoint_id, array_agg(DISTINCT q.queue_id) AS queue_ids
@@ -494,6 +520,22 @@ BEGIN
      WHERE t.id = ANY (p_ids) AND t.owner_id = p_owner_id
        AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
      ORDER BY t.id FOR UPDATE;
+    -- The claimed ones' attempts end, read from their rows before the
+    -- UPDATE below voids their leases (an INSERT from todos, so that on a
+    -- Citus cluster it runs on the endpoint's shards, as the rest does;
+    -- ON CONFLICT: see sb_end_attempts).
+    INSERT INTO attempts AS a (endpoint_id, todo_id, number, queue_id, lease_id, claimant,
+                               claimed_at, outcome, finished_at)
+    SELECT t.endpoint_id, t.id, t.attempt, t.queue_id, t.lease_id, t.claimant,
+           coalesce(t.claimed_at, t.updated_at), 'cancelled', v_now
+      FROM (SELECT t.* FROM todos t
+             WHERE t.id = ANY (p_ids)
+               AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+            OFFSET 0) AS t
+     WHERE t.owner_id = p_owner_id AND t.state = 'claimed'
+    ON CONFLICT (todo_id, number, endpoint_id) DO UPDATE
+       SET outcome = EXCLUDED.outcome, finished_at = EXCLUDED.finished_at
+     WHERE a.outcome = 'running';
     WITH target AS (
         SELECT i.ord, t.id, t.state AS was
           FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
@@ -516,12 +558,6 @@ BEGIN
          -- whole statement then runs on the endpoint's shards only.
          WHERE t.id = g.id AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
         RETURNING g.ord, g.was, ROW(t.*)::todos AS row
-    ), closed AS (
-        UPDATE attempts a SET outcome = 'cancelled', finished_at = v_now
-          FROM cancelled c
-         WHERE c.was = 'claimed' AND (p_endpoint_id IS NULL OR a.endpoint_id = p_endpoint_id)
-           AND a.endpoint_id = (c.row).endpoint_id
-           AND a.todo_id = (c.row).id AND a.number = (c.row).attempt
     )
     SELECT coalesce(array_agg(c.ord), '{}'), coalesce(array_agg(c.row), '{}'),
            coalesce(array_agg(c.was), '{}'),
@@ -1084,6 +1120,7 @@ DECLARE
     v_now timestamptz := sb_now();
     v_endpoint uuid;
     v_ids bigint[];
+    v_rows todos[];
     v_queue_ids bigint[];
     v_left integer := p_batch;
 BEGIN
@@ -1097,10 +1134,11 @@ BEGIN
                    FOR UPDATE SKIP LOCKED) AS l;
         CONTINUE WHEN cardinality(v_ids) = 0;
         v_left := v_left - cardinality(v_ids);
-        UPDATE attempts a SET outcome = 'lapsed', finished_at = v_now
-          FROM todos t
-         WHERE t.endpoint_id = v_endpoint AND t.id = ANY (v_ids)
-           AND a.endpoint_id = v_endpoint AND a.todo_id = t.id AND a.number = t.attempt;
+        -- (The rows read first: a call that names a table in its arguments
+        -- would run on the shard, where the call's INSERT cannot.)
+        v_rows := ARRAY(SELECT ROW(t.*)::todos FROM todos t
+                         WHERE t.endpoint_id = v_endpoint AND t.id = ANY (v_ids));
+        PERFORM sb_end_attempts(v_endpoint, v_rows, 'lapsed', v_now);
         UPDATE todos t
            SET state = CASE WHEN t.attempt >= t.max_attempts THEN 'dead' ELSE 'pending' END,
                next_retry_at = v_now,

@@ -149,9 +149,9 @@ SELECT t.* FROM todos t JOIN queues q ON q.id = t.queue_id
  WHERE q.endpoint_id = $1 AND q.owner_id = $2 AND q.name = $3 AND t.idempotency_key = $4;
 
 -- name: todo_attempts :many
--- A todo's attempts, oldest first.
+-- A todo's attempts, oldest first (the ended ones, and its running one).
 SELECT number, claimant, claimed_at, outcome, finished_at, error
-  FROM attempts WHERE todo_id = $1 ORDER BY number;
+  FROM all_attempts WHERE todo_id = $1 ORDER BY number;
 
 -- name: todo_list :many
 -- An endpoint's todos, newest first, without payloads; $6 is the cursor
@@ -236,7 +236,7 @@ SELECT e.examined, e.examined_to,
 -- stops after $1 rows, where an order by expiry across queues would sort
 -- every lapsed lease at each pass (migration 0013).
 WITH lapsed AS (
-    SELECT id FROM todos
+    SELECT id, ROW(todos.*)::todos AS before FROM todos
      WHERE state = 'claimed' AND lease_expires_at <= sb_now()
      LIMIT $1
        FOR UPDATE SKIP LOCKED
@@ -250,11 +250,10 @@ WITH lapsed AS (
            lease_id = NULL, lease_expires_at = NULL, updated_at = sb_now()
       FROM lapsed WHERE t.id = lapsed.id
     RETURNING t.id, t.attempt, t.state, t.queue_id, t.endpoint_id
-), closed AS (
-    UPDATE attempts SET outcome = 'lapsed', finished_at = sb_now()
-      FROM reaped
-     WHERE attempts.endpoint_id = reaped.endpoint_id AND attempts.todo_id = reaped.id
-       AND attempts.number = reaped.attempt
+), ended AS (
+    -- Their attempts end (written now: see sb_end_attempts).
+    SELECT sb_end_attempts((l.before).endpoint_id, array_agg(l.before), 'lapsed', sb_now())
+      FROM lapsed l GROUP BY (l.before).endpoint_id
 ), freed AS (
     -- The reaped todos' in-flight slots are free: their gates ring SLOT_FREED
     -- (each endpoint's queues in a call of their own).
@@ -263,7 +262,7 @@ WITH lapsed AS (
               FROM reaped r GROUP BY r.endpoint_id ORDER BY r.endpoint_id) AS f
 )
 SELECT reaped.id, reaped.state, reaped.queue_id
-  FROM reaped, (SELECT count(*) FROM freed) AS calls;
+  FROM reaped, (SELECT count(*) FROM freed) AS calls, (SELECT count(*) FROM ended) AS ends;
 
 -- name: todo_delete_finished :many
 -- Deletes up to $2 done, dead or cancelled todos (and their attempts, and by
