@@ -1,5 +1,7 @@
 """Migration 0018 moves running attempts into their todos, and a running row
-written after it by a server of the previous release is ended in place.
+that a server of the previous release writes after it never lands in
+attempts (its claim time is kept on the todo; without the trigger, as on a
+Citus cluster, the row is refused).
 
 The database is built as the previous release left it (migrations up to 0017
 and the function files of commit ``BEFORE``, from git history), claims are
@@ -76,17 +78,28 @@ async def test_running_attempts_move_into_their_todos_and_a_late_one_ends_in_pla
             assert [tuple(r) for r in running] == [tuple(r) for r in old_rows]
 
             # A claim by a server still running the previous release's
-            # functions, committed just after the migration: a running row.
+            # functions, committed just after the migration: its running row
+            # (the default outcome) goes into its todo.
             late = claimed[0]
-            await conn.execute(
+            late_at = old_rows[0]["claimed_at"] - timedelta(seconds=1)
+            running_row = (
                 "INSERT INTO attempts (endpoint_id, todo_id, number, queue_id, lease_id,"
-                " claimant, claimed_at) VALUES ($1, $2, 1, $3, $4, 'old', $5)",
-                endpoint,
-                late["id"],
-                late["queue_id"],
-                late["lease_id"],
-                old_rows[0]["claimed_at"],
+                " claimant, claimed_at) VALUES ($1, $2, 1, $3, $4, 'old', $5)"
             )
+            args = (endpoint, late["id"], late["queue_id"], late["lease_id"], late_at)
+            await conn.execute(running_row, *args)
+            assert await conn.fetchval("SELECT count(*) FROM attempts") == 0
+            assert (
+                await conn.fetchval("SELECT claimed_at FROM todos WHERE id = $1", late["id"])
+                == late_at
+            )
+            # Where there is no trigger (a Citus cluster), the check refuses it.
+            async with conn.transaction():
+                await conn.execute("ALTER TABLE attempts DISABLE TRIGGER attempts_running_to_todo")
+                with pytest.raises(asyncpg.CheckViolationError):
+                    async with conn.transaction():
+                        await conn.execute(running_row, *args)
+                await conn.execute("ALTER TABLE attempts ENABLE TRIGGER attempts_running_to_todo")
             assert await conn.fetchval("SELECT count(*) FROM all_attempts") == 3
             outcomes = await conn.fetch(
                 "SELECT outcome FROM sb_settle($1, $2, $3, $4, $5, $6, $7, 1, 60, NULL, NULL)",
@@ -105,6 +118,9 @@ async def test_running_attempts_move_into_their_todos_and_a_late_one_ends_in_pla
             assert [(r["todo_id"], r["number"], r["outcome"]) for r in ended] == [
                 (t["id"], 1, "completed") for t in claimed
             ]
-            assert [r["claimed_at"] for r in ended] == [r["claimed_at"] for r in old_rows]
+            assert [r["claimed_at"] for r in ended] == [
+                late_at,
+                *(r["claimed_at"] for r in old_rows[1:]),
+            ]
         finally:
             await conn.close()

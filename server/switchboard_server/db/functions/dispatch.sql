@@ -81,24 +81,21 @@ BEGIN
 END;
 $$;
 
--- Ends the running attempts of claimed todos (p_rows, as they were while
--- claimed), each with outcome p_outcome: their attempts rows (written only
--- when an attempt ends; all_attempts in migration 0018). ON CONFLICT: a
--- running row that a server of an earlier release wrote is ended in place.
--- (PL/pgSQL: Citus plans no statement with parameters in an SQL function.)
+-- Ends the running attempts of endpoint p_endpoint_id's claimed todos
+-- (p_rows, as they were while claimed), each with outcome p_outcome: their
+-- attempts rows (written only when an attempt ends; all_attempts in
+-- migration 0018). (PL/pgSQL: Citus plans no statement with parameters in
+-- an SQL function.)
 CREATE OR REPLACE FUNCTION sb_end_attempts(
     p_endpoint_id uuid, p_rows todos[], p_outcome text, p_now timestamptz
 ) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO attempts AS a (endpoint_id, todo_id, number, queue_id, lease_id, claimant,
-                               claimed_at, outcome, finished_at)
+    INSERT INTO attempts (endpoint_id, todo_id, number, queue_id, lease_id, claimant,
+                          claimed_at, outcome, finished_at)
     SELECT p_endpoint_id, r.id, r.attempt, r.queue_id, r.lease_id, r.claimant,
            coalesce(r.claimed_at, r.updated_at), p_outcome, p_now
-      FROM unnest(p_rows) AS r
-    ON CONFLICT (todo_id, number, endpoint_id) DO UPDATE
-       SET outcome = EXCLUDED.outcome, finished_at = EXCLUDED.finished_at
-     WHERE a.outcome = 'running';
+      FROM unnest(p_rows) AS r;
 END;
 $$;
 
@@ -435,9 +432,8 @@ BEGIN
         ON CONFLICT (todo_id, endpoint_id) DO UPDATE
            SET data = EXCLUDED.data, content_type = EXCLUDED.content_type;
     END IF;
-    -- (ON CONFLICT: see sb_end_attempt.)
-    INSERT INTO attempts AS a (endpoint_id, todo_id, number, queue_id, lease_id, claimant,
-                               claimed_at, outcome, finished_at, error)
+    INSERT INTO attempts (endpoint_id, todo_id, number, queue_id, lease_id, claimant,
+                          claimed_at, outcome, finished_at, error)
     SELECT s.endpoint_id, s.id, s.attempt, s.queue_id, s.lease_id, s.claimant, s.claimed_at,
            CASE s.action WHEN 'complete' THEN 'completed'
                          WHEN 'fail' THEN 'failed' ELSE 'released' END,
@@ -445,11 +441,7 @@ BEGIN
       FROM unnest(v_endpoints, v_ids, v_attempts, v_queues, v_leases, v_claimants,
                   v_claimed_at, v_actions, v_errors)
            AS s (endpoint_id, id, attempt, queue_id, lease_id, claimant, claimed_at, action,
-                 error)
-    ON CONFLICT (todo_id, number, endpoint_id) DO UPDATE
-       SET outcome = EXCLUDED.outcome, finished_at = EXCLUDED.finished_at,
-           error = EXCLUDED.error
-     WHERE a.outcome = 'running';
+                 error);
     IF cardinality(v_ids) > 0 THEN
         PERFORM sb_gates_slot_freed(f.endpoint_id, f.queue_ids, v_now)
            FROM (SELECT q.endpoint_id, array_agg(DISTINCT q.queue_id) AS queue_ids
@@ -522,20 +514,16 @@ BEGIN
      ORDER BY t.id FOR UPDATE;
     -- The claimed ones' attempts end, read from their rows before the
     -- UPDATE below voids their leases (an INSERT from todos, so that on a
-    -- Citus cluster it runs on the endpoint's shards, as the rest does;
-    -- ON CONFLICT: see sb_end_attempts).
-    INSERT INTO attempts AS a (endpoint_id, todo_id, number, queue_id, lease_id, claimant,
-                               claimed_at, outcome, finished_at)
+    -- Citus cluster it runs on the endpoint's shards, as the rest does).
+    INSERT INTO attempts (endpoint_id, todo_id, number, queue_id, lease_id, claimant,
+                          claimed_at, outcome, finished_at)
     SELECT t.endpoint_id, t.id, t.attempt, t.queue_id, t.lease_id, t.claimant,
            coalesce(t.claimed_at, t.updated_at), 'cancelled', v_now
       FROM (SELECT t.* FROM todos t
              WHERE t.id = ANY (p_ids)
                AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
             OFFSET 0) AS t
-     WHERE t.owner_id = p_owner_id AND t.state = 'claimed'
-    ON CONFLICT (todo_id, number, endpoint_id) DO UPDATE
-       SET outcome = EXCLUDED.outcome, finished_at = EXCLUDED.finished_at
-     WHERE a.outcome = 'running';
+     WHERE t.owner_id = p_owner_id AND t.state = 'claimed';
     WITH target AS (
         SELECT i.ord, t.id, t.state AS was
           FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
@@ -1213,6 +1201,21 @@ BEGIN
 END;
 $$;
 
+-- A running attempts row, which only a claim of the functions before
+-- migration 0018 writes (a server of the previous release, mid-call as the
+-- migration commits, during a rolling upgrade): not written, its claim time
+-- kept on its todo, as this release's claims keep it. (attempts holds ended
+-- attempts only: attempts_outcome_check refuses a running row where this
+-- trigger is not, on a Citus cluster, where no such server runs.)
+CREATE OR REPLACE FUNCTION sb_running_attempt_to_todo() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE todos t SET claimed_at = NEW.claimed_at
+     WHERE t.endpoint_id = NEW.endpoint_id AND t.id = NEW.todo_id AND t.attempt = NEW.number;
+    RETURN NULL;
+END;
+$$;
+
 DO $$
 BEGIN
     IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
@@ -1225,5 +1228,9 @@ BEGIN
         AFTER DELETE ON todos
         REFERENCING OLD TABLE AS gone
         FOR EACH STATEMENT EXECUTE FUNCTION sb_delete_attempts_of_todos();
+    CREATE OR REPLACE TRIGGER attempts_running_to_todo
+        BEFORE INSERT ON attempts
+        FOR EACH ROW WHEN (NEW.outcome = 'running')
+        EXECUTE FUNCTION sb_running_attempt_to_todo();
 END;
 $$;

@@ -13,11 +13,11 @@
 -- "What changed: an attempt written when it ends".)
 --
 -- The running rows move into their todos: claimed_at from the row, and the
--- row deleted. A claim of a server still running the previous release's
--- functions while this runs (a rolling upgrade) may insert a running row
--- after it: the statements that end attempts insert with ON CONFLICT, so
--- such a row is ended in place, and all_attempts leaves running rows of
--- the table out.
+-- row deleted; attempts_outcome_check then refuses a running row. A claim
+-- of a server still running the previous release's functions as this
+-- commits (a rolling upgrade) may still insert one: on plain PostgreSQL the
+-- trigger attempts_running_to_todo (functions/dispatch.sql) keeps its claim
+-- time on the todo instead; a Citus cluster runs no such server.
 ALTER TABLE todos ADD COLUMN claimed_at timestamptz;
 
 UPDATE todos t SET claimed_at = a.claimed_at
@@ -26,12 +26,15 @@ UPDATE todos t SET claimed_at = a.claimed_at
    AND a.endpoint_id = t.endpoint_id AND a.todo_id = t.id AND a.number = t.attempt;
 UPDATE todos SET claimed_at = updated_at WHERE state = 'claimed' AND claimed_at IS NULL;
 DELETE FROM attempts WHERE outcome = 'running';
+-- (NOT VALID: no running row is left, so there is nothing to scan for.)
+ALTER TABLE attempts DROP CONSTRAINT attempts_outcome_check,
+    ADD CONSTRAINT attempts_outcome_check
+        CHECK (outcome IN ('completed', 'failed', 'released', 'lapsed', 'cancelled')) NOT VALID;
 
 CREATE VIEW all_attempts AS
 SELECT a.todo_id, a.number, a.queue_id, a.lease_id, a.claimant, a.claimed_at, a.outcome,
        a.finished_at, a.error, a.endpoint_id
   FROM attempts a
- WHERE a.outcome <> 'running'
 UNION ALL
 SELECT t.id, t.attempt, t.queue_id, t.lease_id, t.claimant,
        coalesce(t.claimed_at, t.updated_at), 'running'::text, NULL::timestamptz, ''::text,

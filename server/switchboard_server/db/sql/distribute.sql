@@ -52,6 +52,9 @@ DROP TRIGGER IF EXISTS window_counters_fill_endpoint_id ON window_counters;
 -- And the statement trigger that deletes the attempts of deleted todos
 -- (migration 0017): on a cluster, retention deletes them itself.
 DROP TRIGGER IF EXISTS todos_delete_attempts ON todos;
+-- And the trigger that keeps running attempts rows of the functions before
+-- migration 0018 out of attempts (its check refuses them on a cluster).
+DROP TRIGGER IF EXISTS attempts_running_to_todo ON attempts;
 DROP INDEX IF EXISTS window_counters_policy_window_key;
 
 -- name: sequential_mode :exec
