@@ -421,8 +421,8 @@ BEGIN
            v_claimed_at, v_actions, v_errors, v_results, v_result_types
       FROM settled s;
     -- The results kept and the attempts ended in statements of their own
-    -- (see sb_claim_pending: on Citus, statements fed by a data-modifying CTE
-    -- go through intermediate results sent to every node).
+    -- (on Citus, a statement fed by a data-modifying CTE goes through
+    -- intermediate results sent to every node).
     IF p_results IS NOT NULL THEN
         INSERT INTO todo_results (endpoint_id, todo_id, data, content_type)
         SELECT k.endpoint_id, k.id, k.result, coalesce(k.result_type, 'application/octet-stream')
