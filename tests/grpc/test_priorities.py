@@ -263,7 +263,14 @@ async def test_concurrent_claims_on_two_replicas_drain_in_priority_order_once_ea
     assert sorted(counted) == sorted(all_ids) and set(counted.values()) == {1}
     # Claimers skip the rows that other claims hold (they never wait), so a
     # claim takes a less urgent todo only when every more urgent one is
-    # claimed or held by a claim that locked it first: in lock order, the
-    # priorities never go down.
-    priorities = [r["priority"] for r in claims]
-    assert priorities == sorted(priorities)
+    # claimed or held by a claim that locked it first: in the order of their
+    # first locks, the claims' most urgent todos never get less urgent. (Not
+    # every todo: the server combines calls into batches, and two batches'
+    # locks interleave, so a batch that locked first may end on a less
+    # urgent todo than the next one starts with.)
+    first: dict[int, int] = {}
+    for r in claims:
+        first.setdefault(r["xid"], r["priority"])
+    firsts = [first[x] for x in sorted(first)]
+    assert firsts == sorted(firsts)
+    assert len(firsts) > 1
