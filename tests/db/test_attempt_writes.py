@@ -20,6 +20,9 @@ from switchboard_server.db import Database
 from switchboard_server.db import tenancy as tenancy_queries
 from switchboard_server.db import todos as todo_queries
 
+_CLAIM = "SELECT todos FROM sb_claim_next_for($1, $2, NULL, ARRAY['w'], $3, $4, 100000000)"
+_SETTLE = "SELECT outcome FROM sb_settle($1, $2, $3, $4, $5, $6, $7, 1, 60, NULL, NULL)"
+
 
 async def _scope(db: Database, name: str, n: int) -> tuple[object, object]:
     async with db.transaction() as conn:
@@ -95,7 +98,7 @@ async def _claimed_and_completed(
     conn: asyncpg.Connection, owner_id: object, endpoint_id: object, n: int
 ) -> list[int]:
     claimed = await conn.fetchval(
-        "SELECT todos FROM sb_claim_next_for($1, $2, NULL, ARRAY['w'], $3, $4, 100000000)",
+        _CLAIM,
         owner_id,
         endpoint_id,
         timedelta(minutes=5),
@@ -103,7 +106,7 @@ async def _claimed_and_completed(
     )
     ids = [t["id"] for t in claimed]
     await conn.fetch(
-        "SELECT outcome FROM sb_settle($1, $2, $3, $4, $5, $6, $7, 1, 60, NULL, NULL)",
+        _SETTLE,
         owner_id,
         endpoint_id,
         ids,
@@ -154,10 +157,6 @@ async def test_deleted_todos_take_their_attempts(db: Database, dsn: str) -> None
         assert await conn.fetchval("SELECT count(*) FROM all_attempts") == 10
     finally:
         await conn.close()
-
-
-_CLAIM = "SELECT todos FROM sb_claim_next_for($1, $2, NULL, ARRAY['w'], $3, $4, 100000000)"
-_SETTLE = "SELECT outcome FROM sb_settle($1, $2, $3, $4, $5, $6, $7, 1, 60, NULL, NULL)"
 
 
 async def _ended(conn: asyncpg.Connection) -> dict[int, asyncpg.Record]:
