@@ -130,6 +130,7 @@ class Profiler:
         conn = await asyncpg.connect(b.cluster.dsn)
         try:
             await self.flush_stats()
+            mx0 = await next_multixact(conn)
             s0 = await conn.fetch(sql.STATEMENTS)
             f0 = await conn.fetch(sql.FUNCTION_TIMES)
             log_at = self.log.stat().st_size if explain and self.log.exists() else 0
@@ -160,6 +161,7 @@ class Profiler:
             if explain:
                 await self.on_every_session(sql.EXPLAIN_OFF)
             await self.flush_stats()
+            mx1 = await next_multixact(conn)
             s1 = await conn.fetch(sql.STATEMENTS)
             f1 = await conn.fetch(sql.FUNCTION_TIMES)
             tables = [dict(r) for r in await conn.fetch(sql.QUEUE_TABLE_HEALTH)]
@@ -215,6 +217,7 @@ class Profiler:
                 ),
                 key=lambda f: -float(f["total_ms_per_todo"]),
             ),
+            "multixacts_per_todo": round((mx1 - mx0) / seen, 4),
             "waits": {k: round(v / max(samples, 1), 2) for k, v in waits.most_common()},
             "wait_samples": samples,
             "tables": tables,
@@ -226,6 +229,17 @@ class Profiler:
             record["plans"] = _plans(self.log, log_at)
         self.records.append(record)
         _print_record(record)
+
+
+async def next_multixact(conn: asyncpg.Connection[Any]) -> int:
+    """The next MultiXact id: their count between two calls.
+
+    A row locked in one (sub)transaction and updated in another gets a
+    MultiXact as its old version's xmax, and index scans never mark such a
+    version's entry dead: a claim path that makes them leaves the queue's head
+    full of entries every later scan walks (see sb_admit_and_claim_batch).
+    """
+    return int(await conn.fetchval(sql.NEXT_MULTIXACT))
 
 
 def _todos_seen(name: str, statements: list[dict[str, Any]]) -> int:
@@ -364,6 +378,7 @@ def _print_record(r: dict[str, Any]) -> None:
             f"  fn {f['function']}: total {f['total_ms_per_todo']:.4f} self "
             f"{f['self_ms_per_todo']:.4f} ms/todo, {f['calls_per_todo']} calls/todo"
         )
+    print(f"  MultiXacts: {r['multixacts_per_todo']} per todo")
     print("  waits (active backends, mean):", r["waits"])
     for t, p in r["head_probe"].items():
         print(f"  head probe {t}: {p['ms']:.3f} ms, {p['buffers']} buffers")

@@ -408,6 +408,13 @@ SELECT i.relname AS index, s.leaf_pages, s.deleted_pages, s.empty_pages, s.avg_l
  WHERE i.relname IN ('todos_pending_idx', 'bare_todos_pending_idx')
 """
 
+#: The next MultiXact id (``mxid_age`` counts from it; no checkpoint needed,
+#: which would fill the next measurement's WAL with full-page images).
+NEXT_MULTIXACT = """
+SELECT datminmxid::text::bigint + mxid_age(datminmxid) FROM pg_database
+ WHERE datname = current_database()
+"""
+
 #: The first 100 claimable todos of a queue, as the claims find them (the
 #: table name, queue id and claim order are formatted in by the profile):
 #: the buffers it reads tell how many dead index entries sit at the queue's
