@@ -513,8 +513,12 @@ def lease_ref(w: World) -> st.SearchStrategy[Any]:
     return lease_pair(w).map(lambda p: dispatch_pb2.LeaseRef(todo_id=p[0], lease_id=p[1]))
 
 
-def lease_call(cls: type[Message], w: World, **extra: st.SearchStrategy[Any]) -> Any:
-    """A request naming one todo and its lease, plus ``extra`` optional fields."""
+def lease_call(cls: Callable[..., Message], w: World, **extra: st.SearchStrategy[Any]) -> Any:
+    """A request naming one todo and its lease, plus ``extra`` optional fields.
+
+    (``cls`` as a callable: the stubs' ``Message`` takes no field keywords,
+    each generated message class does.)
+    """
     return st.builds(
         lambda pair, more: cls(todo_id=pair[0], lease_id=pair[1], **more),
         lease_pair(w),
