@@ -20,6 +20,7 @@ from datetime import timedelta
 
 import asyncpg
 
+from bench.profile import next_multixact
 from tests.support.admission import ingest, set_policy
 from tests.support.client import Client, Tenant
 
@@ -149,13 +150,6 @@ async def test_a_cut_short_batch_claims_the_admitted_part_and_a_refused_one_writ
         await conn.close()
 
 
-async def _next_multixact(conn: asyncpg.Connection) -> int:
-    await conn.execute("CHECKPOINT")
-    return int(
-        await conn.fetchval("SELECT next_multixact_id::text::bigint FROM pg_control_checkpoint()")
-    )
-
-
 async def test_a_budgeted_claim_locks_and_writes_its_rows_in_one_subtransaction(
     dsn: str, client: Client, tenant: Tenant
 ) -> None:
@@ -172,13 +166,13 @@ async def test_a_budgeted_claim_locks_and_writes_its_rows_in_one_subtransaction(
     owner, endpoint = uuid.UUID(tenant.owner_id), uuid.UUID(tenant.endpoint_id)
     conn = await asyncpg.connect(dsn)
     try:
-        before = await _next_multixact(conn)
+        before = await next_multixact(conn)
         for size in sizes:
             row = await conn.fetchrow(CLAIM_NEXT, owner, endpoint, LEASE, size)
             assert row is not None
             assert row["outcome"] == "claimed" and len(row["todos"]) == size
             assert "headroom" in json.loads(row["admission"])
-        after = await _next_multixact(conn)
+        after = await next_multixact(conn)
         # The old code created one per claim transaction (8 here); a shared test
         # cluster may count a few of other sessions' (concurrent key-share locks).
         assert after - before < len(sizes) // 2
