@@ -69,11 +69,15 @@ async def replicas(cluster_dsn: str) -> AsyncIterator[list[ServerProcess]]:
     """Two server replicas on the coordinator, shared by the cluster tests
     (each test makes tenants of its own). Their reaper and retention run every
     second, and their notify hooks may post to this machine (the receivers of
-    test_background.py)."""
+    test_background.py). Their doorbell heartbeat (a re-ring of every queue with
+    pending work, every 30 s by default) is an hour: a ring test's quiet window
+    hears only the rings it caused (test_doorbells.py once failed on a
+    heartbeat that fell into it)."""
     env = {
         "SWITCHBOARD_REAPER_INTERVAL": str(int(REAPER_INTERVAL.total_seconds())),
         "SWITCHBOARD_RETENTION_INTERVAL": "1",
         "SWITCHBOARD_HOOKS_ALLOW_PRIVATE": "1",
+        "SWITCHBOARD_DOORBELL_HEARTBEAT": "3600",
     }
     started = await asyncio.gather(
         ServerProcess.start(cluster_dsn, env), ServerProcess.start(cluster_dsn, env)
