@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -156,18 +155,25 @@ async def test_a_window_boundary_rings_once(client: Client, tenant: Tenant, db: 
     await bells.close()
 
 
-async def test_500_subscribers_all_hear_a_ring_within_a_second(
-    client: Client, tenant: Tenant
-) -> None:
+async def test_500_subscribers_all_hear_a_ring_once(client: Client, tenant: Tenant) -> None:
+    """Every one of 500 streams on 10 channels hears the ring, and only once.
+
+    How soon is benchmark scenario 6's target (p99 within 250 ms of the
+    decision at 1000 subscribers, bench/scenarios/fanout_latency.py), not a
+    timer here: a timed test fails on a loaded machine, not on a slow server.
+    """
     channels = [Client(client.address) for _ in range(10)]
-    subscribers = [Bells(channels[i % 10], tenant.agent, queues=("fanout",)) for i in range(500)]
+    subscribers = [
+        Bells(channels[i % 10], tenant.agent, queues=("fanout", "marker")) for i in range(500)
+    ]
     await asyncio.gather(*(s.ready() for s in subscribers))
-    rung = time.monotonic()
     await ingest(client, tenant.agent, "fanout")
-    bells = await asyncio.gather(*(s.next() for s in subscribers))
-    elapsed = time.monotonic() - rung
+    bells = await asyncio.gather(*(s.next(within=60) for s in subscribers))
     assert all(b.cause == CREATED and b.queue.name == "fanout" for b in bells)
-    assert elapsed < 1.0, f"the last subscriber heard after {elapsed:.3f} s"
+    # A marker rung after it: what comes before the marker's bell is a repeat.
+    await ingest(client, tenant.agent, "marker")
+    later = await asyncio.gather(*(s.until("marker", within=60) for s in subscribers))
+    assert [seen[:-1] for seen in later if len(seen) > 1] == []
     await asyncio.gather(*(s.close() for s in subscribers))
     for c in channels:
         await c.close()
