@@ -124,7 +124,9 @@ async def test_a_revocation_reaches_every_replicas_credential_cache(
             except grpc.aio.AioRpcError as err:
                 assert err.code() == grpc.StatusCode.UNAUTHENTICATED
                 break
-            assert time.monotonic() - revoked_at < 2, "replica b still accepts a revoked token"
+            # Half the credential cache's 10 s lifetime: the revocation's
+            # notification dropped it, not the cache running out.
+            assert time.monotonic() - revoked_at < 5, "replica b still accepts a revoked token"
             await asyncio.sleep(0.01)
     finally:
         await a.close()
