@@ -259,14 +259,15 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
             db.dsn,
             {
                 DOORBELL_CHANNEL: hub.on_payload,
-                AUTH_CHANNEL: authenticator.forget_payload,
-                REOPEN_CHANNEL: lambda _payload: reopen_due.set(),
+                AUTH_CHANNEL: lambda payload, _source: authenticator.forget_payload(payload),
+                REOPEN_CHANNEL: lambda _payload, _source: reopen_due.set(),
             },
             on_reconnect,
         )
         # Listen before serving, so that no subscriber can miss a ring.
         supervisor.run("listener", listener.run)
         await asyncio.wait_for(listener.connected.wait(), 30)
+        hub.sources = lambda: (listener,)
         async with db.connection() as conn:
             distributed = await distribute.is_distributed(conn)
         if distributed:
@@ -276,12 +277,13 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
                 functools.partial(_worker_nodes, db),
                 {
                     DOORBELL_CHANNEL: hub.on_payload,
-                    REOPEN_CHANNEL: lambda _payload: reopen_due.set(),
+                    REOPEN_CHANNEL: lambda _payload, _source: reopen_due.set(),
                 },
                 on_reconnect,
             )
             supervisor.run("node listeners", nodes.run)
             await asyncio.wait_for(nodes.connected.wait(), 30)
+            hub.sources = lambda: (listener, *nodes.listeners)
         metrics = Metrics(settings.metrics_queue_labels)
         metrics.count_subscriptions(lambda: hub.subscribers)
         readiness = Readiness()

@@ -6,6 +6,13 @@ LISTEN connection and fans rings out in memory to its own subscribers.
 Attach, heartbeat and reconnection rings come from a snapshot query, per
 endpoint, that holds back queues whose admission defers them.
 
+A new subscriber hears rings from where its attach snapshot begins: it is
+registered holding back what each listener hands it until that listener has
+heard a marker sent after registration (``Listener.barrier``), then the
+snapshot is taken. A ring that committed before (its effect in the snapshot,
+perhaps deferred since) is never heard late by a stream that attached after
+it; one committed after is never missed.
+
 Delivery to a subscriber is bounded and coalesced: a subscription keeps at
 most one waiting doorbell per queue (the latest), so a slow reader never
 grows memory or slows the fan-out, the claim path or other subscribers.
@@ -15,18 +22,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Protocol
 
 from switchboard_server.db import Database
 from switchboard_server.db import doorbells as doorbell_queries
 
 log = logging.getLogger(__name__)
+
+
+class RingSource(Protocol):
+    """What hands rings to the hub: a listener (``db.listener.Listener``)."""
+
+    async def barrier(self, on_mark: Callable[[], None]) -> None:
+        """Calls ``on_mark`` between the rings committed before the call and after."""
+
 
 CAUSES = frozenset(
     {"created", "attached", "heartbeat", "window_boundary", "slot_freed", "policy_changed"}
@@ -53,14 +70,24 @@ class Subscription:
         self._waiting: dict[str, Doorbell] = {}
         self._ready = asyncio.Event()
         self._closed = False
+        #: Sources whose rings are not heard yet (they precede the attach).
+        self._held: set[object] = set()
 
     def wants(self, queue: str) -> bool:
         """Whether this subscription watches ``queue``."""
         return self.queues is None or queue in self.queues
 
-    def offer(self, bell: Doorbell) -> None:
+    def hold(self, sources: Iterable[object]) -> None:
+        """Drops what these sources offer until each is released."""
+        self._held.update(sources)
+
+    def release(self, source: object) -> None:
+        """Hears ``source``'s rings from now on."""
+        self._held.discard(source)
+
+    def offer(self, bell: Doorbell, source: object = None) -> None:
         """Queues a doorbell for delivery, replacing one still waiting for the same queue."""
-        if self._closed or not self.wants(bell.queue):
+        if self._closed or not self.wants(bell.queue) or source in self._held:
             return
         self._waiting.pop(bell.queue, None)
         self._waiting[bell.queue] = bell
@@ -92,6 +119,11 @@ class DoorbellHub:
         self._subs: dict[uuid.UUID, set[Subscription]] = defaultdict(set)
         #: How many snapshot queries (attach, heartbeat, re-ring) this hub has run.
         self.snapshots = 0
+        #: Where rings come from (set once the listeners run).
+        self.sources: Callable[[], Sequence[RingSource]] = tuple
+        #: How long an attach waits for the listeners to catch up before it
+        #: goes on without (a listener hanging without losing its connection).
+        self.catch_up_limit = timedelta(seconds=10)
 
     @property
     def subscribers(self) -> int:
@@ -110,12 +142,28 @@ class DoorbellHub:
         out, so that no heartbeat runs for it.
         """
         sub = Subscription(endpoint_id, frozenset(queues) if queues else None)
+        sources = list(self.sources())
+        sub.hold(sources)
         self._subs[endpoint_id].add(sub)  # before the snapshot: no ring after it is missed
         try:
+            await self._catch_up(sub, sources)
             await self._ring_snapshot(endpoint_id, "attached", [sub])
             yield sub
         finally:
             self._forget(sub)
+
+    async def _catch_up(self, sub: Subscription, sources: list[RingSource]) -> None:
+        """Releases ``sub`` from each source once its rings before the attach are
+        past (they are the snapshot's to tell)."""
+        try:
+            async with asyncio.timeout(self.catch_up_limit.total_seconds()):
+                await asyncio.gather(
+                    *(source.barrier(functools.partial(sub.release, source)) for source in sources)
+                )
+        except TimeoutError:
+            log.warning("a listener did not catch up with a new subscriber; attaching anyway")
+            for source in sources:
+                sub.release(source)
 
     def _forget(self, sub: Subscription) -> None:
         subs = self._subs.get(sub.endpoint_id)
@@ -167,8 +215,8 @@ class DoorbellHub:
                 sub.offer(bell)
         return len(waiting)
 
-    def on_payload(self, payload: str) -> None:
-        """Fans out one ring received on the doorbell channel."""
+    def on_payload(self, payload: str, source: object = None) -> None:
+        """Fans out one ring received (by ``source``) on the doorbell channel."""
         try:
             data = json.loads(payload)
             bell = Doorbell(
@@ -182,7 +230,7 @@ class DoorbellHub:
             log.error("ignoring a malformed doorbell payload", extra={"payload": payload[:200]})
             return
         for sub in list(self._subs.get(bell.endpoint_id, ())):
-            sub.offer(bell)
+            sub.offer(bell, source)
 
 
 async def reopen_once(db: Database, batch: int = 200, *, distributed: bool = False) -> int:

@@ -29,6 +29,7 @@ from tests.support.client import Client, Tenant
 from tests.support.databases import db_now, move_clock, set_clock
 from tests.support.doc_blocks import WORKER
 from tests.support.protos import at
+from tests.support.waiting import eventually
 
 
 @pytest.fixture
@@ -42,15 +43,6 @@ def settings(settings: Settings) -> Settings:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-async def eventually(check: Callable[[], bool], within: float = 10.0) -> None:
-    """Waits until ``check()`` holds; fails after ``within`` seconds."""
-    for _ in range(int(within / 0.02)):
-        if check():
-            return
-        await asyncio.sleep(0.02)
-    assert check(), "condition not met in time"
 
 
 async def get(client: Client, tenant: Tenant, todo_id: str) -> dispatch_pb2.GetTodoResponse:

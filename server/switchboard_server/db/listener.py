@@ -5,7 +5,9 @@ Channels: ``switchboard_doorbell`` carries rings (``sb_ring``);
 so every replica drops them from its authentication cache at once;
 ``switchboard_reopen`` says a queue's gate was made due (a freed slot, a
 policy change), so every replica's reopen sweep runs at once rather than at
-its next interval.
+its next interval. ``switchboard_sync`` carries each process's own markers
+(``Listener.barrier``): a new ``WatchReopen`` subscriber starts hearing rings
+exactly where the attach snapshot's view of the database begins.
 
 On a Citus cluster (docs/scaling-out.md) the calls that ring run delegated,
 on the worker node that holds the endpoint, and their NOTIFY is delivered
@@ -21,6 +23,7 @@ import contextlib
 import functools
 import logging
 import urllib.parse
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -31,6 +34,10 @@ log = logging.getLogger(__name__)
 DOORBELL_CHANNEL = "switchboard_doorbell"
 AUTH_CHANNEL = "switchboard_auth"
 REOPEN_CHANNEL = "switchboard_reopen"
+SYNC_CHANNEL = "switchboard_sync"
+
+#: What gets a channel's payloads, and the listener that heard each.
+Handler = Callable[[str, "Listener"], None]
 
 
 class Listener:
@@ -44,7 +51,7 @@ class Listener:
     def __init__(
         self,
         dsn: str,
-        handlers: Mapping[str, Callable[[str], None]],
+        handlers: Mapping[str, Handler],
         on_reconnect: Callable[[], Awaitable[None]],
         retry: float = 0.5,
     ) -> None:
@@ -53,6 +60,15 @@ class Listener:
         self._on_reconnect = on_reconnect
         self._retry = retry
         self.connected = asyncio.Event()
+        self._conn: asyncpg.Connection[Any] | None = None
+        #: This listener's markers on SYNC_CHANNEL are "<id>:<number>".
+        self._id = uuid.uuid4().hex
+        self._sent = 0
+        #: Callbacks waiting for a marker sent (by number), and those gathering for the next.
+        self._marks: dict[int, list[Callable[[], None]]] = {}
+        self._gathering: list[Callable[[], None]] | None = None
+        self._sending = asyncio.Lock()
+        self._senders: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
         """Listens until cancelled, reconnecting with a short backoff."""
@@ -65,8 +81,9 @@ class Listener:
                     self._dsn, server_settings={"application_name": "switchboard-listener"}
                 )
                 conn.add_termination_listener(functools.partial(_set_event, lost))
-                for channel in self._handlers:
+                for channel in [*self._handlers, SYNC_CHANNEL]:
                     await conn.add_listener(channel, self._deliver)
+                self._conn = conn
                 self.connected.set()
                 if not first:
                     log.info("listener reconnected")
@@ -80,15 +97,79 @@ class Listener:
                 log.warning("listener connection failed: %r", exc)
             finally:
                 self.connected.clear()
+                self._conn = None
+                self._flush_marks()
                 if conn is not None and not conn.is_closed():
                     with contextlib.suppress(Exception):
                         await conn.close(timeout=1)
             await asyncio.sleep(self._retry)
 
+    async def barrier(self, on_mark: Callable[[], None]) -> None:
+        """Calls ``on_mark`` once every notification committed before this call
+        has been handed to the handlers, and before any committed after its
+        marker is; returns after it ran.
+
+        The marker is a NOTIFY of this listener's own, heard in the commit
+        order PostgreSQL delivers in. Callers that come while a marker waits to
+        be sent share it. With no connection (or when it is lost first)
+        ``on_mark`` runs at once: what was missed is made up by
+        ``on_reconnect``.
+        """
+        ran = asyncio.get_running_loop().create_future()
+
+        def mark() -> None:
+            on_mark()
+            if not ran.done():
+                ran.set_result(None)
+
+        if self._conn is None:
+            mark()
+            return
+        if self._gathering is None:
+            self._gathering = []
+            task = asyncio.create_task(self._send_mark(self._gathering))
+            self._senders.add(task)
+            task.add_done_callback(self._senders.discard)
+        self._gathering.append(mark)
+        await ran
+
+    async def _send_mark(self, batch: list[Callable[[], None]]) -> None:
+        async with self._sending:  # one statement at a time on the connection
+            if self._gathering is batch:
+                self._gathering = None  # later callers wait for a later marker
+            conn = self._conn
+            if conn is None:
+                _run(batch)
+                return
+            self._sent += 1
+            number = self._sent
+            self._marks[number] = batch
+            try:
+                await conn.execute("SELECT pg_notify($1, $2)", SYNC_CHANNEL, f"{self._id}:{number}")
+            except Exception as exc:
+                log.warning("listener could not send its marker: %r", exc)
+                _run(self._marks.pop(number, []))
+
+    def _flush_marks(self) -> None:
+        marks, self._marks = self._marks, {}
+        for number in sorted(marks):
+            _run(marks[number])
+
     def _deliver(self, _conn: object, _pid: int, channel: str, payload: object) -> None:
+        if channel == SYNC_CHANNEL:
+            sender, _, number = str(payload).partition(":")
+            if sender == self._id and number.isdigit():
+                for sent in sorted(n for n in self._marks if n <= int(number)):
+                    _run(self._marks.pop(sent))
+            return
         handler = self._handlers.get(channel)
         if handler is not None:
-            handler(str(payload))
+            handler(str(payload), self)
+
+
+def _run(callbacks: list[Callable[[], None]]) -> None:
+    for callback in callbacks:
+        callback()
 
 
 def _set_event(event: asyncio.Event, _conn: object) -> None:
@@ -110,7 +191,7 @@ class NodeListeners:
         self,
         dsn: str,
         nodes: Callable[[], Awaitable[list[tuple[str, int]]]],
-        handlers: Mapping[str, Callable[[str], None]],
+        handlers: Mapping[str, Handler],
         on_reconnect: Callable[[], Awaitable[None]],
         refresh: float = 10,
         retry: float = 0.5,
@@ -128,6 +209,11 @@ class NodeListeners:
     def nodes(self) -> list[tuple[str, int]]:
         """The nodes listened to (or being connected to) now."""
         return sorted(self._running)
+
+    @property
+    def listeners(self) -> list[Listener]:
+        """The listener of each node listened to (or being connected to) now."""
+        return [listener for listener, _ in self._running.values()]
 
     async def run(self) -> None:
         """Follows the node list until cancelled."""
