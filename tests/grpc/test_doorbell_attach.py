@@ -100,3 +100,22 @@ async def test_a_listener_that_hangs_delays_an_attach_only_to_its_limit(
         await ingest(client, tenant.agent, "later")
         bell = await next_bell(bells)
         assert (bell.queue, bell.cause) == ("later", "created"), bell
+
+
+async def test_an_attach_waiting_on_a_listener_goes_on_when_its_connection_drops(
+    client: Client, tenant: Tenant, hub: DoorbellHub, proxy: HoldingProxy
+) -> None:
+    hub.catch_up_limit = timedelta(minutes=5)
+    await ingest(client, tenant.agent, "waiting")
+    proxy.hold()
+    async with contextlib.AsyncExitStack() as stack:
+        attach = asyncio.create_task(
+            stack.enter_async_context(hub.subscription(uuid.UUID(tenant.endpoint_id), None))
+        )
+        await eventually(lambda: hub.subscribers == 1)
+        # The marker is lost with the connection: the attach does not wait for
+        # it (what the listener missed is the reconnection's re-ring to make up).
+        await proxy.cut()
+        sub = await asyncio.wait_for(attach, 10)
+        bell = await next_bell(aiter(sub))
+        assert (bell.queue, bell.cause) == ("waiting", "attached"), bell

@@ -56,6 +56,12 @@ class HoldingProxy:
         """Lets what was held, and what comes after, through."""
         self._open.set()
 
+    async def cut(self) -> None:
+        """Drops every connection (what was held is lost); new ones are taken."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
     async def close(self) -> None:
         """Stops listening and drops every connection."""
         self._open.set()
