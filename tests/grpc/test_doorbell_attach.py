@@ -20,7 +20,7 @@ from datetime import timedelta
 import pytest
 from switchboard_server.db import Database
 from switchboard_server.db.listener import DOORBELL_CHANNEL, Listener
-from switchboard_server.doorbells import Doorbell, DoorbellHub
+from switchboard_server.doorbells import Doorbell, DoorbellHub, Subscription
 
 from tests.support.admission import ingest, set_policy
 from tests.support.client import Client, Tenant
@@ -55,6 +55,18 @@ async def hub(db: Database, proxy: HoldingProxy) -> AsyncIterator[DoorbellHub]:
     await asyncio.gather(listening, return_exceptions=True)
 
 
+@contextlib.asynccontextmanager
+async def attaching(hub: DoorbellHub, tenant: Tenant) -> AsyncIterator[asyncio.Task[Subscription]]:
+    """An attach begun in the background, given once its stream is registered
+    (it may still wait on the listener); the stream is closed on the way out."""
+    async with contextlib.AsyncExitStack() as stack:
+        attach = asyncio.create_task(
+            stack.enter_async_context(hub.subscription(uuid.UUID(tenant.endpoint_id), None))
+        )
+        await eventually(lambda: hub.subscribers == 1)
+        yield attach
+
+
 async def next_bell(bells: AsyncIterator[Doorbell]) -> Doorbell:
     return await asyncio.wait_for(anext(bells), 10)
 
@@ -69,11 +81,7 @@ async def test_a_ring_made_before_the_attach_does_not_reach_the_new_stream_late(
     await set_policy(
         client, tenant.human, "paused", endpoint_id=tenant.endpoint_id, max_in_flight=0
     )
-    async with contextlib.AsyncExitStack() as stack:
-        attach = asyncio.create_task(
-            stack.enter_async_context(hub.subscription(uuid.UUID(tenant.endpoint_id), None))
-        )
-        await eventually(lambda: hub.subscribers == 1)  # the ring still in the proxy
+    async with attaching(hub, tenant) as attach:  # the ring still in the proxy
         proxy.release()
         sub = await asyncio.wait_for(attach, 10)
         # Attached: the paused queue held back, and its old ring never heard.
@@ -108,11 +116,7 @@ async def test_an_attach_waiting_on_a_listener_goes_on_when_its_connection_drops
     hub.catch_up_limit = timedelta(minutes=5)
     await ingest(client, tenant.agent, "waiting")
     proxy.hold()
-    async with contextlib.AsyncExitStack() as stack:
-        attach = asyncio.create_task(
-            stack.enter_async_context(hub.subscription(uuid.UUID(tenant.endpoint_id), None))
-        )
-        await eventually(lambda: hub.subscribers == 1)
+    async with attaching(hub, tenant) as attach:
         # The marker is lost with the connection: the attach does not wait for
         # it (what the listener missed is the reconnection's re-ring to make up).
         await proxy.cut()
