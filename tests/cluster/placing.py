@@ -20,6 +20,34 @@ async def worker_of(conn: asyncpg.Connection[asyncpg.Record], endpoint_id: str) 
     return int(port)
 
 
+async def move_shard_group(
+    mover: asyncpg.Connection[asyncpg.Record], shard: int, before: int, after: int, tries: int = 5
+) -> int:
+    """Moves the shard group of ``shard`` from the worker on port ``before`` to
+    the one on ``after`` as docs/scaling-out.md tells an operator to: the
+    orphaned shards of earlier moves cleaned up first, with ``block_writes``,
+    and a move that Citus's distributed deadlock detection cancels run again
+    once it is seen to have changed nothing (the placement still on
+    ``before``). The tries it took."""
+    for attempt in range(1, tries + 1):
+        await mover.execute("CALL citus_cleanup_orphaned_resources()")
+        try:
+            await mover.execute(
+                "SELECT citus_move_shard_placement($1, '127.0.0.1', $2, '127.0.0.1', $3,"
+                " shard_transfer_mode => 'block_writes')",
+                shard,
+                before,
+                after,
+            )
+            return attempt
+        except asyncpg.DeadlockDetectedError:
+            placed = await mover.fetchval(
+                "SELECT nodeport FROM citus_shards WHERE shardid = $1", shard
+            )
+            assert placed == before, (placed, before)
+    raise AssertionError(f"the move was cancelled {tries} times")
+
+
 async def tenants_on_each_worker(
     setup: Client, conn: asyncpg.Connection[asyncpg.Record], citus: CitusCluster
 ) -> list[tuple[Tenant, int]]:

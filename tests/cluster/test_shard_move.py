@@ -36,12 +36,12 @@ from typing import TypeVar
 
 import asyncpg
 import grpc
-from switchboard.v1 import admission_pb2, dispatch_pb2, queue_pb2
+from switchboard.v1 import admission_pb2, dispatch_pb2
 
-from tests.cluster.placing import worker_of
-from tests.support.admission import set_policy
+from tests.cluster.placing import move_shard_group, worker_of
+from tests.support.admission import ingest_in_batches, set_policy
 from tests.support.citus_cluster import CitusCluster
-from tests.support.client import Client, Tenant, make_tenant
+from tests.support.client import Client, Tenant, completions, make_tenant
 from tests.support.processes import ServerProcess
 
 TODOS = 4000
@@ -142,16 +142,7 @@ async def _claim_on(client: Client, tenant: Tenant, seed: int, load: Load) -> No
         load.claimed.extend(c.todo.id for c in claims)
         load.progress.set()
         await asyncio.sleep(rng.uniform(0.03, 0.1))
-        request = dispatch_pb2.SettleTodosRequest(
-            settlements=[
-                dispatch_pb2.Settlement(
-                    todo_id=c.todo.id,
-                    lease_id=c.lease.lease_id,
-                    complete=dispatch_pb2.CompleteAction(),
-                )
-                for c in claims
-            ]
-        )
+        request = completions(claims)
         while True:
             try:
                 settled = await load.call(
@@ -171,33 +162,6 @@ async def _claim_on(client: Client, tenant: Tenant, seed: int, load: Load) -> No
         load.completed.extend(c.todo.id for c in claims)
 
 
-async def move_group(
-    mover: asyncpg.Connection[asyncpg.Record],
-    conn: asyncpg.Connection[asyncpg.Record],
-    tenant: Tenant,
-    shard: int,
-    before: int,
-    after: int,
-) -> None:
-    """Moves the shard group as docs/scaling-out.md tells an operator to: a
-    move that Citus's distributed deadlock detection cancels is run again,
-    once it is seen to have changed nothing (the placement still on
-    ``before``)."""
-    for _ in range(MOVE_TRIES):
-        try:
-            await mover.execute(
-                "SELECT citus_move_shard_placement($1, '127.0.0.1', $2, '127.0.0.1', $3,"
-                " shard_transfer_mode => 'block_writes')",
-                shard,
-                before,
-                after,
-            )
-            return
-        except asyncpg.DeadlockDetectedError:
-            assert await worker_of(conn, tenant.endpoint_id) == before
-    raise AssertionError(f"the move was cancelled {MOVE_TRIES} times")
-
-
 async def test_a_busy_endpoints_shard_moves_to_the_other_worker_under_claim_load(
     citus: CitusCluster, cluster_dsn: str, replicas: list[ServerProcess]
 ) -> None:
@@ -210,18 +174,7 @@ async def test_a_busy_endpoints_shard_moves_to_the_other_worker_under_claim_load
         tenant = await make_tenant(setup, "moved")
         before = await worker_of(conn, tenant.endpoint_id)
         (after,) = {w.port for w in citus.workers} - {before}
-        for _ in range(TODOS // 500):
-            await setup.dispatch.IngestTodos(
-                dispatch_pb2.IngestTodosRequest(
-                    todos=[
-                        dispatch_pb2.IngestRequest(
-                            queue=queue_pb2.QueueRef(name=QUEUE), payload=b"x"
-                        )
-                        for _ in range(500)
-                    ]
-                ),
-                metadata=tenant.agent,
-            )
+        await ingest_in_batches(setup, tenant.agent, QUEUE, TODOS)
         await set_policy(
             setup,
             tenant.human,
@@ -240,7 +193,7 @@ async def test_a_busy_endpoints_shard_moves_to_the_other_worker_under_claim_load
                 tenant.endpoint_id,
             )
             move_started = time.monotonic()
-            await move_group(mover, conn, tenant, shard, before, after)
+            await move_shard_group(mover, shard, before, after, tries=MOVE_TRIES)
             move_ended = time.monotonic()
             moved_at = len(load.claimed)
             # The placement changed: the endpoint's shards are on the other worker now.

@@ -17,24 +17,12 @@ from datetime import timedelta
 
 import asyncpg
 from switchboard_server.db import Database
-from switchboard_server.db import tenancy as tenancy_queries
 from switchboard_server.db import todos as todo_queries
+
+from tests.support.databases import endpoint_with_todos
 
 _CLAIM = "SELECT todos FROM sb_claim_next_for($1, $2, NULL, ARRAY['w'], $3, $4, 100000000)"
 _SETTLE = "SELECT outcome FROM sb_settle($1, $2, $3, $4, $5, $6, $7, 1, 60, NULL, NULL)"
-
-
-async def _scope(db: Database, name: str, n: int) -> tuple[object, object]:
-    async with db.transaction() as conn:
-        owner = await tenancy_queries.create_owner(conn, name)
-        endpoint = await tenancy_queries.create_endpoint(conn, owner.id, "agent")
-        await todo_queries.ingest_many(
-            conn,
-            owner_id=owner.id,
-            endpoint_id=endpoint.id,
-            items=[todo_queries.NewTodo("work", b"p", "text/plain", 5, timedelta(0))] * n,
-        )
-    return owner.id, endpoint.id
 
 
 async def _pkey_scans(conn: asyncpg.Connection) -> int:
@@ -52,7 +40,7 @@ async def _pkey_scans(conn: asyncpg.Connection) -> int:
 async def test_a_batch_claim_probes_each_todo_once_and_writes_no_attempt_rows(
     db: Database, dsn: str
 ) -> None:
-    owner_id, endpoint_id = await _scope(db, "attempt-writes", 1)
+    owner_id, endpoint_id = await endpoint_with_todos(db, "attempt-writes", 1)
     conn = await asyncpg.connect(dsn)
     try:
         # A queue of some size, analyzed: the claim's UPDATE takes its todos
@@ -125,7 +113,7 @@ async def _attempts_of(conn: asyncpg.Connection, ids: list[int]) -> int:
 
 
 async def test_deleted_todos_take_their_attempts(db: Database, dsn: str) -> None:
-    owner_id, endpoint_id = await _scope(db, "attempt-deletes", 30)
+    owner_id, endpoint_id = await endpoint_with_todos(db, "attempt-deletes", 30)
     conn = await asyncpg.connect(dsn)
     try:
         by_hand = await _claimed_and_completed(conn, owner_id, endpoint_id, 10)
@@ -168,7 +156,7 @@ async def _ended(conn: asyncpg.Connection) -> dict[int, asyncpg.Record]:
 async def test_each_way_out_of_claimed_writes_the_attempt_once_as_it_was_claimed(
     db: Database, dsn: str
 ) -> None:
-    owner_id, endpoint_id = await _scope(db, "attempt-ends", 9)
+    owner_id, endpoint_id = await endpoint_with_todos(db, "attempt-ends", 9)
     conn = await asyncpg.connect(dsn)
     try:
         await conn.execute("UPDATE todos SET max_attempts = 1 WHERE endpoint_id = $1", endpoint_id)

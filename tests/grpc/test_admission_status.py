@@ -650,6 +650,37 @@ async def break_zone(db: Database) -> None:
     assert await refresh_schedules(db) >= 1
 
 
+async def test_a_bug_in_evaluating_a_budget_is_an_internal_error_not_a_deferral(
+    client: Client, tenant: Tenant, db: Database
+) -> None:
+    """Only what means the budget cannot be read now (its lock not taken in
+    time, no window schedule) is a deferral for ``admission_unavailable``:
+    any other error while a claim evaluates its budget (here a stand-in bug)
+    aborts the claim and answers INTERNAL, and nothing is claimed or charged.
+    (Before, every error there was reported as the budget unavailable.)"""
+    ids = await ingest(client, tenant.agent, "work", 2)
+    await set_policy(
+        client, tenant.human, "work", endpoint_id=tenant.endpoint_id, max_claims_per_window=5
+    )
+    async with db.connection() as conn:
+        await conn.execute(
+            "CREATE OR REPLACE FUNCTION sb_admission_eval_except("
+            "    p_policy admission_policies, p_own bigint[], p_now timestamptz"
+            ") RETURNS admission_eval LANGUAGE plpgsql AS $$"
+            " BEGIN RAISE EXCEPTION 'a stand-in bug' USING ERRCODE = 'XX000'; END $$"
+        )
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        await claim_next(client, tenant.agent, "work")
+    assert failed.value.code() == grpc.StatusCode.INTERNAL, failed.value
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        await claim(client, tenant.agent, ids[0])
+    assert failed.value.code() == grpc.StatusCode.INTERNAL, failed.value
+    async with db.connection() as conn:
+        states = await conn.fetch("SELECT state, attempt FROM todos")
+    assert sorted(tuple(r) for r in states) == [("pending", 0)] * len(ids)
+    assert await units_charged(db) == 0 and await attempt_rows(db) == 0
+
+
 async def test_an_unknown_stored_zone_fails_closed(
     client: Client, tenant: Tenant, db: Database
 ) -> None:

@@ -97,3 +97,27 @@ async def ingest(
         resp = await client.dispatch.Ingest(request, metadata=metadata)
         ids.append(resp.todo.id)
     return ids
+
+
+async def ingest_in_batches(
+    client: Client,
+    metadata: tuple[tuple[str, str], ...],
+    queue: str,
+    n: int,
+    *,
+    batch: int = 500,
+    max_attempts: int | None = None,
+) -> None:
+    """Ingests ``n`` todos (payload ``x``) into a queue of the caller's
+    endpoint, ``batch`` to an ``IngestTodos`` call."""
+    for start in range(0, n, batch):
+        items = [
+            dispatch_pb2.IngestRequest(queue=queue_pb2.QueueRef(name=queue), payload=b"x")
+            for _ in range(min(batch, n - start))
+        ]
+        if max_attempts is not None:
+            for item in items:
+                item.max_attempts = max_attempts
+        await client.dispatch.IngestTodos(
+            dispatch_pb2.IngestTodosRequest(todos=items), metadata=metadata
+        )

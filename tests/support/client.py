@@ -9,6 +9,7 @@ from switchboard.v1 import (
     admin_pb2,
     admin_pb2_grpc,
     admission_pb2_grpc,
+    dispatch_pb2,
     dispatch_pb2_grpc,
     schedule_pb2_grpc,
 )
@@ -104,3 +105,15 @@ async def add_endpoint(
         request.presets.append(admin_pb2.GRANT_PRESET_BASICS)
     vended = await client.admin.VendCredential(request, metadata=tenant.human)
     return ep.id, vended.token
+
+
+def completions(claims: list[dispatch_pb2.ClaimedTodo]) -> dispatch_pb2.SettleTodosRequest:
+    """A SettleTodos request that completes each claimed todo under its lease."""
+    return dispatch_pb2.SettleTodosRequest(
+        settlements=[
+            dispatch_pb2.Settlement(
+                todo_id=c.todo.id, lease_id=c.lease.lease_id, complete=dispatch_pb2.CompleteAction()
+            )
+            for c in claims
+        ]
+    )

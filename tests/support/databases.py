@@ -11,11 +11,14 @@ from __future__ import annotations
 import itertools
 import os
 import urllib.parse
+import uuid
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 import asyncpg
 from switchboard_server.db import Database, clock
+from switchboard_server.db import tenancy as tenancy_queries
+from switchboard_server.db import todos as todo_queries
 from switchboard_server.db.migrate import migrate
 
 _counter = itertools.count()
@@ -96,3 +99,19 @@ async def row_counts(db: Database, tables: Iterable[str]) -> dict[str, int]:
     """Rows per table of ``tables``, to prove a refused call wrote nothing."""
     async with db.connection() as conn:
         return {t: int(await conn.fetchval(f"SELECT count(*) FROM {t}")) for t in tables}
+
+
+async def endpoint_with_todos(db: Database, name: str, n: int) -> tuple[uuid.UUID, uuid.UUID]:
+    """An owner named ``name`` with an endpoint whose queue ``work`` holds ``n``
+    pending todos (5 attempts each), made through the database layer; the
+    owner's and the endpoint's ids."""
+    async with db.transaction() as conn:
+        owner = await tenancy_queries.create_owner(conn, name)
+        endpoint = await tenancy_queries.create_endpoint(conn, owner.id, "agent")
+        await todo_queries.ingest_many(
+            conn,
+            owner_id=owner.id,
+            endpoint_id=endpoint.id,
+            items=[todo_queries.NewTodo("work", b"p", "text/plain", 5, timedelta(0))] * n,
+        )
+    return owner.id, endpoint.id

@@ -11,6 +11,7 @@ from typing import Any
 
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import sql
+from switchboard_server.db.queues import hold_shard_group
 from switchboard_server.db.rows import record
 
 
@@ -96,6 +97,7 @@ async def lock_policy(
     conn: Conn, queue_id: int, owner_id: uuid.UUID, endpoint_id: uuid.UUID
 ) -> PolicyRow:
     """The queue's policy row (created inactive if missing), locked FOR UPDATE."""
+    await hold_shard_group(conn, endpoint_id)
     await conn.execute(sql("policy_ensure_row"), queue_id, owner_id, endpoint_id)
     rec = await conn.fetchrow(sql("policy_lock"), queue_id, endpoint_id)
     assert rec is not None
@@ -165,7 +167,9 @@ async def schedules_due_endpoints(conn: Conn, now: datetime) -> list[uuid.UUID]:
 async def schedules_due_of(
     conn: Conn, endpoint_id: uuid.UUID, batch: int, now: datetime
 ) -> list[PolicyRow]:
-    """``schedules_due`` for one endpoint's policies (a statement on its shard only)."""
+    """``schedules_due`` for one endpoint's policies (a statement on its shard only),
+    its shard group held first (``hold_shard_group``)."""
+    await hold_shard_group(conn, endpoint_id)
     rows = await conn.fetch(sql("policy_schedule_due_of"), batch, endpoint_id, now)
     return [_policy(r) for r in rows]
 

@@ -29,6 +29,8 @@ _ABORTED_STATES: dict[str, str] = {
     "55P03": "a lock was not taken within the lock timeout",
     "40001": "a serialization failure",
     "40P01": "a deadlock",
+    # functions/shards.sql: a write found its row no longer as its lock promised.
+    "SB409": "a write found its row changed since it was locked",
 }
 
 #: SQLSTATEs, then SQLSTATE classes (their first two characters), that mean

@@ -45,3 +45,10 @@ async def overview(
     """The owner's queues (optionally one endpoint's, one name), by endpoint then queue name."""
     rows = await conn.fetch(sql("queue_overview"), owner_id, endpoint_id, name)
     return [QueueOverviewRow(**dict(r)) for r in rows]
+
+
+async def hold_shard_group(conn: Conn, endpoint_id: uuid.UUID) -> None:
+    """Holds the endpoint's shard group where it is until the transaction
+    ends (a Citus shard move waits; nothing on plain PostgreSQL). First in a
+    transaction that reads a row under a lock and writes it later."""
+    await conn.execute(sql("shard_group_hold"), endpoint_id)

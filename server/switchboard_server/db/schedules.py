@@ -14,6 +14,7 @@ import asyncpg
 from switchboard_server import errors
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import sql
+from switchboard_server.db.queues import hold_shard_group
 from switchboard_server.db.todos import todo_from_record
 from switchboard_server.model import Todo
 
@@ -154,6 +155,7 @@ async def lock(
         if found is None:
             return None
         endpoint_id = found.endpoint_id
+    await hold_shard_group(conn, endpoint_id)
     rec = await conn.fetchrow(sql("schedule_lock"), schedule_id, owner_id, endpoint_id)
     return _row(rec) if rec is not None else None
 
@@ -232,7 +234,9 @@ async def due_endpoints(conn: Conn, now: datetime) -> list[uuid.UUID]:
 async def due_of(
     conn: Conn, endpoint_id: uuid.UUID, batch: int, now: datetime
 ) -> list[ScheduleRow]:
-    """``due`` for one endpoint's schedules (a statement on its shard only)."""
+    """``due`` for one endpoint's schedules (a statement on its shard only), its
+    shard group held first (``hold_shard_group``)."""
+    await hold_shard_group(conn, endpoint_id)
     return [_row(r) for r in await conn.fetch(sql("schedule_due_of"), batch, endpoint_id, now)]
 
 

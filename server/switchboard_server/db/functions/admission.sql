@@ -172,7 +172,8 @@ BEGIN
             RETURN;
         END IF;
         v_eval := sb_admission_eval(v_found.policy, NULL, p_now);
-    EXCEPTION WHEN OTHERS THEN
+    EXCEPTION WHEN lock_not_available OR SQLSTATE 'SB503' THEN
+        -- The budget cannot be read now; any other error is no state of it.
         RETURN QUERY SELECT 'admission_unavailable'::text, NULL::admission_eval;
         RETURN;
     END;
@@ -254,6 +255,33 @@ BEGIN
 END;
 $$;
 
+-- Charges p_units to the window the evaluation v was made in (nothing
+-- without a window limit), re-checking that the counter still holds the
+-- units v read under the policy lock: raises SB409 (sb_lost_race) when
+-- another claim charged that window since, so that no unit is spent twice
+-- on a stale read (shards.sql says when one could be).
+CREATE OR REPLACE FUNCTION sb_charge(
+    p_endpoint_id uuid, p_policy_id bigint, v admission_eval, p_units integer
+) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_units integer;
+BEGIN
+    IF v.window_start IS NULL THEN
+        RETURN;
+    END IF;
+    INSERT INTO window_counters AS c (endpoint_id, policy_id, window_start, units)
+    VALUES (p_endpoint_id, p_policy_id, v.window_start, p_units)
+    ON CONFLICT (policy_id, window_start, endpoint_id)
+    DO UPDATE SET units = c.units + p_units WHERE c.units = v.used
+    RETURNING c.units INTO v_units;
+    IF v_units IS DISTINCT FROM v.used + p_units THEN
+        PERFORM sb_lost_race(format('window %s of policy %s was charged since it was read',
+                                    v.window_start, p_policy_id));
+    END IF;
+END;
+$$;
+
 -- Locks and evaluates a queue's policy for a claim of p_row, then claims
 -- and charges, or raises SB429 (refused; the reason is in the message) so
 -- the caller's subtransaction releases the todo and policy locks. A claim
@@ -292,11 +320,7 @@ BEGIN
             DETAIL = sb_deferral_json(p_row.queue, v_eval.reason, v_eval, NULL)::text;
     END IF;
     claimed := sb_claim_row(p_row, p_claimant, p_lease, p_now);
-    IF v_eval.window_start IS NOT NULL THEN
-        INSERT INTO window_counters AS c (endpoint_id, policy_id, window_start, units)
-        VALUES (v_policy.endpoint_id, v_policy.id, v_eval.window_start, 1)
-        ON CONFLICT (policy_id, window_start, endpoint_id) DO UPDATE SET units = c.units + 1;
-    END IF;
+    PERFORM sb_charge(v_policy.endpoint_id, v_policy.id, v_eval, 1);
     admission := jsonb_build_object('headroom', sb_headroom(v_policy, v_eval));
     PERFORM sb_release_before_flush();
     v_full := sb_full_after(v_policy, v_eval, 1);
@@ -396,12 +420,7 @@ BEGIN
         -- claims the admitted part under the lock.
         RAISE EXCEPTION 'cut short' USING ERRCODE = 'SBCUT';
     END IF;
-    IF v_eval.window_start IS NOT NULL THEN
-        INSERT INTO window_counters AS c (endpoint_id, policy_id, window_start, units)
-        VALUES (p_endpoint_id, v_policy.id, v_eval.window_start, v_take)
-        ON CONFLICT (policy_id, window_start, endpoint_id)
-        DO UPDATE SET units = c.units + v_take;
-    END IF;
+    PERFORM sb_charge(p_endpoint_id, v_policy.id, v_eval, v_take);
     admission := jsonb_build_object('headroom', sb_headroom_after(v_policy, v_eval, v_take));
     PERFORM sb_release_before_flush();
     v_full := sb_full_after(v_policy, v_eval, v_take);
@@ -455,11 +474,7 @@ BEGIN
         v_policy.max_claims_per_window - v_eval.used,
         v_policy.max_in_flight - v_eval.in_flight);
     claimed := sb_claim_pending(p_endpoint_id, p_ids[1:v_take], p_claimants, p_lease, p_now);
-    IF v_eval.window_start IS NOT NULL THEN
-        INSERT INTO window_counters AS c (endpoint_id, policy_id, window_start, units)
-        VALUES (p_endpoint_id, v_policy.id, v_eval.window_start, v_take)
-        ON CONFLICT (policy_id, window_start, endpoint_id) DO UPDATE SET units = c.units + v_take;
-    END IF;
+    PERFORM sb_charge(p_endpoint_id, v_policy.id, v_eval, v_take);
     admission := jsonb_build_object('headroom', sb_headroom_after(v_policy, v_eval, v_take));
     PERFORM sb_release_before_flush();
     v_full := sb_full_after(v_policy, v_eval, v_take);
@@ -529,7 +544,10 @@ BEGIN
             GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
             outcome := 'deferred';
             admission := v_detail::jsonb;
-        WHEN OTHERS THEN
+        -- The budget cannot be read now (its lock not taken in time, no
+        -- window schedule): refused, fail closed. Any other error
+        -- (a lost race, a bug) aborts the call.
+        WHEN lock_not_available OR SQLSTATE 'SB503' THEN
             outcome := 'deferred';
             admission := jsonb_build_object('queue', p_queue, 'reason', 'admission_unavailable');
     END;
@@ -592,7 +610,10 @@ BEGIN
             GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
             outcome := 'deferred';
             admission := v_detail::jsonb;
-        WHEN OTHERS THEN
+        -- The budget cannot be read now (its lock not taken in time, no
+        -- window schedule): refused, fail closed. Any other error
+        -- (a lost race, a bug) aborts the call.
+        WHEN lock_not_available OR SQLSTATE 'SB503' THEN
             outcome := 'deferred';
             admission := jsonb_build_object('queue', p_queue, 'reason', 'admission_unavailable');
     END;
@@ -616,7 +637,10 @@ BEGIN
             GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
             outcome := 'deferred';
             admission := v_detail::jsonb;
-        WHEN OTHERS THEN
+        -- The budget cannot be read now (its lock not taken in time, no
+        -- window schedule): refused, fail closed. Any other error
+        -- (a lost race, a bug) aborts the call.
+        WHEN lock_not_available OR SQLSTATE 'SB503' THEN
             outcome := 'deferred';
             admission := jsonb_build_object('queue', p_queue, 'reason', 'admission_unavailable');
     END;

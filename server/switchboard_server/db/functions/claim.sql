@@ -20,6 +20,7 @@ DECLARE
     v_detail jsonb;
     v_pending bigint;
 BEGIN
+    PERFORM sb_hold_shard_groups_of(p_owner_id, p_endpoint_id, ARRAY[p_todo_id]);
     SELECT * INTO v_row FROM todos t
      WHERE t.id = p_todo_id AND t.owner_id = p_owner_id
        AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
@@ -53,7 +54,9 @@ BEGIN
     EXCEPTION
         WHEN SQLSTATE 'SB429' THEN
             GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
-        WHEN OTHERS THEN
+        -- The budget cannot be read now: refused, fail closed. Any other
+        -- error (a lost race, a bug) aborts the call.
+        WHEN lock_not_available OR SQLSTATE 'SB503' THEN
             v_detail := jsonb_build_object('queue', v_row.queue, 'reason', 'admission_unavailable');
     END;
     SELECT count(*) INTO v_pending FROM todos t
@@ -123,6 +126,7 @@ DECLARE
     v_listed bigint[] := '{}';
     v_no_takeover bigint[] := '{}';
 BEGIN
+    PERFORM sb_hold_shard_groups(ARRAY[p_endpoint_id]);
     PERFORM 1 FROM endpoints e WHERE e.id = p_endpoint_id AND e.owner_id = p_owner_id;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'endpoint not found' USING ERRCODE = 'SB404';

@@ -54,13 +54,17 @@ LANGUAGE sql AS $$
                           NULL, NULL, NULL, NULL) AS m
 $$;
 
--- Turns one locked, claimable pending todo into a claim: a new lease,
--- attempt + 1, claimed now. (The running attempt is the todo's row: its
--- attempts row is written when it ends, see all_attempts in migration 0018.
--- Random values are drawn before the statements that store them: Citus
--- refuses volatile functions in an UPDATE of a distributed table.)
-CREATE OR REPLACE FUNCTION sb_claim_id(
-    p_endpoint_id uuid, p_id bigint, p_claimant text, p_lease interval, p_now timestamptz
+-- Turns one locked, claimable todo into a claim: a new lease, attempt + 1,
+-- claimed now. The write re-checks what the lock was taken on: a pending
+-- todo that is due, or (p_lapsed_lease not NULL, a takeover) the claim of
+-- that lease, lapsed; a row no longer so raises SB409 (sb_lost_race). (The
+-- running attempt is the todo's row: its attempts row is written when it
+-- ends, see all_attempts in migration 0018. Random values are drawn before
+-- the statements that store them: Citus refuses volatile functions in an
+-- UPDATE of a distributed table.)
+CREATE OR REPLACE FUNCTION sb_claim_checked(
+    p_endpoint_id uuid, p_id bigint, p_lapsed_lease uuid, p_claimant text, p_lease interval,
+    p_now timestamptz
 ) RETURNS todos
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -76,8 +80,24 @@ BEGIN
            claimed_at = p_now,
            updated_at = p_now
      WHERE t.endpoint_id = p_endpoint_id AND t.id = p_id
+       AND ((p_lapsed_lease IS NULL AND t.state = 'pending' AND t.next_retry_at <= p_now)
+            OR (t.state = 'claimed' AND t.lease_id = p_lapsed_lease
+                AND t.lease_expires_at <= p_now))
     RETURNING t.* INTO v_row;
+    IF NOT FOUND THEN
+        PERFORM sb_lost_race(format('todo %s is no longer claimable as it was locked', p_id));
+    END IF;
     RETURN v_row;
+END;
+$$;
+
+-- Claims one locked pending todo that is due (sb_claim_checked).
+CREATE OR REPLACE FUNCTION sb_claim_id(
+    p_endpoint_id uuid, p_id bigint, p_claimant text, p_lease interval, p_now timestamptz
+) RETURNS todos
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN sb_claim_checked(p_endpoint_id, p_id, NULL, p_claimant, p_lease, p_now);
 END;
 $$;
 
@@ -99,8 +119,8 @@ BEGIN
 END;
 $$;
 
--- Turns a locked, claimable row into a claim (sb_claim_id). A takeover (the
--- row is still claimed, its lease lapsed) first ends the lapsed attempt.
+-- Turns a locked, claimable row into a claim (sb_claim_checked). A takeover
+-- (the row is still claimed, its lease lapsed) also ends the lapsed attempt.
 CREATE OR REPLACE FUNCTION sb_claim_row(
     p_row todos,
     p_claimant text,
@@ -108,9 +128,16 @@ CREATE OR REPLACE FUNCTION sb_claim_row(
     p_now timestamptz
 ) RETURNS todos
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_row todos;
 BEGIN
     IF p_row.state = 'claimed' THEN
+        -- The claim first: it re-checks the lapsed lease before the attempt
+        -- that lease held is ended (from p_row, the row as it was).
+        v_row := sb_claim_checked(p_row.endpoint_id, p_row.id, p_row.lease_id, p_claimant,
+                                  p_lease, p_now);
         PERFORM sb_end_attempts(p_row.endpoint_id, ARRAY[p_row], 'lapsed', p_now);
+        RETURN v_row;
     END IF;
     RETURN sb_claim_id(p_row.endpoint_id, p_row.id, p_claimant, p_lease, p_now);
 END;
@@ -247,11 +274,18 @@ BEGIN
           FROM unnest(p_ids, v_leases, p_claimants) WITH ORDINALITY
                AS n (id, lease_id, claimant, ord)
          WHERE t.endpoint_id = p_endpoint_id AND t.id = n.id
+           -- What the lock was taken on (sb_claim_checked).
+           AND t.state = 'pending' AND t.next_retry_at <= p_now
         RETURNING n.ord, ROW(t.*)::todos AS row
     )
     SELECT coalesce(array_agg(c.row ORDER BY c.ord), '{}')
       INTO v_claimed
       FROM claimed c;
+    IF cardinality(v_claimed) < cardinality(p_ids) THEN
+        PERFORM sb_lost_race(format('%s of %s locked todos are no longer pending',
+                                    cardinality(p_ids) - cardinality(v_claimed),
+                                    cardinality(p_ids)));
+    END IF;
     RETURN v_claimed;
 END;
 $$;
@@ -263,13 +297,17 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_row todos;
 BEGIN
-    PERFORM sb_end_attempts(p_row.endpoint_id, ARRAY[p_row], 'lapsed', p_now);
     UPDATE todos
        SET state = 'dead', lease_id = NULL, lease_expires_at = NULL,
            last_error = 'lease lapsed on the last attempt',
            finished_at = p_now, updated_at = p_now
      WHERE endpoint_id = p_row.endpoint_id AND id = p_row.id
+       AND state = 'claimed' AND lease_id = p_row.lease_id AND lease_expires_at <= p_now
     RETURNING * INTO v_row;
+    IF NOT FOUND THEN
+        PERFORM sb_lost_race(format('todo %s is no longer the lapsed claim it was', p_row.id));
+    END IF;
+    PERFORM sb_end_attempts(p_row.endpoint_id, ARRAY[p_row], 'lapsed', p_now);
     PERFORM sb_gates_slot_freed(p_row.endpoint_id, ARRAY[p_row.queue_id], p_now);
     RETURN v_row;
 END;
@@ -365,6 +403,7 @@ DECLARE
     -- A backoff's jitter per item, drawn before the UPDATE (see sb_claim_id).
     v_jitter float8[] := ARRAY(SELECT random() FROM generate_series(1, cardinality(p_ids)));
 BEGIN
+    PERFORM sb_hold_shard_groups_of(p_owner_id, p_endpoint_id, p_ids);
     IF cardinality(p_ids) > 1 THEN
         PERFORM 1 FROM todos t
          WHERE t.id = ANY (p_ids) AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
@@ -507,14 +546,18 @@ DECLARE
     v_rows todos[];
     v_was text[];
     v_freed todos[];
+    v_ended integer;
 BEGIN
+    PERFORM sb_hold_shard_groups_of(p_owner_id, p_endpoint_id, p_ids);
     PERFORM 1 FROM todos t
      WHERE t.id = ANY (p_ids) AND t.owner_id = p_owner_id
        AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
      ORDER BY t.id FOR UPDATE;
     -- The claimed ones' attempts end, read from their rows before the
     -- UPDATE below voids their leases (an INSERT from todos, so that on a
-    -- Citus cluster it runs on the endpoint's shards, as the rest does).
+    -- Citus cluster it runs on the endpoint's shards, as the rest does; from
+    -- arrays it would be copied in from the coordinator, on a connection of
+    -- its own, and commit in two phases).
     INSERT INTO attempts (endpoint_id, todo_id, number, queue_id, lease_id, claimant,
                           claimed_at, outcome, finished_at)
     SELECT t.endpoint_id, t.id, t.attempt, t.queue_id, t.lease_id, t.claimant,
@@ -524,8 +567,12 @@ BEGIN
                AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
             OFFSET 0) AS t
      WHERE t.owner_id = p_owner_id AND t.state = 'claimed';
+    GET DIAGNOSTICS v_ended = ROW_COUNT;
+    -- Each row is cancelled from what the statement's own read found it
+    -- (state, attempt and lease re-checked by the UPDATE), and as many
+    -- claims as attempts were ended above.
     WITH target AS (
-        SELECT i.ord, t.id, t.state AS was
+        SELECT i.ord, t.id, t.state AS was, t.attempt, t.lease_id
           FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
           -- By primary key whatever the statistics say (OFFSET 0: the
           -- state test is not pushed into the scan, which could then take a
@@ -545,6 +592,8 @@ BEGIN
          -- Every table named with the endpoint too: on a Citus cluster the
          -- whole statement then runs on the endpoint's shards only.
          WHERE t.id = g.id AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+           AND t.state = g.was AND t.attempt = g.attempt
+           AND t.lease_id IS NOT DISTINCT FROM g.lease_id
         RETURNING g.ord, g.was, ROW(t.*)::todos AS row
     )
     SELECT coalesce(array_agg(c.ord), '{}'), coalesce(array_agg(c.row), '{}'),
@@ -552,6 +601,9 @@ BEGIN
            coalesce(array_agg(c.row) FILTER (WHERE c.was = 'claimed'), '{}')
       INTO v_ords, v_rows, v_was, v_freed
       FROM cancelled c;
+    IF cardinality(v_freed) <> v_ended THEN
+        PERFORM sb_lost_race('a claim changed between ending its attempt and its cancel');
+    END IF;
     IF cardinality(v_freed) > 0 THEN
         PERFORM sb_gates_slot_freed(f.endpoint_id, f.queue_ids, v_now)
            FROM (SELECT r.endpoint_id, array_agg(DISTINCT r.queue_id) AS queue_ids
@@ -600,6 +652,7 @@ DECLARE
     v_rows todos[];
     v_was text[];
 BEGIN
+    PERFORM sb_hold_shard_groups_of(p_owner_id, p_endpoint_id, p_ids);
     PERFORM 1 FROM todos t
      WHERE t.id = ANY (p_ids) AND t.owner_id = p_owner_id
        AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
@@ -625,6 +678,7 @@ BEGIN
                updated_at = v_now
           FROM target g
          WHERE t.id = g.id AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+           AND t.state = g.was  -- what the read found, re-checked by the write
         RETURNING g.ord, g.was, ROW(t.*)::todos AS row
     )
     SELECT coalesce(array_agg(r.ord), '{}'), coalesce(array_agg(r.row), '{}'),
@@ -671,6 +725,7 @@ DECLARE
     v_now timestamptz := sb_now();
     v_ords bigint[];
 BEGIN
+    PERFORM sb_hold_shard_groups_of(p_owner_id, p_endpoint_id, p_ids);
     IF cardinality(p_ids) > 1 THEN
         PERFORM 1 FROM todos t
          WHERE t.id = ANY (p_ids) AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
@@ -737,6 +792,7 @@ DECLARE
     v_locked bigint[];
     v_next bigint;
 BEGIN
+    PERFORM sb_hold_shard_groups(ARRAY[p_endpoint_id]);
     -- The scan stops as soon as p_limit todos passed (a chunk reads about as
     -- many rows as it takes when most pass); the window is counted only when
     -- fewer passed, to know whether it was the end.
@@ -862,6 +918,7 @@ DECLARE
     v_expired bigint[];
     v_missing text[];
 BEGIN
+    PERFORM sb_hold_shard_groups(ARRAY[p_endpoint_id]);
     PERFORM 1 FROM endpoints e WHERE e.id = p_endpoint_id AND e.owner_id = p_owner_id;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'endpoint not found' USING ERRCODE = 'SB404';
@@ -1044,6 +1101,7 @@ DECLARE
     v_fresh todos[];
     v_new_ids bigint[];
 BEGIN
+    PERFORM sb_hold_shard_groups(ARRAY[p_endpoint_id]);
     SELECT array_agg(m.id ORDER BY m.ord), array_agg(m.deduplicated ORDER BY m.ord),
            array_agg(m.todo ORDER BY m.ord)
       INTO v_ids, v_dedup, v_rows
@@ -1110,8 +1168,10 @@ DECLARE
     v_ids bigint[];
     v_rows todos[];
     v_queue_ids bigint[];
+    v_reaped integer;
     v_left integer := p_batch;
 BEGIN
+    PERFORM sb_hold_shard_groups(p_endpoint_ids);
     FOREACH v_endpoint IN ARRAY p_endpoint_ids LOOP
         EXIT WHEN v_left <= 0;
         SELECT coalesce(array_agg(l.id ORDER BY l.id), '{}') INTO v_ids
@@ -1134,7 +1194,12 @@ BEGIN
                last_error = CASE WHEN t.attempt >= t.max_attempts
                                  THEN 'lease lapsed on the last attempt' ELSE t.last_error END,
                lease_id = NULL, lease_expires_at = NULL, updated_at = v_now
-         WHERE t.endpoint_id = v_endpoint AND t.id = ANY (v_ids);
+         WHERE t.endpoint_id = v_endpoint AND t.id = ANY (v_ids)
+           AND t.state = 'claimed' AND t.lease_expires_at <= v_now;
+        GET DIAGNOSTICS v_reaped = ROW_COUNT;
+        IF v_reaped <> cardinality(v_ids) THEN
+            PERFORM sb_lost_race('a lapsed lease was no longer lapsed when reaped');
+        END IF;
         SELECT array_agg(DISTINCT t.queue_id ORDER BY t.queue_id) INTO v_queue_ids
           FROM todos t WHERE t.endpoint_id = v_endpoint AND t.id = ANY (v_ids);
         -- The reaped todos' in-flight slots are free: their gates ring SLOT_FREED.
@@ -1161,6 +1226,7 @@ DECLARE
     v_deleted integer;
     v_left integer := p_batch;
 BEGIN
+    PERFORM sb_hold_shard_groups(p_endpoint_ids);
     FOREACH v_endpoint IN ARRAY p_endpoint_ids LOOP
         EXIT WHEN v_left <= 0;
         SELECT coalesce(array_agg(l.id), '{}') INTO v_ids

@@ -70,8 +70,8 @@ BEGIN
           JOIN admission_policies p ON p.endpoint_id = q.endpoint_id AND p.id = q.policy_id
          WHERE q.endpoint_id = p_endpoint_id AND p.endpoint_id = p_endpoint_id
            AND q.id = p_queue_id;
-    EXCEPTION WHEN OTHERS THEN
-        v_policy_at := NULL;
+    EXCEPTION WHEN lock_not_available THEN
+        v_policy_at := NULL;  -- unreadable now: left unknown (above)
     END;
     INSERT INTO queue_gates AS g (endpoint_id, queue_id, deferred, reason, policy_seen_at,
                                   next_check_at, updated_at)
@@ -337,6 +337,7 @@ DECLARE
     v_reopen record;
     v_left integer := p_batch;
 BEGIN
+    PERFORM sb_hold_shard_groups(p_endpoint_ids);
     FOREACH v_endpoint IN ARRAY p_endpoint_ids LOOP
         EXIT WHEN v_left <= 0;
         FOR v_gate IN

@@ -30,6 +30,7 @@ DECLARE
     v_ids bigint[];
     v_left integer := p_batch;
 BEGIN
+    PERFORM sb_hold_shard_groups(p_endpoint_ids);
     FOREACH v_endpoint IN ARRAY p_endpoint_ids LOOP
         EXIT WHEN v_left <= 0;
         SELECT e.notify_url, e.notify_secret,

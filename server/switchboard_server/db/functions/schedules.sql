@@ -21,6 +21,7 @@ DECLARE
     s schedules;
     v_row todos;
 BEGIN
+    PERFORM sb_hold_shard_groups(ARRAY[p_endpoint_id]);
     SELECT * INTO s FROM schedules WHERE endpoint_id = p_endpoint_id AND id = p_id;
     IF NOT FOUND THEN
         RETURN NULL;

@@ -63,3 +63,10 @@ SELECT r.*, s.reason, (s.eval).window_end AS eval_window_end,
        WHERE r.policy_id IS NOT NULL
   ) AS s ON true
  ORDER BY r.endpoint_name, r.name;
+
+-- name: shard_group_hold :exec
+-- (First in a transaction that reads a row under a lock and writes it
+-- later.) On a Citus cluster, holds the endpoint's ($1) shard group where
+-- it is until the transaction ends: a shard move waits for it, or it for
+-- the move (functions/shards.sql says why). Nothing on plain PostgreSQL.
+SELECT sb_hold_shard_groups(ARRAY[$1::uuid]);
