@@ -55,7 +55,7 @@ from switchboard_server.db.database import Conn
 
 from tests.support.admission import set_policy, window
 from tests.support.client import Client, Tenant
-from tests.support.errors import deferral_of
+from tests.support.errors import deferral_of, expect_code
 from tests.support.processes import ServerProcess
 
 ROUNDS = 25
@@ -195,19 +195,27 @@ class Driver:
 
     async def settle(self, todo_id: str, lease_id: str, how: str) -> None:
         """Completes, fails or releases a claim."""
-        client, agent = self.client(), self.tenant.agent
-        if how == "complete":
-            request = dispatch_pb2.CompleteRequest(todo_id=todo_id, lease_id=lease_id)
-            await client.dispatch.Complete(request, metadata=agent)
-            self.counts.completed += 1
-        elif how == "fail":
-            failure = dispatch_pb2.FailRequest(todo_id=todo_id, lease_id=lease_id, error="driven")
-            await client.dispatch.Fail(failure, metadata=agent)
-            self.counts.failed += 1
-        else:
-            release = dispatch_pb2.ReleaseRequest(todo_id=todo_id, lease_id=lease_id)
-            await client.dispatch.Release(release, metadata=agent)
-            self.counts.released += 1
+        await settle(self.client(), self.tenant, todo_id, lease_id, how, self.counts)
+
+
+async def settle(
+    client: Client, tenant: Tenant, todo_id: str, lease_id: str, how: str, counts: Counts
+) -> None:
+    """Completes, fails or releases (``how``) a claim, counted."""
+    agent = tenant.agent
+    if how == "complete":
+        request = dispatch_pb2.CompleteRequest(todo_id=todo_id, lease_id=lease_id)
+        await client.dispatch.Complete(request, metadata=agent)
+        counts.completed += 1
+    elif how == "fail":
+        failure = dispatch_pb2.FailRequest(todo_id=todo_id, lease_id=lease_id, error="flaky")
+        await client.dispatch.Fail(failure, metadata=agent)
+        counts.failed += 1
+    else:
+        assert how == "release", how
+        release = dispatch_pb2.ReleaseRequest(todo_id=todo_id, lease_id=lease_id)
+        await client.dispatch.Release(release, metadata=agent)
+        counts.released += 1
 
 
 async def drive_each_outcome(
@@ -247,16 +255,13 @@ async def drive_each_outcome(
         assert (taken.headroom.window_used, taken.headroom.in_flight_used) == (1, 1), taken
         d.counts.claims += 1
         d.counts.retaken += 1
-        try:
-            await d.client().dispatch.Complete(
-                dispatch_pb2.CompleteRequest(
-                    todo_id=abandoned.todo.id, lease_id=abandoned.lease.lease_id
-                ),
-                metadata=tenant.agent,
-            )
-            raise AssertionError("a stale lease completed its todo")
-        except grpc.aio.AioRpcError as err:
-            assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err
+        stale = dispatch_pb2.CompleteRequest(
+            todo_id=abandoned.todo.id, lease_id=abandoned.lease.lease_id
+        )
+        await expect_code(
+            d.client().dispatch.Complete(stale, metadata=tenant.agent),
+            grpc.StatusCode.FAILED_PRECONDITION,
+        )
         d.counts.stale += 1
         await d.refused(IN_FLIGHT_FULL)
         await d.settle(taken.todo.id, taken.lease.lease_id, "complete")
@@ -359,24 +364,9 @@ async def worker(
         await rounds.decided(endpoint)
         roll = rng.random()
         try:
-            if roll < 0.4:
-                await client.dispatch.Complete(
-                    dispatch_pb2.CompleteRequest(todo_id=todo_id, lease_id=lease_id),
-                    metadata=metadata,
-                )
-                counts.completed += 1
-            elif roll < 0.6:
-                await client.dispatch.Fail(
-                    dispatch_pb2.FailRequest(todo_id=todo_id, lease_id=lease_id, error="flaky"),
-                    metadata=metadata,
-                )
-                counts.failed += 1
-            elif roll < 0.8:
-                await client.dispatch.Release(
-                    dispatch_pb2.ReleaseRequest(todo_id=todo_id, lease_id=lease_id),
-                    metadata=metadata,
-                )
-                counts.released += 1
+            if roll < 0.8:
+                how = "complete" if roll < 0.4 else "fail" if roll < 0.6 else "release"
+                await settle(client, tenant, todo_id, lease_id, how, counts)
             else:
                 counts.abandoned += 1  # its lease lapses when the clock moves on
                 held.append((todo_id, moves))
