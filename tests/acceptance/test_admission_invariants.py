@@ -2,9 +2,10 @@
 PostgreSQL with two real server processes: the workload and the checks are
 tests/support/invariants.py's (shared with tests/cluster/test_invariants.py).
 
-Several workers claim, fail, release, complete and abandon todos (abandoned
-leases lapse and are taken over) while a controller moves the shared clock
-across hourly window boundaries and edits the policy's limits. Afterwards,
+Every outcome is first driven once, step by step; then several workers
+claim, fail, release, complete and abandon todos (abandoned leases lapse and
+are taken over) while a controller moves the shared clock across hourly
+window boundaries and edits the policy's limits. Afterwards,
 for every window, units charged equal the committed claims recorded in
 attempt history; and no claim committed while its window had already reached
 the limit in force at that moment, and in-flight never exceeded
@@ -16,15 +17,15 @@ queue's policy lock).
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from switchboard_server.db import Database
 
 from tests.support.admission import CLAIM_OBSERVER
 from tests.support.client import Client, make_tenant
-from tests.support.databases import move_clock
-from tests.support.invariants import assert_invariants, run_workload
+from tests.support.databases import db_now, move_clock
+from tests.support.invariants import Clock, assert_invariants, run_workload
 from tests.support.processes import ServerProcess
 
 pytestmark = pytest.mark.slow
@@ -43,10 +44,13 @@ async def test_admission_invariants_hold_under_concurrent_random_workload(
         finally:
             await setup.close()
 
+        async def now() -> datetime:
+            return await db_now(db)
+
         async def forward(by: timedelta) -> None:
             await move_clock(db, by)
 
-        tally = await run_workload(replicas, tenant, forward)
+        tally = await run_workload(replicas, tenant, Clock(now, forward))
     finally:
         await asyncio.gather(*(r.stop() for r in replicas))
 

@@ -1,8 +1,9 @@
 """The admission invariants under a random concurrent workload on a Citus
 cluster: tests/support/invariants.py's workload and checks (as
 tests/acceptance/test_admission_invariants.py on one PostgreSQL), for two
-endpoints at once, one on each worker (the placement asserted), over the two
-server replicas.
+endpoints, one on each worker (the placement asserted), over the two server
+replicas: each endpoint's outcomes driven once in turn, then the random
+phase on both at once, one controller moving the shared clock for both.
 
 The claim observer is the one-server trigger's form for shards: the claims
 run delegated on the endpoint's worker, so the deferred constraint trigger is
@@ -14,10 +15,9 @@ the worker, while the claim holds its queue's policy lock.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import timedelta
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -26,12 +26,12 @@ from switchboard_server.db import clock
 
 from tests.cluster.placing import tenants_on_each_worker
 from tests.support.citus_cluster import CitusCluster
-from tests.support.client import Client, Tenant
-from tests.support.invariants import Tally, assert_invariants, run_workload
+from tests.support.client import Client
+from tests.support.invariants import Clock, assert_invariants, run_workloads
 from tests.support.processes import ServerProcess
 
-#: Rounds of the workload (of about 0.4 s each) and workers per endpoint:
-#: fewer than on one server (two endpoints run at once, on two cores).
+#: Rounds of the random phase and workers per endpoint: fewer than on one
+#: server (two endpoints run at once, on two cores).
 ROUNDS = 15
 WORKERS = 8
 
@@ -153,20 +153,15 @@ async def test_admission_invariants_hold_on_each_worker_under_concurrent_random_
         for tenant, port in placed:
             await observed.add(tenant.endpoint_id, port)
 
+        async def now() -> datetime:
+            return await clock.now(conn)
+
         async def forward(by: timedelta) -> None:
             now = await conn.fetchval("SELECT skew FROM clock_skew")
             await clock.set_skew(conn, now + by)
 
-        async def still(by: timedelta) -> None:
-            pass
-
-        # One workload moves the shared clock (as on one server), the other
-        # lives with it.
-        async def one(tenant: Tenant, move: Callable[[timedelta], Awaitable[None]]) -> Tally:
-            return await run_workload(replicas, tenant, move, rounds=ROUNDS, workers=WORKERS)
-
-        tallies = await asyncio.gather(
-            *(one(t, forward if k == 0 else still) for k, (t, _) in enumerate(placed))
+        tallies = await run_workloads(
+            replicas, [t for t, _ in placed], Clock(now, forward), rounds=ROUNDS, workers=WORKERS
         )
         for (tenant, port), tally in zip(placed, tallies, strict=True):
             observations = await observed.of(tenant.endpoint_id, port)
