@@ -14,6 +14,8 @@ from switchboard.v1 import (
 )
 
 OPERATOR_TOKEN = "sbo_test-operator-token-0123456789"
+#: The key test servers seal notify-hook secrets under (``SWITCHBOARD_SECRET_KEY``).
+SECRET_KEY = "c3dpdGNoYm9hcmQgdGVzdCBzZWNyZXQga2V5IDAwMDE="
 
 
 def auth(token: str) -> tuple[tuple[str, str], ...]:

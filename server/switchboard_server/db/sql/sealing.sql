@@ -1,0 +1,45 @@
+-- name: sealing_lock :exec
+-- Serializes the start-up sealing pass of replicas starting together (held
+-- to the end of the transaction).
+SELECT pg_advisory_xact_lock(hashtext('switchboard.sealing'));
+
+-- name: sealing_checks :many
+-- The key checks: one value sealed under each key a server encrypts under.
+SELECT key_id, sealed FROM secret_key_checks ORDER BY created_at, key_id;
+
+-- name: sealing_check_add :exec
+-- Records key $1's check value $2 (kept if the key has one already).
+INSERT INTO secret_key_checks (key_id, sealed) VALUES ($1, $2) ON CONFLICT (key_id) DO NOTHING;
+
+-- name: sealing_checks_drop_others :exec
+-- Drops the checks of every key but $1 (nothing is sealed under them any more).
+DELETE FROM secret_key_checks WHERE key_id <> $1;
+
+-- name: sealing_any_secret :one
+-- Whether any endpoint has a hook secret, sealed or not.
+SELECT EXISTS (
+    SELECT 1 FROM endpoints
+     WHERE notify_secret_plaintext IS NOT NULL OR notify_secret_previous_plaintext IS NOT NULL
+        OR notify_secret_sealed IS NOT NULL OR notify_secret_previous_sealed IS NOT NULL
+) AS found;
+
+-- name: sealing_pending :many
+-- The endpoints whose hook secrets are not all sealed under key $1 (bytes 2
+-- to 9 of a sealed value are its key id): still in plaintext, or sealed
+-- under another key. Locked until the pass commits.
+SELECT id, notify_secret_plaintext, notify_secret_previous_plaintext,
+       notify_secret_sealed, notify_secret_previous_sealed
+  FROM endpoints
+ WHERE notify_secret_plaintext IS NOT NULL OR notify_secret_previous_plaintext IS NOT NULL
+    OR substring(notify_secret_sealed FROM 2 FOR 8) <> $1
+    OR substring(notify_secret_previous_sealed FROM 2 FOR 8) <> $1
+ ORDER BY id
+   FOR UPDATE;
+
+-- name: sealing_store :exec
+-- Endpoint $1's secrets, sealed: $2 the current one, $3 the previous one
+-- (NULL: none); no plaintext is kept.
+UPDATE endpoints
+   SET notify_secret_sealed = $2, notify_secret_previous_sealed = $3,
+       notify_secret_plaintext = NULL, notify_secret_previous_plaintext = NULL
+ WHERE id = $1;
