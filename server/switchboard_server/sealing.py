@@ -14,7 +14,8 @@ key id the database uses must be among its keys and open what it sealed,
 else the server refuses to start, naming the setting. In the same
 transaction it seals what is left in plaintext (hooks set before migration
 0019) and re-seals what another key sealed under the first key, so after a
-rotation's restart the old key can be dropped. A row in
+rotation's restart the old key can be dropped; then it rewrites the table
+(``VACUUM FULL endpoints``) without the replaced row versions. A row in
 ``secret_key_checks`` (a random value sealed under the first key) makes a
 wrong key fail at start even before any hook exists.
 """
@@ -25,6 +26,7 @@ import base64
 import binascii
 import contextlib
 import hashlib
+import logging
 import os
 import pathlib
 import secrets
@@ -34,9 +36,12 @@ from dataclasses import dataclass
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from switchboard_server import errors
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
 from switchboard_server.db import sealing as sealing_queries
+
+log = logging.getLogger(__name__)
 
 KEY_ENV = "SWITCHBOARD_SECRET_KEY"
 KEY_FILE_ENV = "SWITCHBOARD_SECRET_KEY_FILE"
@@ -268,4 +273,20 @@ async def prepare(db: Database, keyring: Keyring) -> int:
         ]
         await sealing_queries.store(conn, resealed)
         await sealing_queries.keep_only_check(conn, first, keyring.check_value())
+    if resealed:
+        await _compact(db)
     return len(resealed)
+
+
+async def _compact(db: Database) -> None:
+    """Rewrites ``endpoints`` without the row versions the pass replaced: they
+    held plaintext (or secrets under a key being retired) until vacuumed."""
+    try:
+        async with db.connection() as conn:
+            await sealing_queries.compact(conn)
+    except errors.Unavailable as exc:  # (a lock not taken in time is one too)
+        log.warning(
+            "could not rewrite endpoints without its replaced row versions (which hold "
+            "the secrets as they were); run VACUUM FULL endpoints",
+            extra={"error": exc.message[:300]},
+        )

@@ -59,3 +59,13 @@ async def pending(conn: Conn, key_id: bytes) -> list[Pending]:
 async def store(conn: Conn, sealed: Sequence[tuple[uuid.UUID, bytes | None, bytes | None]]) -> None:
     """Writes each (endpoint, sealed secret, sealed previous secret); clears the plaintext."""
     await conn.executemany(sql("sealing_store"), sealed)
+
+
+async def compact(conn: Conn) -> None:
+    """Rewrites ``endpoints`` without its dead row versions, waiting at most a
+    second for the table's lock (``LockNotAvailable`` then); outside a transaction."""
+    await conn.execute(sql("sealing_lock_timeout_short"))
+    try:
+        await conn.execute(sql("sealing_compact"))
+    finally:
+        await conn.execute(sql("sealing_lock_timeout_reset"))

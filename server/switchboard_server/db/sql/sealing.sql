@@ -43,3 +43,17 @@ UPDATE endpoints
    SET notify_secret_sealed = $2, notify_secret_previous_sealed = $3,
        notify_secret_plaintext = NULL, notify_secret_previous_plaintext = NULL
  WHERE id = $1;
+
+-- name: sealing_lock_timeout_short :exec
+-- For sealing_compact alone: while it waits for its lock, every statement on
+-- endpoints waits behind it.
+SET lock_timeout = '1s';
+
+-- name: sealing_compact :exec
+-- Rewrites endpoints without the row versions that held plaintext secrets
+-- (an UPDATE leaves them in the table's file until then); a brief exclusive
+-- lock. Outside a transaction block.
+VACUUM FULL endpoints;
+
+-- name: sealing_lock_timeout_reset :exec
+RESET lock_timeout;
