@@ -29,6 +29,7 @@ from switchboard.v1 import admin_pb2
 from switchboard_server import app as server_app
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
+from switchboard_server.db.database import Conn
 from switchboard_server.db import migrate as migrate_module
 from switchboard_server.db.migrate import FunctionFile, available, migrate
 from switchboard_server.db.queries import parse
@@ -98,16 +99,16 @@ def forms(secret: str) -> list[bytes]:
     return [secret.encode(), encoded.encode(), secret_key(secret)]
 
 
-async def columns(conn: asyncpg.Connection[Any] | Any) -> bytes:
+async def columns(conn: Conn) -> bytes:
     """Every column of every endpoint, as text (bytea in hex) and raw bytes."""
-    text = await conn.fetchval("SELECT string_agg(e::text, ' ') FROM endpoints e")
+    text: str = await conn.fetchval("SELECT string_agg(e::text, ' ') FROM endpoints e")
     raw = await conn.fetch(
         "SELECT notify_secret_sealed, notify_secret_previous_sealed FROM endpoints"
     )
     return text.encode() + b"".join(bytes(v) for r in raw for v in r if v is not None)
 
 
-async def table_file(conn: asyncpg.Connection[Any] | Any) -> bytes:
+async def table_file(conn: Conn) -> bytes:
     """The bytes of the endpoints table's file (and its TOAST table's) in the data directory."""
     await conn.execute("CHECKPOINT")  # the table's pages, written out to its file
     files = await conn.fetch(
