@@ -29,8 +29,8 @@ from switchboard.v1 import admin_pb2
 from switchboard_server import app as server_app
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
-from switchboard_server.db.database import Conn
 from switchboard_server.db import migrate as migrate_module
+from switchboard_server.db.database import Conn
 from switchboard_server.db.migrate import FunctionFile, available, migrate
 from switchboard_server.db.queries import parse
 from switchboard_server.loops import LoopSignals
