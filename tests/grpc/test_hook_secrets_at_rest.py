@@ -31,20 +31,20 @@ from switchboard_server.config import Settings
 from switchboard_server.db import Database
 from switchboard_server.db import migrate as migrate_module
 from switchboard_server.db.database import Conn
-from switchboard_server.db.migrate import FunctionFile, available, migrate
+from switchboard_server.db.migrate import available, migrate
 from switchboard_server.db.queries import parse
 from switchboard_server.loops import LoopSignals
 from switchboard_server.sealing import SecretKeyError, key_id
 
 from tests.db.catalog import new_database
-from tests.db.test_function_homes import _git
+from tests.db.test_function_homes import _git, functions_at
 from tests.support.admission import ingest
 from tests.support.client import OPERATOR_TOKEN, Client, Tenant, make_tenant
-from tests.support.hook_receiver import Receiver, Request
+from tests.support.hook_receiver import Receiver
+from tests.support.hooks import fast_hooks, one_delivery, set_hook
 
 #: The last commit before migration 0019: the previous release's schema and queries.
 BEFORE = "ecd15f3"
-FUNCTIONS = "server/switchboard_server/db/functions"
 OTHER_KEY = bytes(range(32))
 NEW_KEY = bytes(range(100, 132))
 
@@ -52,12 +52,7 @@ NEW_KEY = bytes(range(100, 132))
 @pytest.fixture
 def settings(settings: Settings) -> Settings:
     """Fast hook passes."""
-    return dataclasses.replace(
-        settings,
-        hook_interval=timedelta(milliseconds=50),
-        hook_timeout=timedelta(seconds=1),
-        hook_retry_cap=timedelta(milliseconds=200),
-    )
+    return fast_hooks(settings)
 
 
 @pytest.fixture
@@ -72,25 +67,6 @@ async def receiver() -> AsyncIterator[Receiver]:
     """A local HTTP receiver answering 200."""
     async with Receiver() as r:
         yield r
-
-
-async def set_hook(client: Client, tenant: Tenant, url: str, rotate: bool = False) -> str:
-    """Sets the hook; returns the new secret."""
-    resp = await client.admin.SetNotifyHook(
-        admin_pb2.SetNotifyHookRequest(
-            endpoint_id=tenant.endpoint_id, url=url, rotate_secret=rotate
-        ),
-        metadata=tenant.human,
-    )
-    return resp.secret
-
-
-async def one_delivery(client: Client, tenant: Tenant, receiver: Receiver, queue: str) -> Request:
-    """Rings once and returns the request the receiver acknowledged for it."""
-    before = len(receiver.acked)
-    await ingest(client, tenant.agent, queue)
-    await receiver.wait_until(lambda r: len(r.acked) == before + 1)
-    return receiver.acked[-1]
 
 
 def forms(secret: str) -> list[bytes]:
@@ -283,15 +259,6 @@ async def test_rotating_the_key_reseals_at_start_then_the_old_key_can_go(
         await server_app.start(dataclasses.replace(settings, secret_keys=(old_key,)))
 
 
-def _functions_before() -> list[FunctionFile]:
-    names = sorted(n for n in _git("ls-tree", "--name-only", f"{BEFORE}:{FUNCTIONS}").split())
-    return [
-        FunctionFile(n, _git("show", f"{BEFORE}:{FUNCTIONS}/{n}"))
-        for n in names
-        if n.endswith(".sql")
-    ]
-
-
 async def test_plaintext_secrets_are_sealed_at_start_and_none_remain(
     pg_admin_dsn: str,
     settings: Settings,
@@ -311,7 +278,7 @@ async def test_plaintext_secrets_are_sealed_at_start_and_none_remain(
         try:
             with monkeypatch.context() as m:
                 m.setattr(migrate_module, "available", lambda: available()[:18])
-                m.setattr(migrate_module, "function_files", _functions_before)
+                m.setattr(migrate_module, "function_files", lambda: functions_at(BEFORE))
                 await migrate(conn)
             owner = await conn.fetchval("INSERT INTO owners (name) VALUES ('o') RETURNING id")
             endpoints = [

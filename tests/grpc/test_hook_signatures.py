@@ -28,10 +28,10 @@ from switchboard_server import app as server_app
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
 
-from tests.support.admission import ingest
 from tests.support.client import Client, Tenant, make_tenant
 from tests.support.databases import move_clock
-from tests.support.hook_receiver import Receiver, Request
+from tests.support.hook_receiver import Receiver
+from tests.support.hooks import fast_hooks, one_delivery, set_hook
 
 
 def reference_verify(secret: str, headers: dict[str, str], body: bytes) -> bool:
@@ -52,12 +52,7 @@ def reference_verify(secret: str, headers: dict[str, str], body: bytes) -> bool:
 @pytest.fixture
 def settings(settings: Settings) -> Settings:
     """Fast hook passes."""
-    return dataclasses.replace(
-        settings,
-        hook_interval=timedelta(milliseconds=50),
-        hook_timeout=timedelta(seconds=1),
-        hook_retry_cap=timedelta(milliseconds=200),
-    )
+    return fast_hooks(settings)
 
 
 @pytest.fixture
@@ -65,25 +60,6 @@ async def receiver() -> AsyncIterator[Receiver]:
     """A local HTTP receiver answering 200."""
     async with Receiver() as r:
         yield r
-
-
-async def set_hook(client: Client, tenant: Tenant, url: str, rotate: bool = False) -> str:
-    """Sets the hook; returns the new secret."""
-    resp = await client.admin.SetNotifyHook(
-        admin_pb2.SetNotifyHookRequest(
-            endpoint_id=tenant.endpoint_id, url=url, rotate_secret=rotate
-        ),
-        metadata=tenant.human,
-    )
-    return resp.secret
-
-
-async def one_delivery(client: Client, tenant: Tenant, receiver: Receiver, queue: str) -> Request:
-    """Rings once and returns the request the receiver acknowledged for it."""
-    before = len(receiver.acked)
-    await ingest(client, tenant.agent, queue)
-    await receiver.wait_until(lambda r: len(r.acked) == before + 1)
-    return receiver.acked[-1]
 
 
 async def test_deliveries_verify_with_the_standard_webhooks_algorithm(
