@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
-import os
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -39,9 +37,10 @@ from switchboard_server.sealing import SecretKeyError, key_id
 from tests.db.catalog import new_database
 from tests.db.test_function_homes import _git, functions_at
 from tests.support.admission import ingest
-from tests.support.client import OPERATOR_TOKEN, Client, Tenant, make_tenant
+from tests.support.client import Client, Tenant, make_tenant
 from tests.support.hook_receiver import Receiver
 from tests.support.hooks import fast_hooks, one_delivery, set_hook
+from tests.support.processes import ServerProcess
 
 #: The last commit before migration 0019: the previous release's schema and queries.
 BEFORE = "ecd15f3"
@@ -191,27 +190,11 @@ async def test_a_missing_or_wrong_key_refuses_to_start(
 async def test_serve_with_a_wrong_key_exits_naming_the_setting(
     settings: Settings, server: server_app.App
 ) -> None:
-    assert settings.database_url is not None
-    env = {
-        **os.environ,
-        "SWITCHBOARD_DATABASE_URL": settings.database_url,
-        "SWITCHBOARD_LISTEN": "127.0.0.1:0",
-        "SWITCHBOARD_HTTP_LISTEN": "127.0.0.1:0",
-        "SWITCHBOARD_OPERATOR_TOKEN": OPERATOR_TOKEN,
-        "SWITCHBOARD_SECRET_KEY": base64.b64encode(OTHER_KEY).decode(),
-    }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "switchboard_server",
-        "serve",
-        env=env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    _, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 2, err
-    text = err.decode()
+    wrong = {"SWITCHBOARD_SECRET_KEY": base64.b64encode(OTHER_KEY).decode()}
+    child = await ServerProcess.launch(settings.database_url, env=wrong)
+    assert await asyncio.wait_for(child.proc.wait(), 60) == 2
+    await child.stop()
+    text = "\n".join(child.log)
     assert "switchboard: cannot start:" in text and "SWITCHBOARD_SECRET_KEY" in text, text
     assert "Traceback" not in text
 

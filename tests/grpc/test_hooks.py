@@ -26,18 +26,13 @@ from switchboard_server.loops import LoopSignals
 from tests.support.admission import ingest, set_policy
 from tests.support.client import Client, Tenant, make_tenant
 from tests.support.hook_receiver import Receiver, Request
+from tests.support.hooks import fast_hooks
 
 
 @pytest.fixture
 def settings(settings: Settings) -> Settings:
     """Fast hook passes, short timeouts and retries, a fast reopen sweep."""
-    return dataclasses.replace(
-        settings,
-        hook_interval=timedelta(milliseconds=50),
-        hook_timeout=timedelta(seconds=1),
-        hook_retry_cap=timedelta(milliseconds=200),
-        reopen_interval=timedelta(milliseconds=50),
-    )
+    return dataclasses.replace(fast_hooks(settings), reopen_interval=timedelta(milliseconds=50))
 
 
 @pytest.fixture
