@@ -265,7 +265,7 @@ async def prepare(db: Database, keyring: Keyring) -> int:
         first = keyring.ids[0]
         resealed = [
             (
-                row.endpoint_id,
+                row,
                 keyring.reseal(row.endpoint_id, row.plaintext, row.sealed),
                 keyring.reseal(row.endpoint_id, row.previous_plaintext, row.previous_sealed),
             )

@@ -43,7 +43,7 @@ async def any_secret(conn: Conn) -> bool:
 
 
 async def pending(conn: Conn, key_id: bytes) -> list[Pending]:
-    """The endpoints with a secret in plaintext or sealed under another key (locked)."""
+    """The endpoints with a secret in plaintext or sealed under another key."""
     return [
         Pending(
             r["id"],
@@ -56,9 +56,24 @@ async def pending(conn: Conn, key_id: bytes) -> list[Pending]:
     ]
 
 
-async def store(conn: Conn, sealed: Sequence[tuple[uuid.UUID, bytes | None, bytes | None]]) -> None:
-    """Writes each (endpoint, sealed secret, sealed previous secret); clears the plaintext."""
-    await conn.executemany(sql("sealing_store"), sealed)
+async def store(conn: Conn, sealed: Sequence[tuple[Pending, bytes | None, bytes | None]]) -> None:
+    """Writes each (endpoint as read, sealed secret, sealed previous secret) and
+    clears the plaintext, where the endpoint's secrets are still as read."""
+    await conn.executemany(
+        sql("sealing_store"),
+        [
+            (
+                p.endpoint_id,
+                secret,
+                previous,
+                p.plaintext,
+                p.previous_plaintext,
+                p.sealed,
+                p.previous_sealed,
+            )
+            for p, secret, previous in sealed
+        ],
+    )
 
 
 async def compact(conn: Conn) -> None:

@@ -26,23 +26,29 @@ SELECT EXISTS (
 -- name: sealing_pending :many
 -- The endpoints whose hook secrets are not all sealed under key $1 (bytes 2
 -- to 9 of a sealed value are its key id): still in plaintext, or sealed
--- under another key. Locked until the pass commits.
+-- under another key. (No row lock, which Citus would refuse on a reference
+-- table: sealing_store writes a row only if it is still as read here.)
 SELECT id, notify_secret_plaintext, notify_secret_previous_plaintext,
        notify_secret_sealed, notify_secret_previous_sealed
   FROM endpoints
  WHERE notify_secret_plaintext IS NOT NULL OR notify_secret_previous_plaintext IS NOT NULL
     OR substring(notify_secret_sealed FROM 2 FOR 8) <> $1
     OR substring(notify_secret_previous_sealed FROM 2 FOR 8) <> $1
- ORDER BY id
-   FOR UPDATE;
+ ORDER BY id;
 
 -- name: sealing_store :exec
 -- Endpoint $1's secrets, sealed: $2 the current one, $3 the previous one
--- (NULL: none); no plaintext is kept.
+-- (NULL: none); no plaintext is kept. Only if its secrets are still as
+-- sealing_pending read them ($4 to $7): a hook set meanwhile (by a running
+-- replica) is sealed already and stays as it is.
 UPDATE endpoints
    SET notify_secret_sealed = $2, notify_secret_previous_sealed = $3,
        notify_secret_plaintext = NULL, notify_secret_previous_plaintext = NULL
- WHERE id = $1;
+ WHERE id = $1
+   AND notify_secret_plaintext IS NOT DISTINCT FROM $4::text
+   AND notify_secret_previous_plaintext IS NOT DISTINCT FROM $5::text
+   AND notify_secret_sealed IS NOT DISTINCT FROM $6::bytea
+   AND notify_secret_previous_sealed IS NOT DISTINCT FROM $7::bytea;
 
 -- name: sealing_lock_timeout_short :exec
 -- For sealing_compact alone: while it waits for its lock, every statement on
