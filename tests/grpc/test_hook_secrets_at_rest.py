@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -247,14 +248,16 @@ async def test_plaintext_secrets_are_sealed_at_start_and_none_remain(
     settings: Settings,
     receiver: Receiver,
     monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A database of the previous release with hooks: after migration 0019 its
     queries fail on the renamed column; two servers starting together seal
     every secret once; no plaintext is left in the columns or the table's file,
     and deliveries are signed with the same secrets."""
-    old_hook_take = parse(_git("show", f"{BEFORE}:server/switchboard_server/db/sql/hooks.sql"))[
-        "hook_take"
-    ].sql
+
+    def previous_release(file: str, name: str) -> str:
+        return parse(_git("show", f"{BEFORE}:server/switchboard_server/db/sql/{file}"))[name].sql
+
     current, previous = "whsec_" + base64.b64encode(b"c" * 32).decode(), "pre-whsec secret"
     async with new_database(pg_admin_dsn) as dsn:
         conn: asyncpg.Connection[Any] = await asyncpg.connect(dsn)
@@ -281,13 +284,26 @@ async def test_plaintext_secrets_are_sealed_at_start_and_none_remain(
             assert current.encode() in before  # what issue 28 found
 
             await migrate(conn)  # 0019 and this package's functions
-            # A replica of the previous release reads no secret, loudly.
+            # A replica of the previous release reads no secret and writes
+            # none, loudly.
             with pytest.raises(asyncpg.UndefinedColumnError, match="notify_secret"):
-                await conn.fetch(old_hook_take, 10, timedelta(minutes=1))
+                await conn.fetch(previous_release("hooks.sql", "hook_take"), 10, timedelta(1))
+            with pytest.raises(asyncpg.UndefinedColumnError, match="notify_secret"):
+                await conn.fetch(
+                    previous_release("tenancy.sql", "endpoint_set_hook"),
+                    *(endpoints[0], owner, receiver.url, "whsec_new", None, None, None),
+                )
 
             keyed = dataclasses.replace(settings, database_url=dsn)
+            caplog.set_level(logging.INFO, logger="switchboard_server.app")
             apps = await asyncio.gather(server_app.start(keyed), server_app.start(keyed))
             try:
+                sealing_lines = [
+                    r
+                    for r in caplog.records
+                    if r.getMessage().startswith("notify hook secrets sealed")
+                ]
+                assert [r.__dict__["endpoints"] for r in sealing_lines] == [len(endpoints)]
                 assert await conn.fetchval(
                     "SELECT count(*) FROM endpoints WHERE notify_secret_sealed IS NOT NULL"
                     " AND notify_secret_previous_sealed IS NOT NULL"
