@@ -497,7 +497,9 @@ def _start_loops(
         lambda: retain_once(db, settings.retention_age, distributed=distributed),
         signals.retained,
     )
-    if keyring.keys:  # without keys no hook secret exists (open_keyring) nor can be set
+    # Without keys this replica can neither set nor open a hook secret: replicas
+    # with keys deliver (and no secret existed when it started: open_keyring).
+    if keyring.keys:
         supervisor.every(
             "hooks",
             settings.hook_interval,

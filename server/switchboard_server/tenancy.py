@@ -155,7 +155,8 @@ class Tenancy:
         The URL must pass the hook egress policy (``INVALID_ARGUMENT`` on
         ``url`` otherwise). With ``rotate_secret`` the secret it replaces
         keeps signing deliveries for the grace period; without it, it stops
-        at once.
+        at once. The secret is stored sealed (``sealing``); a server without a
+        key answers ``FAILED_PRECONDITION`` naming the setting.
         """
         owner_id = require_human(principal)
         secret = sealed = None
