@@ -19,7 +19,7 @@ from switchboard_server.db import Database
 from switchboard_server.embedded_pg import EmbeddedPostgres
 from switchboard_server.loops import LoopSignals
 
-from tests.support.client import OPERATOR_TOKEN, Client, Tenant, make_tenant
+from tests.support.client import OPERATOR_TOKEN, SECRET_KEYS, Client, Tenant, make_tenant
 from tests.support.databases import DatabaseFactory
 from tests.support.resolver import StaticResolver
 
@@ -115,7 +115,8 @@ def settings(dsn: str, tmp_path: pathlib.Path) -> Settings:
 
     Notify hooks may reach loopback receivers over plain http (the test
     receivers), and hook host names resolve only from a table, never through
-    real DNS (tests/grpc/test_hook_policy.py checks the default policy).
+    real DNS (tests/grpc/test_hook_policy.py checks the default policy); hook
+    secrets are sealed under ``SECRET_KEYS``.
     """
     return Settings(
         database_url=dsn,
@@ -127,6 +128,7 @@ def settings(dsn: str, tmp_path: pathlib.Path) -> Settings:
         retention_interval=timedelta(hours=1),
         hooks_allow_private=True,
         hook_resolver=StaticResolver(),
+        secret_keys=SECRET_KEYS,
     )
 
 

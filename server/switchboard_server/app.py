@@ -32,7 +32,7 @@ from switchboard.v1 import (
     schedule_pb2_grpc,
 )
 
-from switchboard_server import errors, tls, tracing
+from switchboard_server import errors, sealing, tls, tracing
 from switchboard_server.admission import AdmissionControl, refresh_schedules
 from switchboard_server.auth import Authenticator
 from switchboard_server.config import Settings
@@ -167,6 +167,23 @@ async def run_migrations(db: Database) -> None:
         )
 
 
+async def open_keyring(db: Database, settings: Settings) -> sealing.Keyring:
+    """The keys sealing hook secrets, checked against the database, which is
+    left with every secret sealed under the first (``sealing.SecretKeyError``:
+    the server must not start)."""
+    keyring = sealing.load(settings)
+    sealed = await sealing.prepare(db, keyring)
+    if sealed:
+        log.info("notify hook secrets sealed under the first key", extra={"endpoints": sealed})
+    if settings.hooks_legacy_signature:
+        log.warning(
+            "SWITCHBOARD_HOOKS_LEGACY_SIGNATURE: deliveries also carry the deprecated "
+            "X-Switchboard-Signature, which covers no timestamp (a captured delivery verifies "
+            "forever); turn it off once receivers check webhook-signature"
+        )
+    return keyring
+
+
 @dataclass
 class App:
     """One running server process."""
@@ -246,6 +263,7 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
     runner: HttpListener | None = None
     try:
         await run_migrations(db)
+        keyring = await open_keyring(db, settings)
         hub = DoorbellHub(db, settings.doorbell_heartbeat)
         authenticator = Authenticator(db, settings.operator_token)
         #: Set when a gate was made due (a freed slot, a policy change) on any replica.
@@ -310,6 +328,7 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
             on_revoked=authenticator.forget,
             hook_policy=HookPolicy.from_settings(settings),
             secret_grace=settings.hook_secret_grace,
+            keyring=keyring,
         )
         server, health_servicer = _grpc_server(deps, hub, tenancy)
         port, reloader = tls.add_port(server, settings)
@@ -335,6 +354,7 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
             http,
             metrics,
             reopen_due,
+            keyring,
             distributed=distributed,
         )
     except BaseException:
@@ -440,6 +460,7 @@ def _start_loops(
     http: httpx.AsyncClient,
     metrics: Metrics,
     reopen_due: asyncio.Event,
+    keyring: sealing.Keyring,
     *,
     distributed: bool,
 ) -> None:
@@ -476,12 +497,15 @@ def _start_loops(
         lambda: retain_once(db, settings.retention_age, distributed=distributed),
         signals.retained,
     )
-    supervisor.every(
-        "hooks",
-        settings.hook_interval,
-        lambda: deliver_once(db, http, settings, distributed=distributed),
-        signals.hooked,
-    )
+    # Without keys this replica can neither set nor open a hook secret: replicas
+    # with keys deliver (and no secret existed when it started: open_keyring).
+    if keyring.keys:
+        supervisor.every(
+            "hooks",
+            settings.hook_interval,
+            lambda: deliver_once(db, http, settings, keyring, distributed=distributed),
+            signals.hooked,
+        )
 
 
 async def serve(settings: Settings) -> int:

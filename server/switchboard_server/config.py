@@ -54,6 +54,17 @@ def _networks(env: Mapping[str, str], name: str) -> tuple[Network, ...]:
     return tuple(blocks)
 
 
+def _secret_keys(env: Mapping[str, str], name: str) -> tuple[bytes, ...]:
+    """Base64 32-byte keys separated by commas, the encrypting one first."""
+    raw = env.get(name)
+    if not raw:
+        return ()
+    # Loaded only when a key is set, so that client commands start quickly.
+    from switchboard_server.sealing import parse_keys
+
+    return parse_keys(raw, name)
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything a server process needs to know at start.
@@ -92,6 +103,13 @@ class Settings:
     hooks_allow: tuple[IPNetwork, ...] = ()
     #: How long the previous hook secret still signs deliveries after a rotation.
     hook_secret_grace: timedelta = timedelta(hours=24)
+    #: Deprecated: also send ``X-Switchboard-Signature`` (body only, replayable) and
+    #: ``X-Switchboard-Delivery`` with every notify-hook delivery.
+    hooks_legacy_signature: bool = False
+    #: Keys sealing notify-hook secrets at rest, the encrypting one first (sealing.py).
+    secret_keys: tuple[bytes, ...] = field(default=(), repr=False)
+    #: A file of such keys, one a line (instead of ``secret_keys``).
+    secret_key_file: pathlib.Path | None = None
     #: Resolves hook hosts (tests inject one); ``None``: the system's resolver.
     hook_resolver: Resolver | None = None
     log_level: str = "INFO"
@@ -159,6 +177,9 @@ class Settings:
             hooks_allow_private=_flag(env, "SWITCHBOARD_HOOKS_ALLOW_PRIVATE"),
             hooks_allow=parse_allowlist(env.get("SWITCHBOARD_HOOKS_ALLOW") or ""),
             hook_secret_grace=_seconds(env, "SWITCHBOARD_HOOK_SECRET_GRACE", 86400),
+            hooks_legacy_signature=_flag(env, "SWITCHBOARD_HOOKS_LEGACY_SIGNATURE"),
+            secret_keys=_secret_keys(env, "SWITCHBOARD_SECRET_KEY"),
+            secret_key_file=_path(env, "SWITCHBOARD_SECRET_KEY_FILE"),
             log_level=(env.get("SWITCHBOARD_LOG_LEVEL") or "INFO").upper(),
             metrics_queue_labels=int(queue_labels),
             combine_max=int(combine),

@@ -9,8 +9,10 @@ Delivery is at least once: a receiver dedupes on ``webhook-id``.
 
 Each request is signed in the Standard Webhooks format (``webhook-id``,
 ``webhook-timestamp``, ``webhook-signature: v1,<base64>`` per active secret)
-and, deprecated, with ``X-Switchboard-Signature: sha256=<hex>`` over the body
-alone; ``switchboard.hooks`` in the client package computes and checks both.
+under the hook's secrets, unsealed for the request (``sealing``); only with
+``SWITCHBOARD_HOOKS_LEGACY_SIGNATURE`` also with the deprecated
+``X-Switchboard-Signature: sha256=<hex>`` over the body alone (replayable).
+``switchboard.hooks`` in the client package computes and checks both.
 
 Every connection goes through the egress policy (``hook_policy``): the host
 is resolved once per new connection, every address is checked, and the
@@ -48,6 +50,7 @@ from switchboard_server.db import hooks as hook_queries
 from switchboard_server.db.database import Conn
 from switchboard_server.db.hooks import Delivery
 from switchboard_server.hook_policy import HookPolicy, IPAddress
+from switchboard_server.sealing import Keyring, SecretKeyError
 
 log = logging.getLogger(__name__)
 
@@ -212,23 +215,48 @@ def open_client(settings: Settings) -> httpx.AsyncClient:
     )
 
 
-def signed_headers(delivery: Delivery, body: bytes, now: float | None = None) -> dict[str, str]:
-    """The signature headers of one attempt: Standard Webhooks, then the deprecated pair."""
+def signed_headers(
+    delivery: Delivery,
+    body: bytes,
+    secrets: list[str],
+    *,
+    legacy: bool = False,
+    now: float | None = None,
+) -> dict[str, str]:
+    """The signature headers of one attempt under ``secrets`` (the current one
+    first): Standard Webhooks, and with ``legacy`` the deprecated pair too."""
     msg_id = str(delivery.id)
     timestamp = int(time.time() if now is None else now)
-    return {
+    headers = {
         ID_HEADER: msg_id,
         TIMESTAMP_HEADER: str(timestamp),
         WEBHOOK_SIGNATURE_HEADER: " ".join(
-            sign(secret, msg_id, timestamp, body) for secret in delivery.secrets
+            sign(secret, msg_id, timestamp, body) for secret in secrets
         ),
-        DELIVERY_HEADER: msg_id,
-        SIGNATURE_HEADER: signature(delivery.secret, body),
     }
+    if legacy:
+        headers[DELIVERY_HEADER] = msg_id
+        headers[SIGNATURE_HEADER] = signature(secrets[0], body)
+    return headers
+
+
+def unsealed_secrets(keyring: Keyring, delivery: Delivery) -> list[str]:
+    """The secrets that sign a delivery, the current one first (``SecretKeyError``
+    when this replica's keys do not open them)."""
+    return [
+        keyring.unseal(delivery.endpoint_id, sealed)
+        for sealed in (delivery.sealed_secret, delivery.sealed_previous)
+        if sealed is not None
+    ]
 
 
 async def deliver_once(
-    db: Database, client: httpx.AsyncClient, settings: Settings, *, distributed: bool = False
+    db: Database,
+    client: httpx.AsyncClient,
+    settings: Settings,
+    keyring: Keyring,
+    *,
+    distributed: bool = False,
 ) -> int:
     """One pass: bounds the outbox, then sends what is due; the number delivered.
 
@@ -256,7 +284,7 @@ async def deliver_once(
                     else:
                         batch = await hook_queries.take(conn, room, lease)
                 inflight.update(
-                    asyncio.create_task(_deliver(db, client, settings, d)) for d in batch
+                    asyncio.create_task(_deliver(db, client, settings, keyring, d)) for d in batch
                 )
             if not inflight:
                 break
@@ -303,10 +331,14 @@ async def _bound(db: Database, cap: int, *, distributed: bool) -> None:
 
 
 async def _deliver(
-    db: Database, client: httpx.AsyncClient, settings: Settings, delivery: Delivery
+    db: Database,
+    client: httpx.AsyncClient,
+    settings: Settings,
+    keyring: Keyring,
+    delivery: Delivery,
 ) -> bool:
     try:
-        error = await _post(client, settings.hook_timeout, delivery)
+        error = await _post(client, settings, keyring, delivery)
     except asyncio.CancelledError:
         # Stopping mid-send: hand the row back now rather than when its lease
         # lapses (it may have arrived; receivers dedupe on the delivery id).
@@ -353,10 +385,21 @@ async def _release(db: Database, delivery: Delivery) -> None:
         log.warning("could not hand back a notify hook delivery", exc_info=True)
 
 
-async def _post(client: httpx.AsyncClient, limit: timedelta, delivery: Delivery) -> str | None:
+async def _post(
+    client: httpx.AsyncClient, settings: Settings, keyring: Keyring, delivery: Delivery
+) -> str | None:
     """POSTs one delivery; ``None`` when the receiver answered 2xx, else why not."""
+    limit = settings.hook_timeout
     body = body_of(delivery)
-    headers = {"Content-Type": "application/json", **signed_headers(delivery, body)}
+    try:
+        secrets = unsealed_secrets(keyring, delivery)
+    except SecretKeyError as exc:
+        # Nothing is sent unsigned or signed with a wrong key; another replica may open it.
+        return f"cannot unseal the hook secret on this replica: {exc}"
+    if not secrets:
+        return "the hook has no sealed secret"
+    signed = signed_headers(delivery, body, secrets, legacy=settings.hooks_legacy_signature)
+    headers = {"Content-Type": "application/json", **signed}
     try:
         async with asyncio.timeout(limit.total_seconds()):
             # Streamed, and the response body never read: only the status matters.

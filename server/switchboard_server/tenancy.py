@@ -29,6 +29,7 @@ from switchboard_server.model import (
     Principal,
     PrincipalKind,
 )
+from switchboard_server.sealing import Keyring
 
 BUDGET_WARNING = (
     "this credential can change its own admission budget "
@@ -52,7 +53,8 @@ class Tenancy:
     ``on_revoked`` is told each revoked credential id after the commit (the
     authenticator drops it from its cache). ``hook_policy`` decides where
     notify hooks may point; ``secret_grace`` is how long a rotated hook
-    secret stays valid.
+    secret stays valid; ``keyring`` seals hook secrets (without keys, hooks
+    cannot be set).
     """
 
     def __init__(
@@ -62,11 +64,13 @@ class Tenancy:
         *,
         hook_policy: HookPolicy | None = None,
         secret_grace: timedelta = timedelta(hours=24),
+        keyring: Keyring | None = None,
     ) -> None:
         self._db = db
         self._on_revoked = on_revoked
         self._hook_policy = hook_policy or HookPolicy()
         self._secret_grace = secret_grace
+        self._keyring = keyring or Keyring()
 
     async def create_owner(self, principal: Principal, name: str) -> Owner:
         """Creates an owner. Operator only."""
@@ -151,10 +155,11 @@ class Tenancy:
         The URL must pass the hook egress policy (``INVALID_ARGUMENT`` on
         ``url`` otherwise). With ``rotate_secret`` the secret it replaces
         keeps signing deliveries for the grace period; without it, it stops
-        at once.
+        at once. The secret is stored sealed (``sealing``); a server without a
+        key answers ``FAILED_PRECONDITION`` naming the setting.
         """
         owner_id = require_human(principal)
-        secret = None
+        secret = sealed = None
         if url is not None:
             async with self._db.connection() as conn:
                 # Not the owner's endpoint: NOT_FOUND before anything about the URL.
@@ -164,11 +169,14 @@ class Tenancy:
                 await self._hook_policy.check_url(url)
             except Refused as exc:
                 raise errors.InvalidArgument.field("url", str(exc)) from None
+            if not self._keyring.keys:
+                raise errors.FailedPrecondition(str(self._keyring.missing()))
             secret = new_hook_secret()
+            sealed = self._keyring.seal(endpoint_id, secret)
         grace = self._secret_grace if rotate_secret and url is not None else None
         async with self._db.transaction() as conn:
             endpoint = await tenancy_queries.set_endpoint_hook(
-                conn, endpoint_id, owner_id, url, secret, grace
+                conn, endpoint_id, owner_id, url, sealed, grace
             )
         if endpoint is None:
             raise errors.NotFound("endpoint not found")

@@ -20,21 +20,15 @@ from switchboard_server.db import migrate as migrate_module
 from switchboard_server.db.migrate import FunctionFile, available, migrate
 
 from tests.db.catalog import new_database
-from tests.db.test_function_homes import _git
+from tests.db.test_function_homes import functions_at
 
 #: The last commit before migration 0018 (its function files).
 BEFORE = "d58511d"
-FUNCTIONS = "server/switchboard_server/db/functions"
 CLAIM = "SELECT todos FROM sb_claim_next_for($1, $2, NULL, ARRAY['old'], $3, $4, 100000000)"
 
 
 def _functions_before() -> list[FunctionFile]:
-    names = sorted(n for n in _git("ls-tree", "--name-only", f"{BEFORE}:{FUNCTIONS}").split())
-    return [
-        FunctionFile(n, _git("show", f"{BEFORE}:{FUNCTIONS}/{n}"))
-        for n in names
-        if n.endswith(".sql")
-    ]
+    return functions_at(BEFORE)
 
 
 async def test_running_attempts_move_into_their_todos_and_a_late_one_ends_in_place(

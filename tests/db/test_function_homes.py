@@ -51,6 +51,15 @@ def _git(*args: str) -> str:
     return done.stdout
 
 
+def functions_at(commit: str) -> list[FunctionFile]:
+    """The function files of ``commit`` (a previous release's, from git history)."""
+    folder = "server/switchboard_server/db/functions"
+    names = sorted(_git("ls-tree", "--name-only", f"{commit}:{folder}").split())
+    return [
+        FunctionFile(n, _git("show", f"{commit}:{folder}/{n}")) for n in names if n.endswith(".sql")
+    ]
+
+
 def released_migrations() -> list[tuple[int, str, str]]:
     """(version, name, text) of each migration as released, from git history."""
     _git("rev-parse", "--verify", f"{RELEASED}^{{commit}}")

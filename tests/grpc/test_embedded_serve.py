@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 
@@ -48,6 +50,10 @@ async def test_serve_embedded_answers_health_and_keeps_data_across_restart(
     finally:
         assert await first.stop() == 0
     assert (state_dir / "pgdata" / "PG_VERSION").exists()
+    # The key sealing hook secrets, generated on first start, private.
+    key_file = state_dir / "secret.key"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    key = key_file.read_bytes()
 
     second = await ServerProcess.start(None, env=env, ready_within=60)
     try:
@@ -60,3 +66,15 @@ async def test_serve_embedded_answers_health_and_keeps_data_across_restart(
         assert [o.id for o in owners.owners] == [created.owner.id]
     finally:
         assert await second.stop() == 0
+    assert key_file.read_bytes() == key
+
+    # The data directory without its key (a copy of pgdata alone): a new key
+    # is generated, which does not open the database's, so it does not start.
+    key_file.unlink()
+    third = await ServerProcess.launch(None, env=env)
+    assert await asyncio.wait_for(third.proc.wait(), 60) == 2
+    await third.stop()
+    assert any(
+        "cannot start" in line and "secret.key" in line and "does not hold" in line
+        for line in third.log
+    ), third.log

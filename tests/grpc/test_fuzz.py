@@ -50,7 +50,14 @@ from switchboard_server import app as server_app
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
 
-from tests.support.client import OPERATOR_TOKEN, Client, add_endpoint, auth, make_tenant
+from tests.support.client import (
+    OPERATOR_TOKEN,
+    SECRET_KEYS,
+    Client,
+    add_endpoint,
+    auth,
+    make_tenant,
+)
 from tests.support.databases import DatabaseFactory
 from tests.support.errors import rich_status
 from tests.support.resolver import StaticResolver
@@ -134,6 +141,7 @@ async def world(
         operator_token=OPERATOR_TOKEN,
         reaper_interval=timedelta(hours=1),
         retention_interval=timedelta(hours=1),
+        secret_keys=SECRET_KEYS,
         # Loopback hooks are valid; fuzzed host names never reach real DNS.
         hooks_allow_private=True,
         hook_resolver=StaticResolver(),

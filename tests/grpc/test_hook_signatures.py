@@ -24,13 +24,14 @@ from datetime import timedelta
 import pytest
 from switchboard.hooks import WebhookVerificationError, verify_signature, verify_webhook
 from switchboard.v1 import admin_pb2
+from switchboard_server import app as server_app
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
 
-from tests.support.admission import ingest
-from tests.support.client import Client, Tenant
+from tests.support.client import Client, Tenant, make_tenant
 from tests.support.databases import move_clock
-from tests.support.hook_receiver import Receiver, Request
+from tests.support.hook_receiver import Receiver
+from tests.support.hooks import fast_hooks, one_delivery, set_hook
 
 
 def reference_verify(secret: str, headers: dict[str, str], body: bytes) -> bool:
@@ -51,12 +52,7 @@ def reference_verify(secret: str, headers: dict[str, str], body: bytes) -> bool:
 @pytest.fixture
 def settings(settings: Settings) -> Settings:
     """Fast hook passes."""
-    return dataclasses.replace(
-        settings,
-        hook_interval=timedelta(milliseconds=50),
-        hook_timeout=timedelta(seconds=1),
-        hook_retry_cap=timedelta(milliseconds=200),
-    )
+    return fast_hooks(settings)
 
 
 @pytest.fixture
@@ -64,25 +60,6 @@ async def receiver() -> AsyncIterator[Receiver]:
     """A local HTTP receiver answering 200."""
     async with Receiver() as r:
         yield r
-
-
-async def set_hook(client: Client, tenant: Tenant, url: str, rotate: bool = False) -> str:
-    """Sets the hook; returns the new secret."""
-    resp = await client.admin.SetNotifyHook(
-        admin_pb2.SetNotifyHookRequest(
-            endpoint_id=tenant.endpoint_id, url=url, rotate_secret=rotate
-        ),
-        metadata=tenant.human,
-    )
-    return resp.secret
-
-
-async def one_delivery(client: Client, tenant: Tenant, receiver: Receiver, queue: str) -> Request:
-    """Rings once and returns the request the receiver acknowledged for it."""
-    before = len(receiver.acked)
-    await ingest(client, tenant.agent, queue)
-    await receiver.wait_until(lambda r: len(r.acked) == before + 1)
-    return receiver.acked[-1]
 
 
 async def test_deliveries_verify_with_the_standard_webhooks_algorithm(
@@ -115,9 +92,9 @@ async def test_deliveries_verify_with_the_standard_webhooks_algorithm(
     with pytest.raises(WebhookVerificationError):
         verify_webhook(secret, headers, req.body + b" ")
 
-    # The deprecated headers are still sent, for one release.
-    assert headers["x-switchboard-delivery"] == headers["webhook-id"]
-    assert verify_signature(secret, req.body, headers["x-switchboard-signature"])
+    # The deprecated body-only signature (replayable) is not sent by default.
+    assert "x-switchboard-signature" not in headers
+    assert "x-switchboard-delivery" not in headers
 
 
 async def test_the_client_verifier_rejects_a_delivery_outside_the_tolerance(
@@ -183,8 +160,6 @@ async def test_a_rotated_secret_verifies_during_the_grace_period_and_not_after(
     assert reference_verify(old, during.headers, during.body)
     verify_webhook(old, during.headers, during.body)
     verify_webhook(new, during.headers, during.body)
-    # The deprecated header carries the current secret's signature only.
-    assert verify_signature(new, during.body, during.headers["x-switchboard-signature"])
 
     await move_clock(db, timedelta(hours=24, minutes=1))
     after = await one_delivery(client, tenant, receiver, "after")
@@ -205,3 +180,33 @@ async def test_setting_the_hook_without_rotating_retires_the_old_secret_at_once(
     req = await one_delivery(client, tenant, receiver, "work")
     assert reference_verify(new, req.headers, req.body)
     assert not reference_verify(old, req.headers, req.body)
+
+
+async def test_the_deprecated_signature_is_sent_only_when_the_operator_turns_it_on(
+    settings: Settings, receiver: Receiver
+) -> None:
+    """Issue 28 item 10: ``SWITCHBOARD_HOOKS_LEGACY_SIGNATURE`` adds the body-only
+    signature for receivers not yet moved; the timestamped one is still there."""
+    app = await server_app.start(dataclasses.replace(settings, hooks_legacy_signature=True))
+    c = Client(app.address)
+    try:
+        tenant = await make_tenant(c, "legacy")
+        old = await set_hook(c, tenant, receiver.url)
+        new = await set_hook(c, tenant, receiver.url, rotate=True)
+        req = await one_delivery(c, tenant, receiver, "work")
+    finally:
+        await c.close()
+        await app.stop(grace=1)
+    headers, body = req.headers, req.body
+    verify_webhook(new, headers, body)
+    verify_webhook(old, headers, body)
+    assert headers["x-switchboard-delivery"] == headers["webhook-id"]
+    legacy = headers["x-switchboard-signature"]
+    assert legacy == "sha256=" + hmac.new(new.encode(), body, hashlib.sha256).hexdigest()
+    # Under the current secret only.
+    assert verify_signature(new, body, legacy)
+    assert verify_signature(new.encode(), body, legacy)
+    assert not verify_signature(old, body, legacy)
+    assert not verify_signature(new, body.replace(b'"pending":1', b'"pending":2'), legacy)
+    assert not verify_signature(new, body, None)
+    assert not verify_signature(new, body, "sha256=" + "0" * 64)

@@ -23,7 +23,7 @@ from switchboard_server import app as server_app
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
 
-from tests.support.client import OPERATOR_TOKEN, Client, Tenant, auth, make_tenant
+from tests.support.client import OPERATOR_TOKEN, SECRET_KEYS, Client, Tenant, auth, make_tenant
 from tests.support.databases import DatabaseFactory, row_counts
 from tests.support.errors import expect_code, violations
 from tests.support.protos import dur
@@ -82,6 +82,7 @@ async def shared(
         operator_token=OPERATOR_TOKEN,
         reaper_interval=timedelta(hours=1),
         retention_interval=timedelta(hours=1),
+        secret_keys=SECRET_KEYS,
     )
     running = await server_app.start(settings)
     client = Client(running.address)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 
 import grpc
@@ -15,6 +16,10 @@ from switchboard.v1 import (
 )
 
 OPERATOR_TOKEN = "sbo_test-operator-token-0123456789"
+#: The key test servers seal notify-hook secrets under (``SWITCHBOARD_SECRET_KEY``).
+SECRET_KEY = "c3dpdGNoYm9hcmQgdGVzdCBzZWNyZXQga2V5IDAwMDE="
+#: ``SECRET_KEY`` as ``Settings.secret_keys``.
+SECRET_KEYS = (base64.b64decode(SECRET_KEY),)
 
 
 def auth(token: str) -> tuple[tuple[str, str], ...]:

@@ -35,8 +35,8 @@ class Request:
 
     @property
     def delivery(self) -> str:
-        """The ``X-Switchboard-Delivery`` header."""
-        return self.headers.get("x-switchboard-delivery", "")
+        """The delivery id (the ``webhook-id`` header)."""
+        return self.headers.get("webhook-id", "")
 
     @property
     def acked(self) -> bool:
@@ -105,7 +105,7 @@ class Receiver:
                     headers[name.strip().lower()] = value.strip()
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
                 async with self._changed:
-                    self.arrived.append(headers.get("x-switchboard-delivery", ""))
+                    self.arrived.append(headers.get("webhook-id", ""))
                     self._changed.notify_all()
                 if self.delay:
                     await asyncio.sleep(self.delay)

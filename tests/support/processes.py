@@ -10,7 +10,7 @@ import signal
 import sys
 from collections.abc import Mapping
 
-from tests.support.client import OPERATOR_TOKEN
+from tests.support.client import OPERATOR_TOKEN, SECRET_KEY
 
 
 class ServerProcess:
@@ -77,6 +77,9 @@ class ServerProcess:
         child_env.pop("SWITCHBOARD_DATABASE_URL", None)
         if database_url is not None:
             child_env["SWITCHBOARD_DATABASE_URL"] = database_url
+            # The in-process servers' key (tests/conftest.py), unless a test gives its own.
+            if "SWITCHBOARD_SECRET_KEY_FILE" not in child_env:
+                child_env.setdefault("SWITCHBOARD_SECRET_KEY", SECRET_KEY)
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",

@@ -5,8 +5,10 @@ tables on the performance page."""
 from __future__ import annotations
 
 import pathlib
+import re
 
 import pytest
+from switchboard_server import config
 
 from bench import report
 from tests.support import doc_blocks
@@ -91,3 +93,10 @@ def test_bench_tables_live_on_the_performance_page(tmp_path: pathlib.Path) -> No
     assert f"{begin}\n| new | table |\n{end}" in rewritten
     assert rewritten.split(begin)[0] == text.split(begin)[0]
     assert rewritten.split(end)[1] == text.split(end)[1]
+
+
+def test_every_setting_read_from_the_environment_is_in_the_operations_table() -> None:
+    read = set(re.findall(r'"(SWITCHBOARD_[A-Z_]+)"', pathlib.Path(config.__file__).read_text()))
+    table = (ROOT / "docs" / "operations.md").read_text()
+    rows = set(re.findall(r"^\| `(SWITCHBOARD_[A-Z_]+)`", table, flags=re.MULTILINE))
+    assert read - rows == set()

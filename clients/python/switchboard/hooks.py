@@ -29,11 +29,12 @@ Answer 2xx once the notification is handled; anything else (or no answer
 within the server's timeout) is retried later with exponential backoff.
 Notifications of one queue arrive in the order they were rung.
 
-Deprecated, for one more release: ``X-Switchboard-Delivery`` (the delivery
-id) and ``X-Switchboard-Signature: sha256=<hex HMAC-SHA256 of the body>``
-under the secret's text, checked by ``verify_signature``. That signature does
-not cover a timestamp, so a captured delivery verifies forever: move to
-``verify_webhook``.
+Deprecated, for one more release, and sent only when the server's operator
+turns them on (``SWITCHBOARD_HOOKS_LEGACY_SIGNATURE``): ``X-Switchboard-Delivery``
+(the delivery id) and ``X-Switchboard-Signature: sha256=<hex HMAC-SHA256 of
+the body>`` under the secret's text, checked by ``verify_signature``. That
+signature does not cover a timestamp, so a captured delivery verifies
+forever: move to ``verify_webhook``.
 """
 
 from __future__ import annotations

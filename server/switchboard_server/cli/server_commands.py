@@ -162,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
     # The server's modules load only for the commands that need them, so the
     # client commands start quickly.
     from switchboard_server import errors
+    from switchboard_server.sealing import SecretKeyError
 
     try:
         if args.command == "serve":
@@ -178,4 +179,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     except tls.TLSError as exc:  # a TLS file changed for the worse since the check
         print(f"switchboard: {exc}", file=sys.stderr)
+        return 2
+    except SecretKeyError as exc:  # the keys do not open the database's secrets
+        print(f"switchboard: cannot start: {exc}", file=sys.stderr)
         return 2

@@ -28,14 +28,10 @@ class Delivery:
     #: The lease taken on the row; settling a failure requires it unchanged.
     lease_until: datetime
     url: str
-    secret: str
-    #: The secret a rotation replaced, while it is still valid.
-    previous_secret: str | None = None
-
-    @property
-    def secrets(self) -> list[str]:
-        """Every secret that signs this delivery, the current one first."""
-        return [s for s in (self.secret, self.previous_secret) if s]
+    #: The hook's secret, sealed (``sealing.Keyring.unseal`` opens it).
+    sealed_secret: bytes | None
+    #: The secret a rotation replaced, while it is still valid, sealed.
+    sealed_previous: bytes | None = None
 
 
 async def take(conn: Conn, batch: int, lease: timedelta) -> list[Delivery]:
@@ -70,8 +66,8 @@ def _deliveries(rows: Sequence[asyncpg.Record]) -> list[Delivery]:
             attempts=r["attempts"],
             lease_until=r["lease_until"],
             url=r["notify_url"],
-            secret=r["notify_secret"] or "",
-            previous_secret=r["previous_secret"],
+            sealed_secret=r["notify_secret_sealed"],
+            sealed_previous=r["previous_secret_sealed"],
         )
         for r in rows
     ]

@@ -159,10 +159,11 @@ async def set_endpoint_hook(
     endpoint_id: uuid.UUID,
     owner_id: uuid.UUID,
     url: str | None,
-    secret: str | None,
+    sealed_secret: bytes | None,
     grace: timedelta | None = None,
 ) -> Endpoint | None:
-    """Sets or clears an endpoint's notify hook; ``None`` if not the owner's endpoint.
+    """Sets or clears an endpoint's notify hook (its secret sealed); ``None`` if
+    not the owner's endpoint.
 
     With ``grace`` the replaced secret stays valid that long (a rotation).
     Clearing drops the deliveries waiting to be sent: call it in a transaction.
@@ -170,7 +171,7 @@ async def set_endpoint_hook(
     now = await conn.fetchval(sql("clock_now"))
     until = now + grace if grace is not None else None
     rec = await conn.fetchrow(
-        sql("endpoint_set_hook"), endpoint_id, owner_id, url, secret, grace, now, until
+        sql("endpoint_set_hook"), endpoint_id, owner_id, url, sealed_secret, grace, now, until
     )
     if rec is None:
         return None

@@ -7,7 +7,7 @@
 -- delegated by p_endpoint_id (one of them) to the node that holds the group
 -- (hooks.deliver_once, when the schema is distributed): leases up to p_batch
 -- due deliveries for p_lease, only the oldest row of each (endpoint, queue),
--- and returns them with the endpoint's URL and secrets. Endpoint by
+-- and returns them with the endpoint's URL and sealed secrets. Endpoint by
 -- endpoint, every statement naming one, so that each stays on its shard
 -- there; SKIP LOCKED plus the lease keep two replicas from sending the same
 -- row at once. An endpoint's heads are found by skipping along the
@@ -17,7 +17,7 @@ CREATE OR REPLACE FUNCTION sb_hook_take(
 ) RETURNS TABLE (
     id bigint, endpoint_id uuid, queue text, cause text, pending bigint,
     rung_at timestamptz, attempts integer, lease_until timestamptz, notify_url text,
-    notify_secret text, previous_secret text
+    notify_secret_sealed bytea, previous_secret_sealed bytea
 )
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -33,9 +33,9 @@ BEGIN
     PERFORM sb_hold_shard_groups(p_endpoint_ids);
     FOREACH v_endpoint IN ARRAY p_endpoint_ids LOOP
         EXIT WHEN v_left <= 0;
-        SELECT e.notify_url, e.notify_secret,
+        SELECT e.notify_url, e.notify_secret_sealed,
                CASE WHEN e.notify_secret_previous_until > v_now
-                    THEN e.notify_secret_previous END AS previous
+                    THEN e.notify_secret_previous_sealed END AS previous
           INTO v_hook
           FROM endpoints e WHERE e.id = v_endpoint AND e.notify_url IS NOT NULL;
         -- Rows of an endpoint whose hook was cleared are left for hook_drop_cleared.
@@ -65,7 +65,7 @@ BEGIN
          WHERE o.endpoint_id = v_endpoint AND o.id = ANY (v_ids);
         RETURN QUERY
             SELECT o.id, o.endpoint_id, o.queue, o.cause, o.pending, o.rung_at, o.attempts,
-                   o.lease_until, v_hook.notify_url, v_hook.notify_secret, v_hook.previous
+                   o.lease_until, v_hook.notify_url, v_hook.notify_secret_sealed, v_hook.previous
               FROM hook_outbox o
              WHERE o.endpoint_id = v_endpoint AND o.id = ANY (v_ids)
              ORDER BY o.next_attempt_at, o.id;

@@ -1,6 +1,6 @@
 -- name: hook_take :many
 -- Leases up to $1 due deliveries for $2 (an interval) and returns them with
--- the endpoint's URL and secrets (the previous one while it is still valid). Only the oldest row of each (endpoint,
+-- the endpoint's URL and sealed secrets (the previous one while it is still valid). Only the oldest row of each (endpoint,
 -- queue) is eligible, so a queue's notifications go out strictly in order;
 -- FOR UPDATE SKIP LOCKED plus the lease keep two replicas from sending the
 -- same row at once. The heads are found by skipping along the (endpoint_id,
@@ -33,9 +33,9 @@ UPDATE hook_outbox o
   FROM due, endpoints e
  WHERE o.id = due.id AND e.id = o.endpoint_id AND e.notify_url IS NOT NULL
 RETURNING o.id, o.endpoint_id, o.queue, o.cause, o.pending, o.rung_at, o.attempts,
-          o.lease_until, e.notify_url, e.notify_secret,
+          o.lease_until, e.notify_url, e.notify_secret_sealed,
           CASE WHEN e.notify_secret_previous_until > sb_now()
-               THEN e.notify_secret_previous END AS previous_secret;
+               THEN e.notify_secret_previous_sealed END AS previous_secret_sealed;
 
 -- name: hook_delivered :exec
 -- The receiver acknowledged delivery $1 (of endpoint $2): it is done.
@@ -129,7 +129,7 @@ SELECT DISTINCT o.endpoint_id
 -- hook_take for the endpoints $2 of one shard group, delegated by $1 (one of
 -- them) to the group's node; see sb_hook_take.
 SELECT id, endpoint_id, queue, cause, pending, rung_at, attempts, lease_until, notify_url,
-       notify_secret, previous_secret
+       notify_secret_sealed, previous_secret_sealed
   FROM sb_hook_take($1, $2, $3, $4);
 
 -- name: hook_cleared_endpoints :many

@@ -68,7 +68,9 @@ SELECT revoked.*, pg_notify('switchboard_auth', revoked.id::text) IS NULL AS not
   FROM revoked;
 
 -- name: endpoint_set_hook :one
--- Sets (or with NULLs clears) an endpoint's notify hook: URL $3, secret $4.
+-- Sets (or with NULLs clears) an endpoint's notify hook: URL $3, secret $4
+-- (sealed: sealing.py; no secret is ever kept in plaintext, and the columns
+-- that held them before migration 0019 are left empty).
 -- With a grace period $5 (an interval) the secret it replaces keeps signing
 -- deliveries until then (a rotation); without one only $4 is valid. A new
 -- URL starts a fresh delivery status. $6: the shared clock's now, and $7
@@ -76,13 +78,15 @@ SELECT revoked.*, pg_notify('switchboard_auth', revoked.id::text) IS NULL AS not
 -- RETURNING clause of a reference table's update). Clearing also drops what
 -- was waiting to be sent (hook_outbox_clear, in the same transaction).
 UPDATE endpoints
-   SET notify_url = $3, notify_secret = $4,
-       notify_secret_previous = CASE WHEN $5::interval IS NOT NULL AND $3::text IS NOT NULL
-                                     THEN notify_secret END,
+   SET notify_url = $3, notify_secret_sealed = $4,
+       notify_secret_previous_sealed =
+           CASE WHEN $5::interval IS NOT NULL AND $3::text IS NOT NULL
+                THEN notify_secret_sealed END,
        notify_secret_previous_until =
            CASE WHEN $5::interval IS NOT NULL AND $3::text IS NOT NULL
-                     AND notify_secret IS NOT NULL
+                     AND notify_secret_sealed IS NOT NULL
                 THEN $7::timestamptz END,
+       notify_secret_plaintext = NULL, notify_secret_previous_plaintext = NULL,
        hook_last_error = CASE WHEN notify_url IS NOT DISTINCT FROM $3 THEN hook_last_error END,
        hook_last_error_at =
            CASE WHEN notify_url IS NOT DISTINCT FROM $3 THEN hook_last_error_at END,
