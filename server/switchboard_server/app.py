@@ -287,6 +287,7 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
         metrics = Metrics(settings.metrics_queue_labels)
         metrics.count_subscriptions(lambda: hub.subscribers)
         readiness = Readiness()
+        metrics.read_serving(lambda: readiness.serving)
         deps = WebDeps(
             db=db,
             authenticator=authenticator,
@@ -479,7 +480,7 @@ def _start_loops(
     supervisor.every(
         "hooks",
         settings.hook_interval,
-        lambda: deliver_once(db, http, settings, distributed=distributed),
+        lambda: deliver_once(db, http, settings, distributed=distributed, metrics=metrics),
         signals.hooked,
     )
 

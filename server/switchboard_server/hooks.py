@@ -48,6 +48,7 @@ from switchboard_server.db import hooks as hook_queries
 from switchboard_server.db.database import Conn
 from switchboard_server.db.hooks import Delivery
 from switchboard_server.hook_policy import HookPolicy, IPAddress
+from switchboard_server.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +229,12 @@ def signed_headers(delivery: Delivery, body: bytes, now: float | None = None) ->
 
 
 async def deliver_once(
-    db: Database, client: httpx.AsyncClient, settings: Settings, *, distributed: bool = False
+    db: Database,
+    client: httpx.AsyncClient,
+    settings: Settings,
+    *,
+    distributed: bool = False,
+    metrics: Metrics | None = None,
 ) -> int:
     """One pass: bounds the outbox, then sends what is due; the number delivered.
 
@@ -256,7 +262,7 @@ async def deliver_once(
                     else:
                         batch = await hook_queries.take(conn, room, lease)
                 inflight.update(
-                    asyncio.create_task(_deliver(db, client, settings, d)) for d in batch
+                    asyncio.create_task(_deliver(db, client, settings, d, metrics)) for d in batch
                 )
             if not inflight:
                 break
@@ -303,7 +309,11 @@ async def _bound(db: Database, cap: int, *, distributed: bool) -> None:
 
 
 async def _deliver(
-    db: Database, client: httpx.AsyncClient, settings: Settings, delivery: Delivery
+    db: Database,
+    client: httpx.AsyncClient,
+    settings: Settings,
+    delivery: Delivery,
+    metrics: Metrics | None = None,
 ) -> bool:
     try:
         error = await _post(client, settings.hook_timeout, delivery)
@@ -312,6 +322,8 @@ async def _deliver(
         # lapses (it may have arrived; receivers dedupe on the delivery id).
         await asyncio.shield(_release(db, delivery))
         raise
+    if metrics is not None:
+        metrics.hook_delivery(delivery.queue, delivered=error is None)
     # Once sent, the outcome is recorded even if the process is stopping.
     return await asyncio.shield(_settle(db, settings, delivery, error))
 
