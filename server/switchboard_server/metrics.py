@@ -331,8 +331,9 @@ class Metrics:
                 policies = await metric_queries.policy_statuses(conn)
                 live = await metric_queries.live_todos(conn)
                 dead = await metric_queries.dead_todos(conn)
-                waiting = await metric_queries.eligible_pending(conn)
-                gates = await metric_queries.deferred_gates(conn)
+                now = await metric_queries.clock_now(conn)
+                waiting = await metric_queries.eligible_pending(conn, now)
+                gates = await metric_queries.deferred_gates(conn, now)
                 outbox = await metric_queries.hook_outbox(conn)
         except errors.Unavailable as exc:
             log.warning(

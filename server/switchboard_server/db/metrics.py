@@ -13,6 +13,7 @@ from datetime import datetime
 import asyncpg
 
 from switchboard_server import errors
+from switchboard_server.db import clock
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import sql
 
@@ -47,6 +48,14 @@ class DeadTodosRow:
 
     queue: str
     todos: int
+
+
+async def clock_now(conn: Conn) -> datetime:
+    """The shared clock's now (``clock_now``), for the queries that take it."""
+    try:
+        return await clock.now(conn)
+    except asyncpg.PostgresError as exc:
+        raise errors.Unavailable(f"cannot read the clock: {exc}") from exc
 
 
 async def policy_statuses(conn: Conn) -> list[PolicyStatusRow]:
@@ -107,21 +116,21 @@ class HookOutboxRow:
     failures: int
 
 
-async def eligible_pending(conn: Conn) -> list[QueueValueRow]:
+async def eligible_pending(conn: Conn, now: datetime) -> list[QueueValueRow]:
     """Seconds the oldest claimable pending todo of each queue name not deferred
-    by its gate has waited (``metrics_eligible_pending``)."""
+    by its gate has waited at ``now`` (``metrics_eligible_pending``)."""
     try:
-        rows = await conn.fetch(sql("metrics_eligible_pending"))
+        rows = await conn.fetch(sql("metrics_eligible_pending"), now)
     except asyncpg.PostgresError as exc:
         raise errors.Unavailable(f"cannot read pending todos: {exc}") from exc
     return [QueueValueRow(r["queue"], float(r["waited"])) for r in rows]
 
 
-async def deferred_gates(conn: Conn) -> list[QueueValueRow]:
-    """Seconds past its next check of the most overdue deferred gate, per queue
-    name and reason (``metrics_deferred_gates``)."""
+async def deferred_gates(conn: Conn, now: datetime) -> list[QueueValueRow]:
+    """Seconds past its next check at ``now`` of the most overdue deferred gate,
+    per queue name and reason (``metrics_deferred_gates``)."""
     try:
-        rows = await conn.fetch(sql("metrics_deferred_gates"))
+        rows = await conn.fetch(sql("metrics_deferred_gates"), now)
     except asyncpg.PostgresError as exc:
         raise errors.Unavailable(f"cannot read queue gates: {exc}") from exc
     return [QueueValueRow(r["queue"], float(r["overdue"]), r["reason"]) for r in rows]
