@@ -93,10 +93,12 @@ def fold_queues(
 ) -> dict[tuple[str, str], float]:
     """Folds ``(label, queue) -> value`` beyond the top ``cap`` queues into
     ``__other__``, combining the values folded together with ``combine`` (a sum
-    for counts; ``max`` for ages, so that ``__other__`` shows the worst)."""
-    totals: dict[str, float] = defaultdict(float)
+    for counts; ``max`` for ages, so that ``__other__`` shows the worst). The
+    queues are ranked by their values combined the same way (the most overdue
+    keep their names, for ``max``)."""
+    totals: dict[str, float] = {}
     for (_, queue), value in values.items():
-        totals[queue] += abs(value)
+        totals[queue] = combine(totals[queue], value) if queue in totals else value
     kept = top_queues(totals, cap)
     folded: dict[tuple[str, str], float] = {}
     for (label, queue), value in values.items():
@@ -354,32 +356,27 @@ class Metrics:
         )
         for status, count in by_status.items():
             policies_family.add_metric([status], count)
-        deferred_family = GaugeMetricFamily(
+        deferred_family = self._folded(
             "switchboard_deferred_todos",
             "Pending todos in queues whose admission policy defers them now, by deferral reason "
-            f"and queue (the largest queues by name, the rest as __other__). {_SHARED}",
-            labels=["reason", "queue"],
+            "and queue (the largest queues by name, the rest as __other__).",
+            "reason",
+            deferred,
         )
-        for (reason, queue), value in sorted(fold_queues(deferred, self.queue_labels).items()):
-            deferred_family.add_metric([reason, queue], value)
-        todos_family = GaugeMetricFamily(
+        todos_family = self._folded(
             "switchboard_todos",
             "Live todos by state (pending, claimed) and queue (the largest queues by name, the "
-            f"rest as __other__). {_SHARED}",
-            labels=["state", "queue"],
+            "rest as __other__).",
+            "state",
+            {(row.state, row.queue): float(row.todos) for row in live},
         )
-        counts = {(row.state, row.queue): float(row.todos) for row in live}
-        for (state, queue), value in sorted(fold_queues(counts, self.queue_labels).items()):
-            todos_family.add_metric([state, queue], value)
-        dead_family = GaugeMetricFamily(
+        dead_family = self._folded(
             "switchboard_dead_todos",
             "Dead todos (the dead-letter backlog: not yet requeued, nor removed by retention) "
-            f"by queue (the largest backlogs by name, the rest as __other__). {_SHARED}",
-            labels=["queue"],
+            "by queue (the largest backlogs by name, the rest as __other__).",
+            None,
+            {("", row.queue): float(row.todos) for row in dead},
         )
-        backlog = {("dead", row.queue): float(row.todos) for row in dead}
-        for (_, queue), value in sorted(fold_queues(backlog, self.queue_labels).items()):
-            dead_family.add_metric([queue], value)
         return [
             policies_family,
             deferred_family,
@@ -441,15 +438,16 @@ class Metrics:
                 if label == kind:
                     family.add_metric([queue], value)
             families.append(family)
-        reset_family = GaugeMetricFamily(
-            "switchboard_admission_window_reset_timestamp_seconds",
-            "When the current window of the queues of one name ends (Unix time; the earliest "
-            f"of their policies'): its units are then free again. {_SHARED}",
-            labels=["queue"],
+        families.append(
+            self._folded(
+                "switchboard_admission_window_reset_timestamp_seconds",
+                "When the current window of the queues of one name ends (Unix time; the "
+                "earliest of their policies'): its units are then free again.",
+                None,
+                resets,
+                min,
+            )
         )
-        for (_, queue), value in sorted(fold_queues(resets, self.queue_labels, min).items()):
-            reset_family.add_metric([queue], value)
-        families.append(reset_family)
         return families
 
     def _waiting_families(
@@ -458,55 +456,64 @@ class Metrics:
         gates: Sequence[metric_queries.QueueValueRow],
     ) -> list[Metric]:
         """How long claimable work has waited, and how far deferred gates are overdue."""
-        waited = GaugeMetricFamily(
+        waited = self._folded(
             "switchboard_oldest_eligible_pending_seconds",
             "How long the oldest claimable pending todo (its delay or retry backoff over) of "
             "the queues of one name has waited, among queues whose gate does not defer them "
-            f"(the longest waits by name, the rest as __other__). {_SHARED}",
-            labels=["queue"],
+            "(the longest waits by name, the rest as __other__).",
+            None,
+            {("", row.queue): row.value for row in waiting},
+            max,
         )
-        ages = {("", row.queue): row.value for row in waiting}
-        for (_, queue), value in sorted(fold_queues(ages, self.queue_labels, max).items()):
-            waited.add_metric([queue], value)
-        overdue = GaugeMetricFamily(
+        overdue = self._folded(
             "switchboard_deferral_overdue_seconds",
             "Of the deferred queues of one name and reason, how far the most overdue is past "
             "the time its deferral was to be checked again (a window's end, a lease's expiry); "
-            "negative while that time is ahead. Long past it: a reopen that did not happen. "
-            f"{_SHARED}",
-            labels=["reason", "queue"],
+            "negative while that time is ahead. Long past it: a reopen that did not happen.",
+            "reason",
+            {(row.reason, row.queue): row.value for row in gates},
+            max,
         )
-        late = {(row.reason, row.queue): row.value for row in gates}
-        for (reason, queue), value in sorted(fold_queues(late, self.queue_labels, max).items()):
-            overdue.add_metric([reason, queue], value)
         return [waited, overdue]
 
     def _hook_families(self, outbox: Sequence[metric_queries.HookOutboxRow]) -> list[Metric]:
         """The notify-hook outbox: undelivered deliveries and failures in a row."""
-        backlog = GaugeMetricFamily(
+        backlog = self._folded(
             "switchboard_hook_outbox_deliveries",
             "Notify-hook deliveries not yet acknowledged by their receiver, by queue "
-            f"(the largest by name, the rest as __other__). {_SHARED}",
-            labels=["queue"],
+            "(the largest by name, the rest as __other__).",
+            None,
+            {("", row.queue): float(row.deliveries) for row in outbox},
         )
-        counts = {("", row.queue): float(row.deliveries) for row in outbox}
-        kept = {q for _, q in fold_queues(counts, self.queue_labels)}
-        for (_, queue), value in sorted(fold_queues(counts, self.queue_labels).items()):
-            backlog.add_metric([queue], value)
-        streak = GaugeMetricFamily(
+        streak = self._folded(
             "switchboard_hook_consecutive_failures",
             "Of the undelivered notify-hook deliveries of a queue name, the most failed "
             "attempts of one: its receiver's failures in a row (a queue's deliveries go out in "
-            f"order; 0: none failed yet). {_SHARED}",
-            labels=["queue"],
+            "order; 0: none failed yet; the most failing queues by name, the rest as __other__).",
+            None,
+            {("", row.queue): float(row.failures) for row in outbox},
+            max,
         )
-        failures: dict[str, float] = {}
-        for row in outbox:
-            queue = row.queue if row.queue in kept else OTHER_QUEUE
-            failures[queue] = max(failures.get(queue, 0.0), float(row.failures))
-        for queue, value in sorted(failures.items()):
-            streak.add_metric([queue], value)
         return [backlog, streak]
+
+    def _folded(
+        self,
+        name: str,
+        doc: str,
+        label: str | None,
+        values: Mapping[tuple[str, str], float],
+        combine: Callable[[float, float], float] = operator.add,
+    ) -> GaugeMetricFamily:
+        """A database gauge of ``(label, queue) -> value`` (``label`` None: by
+        queue alone), its queues beyond the cap folded (``fold_queues``)."""
+        family = GaugeMetricFamily(
+            name, f"{doc} {_SHARED}", labels=["queue"] if label is None else [label, "queue"]
+        )
+        for (other, queue), value in sorted(
+            fold_queues(values, self.queue_labels, combine).items()
+        ):
+            family.add_metric([queue] if label is None else [other, queue], value)
+        return family
 
 
 def _add(values: dict[tuple[str, str], float], key: tuple[str, str], value: float) -> None:
