@@ -23,6 +23,7 @@ from switchboard_server.loops import LoopSignals
 from switchboard_server.metrics import POLICY_STATUSES
 from switchboard_server.model import AttemptOutcome
 
+from tests.grpc.test_hooks import passes
 from tests.grpc.test_metrics import (
     ALLOWED_LABELS,
     Samples,
@@ -57,16 +58,6 @@ def loop_signals(loop_signals: LoopSignals) -> LoopSignals:
     """Also report hook passes."""
     loop_signals.hooked = asyncio.Queue()
     return loop_signals
-
-
-async def hook_passes(signals: LoopSignals, n: int = 2) -> None:
-    """Waits (bounded) for ``n`` hook passes that began after this call."""
-    assert signals.hooked is not None
-    async with asyncio.timeout(20):
-        while not signals.hooked.empty():
-            signals.hooked.get_nowait()
-        for _ in range(n):
-            await signals.hooked.get()
 
 
 def by_queue(samples: Samples, name: str) -> dict[str, float]:
@@ -151,7 +142,7 @@ async def test_hook_outbox_failures_in_a_row_and_delivery_outcomes(
         )
         await ingest(client, tenant.agent, "notify")
         await receiver.wait_until(lambda r: len(r.requests) >= 3, within=20)
-        await hook_passes(loop_signals)
+        await passes(loop_signals)
 
         _, samples = await scrape(server)
         assert by_queue(samples, "switchboard_hook_outbox_deliveries") == {"notify": 1}
@@ -164,7 +155,7 @@ async def test_hook_outbox_failures_in_a_row_and_delivery_outcomes(
 
         receiver.status = 200
         await receiver.wait_until(lambda r: len(r.acked) == 1, within=20)
-        await hook_passes(loop_signals)
+        await passes(loop_signals)
         _, samples = await scrape(server)
         assert series(samples, "switchboard_hook_outbox_deliveries") == {}
         assert series(samples, "switchboard_hook_consecutive_failures") == {}
