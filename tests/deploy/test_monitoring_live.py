@@ -250,6 +250,13 @@ async def test_every_panel_returns_data_and_exactly_the_scenes_alerts_fire(
                 'switchboard_hook_consecutive_failures{queue="notify"} >= 3', WITHIN
             )
 
+            # The replicas sweep only when woken: a policy change wakes one, which
+            # moves the capped queue's gate (due at once when it was marked) to its
+            # lease's expiry; the admission_unavailable gate is due again in 5 s,
+            # and is at least 5 minutes from overdue enough to alert.
+            await set_policy(a, acme.human, "capped", endpoint_id=acme.endpoint_id, max_in_flight=1)
+            await prom.wait_for('switchboard_deferral_overdue_seconds{queue="capped"} < 0', WITHIN)
+
             # The window-exhausted gate an hour past its check, as a reopen sweep
             # that never ran would leave it (the replicas sweep only when woken).
             await sql.execute(
