@@ -305,6 +305,7 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
         metrics = Metrics(settings.metrics_queue_labels)
         metrics.count_subscriptions(lambda: hub.subscribers)
         readiness = Readiness()
+        metrics.read_serving(lambda: readiness.serving)
         deps = WebDeps(
             db=db,
             authenticator=authenticator,
@@ -503,7 +504,9 @@ def _start_loops(
         supervisor.every(
             "hooks",
             settings.hook_interval,
-            lambda: deliver_once(db, http, settings, keyring, distributed=distributed),
+            lambda: deliver_once(
+                db, http, settings, keyring, distributed=distributed, metrics=metrics
+            ),
             signals.hooked,
         )
 

@@ -50,6 +50,7 @@ from switchboard_server.db import hooks as hook_queries
 from switchboard_server.db.database import Conn
 from switchboard_server.db.hooks import Delivery
 from switchboard_server.hook_policy import HookPolicy, IPAddress
+from switchboard_server.metrics import Metrics
 from switchboard_server.sealing import Keyring, SecretKeyError
 
 log = logging.getLogger(__name__)
@@ -257,6 +258,7 @@ async def deliver_once(
     keyring: Keyring,
     *,
     distributed: bool = False,
+    metrics: Metrics | None = None,
 ) -> int:
     """One pass: bounds the outbox, then sends what is due; the number delivered.
 
@@ -284,7 +286,8 @@ async def deliver_once(
                     else:
                         batch = await hook_queries.take(conn, room, lease)
                 inflight.update(
-                    asyncio.create_task(_deliver(db, client, settings, keyring, d)) for d in batch
+                    asyncio.create_task(_deliver(db, client, settings, keyring, d, metrics))
+                    for d in batch
                 )
             if not inflight:
                 break
@@ -336,6 +339,7 @@ async def _deliver(
     settings: Settings,
     keyring: Keyring,
     delivery: Delivery,
+    metrics: Metrics | None = None,
 ) -> bool:
     try:
         error = await _post(client, settings, keyring, delivery)
@@ -344,6 +348,8 @@ async def _deliver(
         # lapses (it may have arrived; receivers dedupe on the delivery id).
         await asyncio.shield(_release(db, delivery))
         raise
+    if metrics is not None:
+        metrics.hook_delivery(delivery.queue, delivered=error is None)
     # Once sent, the outcome is recorded even if the process is stopping.
     return await asyncio.shield(_settle(db, settings, delivery, error))
 

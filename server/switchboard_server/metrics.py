@@ -6,8 +6,11 @@ servers may share a Python process in tests). It holds two kinds of series:
 * counters and histograms of what this process did (claims, refusals, units
   charged, attempts, cancels and requeues, claim transactions, RPCs), per
   process: sum them over replicas;
-* gauges derived from the database at scrape time (policies by status,
-  deferred, live and dead todos), the same on every replica: do not sum them.
+* gauges derived from the database at scrape time (policies by status, their
+  limits and use, deferred, live, dead and long-waiting todos, overdue gates,
+  the notify-hook outbox), the same on every replica: do not sum them;
+* the process's own state read at scrape time (doorbell subscriptions,
+  serving, its connection pool).
 
 No owner, endpoint or team label, ever. The ``queue`` label takes at most
 ``queue_labels`` distinct names: counters keep the first names this process
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -34,7 +38,7 @@ from prometheus_client import (
     Histogram,
     disable_created_metrics,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -82,16 +86,25 @@ def top_queues(totals: Mapping[str, float], cap: int) -> set[str]:
     return {name for name, _ in ranked[:cap]}
 
 
-def fold_queues(values: Mapping[tuple[str, str], float], cap: int) -> dict[tuple[str, str], float]:
-    """Folds ``(label, queue) -> value`` beyond the top ``cap`` queues into ``__other__``."""
-    totals: dict[str, float] = defaultdict(float)
+def fold_queues(
+    values: Mapping[tuple[str, str], float],
+    cap: int,
+    combine: Callable[[float, float], float] = operator.add,
+) -> dict[tuple[str, str], float]:
+    """Folds ``(label, queue) -> value`` beyond the top ``cap`` queues into
+    ``__other__``, combining the values folded together with ``combine`` (a sum
+    for counts; ``max`` for ages, so that ``__other__`` shows the worst). The
+    queues are ranked by their values combined the same way (the most overdue
+    keep their names, for ``max``)."""
+    totals: dict[str, float] = {}
     for (_, queue), value in values.items():
-        totals[queue] += value
+        totals[queue] = combine(totals[queue], value) if queue in totals else value
     kept = top_queues(totals, cap)
-    folded: dict[tuple[str, str], float] = defaultdict(float)
+    folded: dict[tuple[str, str], float] = {}
     for (label, queue), value in values.items():
-        folded[(label, queue if queue in kept else OTHER_QUEUE)] += value
-    return dict(folded)
+        key = (label, queue if queue in kept else OTHER_QUEUE)
+        folded[key] = combine(folded[key], value) if key in folded else value
+    return folded
 
 
 class Metrics:
@@ -184,10 +197,34 @@ class Metrics:
             f"doorbells, the ones still attaching included). {_PER_PROCESS}",
             registry=r,
         )
+        self.hook_deliveries = Counter(
+            "switchboard_hook_deliveries",
+            "Notify-hook POSTs that ended, by queue and outcome: delivered (the receiver "
+            f"answered 2xx) or failed (retried with backoff). {_PER_PROCESS}",
+            ["queue", "outcome"],
+            registry=r,
+        )
+        self.serving = Gauge(
+            "switchboard_serving",
+            "1 while this process serves (its database answers and it is not shutting "
+            "down: gRPC health SERVING, /healthz 200), else 0. Per process.",
+            registry=r,
+        )
+        self.serving.set(1)
 
     def count_subscriptions(self, count: Callable[[], int]) -> None:
         """Reads the open-subscriptions gauge from ``count`` at each scrape."""
         self.doorbell_subscriptions.set_function(count)
+
+    def read_serving(self, serving: Callable[[], bool]) -> None:
+        """Reads the serving gauge from ``serving`` at each scrape."""
+        self.serving.set_function(lambda: 1.0 if serving() else 0.0)
+
+    def hook_delivery(self, queue: str, delivered: bool) -> None:
+        """Counts one notify-hook POST that ended."""
+        self.hook_deliveries.labels(
+            self.queue_label(queue), "delivered" if delivered else "failed"
+        ).inc()
 
     def queue_label(self, queue: str) -> str:
         """The ``queue`` label value of a counter for ``queue`` (capped)."""
@@ -286,7 +323,7 @@ class Metrics:
 
     async def render(self, db: Database, accept: str | None) -> tuple[bytes, str]:
         """The exposition for a scrape (format chosen from ``accept``) and its content type."""
-        families = await self._database_families(db)
+        families = _pool_families(db) + await self._database_families(db)
         encode, content_type = choose_encoder(accept or "")
         return encode(_Scrape(self.registry, families)), content_type
 
@@ -296,6 +333,10 @@ class Metrics:
                 policies = await metric_queries.policy_statuses(conn)
                 live = await metric_queries.live_todos(conn)
                 dead = await metric_queries.dead_todos(conn)
+                now = await metric_queries.clock_now(conn)
+                waiting = await metric_queries.eligible_pending(conn, now)
+                gates = await metric_queries.deferred_gates(conn, now)
+                outbox = await metric_queries.hook_outbox(conn)
         except errors.Unavailable as exc:
             log.warning(
                 "database gauges left out of this scrape", extra={"error": exc.message[:200]}
@@ -315,33 +356,204 @@ class Metrics:
         )
         for status, count in by_status.items():
             policies_family.add_metric([status], count)
-        deferred_family = GaugeMetricFamily(
+        deferred_family = self._folded(
             "switchboard_deferred_todos",
             "Pending todos in queues whose admission policy defers them now, by deferral reason "
-            f"and queue (the largest queues by name, the rest as __other__). {_SHARED}",
-            labels=["reason", "queue"],
+            "and queue (the largest queues by name, the rest as __other__).",
+            "reason",
+            deferred,
         )
-        for (reason, queue), value in sorted(fold_queues(deferred, self.queue_labels).items()):
-            deferred_family.add_metric([reason, queue], value)
-        todos_family = GaugeMetricFamily(
+        todos_family = self._folded(
             "switchboard_todos",
             "Live todos by state (pending, claimed) and queue (the largest queues by name, the "
-            f"rest as __other__). {_SHARED}",
-            labels=["state", "queue"],
+            "rest as __other__).",
+            "state",
+            {(row.state, row.queue): float(row.todos) for row in live},
         )
-        counts = {(row.state, row.queue): float(row.todos) for row in live}
-        for (state, queue), value in sorted(fold_queues(counts, self.queue_labels).items()):
-            todos_family.add_metric([state, queue], value)
-        dead_family = GaugeMetricFamily(
+        dead_family = self._folded(
             "switchboard_dead_todos",
             "Dead todos (the dead-letter backlog: not yet requeued, nor removed by retention) "
-            f"by queue (the largest backlogs by name, the rest as __other__). {_SHARED}",
-            labels=["queue"],
+            "by queue (the largest backlogs by name, the rest as __other__).",
+            None,
+            {("", row.queue): float(row.todos) for row in dead},
         )
-        backlog = {("dead", row.queue): float(row.todos) for row in dead}
-        for (_, queue), value in sorted(fold_queues(backlog, self.queue_labels).items()):
-            dead_family.add_metric([queue], value)
-        return [policies_family, deferred_family, todos_family, dead_family]
+        return [
+            policies_family,
+            deferred_family,
+            todos_family,
+            dead_family,
+            *self._limit_families(policies),
+            *self._waiting_families(waiting, gates),
+            *self._hook_families(outbox),
+        ]
+
+    def _limit_families(self, policies: Sequence[metric_queries.PolicyStatusRow]) -> list[Metric]:
+        """The active policies' limits and their use, summed per queue name."""
+        window: dict[tuple[str, str], float] = {}
+        flight: dict[tuple[str, str], float] = {}
+        resets: dict[tuple[str, str], float] = {}
+        for row in policies:
+            if row.window_limit is not None:
+                _add(window, ("limit", row.queue), row.window_limit)
+                _add(window, ("used", row.queue), row.window_used or 0)
+                if row.window_end is not None:
+                    key = ("reset", row.queue)
+                    at = row.window_end.timestamp()
+                    resets[key] = min(resets.get(key, at), at)
+            if row.in_flight_limit is not None:
+                _add(flight, ("limit", row.queue), row.in_flight_limit)
+                _add(flight, ("in_flight", row.queue), row.in_flight or 0)
+        families: list[Metric] = []
+        for name, kind, doc, values in (
+            (
+                "switchboard_admission_window_limit",
+                "limit",
+                "Window units allowed per window, summed over the active policies with a window "
+                "limit of the queues of one name",
+                window,
+            ),
+            (
+                "switchboard_admission_window_used",
+                "used",
+                "Window units charged in the current window, summed like "
+                "switchboard_admission_window_limit",
+                window,
+            ),
+            (
+                "switchboard_admission_in_flight_limit",
+                "limit",
+                "Claimed todos allowed at once, summed over the active policies with an "
+                "in-flight cap of the queues of one name",
+                flight,
+            ),
+            (
+                "switchboard_admission_in_flight",
+                "in_flight",
+                "Claimed todos counted against those caps, summed the same way",
+                flight,
+            ),
+        ):
+            family = GaugeMetricFamily(name, f"{doc}. {_SHARED}", labels=["queue"])
+            for (label, queue), value in sorted(fold_queues(values, self.queue_labels).items()):
+                if label == kind:
+                    family.add_metric([queue], value)
+            families.append(family)
+        families.append(
+            self._folded(
+                "switchboard_admission_window_reset_timestamp_seconds",
+                "When the current window of the queues of one name ends (Unix time; the "
+                "earliest of their policies'): its units are then free again.",
+                None,
+                resets,
+                min,
+            )
+        )
+        return families
+
+    def _waiting_families(
+        self,
+        waiting: Sequence[metric_queries.QueueValueRow],
+        gates: Sequence[metric_queries.QueueValueRow],
+    ) -> list[Metric]:
+        """How long claimable work has waited, and how far deferred gates are overdue."""
+        waited = self._folded(
+            "switchboard_oldest_eligible_pending_seconds",
+            "How long the oldest claimable pending todo (its delay or retry backoff over) of "
+            "the queues of one name has waited, among queues whose gate does not defer them "
+            "(the longest waits by name, the rest as __other__).",
+            None,
+            {("", row.queue): row.value for row in waiting},
+            max,
+        )
+        overdue = self._folded(
+            "switchboard_deferral_overdue_seconds",
+            "Of the deferred queues of one name and reason, how far the most overdue is past "
+            "the time its deferral was to be checked again (a window's end, a lease's expiry); "
+            "negative while that time is ahead. Long past it: a reopen that did not happen.",
+            "reason",
+            {(row.reason, row.queue): row.value for row in gates},
+            max,
+        )
+        return [waited, overdue]
+
+    def _hook_families(self, outbox: Sequence[metric_queries.HookOutboxRow]) -> list[Metric]:
+        """The notify-hook outbox: undelivered deliveries and failures in a row."""
+        backlog = self._folded(
+            "switchboard_hook_outbox_deliveries",
+            "Notify-hook deliveries not yet acknowledged by their receiver, by queue "
+            "(the largest by name, the rest as __other__).",
+            None,
+            {("", row.queue): float(row.deliveries) for row in outbox},
+        )
+        streak = self._folded(
+            "switchboard_hook_consecutive_failures",
+            "Of the undelivered notify-hook deliveries of a queue name, the most failed "
+            "attempts of one: its receiver's failures in a row (a queue's deliveries go out in "
+            "order; 0: none failed yet; the most failing queues by name, the rest as __other__).",
+            None,
+            {("", row.queue): float(row.failures) for row in outbox},
+            max,
+        )
+        return [backlog, streak]
+
+    def _folded(
+        self,
+        name: str,
+        doc: str,
+        label: str | None,
+        values: Mapping[tuple[str, str], float],
+        combine: Callable[[float, float], float] = operator.add,
+    ) -> GaugeMetricFamily:
+        """A database gauge of ``(label, queue) -> value`` (``label`` None: by
+        queue alone), its queues beyond the cap folded (``fold_queues``)."""
+        family = GaugeMetricFamily(
+            name, f"{doc} {_SHARED}", labels=["queue"] if label is None else [label, "queue"]
+        )
+        for (other, queue), value in sorted(
+            fold_queues(values, self.queue_labels, combine).items()
+        ):
+            family.add_metric([queue] if label is None else [other, queue], value)
+        return family
+
+
+def _add(values: dict[tuple[str, str], float], key: tuple[str, str], value: float) -> None:
+    values[key] = values.get(key, 0.0) + value
+
+
+def _pool_families(db: Database) -> list[Metric]:
+    """This process's connection pool, read at scrape time (never from the database)."""
+    size, idle, most = db.pool_use()
+    connections = GaugeMetricFamily(
+        "switchboard_db_pool_connections",
+        f"The connection pool's open connections, by state: in_use or idle. {_PER_PROCESS}",
+        labels=["state"],
+    )
+    connections.add_metric(["in_use"], size - idle)
+    connections.add_metric(["idle"], idle)
+    limit = GaugeMetricFamily(
+        "switchboard_db_pool_max_connections",
+        f"The most connections the pool may open (SWITCHBOARD_POOL_SIZE). {_PER_PROCESS}",
+    )
+    limit.add_metric([], most)
+    acquires = CounterMetricFamily(
+        "switchboard_db_pool_acquires",
+        f"Connections taken from the pool (about one per RPC and loop pass). {_PER_PROCESS}",
+    )
+    acquires.add_metric([], db.acquires)
+    waited = CounterMetricFamily(
+        "switchboard_db_pool_acquire_seconds",
+        "Seconds spent waiting for a connection from the pool (opening one included): "
+        f"divided by switchboard_db_pool_acquires_total, the mean wait. {_PER_PROCESS}",
+    )
+    waited.add_metric([], db.acquire_seconds)
+    unavailable = CounterMetricFamily(
+        "switchboard_database_unavailable",
+        "Database errors that meant it could not serve (a broken connection, a shutdown, "
+        "read-only, out of resources; not conflicts): each answered UNAVAILABLE or failed a "
+        f"background pass. {_PER_PROCESS}",
+    )
+    unavailable.add_metric([], db.unavailable)
+    return [connections, limit, acquires, waited, unavailable]
 
 
 _DEFERRAL_REASONS = frozenset(r.value for r in DeferralReason)

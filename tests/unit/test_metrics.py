@@ -36,6 +36,13 @@ def test_gauges_keep_the_largest_queues_ties_by_name() -> None:
     }
 
 
+def test_ages_fold_into_the_worst_and_the_worst_keep_their_names() -> None:
+    # An overdue check of 50 s outranks a check still 100 s ahead.
+    ages = {("", "a"): 5.0, ("", "b"): -100.0, ("", "c"): 50.0, ("", "d"): 7.0}
+    assert fold_queues(ages, 2, max) == {("", "c"): 50, ("", "d"): 7, ("", OTHER_QUEUE): 5}
+    assert fold_queues(ages, 2, min)[("", OTHER_QUEUE)] == -100
+
+
 def test_the_cap_is_configured_from_the_environment() -> None:
     assert Settings.from_env({}).metrics_queue_labels == 50
     assert Settings.from_env({"SWITCHBOARD_METRICS_QUEUE_LABELS": "3"}).metrics_queue_labels == 3

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -111,6 +112,15 @@ class Database:
         #: Called (synchronously) on every ``Unavailable`` that is not ``Aborted``.
         self.on_unavailable: Callable[[], None] | None = None
         self._probe: asyncpg.Connection[Any] | None = None
+        #: For the metrics: connections taken from the pool, the seconds spent
+        #: waiting for them, and the errors that meant the database could not serve.
+        self.acquires = 0
+        self.acquire_seconds = 0.0
+        self.unavailable = 0
+
+    def pool_use(self) -> tuple[int, int, int]:
+        """The pool's connections now: open, idle, and the most it may open."""
+        return self.pool.get_size(), self.pool.get_idle_size(), self.pool.get_max_size()
 
     @classmethod
     async def connect(
@@ -154,7 +164,9 @@ class Database:
     async def connection(self) -> AsyncIterator[Conn]:
         """A connection outside any explicit transaction (autocommit statements)."""
         with translate_errors(self._observe):
+            start = time.perf_counter()
             async with self.pool.acquire() as conn:
+                self._acquired(start)
                 with _discard_if_broken(conn):
                     yield conn
 
@@ -172,7 +184,9 @@ class Database:
     async def transaction(self) -> AsyncIterator[Conn]:
         """A connection inside one transaction, committed when the block exits cleanly."""
         with translate_errors(self._observe):
+            start = time.perf_counter()
             async with self.pool.acquire() as conn:
+                self._acquired(start)
                 with _discard_if_broken(conn):
                     async with conn.transaction():
                         yield conn
@@ -199,8 +213,15 @@ class Database:
                 unavailable = errors.Unavailable(f"the database does not answer: {exc!r}")
             raise unavailable from exc
 
+    def _acquired(self, start: float) -> None:
+        self.acquires += 1
+        self.acquire_seconds += time.perf_counter() - start
+
     def _observe(self, exc: errors.Unavailable) -> None:
-        if self.on_unavailable is not None and not isinstance(exc, errors.Aborted):
+        if isinstance(exc, errors.Aborted):
+            return
+        self.unavailable += 1
+        if self.on_unavailable is not None:
             self.on_unavailable()
 
 

@@ -8,21 +8,29 @@ scrape then leaves these gauges out rather than failing.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 import asyncpg
 
 from switchboard_server import errors
+from switchboard_server.db import clock
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import sql
 
 
 @dataclass(frozen=True)
 class PolicyStatusRow:
-    """One policy: its queue's name, its status, and its pending todos when deferred."""
+    """One policy: its queue's name, its status, its pending todos when deferred,
+    and (when active) its limits and their use (``None`` without such a limit)."""
 
     queue: str
     status: str
     pending: int
+    window_limit: int | None = None
+    window_used: int | None = None
+    window_end: datetime | None = None
+    in_flight_limit: int | None = None
+    in_flight: int | None = None
 
 
 @dataclass(frozen=True)
@@ -42,13 +50,33 @@ class DeadTodosRow:
     todos: int
 
 
+async def clock_now(conn: Conn) -> datetime:
+    """The shared clock's now (``clock_now``), for the queries that take it."""
+    try:
+        return await clock.now(conn)
+    except asyncpg.PostgresError as exc:
+        raise errors.Unavailable(f"cannot read the clock: {exc}") from exc
+
+
 async def policy_statuses(conn: Conn) -> list[PolicyStatusRow]:
     """Every policy's status (``metrics_policies``)."""
     try:
         rows = await conn.fetch(sql("metrics_policies"))
     except asyncpg.PostgresError as exc:
         raise errors.Unavailable(f"cannot read admission policies: {exc}") from exc
-    return [PolicyStatusRow(r["queue"], r["status"], int(r["pending"])) for r in rows]
+    return [
+        PolicyStatusRow(
+            r["queue"],
+            r["status"],
+            int(r["pending"]),
+            r["window_limit"],
+            r["window_used"],
+            r["window_end"],
+            r["in_flight_limit"],
+            r["in_flight"],
+        )
+        for r in rows
+    ]
 
 
 async def live_todos(conn: Conn) -> list[LiveTodosRow]:
@@ -67,3 +95,52 @@ async def dead_todos(conn: Conn) -> list[DeadTodosRow]:
     except asyncpg.PostgresError as exc:
         raise errors.Unavailable(f"cannot count dead todos: {exc}") from exc
     return [DeadTodosRow(r["queue"], int(r["todos"])) for r in rows]
+
+
+@dataclass(frozen=True)
+class QueueValueRow:
+    """One number for the queues of one name (and a deferral reason, where it has one)."""
+
+    queue: str
+    value: float
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class HookOutboxRow:
+    """Undelivered notify-hook deliveries of the queues of one name."""
+
+    queue: str
+    deliveries: int
+    #: The most failed attempts of any of them: their receiver's failures in a row.
+    failures: int
+
+
+async def eligible_pending(conn: Conn, now: datetime) -> list[QueueValueRow]:
+    """Seconds the oldest claimable pending todo of each queue name not deferred
+    by its gate has waited at ``now`` (``metrics_eligible_pending``)."""
+    try:
+        rows = await conn.fetch(sql("metrics_eligible_pending"), now)
+    except asyncpg.PostgresError as exc:
+        raise errors.Unavailable(f"cannot read pending todos: {exc}") from exc
+    return [QueueValueRow(r["queue"], float(r["waited"])) for r in rows]
+
+
+async def deferred_gates(conn: Conn, now: datetime) -> list[QueueValueRow]:
+    """Seconds past its next check at ``now`` of the most overdue deferred gate,
+    per queue name and reason (``metrics_deferred_gates``)."""
+    try:
+        rows = await conn.fetch(sql("metrics_deferred_gates"), now)
+    except asyncpg.PostgresError as exc:
+        raise errors.Unavailable(f"cannot read queue gates: {exc}") from exc
+    return [QueueValueRow(r["queue"], float(r["overdue"]), r["reason"]) for r in rows]
+
+
+async def hook_outbox(conn: Conn) -> list[HookOutboxRow]:
+    """Undelivered notify-hook deliveries and failures in a row per queue name
+    (``metrics_hook_outbox``)."""
+    try:
+        rows = await conn.fetch(sql("metrics_hook_outbox"))
+    except asyncpg.PostgresError as exc:
+        raise errors.Unavailable(f"cannot read the notify-hook outbox: {exc}") from exc
+    return [HookOutboxRow(r["queue"], int(r["deliveries"]), int(r["failures"])) for r in rows]
