@@ -1,9 +1,14 @@
-"""The README's first command: ``switchboard serve`` with no database URL."""
+"""The README's first command: ``switchboard serve`` with no database URL: it serves,
+keeps its data across a restart, and a ``SIGHUP`` (a closed terminal, a reload by
+habit) neither stops it nor strands its embedded PostgreSQL."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pathlib
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 
@@ -60,3 +65,49 @@ async def test_serve_embedded_answers_health_and_keeps_data_across_restart(
         assert [o.id for o in owners.owners] == [created.owner.id]
     finally:
         assert await second.stop() == 0
+
+
+def _stop_stranded_postmaster(pgdata: pathlib.Path) -> bool:
+    """Stops a postmaster its server left running (fast shutdown); whether there was one."""
+    try:
+        pid = int((pgdata / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGINT)
+    return True
+
+
+async def test_sighup_without_tls_is_logged_and_the_server_keeps_serving(
+    state_dir: pathlib.Path,
+) -> None:
+    """Once, with no TLS, no handler was installed: SIGHUP's default action ended the
+    process and the embedded PostgreSQL (daemonised by pg_ctl) ran on without it."""
+    env = {"SWITCHBOARD_DATA_DIR": str(state_dir)}
+    server = await ServerProcess.start(None, env=env, ready_within=60)
+    try:
+        server.proc.send_signal(signal.SIGHUP)
+        line = await server.wait_for_log("SIGHUP: reloaded")
+        assert '"reloaded": "nothing (no TLS)"' in line  # no TLS: nothing to reload, and said so
+        assert await _health(server.address) == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        code = await server.stop()
+        stranded = _stop_stranded_postmaster(state_dir / "pgdata")
+    assert code == 0, "\n".join(server.log)
+    assert not stranded, "the embedded PostgreSQL outlived its server"
+
+
+async def test_sighup_while_starting_does_not_stop_the_server(state_dir: pathlib.Path) -> None:
+    env = {"SWITCHBOARD_DATA_DIR": str(state_dir)}
+    server = await ServerProcess.launch(None, env)
+    try:
+        # The embedded PostgreSQL starts before anything serves.
+        await server.wait_for_log("embedded postgres started", within=60)
+        server.proc.send_signal(signal.SIGHUP)
+        await server.wait_serving(60)
+        assert await _health(server.address) == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        code = await server.stop()
+        stranded = _stop_stranded_postmaster(state_dir / "pgdata")
+    assert code == 0, "\n".join(server.log)
+    assert not stranded, "the embedded PostgreSQL outlived its server"
