@@ -26,6 +26,10 @@ ADMISSION_EXAMPLE = Block("docs/admission.md", "sh", "AdmissionService/SetPolicy
 WALKTHROUGH = Block("docs/grpcurl.md", "sh", "call()")
 #: The command line's example session.
 CLI_EXAMPLE = Block("docs/cli.md", "sh", "switchboard policy set investigations")
+#: The README's container run with TLS from mounted certificate files.
+CONTAINER_TLS = Block("README.md", "sh", "SWITCHBOARD_TLS_CERT=/certs/server.crt")
+#: The README's container trial in plaintext (asked for at run time).
+CONTAINER_TRIAL = Block("README.md", "sh", "-e SWITCHBOARD_INSECURE=1")
 #: Moving a plain-PostgreSQL database onto a Citus cluster (dump, restore, distribute).
 MOVE_TO_CLUSTER = Block("docs/scaling-out.md", "sh", "pg_restore")
 
@@ -42,6 +46,14 @@ EXECUTED: dict[Block, str] = {
 
 #: Command blocks no test runs as written, and why.
 NOT_RUN: dict[Block, str] = {
+    CONTAINER_TLS: (
+        "no Docker engine runs where the tests run; tests/deploy/test_container.py runs "
+        "the image's entrypoint with this block's -e variables and its /certs mount"
+    ),
+    CONTAINER_TRIAL: (
+        "no Docker engine runs where the tests run; tests/deploy/test_container.py runs "
+        "the image's entrypoint with this block's -e variables"
+    ),
     Block("README.md", "sh", "scripts/test      # run the whole test suite"): (
         "scripts/test is the suite itself; scripts/serve runs until stopped, and "
         "tests/grpc/test_embedded_serve.py runs the `switchboard serve` it execs, "
