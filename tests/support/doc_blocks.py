@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from tests.support.markdown import Block
 
-#: The quickstart's server start (its exports are the test server's settings).
-SERVE = Block("README.md", "sh", "export SWITCHBOARD_OPERATOR_TOKEN=sbo_choose")
+#: The quickstart's server start.
+SERVE = Block("README.md", "sh", "export SWITCHBOARD_HOOKS_ALLOW_PRIVATE=1")
 #: The quickstart's grpcurl steps.
 QUICKSTART = Block("README.md", "sh", "grpcurl -plaintext localhost:50051 list")
 #: The quickstart's Python client example.
@@ -35,6 +35,7 @@ MOVE_TO_CLUSTER = Block("docs/scaling-out.md", "sh", "pg_restore")
 
 #: Each executed block, and the test file that runs it (it names the block).
 EXECUTED: dict[Block, str] = {
+    SERVE: "tests/grpc/test_readme.py",
     QUICKSTART: "tests/grpc/test_readme.py",
     PYTHON_CLIENT: "tests/grpc/test_readme.py",
     WORKER: "tests/grpc/test_worker.py",
@@ -58,10 +59,6 @@ NOT_RUN: dict[Block, str] = {
         "scripts/test is the suite itself; scripts/serve runs until stopped, and "
         "tests/grpc/test_embedded_serve.py runs the `switchboard serve` it execs, "
         "on the embedded PostgreSQL"
-    ),
-    SERVE: (
-        "the server runs until stopped; tests/grpc/test_readme.py starts the same "
-        "`switchboard serve` with an operator token before running the quickstart"
     ),
     Block("docs/scaling-out.md", "sh", "citus_set_coordinator_host"): (
         "it starts three PostgreSQL nodes as root with fixed ports; "
