@@ -33,6 +33,7 @@ import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import psutil
 import pytest
 
 from tests.support.client import Client, make_tenant
@@ -139,24 +140,27 @@ async def newcomer() -> AsyncIterator[Newcomer]:
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,  # bash and the server it starts, stopped together
     )
     server = ServerProcess(proc)
+    children: list[psutil.Process] = []
     try:
         await server.wait_serving(900)  # pip installs .venv-serve first
         yield Newcomer(root, server, users)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(server.stop(), 60)  # its stderr closes when it exits
+        # Ctrl-C in that shell: SIGINT to the server (bash's child: scripts/serve execs it).
+        with contextlib.suppress(psutil.NoSuchProcess):
+            children = psutil.Process(proc.pid).children()
+        for child in children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.send_signal(signal.SIGINT)
+        code = await server.stop(signal.SIGINT, kill_after=60)
         pid_file = root / ".switchboard" / "pgdata" / "postmaster.pid"
         stranded = pid_file.exists()
         if stranded:
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(pid_file.read_text().split()[0]), signal.SIGINT)
         shutil.rmtree(folder, ignore_errors=True)
-    assert not stranded, "\n".join(server.log)
+    assert code == 0 and not stranded, "\n".join(server.log)
 
 
 def quickstart_script() -> str:
