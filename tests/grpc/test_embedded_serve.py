@@ -10,7 +10,7 @@ import pathlib
 import shutil
 import signal
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import grpc
 import pytest
@@ -67,6 +67,19 @@ async def test_serve_embedded_answers_health_and_keeps_data_across_restart(
         assert await second.stop() == 0
 
 
+@contextlib.asynccontextmanager
+async def stopped_cleanly(server: ServerProcess, state_dir: pathlib.Path) -> AsyncIterator[None]:
+    """Runs the block, then stops ``server`` (SIGTERM): it must exit 0 and take its embedded
+    PostgreSQL with it (one left running is stopped here, and fails the test)."""
+    try:
+        yield
+    finally:
+        code = await server.stop()
+        stranded = _stop_stranded_postmaster(state_dir / "pgdata")
+    assert code == 0, "\n".join(server.log)
+    assert not stranded, "the embedded PostgreSQL outlived its server"
+
+
 def _stop_stranded_postmaster(pgdata: pathlib.Path) -> bool:
     """Stops a postmaster its server left running (fast shutdown); whether there was one."""
     try:
@@ -85,29 +98,20 @@ async def test_sighup_without_tls_is_logged_and_the_server_keeps_serving(
     process and the embedded PostgreSQL (daemonised by pg_ctl) ran on without it."""
     env = {"SWITCHBOARD_DATA_DIR": str(state_dir)}
     server = await ServerProcess.start(None, env=env, ready_within=60)
-    try:
+    async with stopped_cleanly(server, state_dir):
         server.proc.send_signal(signal.SIGHUP)
         line = await server.wait_for_log("SIGHUP: reloaded")
         assert '"reloaded": "nothing (no TLS)"' in line  # no TLS: nothing to reload, and said so
         assert await _health(server.address) == health_pb2.HealthCheckResponse.SERVING
-    finally:
-        code = await server.stop()
-        stranded = _stop_stranded_postmaster(state_dir / "pgdata")
-    assert code == 0, "\n".join(server.log)
-    assert not stranded, "the embedded PostgreSQL outlived its server"
 
 
 async def test_sighup_while_starting_does_not_stop_the_server(state_dir: pathlib.Path) -> None:
+    """A SIGHUP once the embedded PostgreSQL has started (migrations run next; it may
+    also come once serving, which the test above covers) is logged and ignored."""
     env = {"SWITCHBOARD_DATA_DIR": str(state_dir)}
     server = await ServerProcess.launch(None, env)
-    try:
-        # The embedded PostgreSQL starts before anything serves.
+    async with stopped_cleanly(server, state_dir):
         await server.wait_for_log("embedded postgres started", within=60)
         server.proc.send_signal(signal.SIGHUP)
         await server.wait_serving(60)
         assert await _health(server.address) == health_pb2.HealthCheckResponse.SERVING
-    finally:
-        code = await server.stop()
-        stranded = _stop_stranded_postmaster(state_dir / "pgdata")
-    assert code == 0, "\n".join(server.log)
-    assert not stranded, "the embedded PostgreSQL outlived its server"

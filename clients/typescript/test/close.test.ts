@@ -30,6 +30,19 @@ after(async () => {
   await harness?.close();
 });
 
+/**
+ * The marker: a connection to `to` ended the old way, with CANCEL; the server's log once
+ * that connection's GOAWAY is in it.
+ */
+async function afterAnAbortedConnection(to: ServerInfo): Promise<string[]> {
+  const baseUrl = `http://${to.address}`;
+  const manager = new Http2SessionManager(baseUrl);
+  const transport = createGrpcTransport({ baseUrl, sessionManager: manager, interceptors: [bearer(to.endpointToken)] });
+  await createClient(AdminService, transport).whoAmI({});
+  manager.abort();
+  return harness.log(to.id, GOAWAY);
+}
+
 test("close() lets a call in flight finish, refuses new ones, and the server logs no GOAWAY error", { timeout: 90_000 }, async () => {
   const sb = connect({ target: server.address, token: server.endpointToken });
   const other = connect({ target: server.address, token: server.endpointToken });
@@ -58,16 +71,7 @@ test("close() lets a call in flight finish, refuses new ones, and the server log
   await sb.close(); // again: harmless
   await other.close();
 
-  // The marker: a connection ended the old way, with CANCEL.
-  const manager = new Http2SessionManager(`http://${server.address}`);
-  const rude = createClient(AdminService, createGrpcTransport({
-    baseUrl: `http://${server.address}`,
-    sessionManager: manager,
-    interceptors: [bearer(server.endpointToken)],
-  }));
-  await rude.whoAmI({});
-  manager.abort();
-  const log = await harness.log(server.id, GOAWAY);
+  const log = await afterAnAbortedConnection(server);
   assert.deepEqual(
     log.filter((line) => line.includes(GOAWAY)).map((line) => line.includes("[8]")),
     [true],
@@ -87,14 +91,6 @@ test("close() cancels a call still in flight when its grace runs out, still with
   await sb.close({ graceMs: 0 });
   await cancelled;
 
-  const manager = new Http2SessionManager(`http://${fresh.address}`);
-  const rude = createClient(AdminService, createGrpcTransport({
-    baseUrl: `http://${fresh.address}`,
-    sessionManager: manager,
-    interceptors: [bearer(fresh.endpointToken)],
-  }));
-  await rude.whoAmI({});
-  manager.abort();
-  const log = await harness.log(fresh.id, GOAWAY);
+  const log = await afterAnAbortedConnection(fresh);
   assert.equal(log.filter((line) => line.includes(GOAWAY)).length, 1, log.join("\n"));
 });
