@@ -207,13 +207,18 @@ class App:
     #: The gRPC listener's certificates (``None``: plaintext).
     certificates: tls.CertificateReloader | None = None
 
-    def reload_certificates(self) -> None:
-        """Loads the TLS certificates again (on SIGHUP): the gRPC listener's, and
-        the HTTP listeners' when their files changed."""
+    def reload(self) -> None:
+        """What ``SIGHUP`` does: loads the TLS certificates again, the gRPC
+        listener's and the HTTP listeners', whether or not their files look
+        changed. Without TLS there is nothing to reload; it is logged all the same."""
+        reloaded = []
         if self.certificates is not None:
             self.certificates.reload()
+            reloaded.append("grpc certificates")
         if self.web is not None and self.web.tls is not None:
-            self.web.tls.reload()
+            self.web.tls.reload(force=True)
+            reloaded.append("http certificates")
+        log.info("SIGHUP: reloaded", extra={"reloaded": ", ".join(reloaded) or "nothing (no TLS)"})
 
     @property
     def http_address(self) -> str:
@@ -512,15 +517,26 @@ def _start_loops(
 
 
 async def serve(settings: Settings) -> int:
-    """Runs until SIGTERM or SIGINT (or a background loop dies); returns the exit code."""
+    """Runs until SIGTERM or SIGINT (or a background loop dies); returns the exit code.
+
+    ``SIGHUP`` never stops it (its default action would, leaving an embedded
+    PostgreSQL running): once serving it reloads what there is to reload
+    (:meth:`App.reload`); before that it is logged and ignored.
+    """
     tracing.configure()
-    app = await start(settings)
     loop = asyncio.get_running_loop()
+    loop.add_signal_handler(
+        signal.SIGHUP, lambda: log.info("SIGHUP while starting: nothing to reload yet")
+    )
+    try:
+        app = await start(settings)
+    except BaseException:
+        loop.remove_signal_handler(signal.SIGHUP)
+        raise
+    loop.add_signal_handler(signal.SIGHUP, app.reload)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    if app.certificates is not None:
-        loop.add_signal_handler(signal.SIGHUP, app.reload_certificates)
     waiters = [
         asyncio.create_task(stop.wait(), name="switchboard.signal"),
         asyncio.create_task(app.supervisor.failed.wait(), name="switchboard.loop-failure"),

@@ -3,9 +3,13 @@
 ``SWITCHBOARD_TLS_CERT`` and ``SWITCHBOARD_TLS_KEY`` (PEM files) turn TLS on;
 ``SWITCHBOARD_TLS_CLIENT_CA`` makes it mutual: a client must present a
 certificate that CA issued before any call is read (its bearer token still
-decides who it is). Plaintext is served without a word only on a loopback
+decides who it is).
+
+Plaintext, on every listener (gRPC, and the HTTP listeners of ``web``, which
+serve HTTPS with the same files), is served without a word only on a loopback
 address; on any other address it needs ``SWITCHBOARD_INSECURE=1`` and logs a
-warning at start, and without it the server refuses to start.
+warning at start, and without it the server refuses to start
+(:func:`exposed_plaintext`, the one rule).
 
 Reloading: grpc's dynamic server credentials ask a fetcher for a new
 certificate configuration at every new handshake. :meth:`CertificateReloader.fetch`
@@ -72,13 +76,69 @@ def is_loopback(listen: str) -> bool:
     if listen.startswith(("unix:", "unix-abstract:")):
         return True
     host = listen.rsplit(":", 1)[0] if ":" in listen else listen
-    host = host.strip("[]")
+    return _loopback_host(host.strip("[]"))
+
+
+def _loopback_host(host: str) -> bool:
     if host.lower() == "localhost":
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+#: The host an HTTP listener binds when its address has none (``:8050``).
+HTTP_DEFAULT_HOST = "127.0.0.1"
+
+
+def http_host(listen: str) -> str:
+    """The host an HTTP listener's ``host:port`` binds (an empty host is loopback)."""
+    return listen.rpartition(":")[0].strip("[]") or HTTP_DEFAULT_HOST
+
+
+def exposed_plaintext(settings: Settings, *, grpc: bool = True) -> list[tuple[str, str]]:
+    """The listeners that would serve plaintext on a non-loopback address: (what, listen).
+
+    Without TLS files every listener is plaintext: the gRPC one (``grpc``), the
+    board's and the metrics' own. Those on a loopback address are safe; the
+    others need ``SWITCHBOARD_INSECURE``.
+    """
+    if files_of(settings) is not None:
+        return []
+    listeners = [("gRPC", settings.listen)] if grpc else []
+    listeners.append(("HTTP", settings.http_listen))
+    if settings.metrics_listen is not None:
+        listeners.append(("metrics HTTP", settings.metrics_listen))
+    return [
+        (what, listen)
+        for what, listen in listeners
+        if not (is_loopback(listen) if what == "gRPC" else _loopback_host(http_host(listen)))
+    ]
+
+
+def refuse_plaintext(settings: Settings, *, grpc: bool = True) -> None:
+    """Raises ``TLSError`` for a listener that would serve plaintext on a non-loopback
+    address without ``SWITCHBOARD_INSECURE``; with it, logs a warning for each."""
+    for what, listen in exposed_plaintext(settings, grpc=grpc):
+        if not settings.insecure:
+            raise TLSError(
+                f"refusing plaintext {what} on {listen}, which is not a loopback "
+                "address: set SWITCHBOARD_TLS_CERT and SWITCHBOARD_TLS_KEY, or "
+                "SWITCHBOARD_INSECURE=1 to send tokens unencrypted on purpose"
+            )
+
+
+def warn_plaintext(settings: Settings, *, grpc: bool) -> None:
+    """One warning per plaintext listener on a non-loopback address (allowed by
+    ``SWITCHBOARD_INSECURE``): ``grpc`` for the gRPC listener, else the HTTP ones."""
+    for what, listen in exposed_plaintext(settings, grpc=grpc):
+        if (what == "gRPC") == grpc:
+            log.warning(
+                "plaintext on a non-loopback address (SWITCHBOARD_INSECURE): "
+                "bearer tokens cross the network unencrypted",
+                extra={"listener": what, "listen": listen},
+            )
 
 
 def files_of(settings: Settings) -> TLSFiles | None:
@@ -103,17 +163,12 @@ def files_of(settings: Settings) -> TLSFiles | None:
 def check(settings: Settings) -> TLSFiles | None:
     """Everything ``serve`` must know before it starts: raises ``TLSError`` with one line.
 
-    The files load and match; plaintext listens on a loopback address or
-    ``SWITCHBOARD_INSECURE`` says so.
+    The files load and match; every plaintext listener (gRPC and HTTP) listens
+    on a loopback address or ``SWITCHBOARD_INSECURE`` says so.
     """
     files = files_of(settings)
     if files is None:
-        if not is_loopback(settings.listen) and not settings.insecure:
-            raise TLSError(
-                f"refusing plaintext gRPC on {settings.listen}, which is not a loopback "
-                "address: set SWITCHBOARD_TLS_CERT and SWITCHBOARD_TLS_KEY, or "
-                "SWITCHBOARD_INSECURE=1 to send tokens unencrypted on purpose"
-            )
+        refuse_plaintext(settings)
         return None
     try:
         _load(files)
@@ -197,12 +252,7 @@ def add_port(server: grpc.aio.Server, settings: Settings) -> tuple[int, Certific
     """Adds the listener (TLS when configured); returns its port and the reloader."""
     files = check(settings)
     if files is None:
-        if not is_loopback(settings.listen):
-            log.warning(
-                "plaintext gRPC on a non-loopback address (SWITCHBOARD_INSECURE): "
-                "bearer tokens cross the network unencrypted",
-                extra={"listen": settings.listen},
-            )
+        warn_plaintext(settings, grpc=True)
         return server.add_insecure_port(settings.listen), None
     reloader = CertificateReloader(files)
     return server.add_secure_port(settings.listen, reloader.credentials()), reloader

@@ -8,22 +8,29 @@ ENV, USER, WORKDIR, VOLUME, ENTRYPOINT, CMD, HEALTHCHECK):
 * a clean venv gets the dependency wheels, then the client package alone (it
   works without the server), then ``switchboard-server[EXTRAS]``, offline
   (``--no-index``): a runtime install without any dev extra;
-* the entrypoint runs as an unprivileged user, with the install, ``HOME`` and the
-  working directory read-only (owned by root) and only the data directory (the
-  volume) and a temp dir writable: the ``--read-only --tmpfs /tmp`` container;
-* the HEALTHCHECK command and a gRPC health check see it serving on the addresses
-  from ENV (``0.0.0.0``), and SIGTERM stops it cleanly with the embedded
-  PostgreSQL.
+* the entrypoint runs as an unprivileged user, with the install read-only (owned
+  by root) and only ``HOME`` (its own, as the Dockerfile makes it), the data
+  directory (the volume) and a temp dir writable: the README's ``--read-only
+  --tmpfs /tmp --tmpfs /home/switchboard`` container;
+* with the image's ENV alone it refuses to start: plaintext on ``0.0.0.0``;
+* with the ``-e`` variables of the README's runs, its TLS run (certificate files
+  mounted at ``/certs``, here a directory they are mapped onto) and its plaintext
+  trial (``SWITCHBOARD_INSECURE=1``), the HEALTHCHECK command and a gRPC health
+  check see it serving on the addresses from ENV (``0.0.0.0``), and SIGTERM stops
+  it cleanly with the embedded PostgreSQL.
 
 Not covered: the base image, apt's tini (used when the host has it), a real
-read-only mount.
+read-only mount, Docker's own parsing of the flags.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import pathlib
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -37,6 +44,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.support import dockerfile, unprivileged
+from tests.support.certs import CertificateAuthority
+from tests.support.doc_blocks import CONTAINER_TLS, CONTAINER_TRIAL
 from tests.support.processes import ServerProcess
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
@@ -171,6 +180,43 @@ def _container_env(
     return env
 
 
+@dataclass(frozen=True)
+class DockerRun:
+    """The flags of a ``docker run`` block that reach the process: ``-e`` and ``-v``."""
+
+    env: dict[str, str]
+    #: container path -> host path, as written (``"$PWD/certs"``).
+    mounts: dict[str, str]
+
+
+def docker_run(block: str) -> DockerRun:
+    """Reads a documented ``docker run`` command (one, continued over lines)."""
+    words = shlex.split(re.sub(r"\\\n", " ", block), comments=True)
+    assert words[:2] == ["docker", "run"], block
+    env: dict[str, str] = {}
+    mounts: dict[str, str] = {}
+    for flag, value in itertools.pairwise(words):
+        if flag == "-e":
+            name, _, setting = value.partition("=")
+            env[name] = setting
+        elif flag == "-v":
+            host, container = value.split(":")[:2]
+            mounts[container] = host
+    return DockerRun(env, mounts)
+
+
+def _run_env(run: DockerRun, certs: pathlib.Path | None = None) -> dict[str, str]:
+    """A run's ``-e`` variables, with paths under its ``/certs`` mount mapped onto ``certs``."""
+    env = dict(run.env)
+    env.pop("SWITCHBOARD_OPERATOR_TOKEN", None)  # a shell substitution or a placeholder
+    for name, value in env.items():
+        for container in run.mounts:
+            if value.startswith(container + "/"):
+                assert certs is not None and container == "/certs", (name, value)
+                env[name] = str(certs / value.removeprefix(container + "/"))
+    return env
+
+
 def _entrypoint(image: Image) -> list[str]:
     argv = image.stage.last("ENTRYPOINT").exec_form() + image.stage.last("CMD").exec_form()
     if argv[0].endswith("/tini") and not os.access(argv[0], os.X_OK):
@@ -204,26 +250,25 @@ async def _grpc_health(address: str) -> int:
 
 @pytest.fixture
 def container_dirs(image: Image) -> Iterator[tuple[pathlib.Path, pathlib.Path, pathlib.Path]]:
-    """(data volume, read-only HOME/WORKDIR, /tmp) for one container run."""
+    """(data volume, the user's HOME/WORKDIR, /tmp) for one container run."""
     user = unprivileged.ensure_user()
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="sb-container-"))
     scratch.chmod(0o755)
     data, home, tmp = scratch / "data", scratch / "home", scratch / "tmp"
-    home.mkdir(mode=0o755)
-    for writable in (data, tmp):
+    for writable in (data, home, tmp):
         writable.mkdir(mode=0o700)
         os.chown(writable, user.pw_uid, user.pw_gid)
     yield data, home, tmp
     shutil.rmtree(scratch, ignore_errors=True)
 
 
-@pytest.mark.slow
-async def test_entrypoint_serves_as_non_root_with_a_read_only_root(
-    image: Image, container_dirs: tuple[pathlib.Path, pathlib.Path, pathlib.Path]
-) -> None:
-    data, home, tmp = container_dirs
+async def _start(
+    image: Image, dirs: tuple[pathlib.Path, pathlib.Path, pathlib.Path], run_env: dict[str, str]
+) -> tuple[ServerProcess, dict[str, str]]:
+    """The entrypoint as the image's user, with the image's ENV and a run's ``-e`` variables."""
+    data, home, tmp = dirs
     uid = unprivileged.ensure_user().pw_uid
-    env = _container_env(image, data, home, tmp)
+    env = {**_container_env(image, data, home, tmp), **run_env}
     proc = await asyncio.create_subprocess_exec(
         *_entrypoint(image),
         env=env,
@@ -235,14 +280,52 @@ async def test_entrypoint_serves_as_non_root_with_a_read_only_root(
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
     )
-    server = ServerProcess(proc)
+    return ServerProcess(proc), env
+
+
+async def _stopped_cleanly(server: ServerProcess, data: pathlib.Path) -> None:
+    code = await server.stop(signal.SIGTERM, kill_after=30)
+    log = "\n".join(server.log)
+    assert code == 0, log
+    assert "Traceback" not in log, log
+    # The embedded PostgreSQL stopped with it and kept everything in the volume.
+    assert (data / "pgdata" / "PG_VERSION").exists()
+    assert not (data / "pgdata" / "postmaster.pid").exists(), log
+
+
+async def test_as_shipped_it_refuses_to_serve_plaintext_on_every_interface(
+    image: Image, container_dirs: tuple[pathlib.Path, pathlib.Path, pathlib.Path]
+) -> None:
+    """No SWITCHBOARD_INSECURE in the image: without TLS files, or that variable given
+    at run time, tokens would cross the network in plaintext, so it does not start."""
+    assert "SWITCHBOARD_INSECURE" not in image.stage.env()
+    data, home, tmp = container_dirs
+    uid = unprivileged.ensure_user().pw_uid
+    env = _container_env(image, data, home, tmp)
+    code, out = await _run_as(uid, _entrypoint(image), env, home)
+    assert code == 2, out
+    assert out.startswith("switchboard: refusing plaintext gRPC on 0.0.0.0"), out
+    assert len(out.strip().splitlines()) == 1, out
+    assert not (container_dirs[0] / "pgdata").exists()  # before the database started
+
+
+@pytest.mark.slow
+async def test_entrypoint_serves_a_plaintext_trial_when_the_run_asks_for_it(
+    image: Image, container_dirs: tuple[pathlib.Path, pathlib.Path, pathlib.Path]
+) -> None:
+    data, home, _tmp = container_dirs
+    uid = unprivileged.ensure_user().pw_uid
+    trial = _run_env(docker_run(CONTAINER_TRIAL.text()))
+    assert trial == {"SWITCHBOARD_INSECURE": "1"}
+    server, env = await _start(image, container_dirs, trial)
     try:
         await server.wait_serving(90)
         log = "\n".join(server.log)
-        # Reachable from outside the container: bound on every interface.
+        # Reachable from outside the container: bound on every interface, and warned.
         grpc_host, _, grpc_port = server.address.rpartition(":")
         http_host, _, http_port = server.http_address.rpartition(":")
         assert grpc_host == http_host == "0.0.0.0", log
+        assert sum("bearer tokens cross the network unencrypted" in line for line in server.log)
         assert await _grpc_health(f"127.0.0.1:{grpc_port}") == (
             health_pb2.HealthCheckResponse.SERVING
         )
@@ -252,12 +335,53 @@ async def test_entrypoint_serves_as_non_root_with_a_read_only_root(
             uid, image.stage.last("HEALTHCHECK").exec_form(), check_env, home
         )
         assert status == 0, out
+        assert list(home.iterdir()) == []  # the server writes nothing there...
+        status, out = await _run_as(  # ...but HOME is the user's to write
+            uid,
+            ["python", "-c", "import os, pathlib; (pathlib.Path.home() / '.probe').touch()"],
+            env,
+            home,
+        )
+        assert status == 0, out
     finally:
-        code = await server.stop(signal.SIGTERM, kill_after=30)
-    log = "\n".join(server.log)
-    assert code == 0, log
-    assert "Traceback" not in log, log
-    # The embedded PostgreSQL stopped with it and kept everything in the volume.
-    assert (data / "pgdata" / "PG_VERSION").exists()
-    assert not (data / "pgdata" / "postmaster.pid").exists(), log
-    assert list(home.iterdir()) == []
+        await _stopped_cleanly(server, data)
+
+
+@pytest.mark.slow
+async def test_entrypoint_serves_tls_from_mounted_certificate_files(
+    image: Image, container_dirs: tuple[pathlib.Path, pathlib.Path, pathlib.Path]
+) -> None:
+    """The README's TLS run: its ``-e`` variables, its ``/certs`` mount mapped onto a
+    directory of certificates made here (readable by the image's user)."""
+    data, home, _tmp = container_dirs
+    user = unprivileged.ensure_user()
+    run = docker_run(CONTAINER_TLS.text())
+    assert "SWITCHBOARD_INSECURE" not in run.env and "/certs" in run.mounts
+    certs = data.parent / "certs"
+    certs.mkdir(mode=0o755)
+    ca = CertificateAuthority(certs)
+    tls_env = _run_env(run, certs)
+    ca.issue_to(
+        pathlib.Path(tls_env["SWITCHBOARD_TLS_CERT"]), pathlib.Path(tls_env["SWITCHBOARD_TLS_KEY"])
+    )
+    os.chown(tls_env["SWITCHBOARD_TLS_KEY"], user.pw_uid, user.pw_gid)
+    server, env = await _start(image, container_dirs, tls_env)
+    try:
+        await server.wait_serving(90)
+        log = "\n".join(server.log)
+        assert '"tls": "on"' in log and "unencrypted" not in log, log
+        grpc_port = server.address.rpartition(":")[2]
+        http_host, _, http_port = server.http_address.rpartition(":")
+        assert http_host == "0.0.0.0"
+        credentials = grpc.ssl_channel_credentials(ca.path.read_bytes())
+        async with grpc.aio.secure_channel(f"127.0.0.1:{grpc_port}", credentials) as channel:
+            resp = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+            assert resp.status == health_pb2.HealthCheckResponse.SERVING
+        # The image's HEALTHCHECK speaks HTTPS to it.
+        check_env = {**env, "SWITCHBOARD_HTTP_LISTEN": f"0.0.0.0:{http_port}"}
+        status, out = await _run_as(
+            user.pw_uid, image.stage.last("HEALTHCHECK").exec_form(), check_env, home
+        )
+        assert status == 0, out
+    finally:
+        await _stopped_cleanly(server, data)

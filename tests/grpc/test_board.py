@@ -298,6 +298,15 @@ async def test_another_owners_queues_never_appear_and_agent_tokens_cannot_sign_i
     assert not await browser.exists("form[action$='/todos/confirm']")
 
 
+async def test_the_listeners_root_sends_a_person_to_the_board(server: App) -> None:
+    """``/`` was a 404: someone who opens the listener's address reaches the board."""
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://{server.http_address}/", allow_redirects=False) as resp:
+            assert resp.status == 302 and resp.headers["Location"] == "/board"
+        async with http.get(f"http://{server.http_address}/") as resp:
+            assert resp.status == 200 and str(resp.url).endswith("/board/signin")
+
+
 async def test_board_http_statuses_session_cookie_and_csrf(
     server: App, client: Client, tenant: Tenant
 ) -> None:

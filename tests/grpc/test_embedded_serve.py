@@ -1,13 +1,18 @@
-"""The README's first command: ``switchboard serve`` with no database URL."""
+"""The README's first command: ``switchboard serve`` with no database URL: it serves,
+keeps its data across a restart, and a ``SIGHUP`` (a closed terminal, a reload by
+habit) neither stops it nor strands its embedded PostgreSQL."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import pathlib
 import shutil
+import signal
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import grpc
 import pytest
@@ -78,3 +83,53 @@ async def test_serve_embedded_answers_health_and_keeps_data_across_restart(
         "cannot start" in line and "secret.key" in line and "does not hold" in line
         for line in third.log
     ), third.log
+
+
+@contextlib.asynccontextmanager
+async def stopped_cleanly(server: ServerProcess, state_dir: pathlib.Path) -> AsyncIterator[None]:
+    """Runs the block, then stops ``server`` (SIGTERM): it must exit 0 and take its embedded
+    PostgreSQL with it (one left running is stopped here, and fails the test)."""
+    try:
+        yield
+    finally:
+        code = await server.stop()
+        stranded = _stop_stranded_postmaster(state_dir / "pgdata")
+    assert code == 0, "\n".join(server.log)
+    assert not stranded, "the embedded PostgreSQL outlived its server"
+
+
+def _stop_stranded_postmaster(pgdata: pathlib.Path) -> bool:
+    """Stops a postmaster its server left running (fast shutdown); whether there was one."""
+    try:
+        pid = int((pgdata / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGINT)
+    return True
+
+
+async def test_sighup_without_tls_is_logged_and_the_server_keeps_serving(
+    state_dir: pathlib.Path,
+) -> None:
+    """Once, with no TLS, no handler was installed: SIGHUP's default action ended the
+    process and the embedded PostgreSQL (daemonised by pg_ctl) ran on without it."""
+    env = {"SWITCHBOARD_DATA_DIR": str(state_dir)}
+    server = await ServerProcess.start(None, env=env, ready_within=60)
+    async with stopped_cleanly(server, state_dir):
+        server.proc.send_signal(signal.SIGHUP)
+        line = await server.wait_for_log("SIGHUP: reloaded")
+        assert '"reloaded": "nothing (no TLS)"' in line  # no TLS: nothing to reload, and said so
+        assert await _health(server.address) == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_sighup_while_starting_does_not_stop_the_server(state_dir: pathlib.Path) -> None:
+    """A SIGHUP once the embedded PostgreSQL has started (migrations run next; it may
+    also come once serving, which the test above covers) is logged and ignored."""
+    env = {"SWITCHBOARD_DATA_DIR": str(state_dir)}
+    server = await ServerProcess.launch(None, env)
+    async with stopped_cleanly(server, state_dir):
+        await server.wait_for_log("embedded postgres started", within=60)
+        server.proc.send_signal(signal.SIGHUP)
+        await server.wait_serving(60)
+        assert await _health(server.address) == health_pb2.HealthCheckResponse.SERVING

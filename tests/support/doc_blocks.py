@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from tests.support.markdown import Block
 
-#: The quickstart's server start (its exports are the test server's settings).
-SERVE = Block("README.md", "sh", "export SWITCHBOARD_OPERATOR_TOKEN=sbo_choose")
+#: The quickstart's server start.
+SERVE = Block("README.md", "sh", "export SWITCHBOARD_HOOKS_ALLOW_PRIVATE=1")
 #: The quickstart's grpcurl steps.
 QUICKSTART = Block("README.md", "sh", "grpcurl -plaintext localhost:50051 list")
 #: The quickstart's Python client example.
@@ -26,11 +26,16 @@ ADMISSION_EXAMPLE = Block("docs/admission.md", "sh", "AdmissionService/SetPolicy
 WALKTHROUGH = Block("docs/grpcurl.md", "sh", "call()")
 #: The command line's example session.
 CLI_EXAMPLE = Block("docs/cli.md", "sh", "switchboard policy set investigations")
+#: The README's container run with TLS from mounted certificate files.
+CONTAINER_TLS = Block("README.md", "sh", "SWITCHBOARD_TLS_CERT=/certs/server.crt")
+#: The README's container trial in plaintext (asked for at run time).
+CONTAINER_TRIAL = Block("README.md", "sh", "-e SWITCHBOARD_INSECURE=1")
 #: Moving a plain-PostgreSQL database onto a Citus cluster (dump, restore, distribute).
 MOVE_TO_CLUSTER = Block("docs/scaling-out.md", "sh", "pg_restore")
 
 #: Each executed block, and the test file that runs it (it names the block).
 EXECUTED: dict[Block, str] = {
+    SERVE: "tests/grpc/test_readme.py",
     QUICKSTART: "tests/grpc/test_readme.py",
     PYTHON_CLIENT: "tests/grpc/test_readme.py",
     WORKER: "tests/grpc/test_worker.py",
@@ -42,14 +47,18 @@ EXECUTED: dict[Block, str] = {
 
 #: Command blocks no test runs as written, and why.
 NOT_RUN: dict[Block, str] = {
+    CONTAINER_TLS: (
+        "no Docker engine runs where the tests run; tests/deploy/test_container.py runs "
+        "the image's entrypoint with this block's -e variables and its /certs mount"
+    ),
+    CONTAINER_TRIAL: (
+        "no Docker engine runs where the tests run; tests/deploy/test_container.py runs "
+        "the image's entrypoint with this block's -e variables"
+    ),
     Block("README.md", "sh", "scripts/test      # run the whole test suite"): (
         "scripts/test is the suite itself; scripts/serve runs until stopped, and "
         "tests/grpc/test_embedded_serve.py runs the `switchboard serve` it execs, "
         "on the embedded PostgreSQL"
-    ),
-    SERVE: (
-        "the server runs until stopped; tests/grpc/test_readme.py starts the same "
-        "`switchboard serve` with an operator token before running the quickstart"
     ),
     Block("docs/scaling-out.md", "sh", "citus_set_coordinator_host"): (
         "it starts three PostgreSQL nodes as root with fixed ports; "

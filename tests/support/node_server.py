@@ -17,7 +17,9 @@ request per stdin line with one JSON line on stdout (``{"seq": n, "result": ...}
   again on the same address and database;
 - ``{"op": "move_clock", "id", "seconds"}``, ``{"op": "set_clock", "id", "at"}`` (ISO 8601)
   and ``{"op": "now", "id"}`` move and read its shared clock (tests/support/databases.py);
-- ``{"op": "query", "id", "sql"}``: the rows of a query on its database, as JSON objects.
+- ``{"op": "query", "id", "sql"}``: the rows of a query on its database, as JSON objects;
+- ``{"op": "log", "id", "until"}``: the lines its ``switchboard serve`` has written to stderr
+  so far, once one of them contains ``until`` (waiting up to 30 s for it).
 
 On stdin EOF it stops every server, drops the databases and stops PostgreSQL.
 """
@@ -95,6 +97,10 @@ class _Harness:
             return (await db_now(served.db)).isoformat()
         if op == "now":
             return (await db_now(served.db)).isoformat()
+        if op == "log":
+            assert served.process is not None, "the server is stopped"
+            await served.process.wait_for_log(str(request["until"]))
+            return served.process.log
         if op == "query":
             async with served.db.connection() as conn:
                 rows = await conn.fetch(request["sql"])

@@ -31,5 +31,5 @@ try {
   const seconds = (performance.now() - started) / 1000;
   console.log(JSON.stringify({ seconds, stats: worker.stats }));
 } finally {
-  sb.close();
+  await sb.close();
 }

@@ -6,7 +6,7 @@
  * const sb = connect({ target: "127.0.0.1:50051", token: "sbe_..." }); // plaintext
  * const tls = connect({ target: "sb.internal:50051", cacert: "ca.pem", cert: "me.crt", key: "me.key" });
  * await sb.dispatch.ingest({ queue: { name: "work" }, payload: new TextEncoder().encode("hi") });
- * sb.close();
+ * await sb.close(); // waits for calls in flight, then ends the connection cleanly
  * ```
  *
  * Like the Python `switchboard.connect.channel`: a connection is TLS when any of
@@ -15,10 +15,17 @@
  * default roots. `cert` and `key` (mutual TLS) go together. Files are PEM, read once here.
  */
 import { readFileSync } from "node:fs";
-import type { SecureClientSessionOptions } from "node:http2";
+import * as http2 from "node:http2";
 
 import type { MessageInitShape } from "@bufbuild/protobuf";
-import { createClient, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
+import {
+  Code,
+  ConnectError,
+  createClient,
+  type Client,
+  type Interceptor,
+  type Transport,
+} from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 
 import { AdminService } from "./gen/switchboard/v1/admin_pb.js";
@@ -52,15 +59,94 @@ export interface ConnectOptions {
   interceptors?: Interceptor[];
 }
 
-/** A transport and the clients of the three services over it. */
+/** How {@link Connection.close} treats calls in flight. */
+export interface CloseOptions {
+  /**
+   * How long calls in flight may take to finish before they are cancelled (5000 ms by
+   * default; 0 cancels them at once). A stream that runs until told otherwise, such as a
+   * `watchReopen` doorbell, is cancelled when this runs out.
+   */
+  graceMs?: number;
+}
+
+/** A transport and the clients of the four services over it. */
 export interface Connection {
   readonly transport: Transport;
   readonly dispatch: Client<typeof DispatchService>;
   readonly admission: Client<typeof AdmissionService>;
   readonly admin: Client<typeof AdminService>;
   readonly schedules: Client<typeof ScheduleService>;
-  /** Closes the HTTP/2 connection (calls in flight fail with `canceled`). */
-  close(): void;
+  /**
+   * Closes the HTTP/2 connection cleanly: new calls fail with `canceled` at once, calls
+   * in flight get `graceMs` to finish (then each is cancelled on its own stream), and the
+   * connection ends with a GOAWAY that says NO_ERROR, so the server sees a client that
+   * left, not a fault. Resolves once the socket is closed; calling it again is harmless.
+   */
+  close(options?: CloseOptions): Promise<void>;
+}
+
+/** Calls in flight may take this long to finish when a connection closes. */
+export const DEFAULT_CLOSE_GRACE_MS = 5000;
+
+/**
+ * connect-node's session manager with a clean close. Its own `abort()` destroys the session
+ * with the HTTP/2 error code CANCEL, which grpc's server logs as a fault
+ * (`Got goaway [8] err=UNAVAILABLE`) for every client that merely finished. This one keeps
+ * the streams and sessions it opened, so that {@link close} can let the streams finish (or
+ * cancel them one by one) and then close each session with NO_ERROR.
+ */
+class ClosingSessionManager extends Http2SessionManager {
+  #streams = new Set<http2.ClientHttp2Stream>();
+  #sessions = new Set<http2.ClientHttp2Session>();
+  #closing: Promise<void> | undefined;
+
+  override async request(
+    method: string,
+    path: string,
+    headers: http2.OutgoingHttpHeaders,
+    options: Omit<http2.ClientSessionRequestOptions, "signal">,
+  ): Promise<http2.ClientHttp2Stream> {
+    if (this.#closing !== undefined) throw new ConnectError("the connection is closed", Code.Canceled);
+    const stream = await super.request(method, path, headers, options);
+    this.#streams.add(stream);
+    stream.once("close", () => this.#streams.delete(stream));
+    const session = stream.session as http2.ClientHttp2Session | undefined;
+    if (session !== undefined && !this.#sessions.has(session)) {
+      this.#sessions.add(session);
+      session.once("close", () => this.#sessions.delete(session));
+    }
+    return stream;
+  }
+
+  close(graceMs: number): Promise<void> {
+    this.#closing ??= this.#close(graceMs);
+    return this.#closing;
+  }
+
+  async #close(graceMs: number): Promise<void> {
+    const finished = Promise.all([...this.#streams].map((stream) => closed(stream)));
+    let timer: NodeJS.Timeout | undefined;
+    const graceOver = new Promise<void>((res) => (timer = setTimeout(res, Math.max(0, graceMs))));
+    await Promise.race([finished, graceOver]);
+    clearTimeout(timer);
+    for (const stream of this.#streams) stream.close(http2.constants.NGHTTP2_CANCEL);
+    // close(): no new streams, a GOAWAY with NO_ERROR, the socket ends once the streams have.
+    await Promise.all(
+      [...this.#sessions].map((session) => {
+        const done = closed(session);
+        session.ref(); // an idle session is unref'd: the process must wait for its goodbye
+        session.close();
+        return done;
+      }),
+    );
+    this.abort(); // nothing is left open: this only resets the manager's state
+  }
+}
+
+/** Resolves once a stream or session has emitted `close` (at once if it is destroyed). */
+function closed(what: http2.ClientHttp2Stream | http2.ClientHttp2Session): Promise<void> {
+  if (what.destroyed) return Promise.resolve();
+  return new Promise((res) => what.once("close", () => res()));
 }
 
 /** `[host:port, tls]` of a target: `https://host[:port]` means TLS (port 443 by default). */
@@ -90,10 +176,10 @@ export function bearer(token: string): Interceptor {
   };
 }
 
-/** A gRPC transport to a server (see the module docs) and a way to close it. */
+/** A gRPC transport to a server (see the module docs) and a way to close it (see {@link Connection.close}). */
 export function createTransport(options: ConnectOptions = {}): {
   transport: Transport;
-  close: () => void;
+  close: (options?: CloseOptions) => Promise<void>;
 } {
   const [address, https] = splitTarget(options.target ?? DEFAULT_TARGET);
   const { cacert, cert, key } = options;
@@ -103,7 +189,7 @@ export function createTransport(options: ConnectOptions = {}): {
   }
   if (!secure && options.serverName !== undefined) throw new Error("serverName needs TLS");
   const baseUrl = `${secure ? "https" : "http"}://${address}`;
-  const nodeOptions: SecureClientSessionOptions = {};
+  const nodeOptions: http2.SecureClientSessionOptions = {};
   if (secure) {
     if (cacert !== undefined) nodeOptions.ca = read("CA certificate", cacert);
     if (cert !== undefined && key !== undefined) {
@@ -112,7 +198,7 @@ export function createTransport(options: ConnectOptions = {}): {
     }
     if (options.serverName !== undefined) nodeOptions.servername = options.serverName;
   }
-  const sessionManager = new Http2SessionManager(baseUrl, {}, nodeOptions);
+  const sessionManager = new ClosingSessionManager(baseUrl, {}, nodeOptions);
   const interceptors = [
     ...(options.token !== undefined ? [bearer(options.token)] : []),
     ...(options.interceptors ?? []),
@@ -123,10 +209,13 @@ export function createTransport(options: ConnectOptions = {}): {
     interceptors,
     ...(options.timeoutMs !== undefined ? { defaultTimeoutMs: options.timeoutMs } : {}),
   });
-  return { transport, close: () => sessionManager.abort() };
+  return {
+    transport,
+    close: (closing: CloseOptions = {}) => sessionManager.close(closing.graceMs ?? DEFAULT_CLOSE_GRACE_MS),
+  };
 }
 
-/** A transport and the three service clients (see the module docs). */
+/** A transport and the four service clients (see the module docs). */
 export function connect(options: ConnectOptions = {}): Connection {
   const { transport, close } = createTransport(options);
   return {

@@ -4,6 +4,7 @@
  * (also importable one file at a time from `@switchboard/client/gen/switchboard/v1/<file>_pb`).
  */
 export {
+  DEFAULT_CLOSE_GRACE_MS,
   DEFAULT_TARGET,
   bearer,
   connect,
@@ -11,6 +12,7 @@ export {
   createTransport,
   queueRef,
   splitTarget,
+  type CloseOptions,
   type ConnectOptions,
   type Connection,
 } from "./connection.js";

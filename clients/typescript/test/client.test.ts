@@ -64,7 +64,7 @@ describe("the client against a real server", () => {
   });
 
   after(async () => {
-    for (const c of [agent, human, stranger]) c?.close();
+    await Promise.all([agent, human, stranger].map((c) => c?.close()));
     await harness?.close();
   });
 
@@ -438,7 +438,7 @@ describe("the client against a real server", () => {
       }
       assert.throws(() => connect({ target, cert: tls.clientCert! }), /needs its key/);
     } finally {
-      for (const c of [mutual, anonymous, plaintext]) c.close();
+      await Promise.all([mutual, anonymous, plaintext].map((c) => c.close()));
     }
   });
 });

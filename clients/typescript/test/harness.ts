@@ -117,6 +117,11 @@ export class Harness {
     return this.request<T[]>("query", { id, sql });
   }
 
+  /** The lines the server wrote to stderr so far, once one of them contains `until` (within 30 s). */
+  log(id: number, until: string): Promise<string[]> {
+    return this.request<string[]>("log", { id, until });
+  }
+
   /** Closes stdin: the harness stops its servers and PostgreSQL, then exits. */
   async close(): Promise<void> {
     if (this.#child.exitCode !== null) return;

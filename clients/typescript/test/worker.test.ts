@@ -61,7 +61,7 @@ describe("the worker against a real server", () => {
   });
 
   after(async () => {
-    for (const c of connections) c.close();
+    await Promise.all(connections.map((c) => c.close()));
     await harness?.close();
   });
 

@@ -3,10 +3,12 @@
 Routes are added by the modules that own them (``metrics``, ``board``); this
 module only assembles and runs the applications. The listener is loopback by
 default: the board signs people in with a human token, and /metrics is the
-operator's. With ``SWITCHBOARD_METRICS_LISTEN``, ``/metrics`` moves to a
-listener of its own (so it can be exposed without the board); ``/healthz``
-answers on both. With ``SWITCHBOARD_TLS_CERT`` and ``SWITCHBOARD_TLS_KEY``,
-every HTTP listener speaks HTTPS only (``web.tls``).
+operator's; plaintext on any other address needs ``SWITCHBOARD_INSECURE``,
+as on the gRPC listener (``switchboard_server.tls``). With
+``SWITCHBOARD_METRICS_LISTEN``, ``/metrics`` moves to a listener of its own (so
+it can be exposed without the board); ``/healthz`` answers on both. With
+``SWITCHBOARD_TLS_CERT`` and ``SWITCHBOARD_TLS_KEY``, every HTTP listener speaks
+HTTPS only (``web.tls``).
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import ipaddress
 import logging
 from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from switchboard_server import tls as tls_rule
 from switchboard_server.admission import AdmissionControl
 from switchboard_server.auth import Authenticator
 from switchboard_server.config import Settings
@@ -52,9 +54,11 @@ class WebDeps:
 def build_app(
     deps: WebDeps, proxies: Proxies | None = None, *, with_metrics: bool = True
 ) -> web.Application:
-    """The board's application: ``/healthz``, the board and (unless moved) ``/metrics``."""
+    """The board's application: ``/healthz``, the board (``/`` redirects to it) and
+    (unless moved) ``/metrics``."""
     app = web.Application()
     app.router.add_get("/healthz", functools.partial(_healthz, deps.readiness))
+    app.router.add_get("/", _to_board)
     add_board(app, deps, proxies)
     if with_metrics:
         metrics_route.add_routes(app, deps)
@@ -67,6 +71,11 @@ def build_metrics_app(deps: WebDeps) -> web.Application:
     app.router.add_get("/healthz", functools.partial(_healthz, deps.readiness))
     metrics_route.add_routes(app, deps)
     return app
+
+
+async def _to_board(_request: web.Request) -> web.Response:
+    """``/`` is the board's address to a person who types only the host and port."""
+    raise web.HTTPFound("/board")
 
 
 async def _healthz(readiness: Readiness, _request: web.Request) -> web.Response:
@@ -99,13 +108,13 @@ class HttpListener:
 
 
 async def _serve(app: web.Application, listen: str, tls: ServerTLS | None) -> web.AppRunner:
-    host, _, port = listen.rpartition(":")
+    port = listen.rpartition(":")[2]
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:
         site = web.TCPSite(
             runner,
-            host.strip("[]") or "127.0.0.1",
+            tls_rule.http_host(listen),
             int(port),
             ssl_context=tls.context if tls is not None else None,
         )
@@ -120,35 +129,13 @@ def _port(runner: web.AppRunner) -> int:
     return int(runner.addresses[0][1])
 
 
-def is_loopback(listen: str) -> bool:
-    """Whether ``host:port`` listens on loopback only (an empty host is loopback here)."""
-    host = listen.rpartition(":")[0].strip("[]")
-    if host in ("", "localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _warn_if_plaintext(settings: Settings) -> None:
-    for name, listen in (
-        ("SWITCHBOARD_HTTP_LISTEN", settings.http_listen),
-        ("SWITCHBOARD_METRICS_LISTEN", settings.metrics_listen),
-    ):
-        if listen is not None and not is_loopback(listen):
-            log.warning(
-                "http listener is plain HTTP on a non-loopback address; set "
-                "SWITCHBOARD_TLS_CERT and SWITCHBOARD_TLS_KEY, or keep it behind a TLS proxy",
-                extra={"setting": name, "listen": listen},
-            )
-
-
 async def start_http(deps: WebDeps, settings: Settings) -> HttpListener:
     """Starts the HTTP listener(s) the settings ask for; returns once they accept."""
     tls = server_tls(settings.tls_cert, settings.tls_key)
     if tls is None:
-        _warn_if_plaintext(settings)
+        # gRPC's rule (switchboard_server.tls): plaintext on loopback, or SWITCHBOARD_INSECURE.
+        tls_rule.refuse_plaintext(settings, grpc=False)
+        tls_rule.warn_plaintext(settings, grpc=False)
     proxies = Proxies(settings.trusted_proxies)
     separate = settings.metrics_listen is not None
     board = await _serve(

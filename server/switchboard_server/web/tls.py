@@ -1,4 +1,5 @@
-"""TLS for the HTTP listeners: the gRPC listener's certificate and key, reloaded on change.
+"""TLS for the HTTP listeners: the gRPC listener's certificate and key, reloaded on
+change and on ``SIGHUP``.
 
 One ``ssl.SSLContext`` serves the board's and the metrics listener's
 handshakes. A context's certificate applies to the handshakes that start
@@ -53,15 +54,16 @@ class ServerTLS:
     def _read_stamps(self) -> tuple[tuple[int, int, int], ...]:
         return (_stamp(self.cert), _stamp(self.key))
 
-    def reload(self) -> bool:
-        """Loads the files again when they changed; whether the served pair changed.
+    def reload(self, *, force: bool = False) -> bool:
+        """Loads the files again when they changed (always with ``force``, as on
+        ``SIGHUP``); whether a pair was loaded.
 
-        Safe to call at any time (for instance on ``SIGHUP``): a pair that
-        does not load is logged and the current one kept.
+        Safe to call at any time: a pair that does not load is logged and the
+        current one kept.
         """
         try:
             stamps = self._read_stamps()
-            if stamps == self._stamps:
+            if stamps == self._stamps and not force:
                 return False
             _context().load_cert_chain(self.cert, self.key)  # throws unless the pair is whole
         except (OSError, ssl.SSLError) as exc:
@@ -72,7 +74,10 @@ class ServerTLS:
             return False
         self.context.load_cert_chain(self.cert, self.key)
         self._stamps = stamps
-        log.info("http tls: certificate reloaded", extra={"cert": str(self.cert)})
+        log.info(
+            "http tls: certificate reloaded",
+            extra={"cert": str(self.cert), "reason": "SIGHUP" if force else "files changed"},
+        )
         return True
 
     async def watch(self, interval: float = WATCH_INTERVAL) -> None:
