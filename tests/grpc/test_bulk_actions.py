@@ -373,7 +373,7 @@ async def test_human_needs_an_endpoint(client: Client, tenant: Tenant) -> None:
         ),
         grpc.StatusCode.INVALID_ARGUMENT,
     )
-    assert "endpoint_id" in violations(err)
+    assert violations(err) == {"filter.endpoint_id": "required for human credentials"}
 
 
 async def test_a_chunk_reads_its_own_todos_however_stale_the_statistics(
