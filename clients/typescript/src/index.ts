@@ -5,6 +5,7 @@
  */
 export {
   DEFAULT_TARGET,
+  MAX_RECEIVE_BYTES,
   bearer,
   connect,
   connectFromEnv,

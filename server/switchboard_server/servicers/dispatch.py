@@ -16,6 +16,7 @@ from switchboard_server.doorbells import DoorbellHub
 from switchboard_server.model import ItemOutcome, Lease, SettleAction, Settlement, TodoState
 from switchboard_server.servicers import convert
 from switchboard_server.servicers.interceptor import current_principal
+from switchboard_server.servicers.sizes import MAX_ATTEMPTS_LISTED, MAX_DEFERRED_REPORTED
 from switchboard_server.servicers.validate import (
     DEFAULT_CONTENT_TYPE,
     DEFAULT_MAX_ATTEMPTS,
@@ -208,7 +209,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
             current_principal(), endpoint_id, queues, claimant, lease, max_todos
         )
         tracing.record_waits(c.todo for c in result.claimed)
-        deferred = [convert.deferred_queue(d) for d in result.deferred]
+        deferred = [convert.deferred_queue(d) for d in result.deferred[:MAX_DEFERRED_REPORTED]]
         if not result.claimed:
             return dispatch_pb2.ClaimNextResponse(empty=True, deferred=deferred)
         response = dispatch_pb2.ClaimNextResponse(deferred=deferred)
@@ -382,9 +383,11 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
             todo_id = v.todo_id("todo_id", request.todo_id)
             v.check()
             view, attempts = await self._dispatcher.get(principal, todo_id)
+        left_out = max(0, len(attempts) - MAX_ATTEMPTS_LISTED)
         return dispatch_pb2.GetTodoResponse(
             todo=convert.todo(view.todo, view.admission, view.result),
-            attempts=[convert.attempt(a) for a in attempts],
+            attempts=[convert.attempt(a) for a in attempts[left_out:]],
+            attempts_left_out=left_out,
         )
 
     async def ListTodos(

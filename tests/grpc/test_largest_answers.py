@@ -1,0 +1,168 @@
+"""Answers that carry todos at the limits of every field reach their reader
+through the client package's channel: the largest todo by GetTodo (its
+payload, result, error and names at their limits), by Claim and ClaimNext;
+a ListTodos page, a ClaimNext batch and an IngestTodos answer of 500 todos
+whose texts are at their limits (each character 4 bytes of UTF-8; their dedup
+keys' delivery ids excepted, so that 500 fit in one request)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from switchboard import connect
+from switchboard.v1 import dispatch_pb2, queue_pb2, todo_pb2
+from switchboard_server import app as server_app
+from switchboard_server.servicers.validate import (
+    MAX_BATCH,
+    MAX_CLAIMANT,
+    MAX_CONTENT_TYPE,
+    MAX_DEDUP_PART,
+    MAX_ERROR,
+    MAX_PAYLOAD_BYTES,
+    MAX_RESULT_BYTES,
+)
+
+from tests.support.client import Client, Tenant
+
+WIDE = "\U0001f600"  # 4 bytes of UTF-8
+CONTENT_TYPE = WIDE * MAX_CONTENT_TYPE
+CLAIMANT = WIDE * MAX_CLAIMANT
+ERROR = WIDE * MAX_ERROR
+QUEUE = "q" * 64
+#: The former send limit, which the largest todo's GetTodo passed.
+OLD_LIMIT = MAX_PAYLOAD_BYTES + 64 * 1024
+
+
+@pytest.fixture
+async def package(server: server_app.App) -> AsyncIterator[Client]:
+    """Stubs over the client package's channel (its receive limit)."""
+    c = Client(server.address, connect.channel(server.address))
+    yield c
+    await c.close()
+
+
+def dedup(n: int) -> todo_pb2.DedupKey:
+    """A key of 800 bytes: two such a todo would make 500 items too large a request."""
+    return todo_pb2.DedupKey(webhook_id=WIDE * MAX_DEDUP_PART, delivery_id=str(n))
+
+
+def item(n: int, payload: bytes = b"") -> dispatch_pb2.IngestRequest:
+    return dispatch_pb2.IngestRequest(
+        queue=queue_pb2.QueueRef(name=QUEUE),
+        payload=payload,
+        content_type=CONTENT_TYPE,
+        dedup=dedup(n),
+        max_attempts=100,
+    )
+
+
+async def test_the_largest_todo_is_read_back_by_get_todo_and_claimed(
+    package: Client, tenant: Tenant
+) -> None:
+    c = package
+    ingested = await c.dispatch.Ingest(item(0, b"p" * MAX_PAYLOAD_BYTES), metadata=tenant.agent)
+    todo_id = ingested.todo.id
+    claimed = await c.dispatch.Claim(
+        dispatch_pb2.ClaimRequest(todo_id=todo_id, claimant=CLAIMANT), metadata=tenant.agent
+    )
+    await c.dispatch.Fail(
+        dispatch_pb2.FailRequest(
+            todo_id=todo_id, lease_id=claimed.lease.lease_id, error=ERROR, permanent=True
+        ),
+        metadata=tenant.agent,
+    )
+    await c.dispatch.RequeueTodo(
+        dispatch_pb2.RequeueTodoRequest(todo_id=todo_id), metadata=tenant.human
+    )
+    # The largest todo, claimed: by id, then (once more failed and requeued) by ClaimNext.
+    claimed = await c.dispatch.Claim(
+        dispatch_pb2.ClaimRequest(todo_id=todo_id, claimant=CLAIMANT), metadata=tenant.agent
+    )
+    assert claimed.todo.last_error == ERROR and len(claimed.todo.payload) == MAX_PAYLOAD_BYTES
+    await c.dispatch.Fail(
+        dispatch_pb2.FailRequest(
+            todo_id=todo_id, lease_id=claimed.lease.lease_id, error=ERROR, permanent=True
+        ),
+        metadata=tenant.agent,
+    )
+    await c.dispatch.RequeueTodo(
+        dispatch_pb2.RequeueTodoRequest(todo_id=todo_id), metadata=tenant.human
+    )
+    for max_todos in (1, 2):
+        claimed_next = await c.dispatch.ClaimNext(
+            dispatch_pb2.ClaimNextRequest(claimant=CLAIMANT, max_todos=max_todos),
+            metadata=tenant.agent,
+        )
+        (todo, lease) = (
+            (claimed_next.todo, claimed_next.lease)
+            if max_todos == 1
+            else (claimed_next.claimed[0].todo, claimed_next.claimed[0].lease)
+        )
+        assert todo.id == todo_id and todo.claimant == CLAIMANT
+        if max_todos == 1:
+            await c.dispatch.Release(
+                dispatch_pb2.ReleaseRequest(todo_id=todo_id, lease_id=lease.lease_id),
+                metadata=tenant.agent,
+            )
+    result = todo_pb2.TodoResult(data=b"r" * MAX_RESULT_BYTES, content_type=CONTENT_TYPE)
+    await c.dispatch.Complete(
+        dispatch_pb2.CompleteRequest(todo_id=todo_id, lease_id=lease.lease_id, result=result),
+        metadata=tenant.agent,
+    )
+    got = await c.dispatch.GetTodo(
+        dispatch_pb2.GetTodoRequest(todo_id=todo_id), metadata=tenant.agent
+    )
+    assert got.todo.result == result
+    assert got.todo.last_error == ERROR and got.todo.claimant == CLAIMANT
+    assert len(got.todo.payload) == MAX_PAYLOAD_BYTES
+    assert [a.error for a in got.attempts] == [ERROR, ERROR, "", ""]
+    assert got.attempts_left_out == 0
+    assert got.ByteSize() > OLD_LIMIT
+
+
+async def test_500_todos_at_their_limits_in_one_answer(package: Client, tenant: Tenant) -> None:
+    c = package
+    ids: list[str] = []
+    for start in range(0, MAX_BATCH, 250):  # a request holds about 1 MiB
+        ingested = await c.dispatch.IngestTodos(
+            dispatch_pb2.IngestTodosRequest(todos=[item(n) for n in range(start, start + 250)]),
+            metadata=tenant.agent,
+        )
+        ids += [r.todo.id for r in ingested.results]
+    # A batch of 500 todos, each with every text but its payload and error at the limit.
+    batch = await c.dispatch.ClaimNext(
+        dispatch_pb2.ClaimNextRequest(claimant=CLAIMANT, max_todos=MAX_BATCH),
+        metadata=tenant.agent,
+    )
+    assert [t.todo.id for t in batch.claimed] == ids
+    assert batch.ByteSize() > OLD_LIMIT
+    leases = [(t.todo.id, t.lease.lease_id) for t in batch.claimed]
+    for start in range(0, MAX_BATCH, 50):
+        settled = await c.dispatch.SettleTodos(
+            dispatch_pb2.SettleTodosRequest(
+                settlements=[
+                    dispatch_pb2.Settlement(
+                        todo_id=todo_id,
+                        lease_id=lease_id,
+                        fail=dispatch_pb2.FailAction(error=ERROR, permanent=True),
+                    )
+                    for todo_id, lease_id in leases[start : start + 50]
+                ]
+            ),
+            metadata=tenant.agent,
+        )
+        assert {r.status for r in settled.results} == {dispatch_pb2.BATCH_ITEM_STATUS_APPLIED}
+    page = await c.dispatch.ListTodos(
+        dispatch_pb2.ListTodosRequest(page_size=MAX_BATCH), metadata=tenant.agent
+    )
+    assert len(page.todos) == MAX_BATCH
+    assert all(t.last_error == ERROR and t.claimant == CLAIMANT for t in page.todos)
+    assert page.ByteSize() > 4 * 1024 * 1024  # grpc's default receive limit
+    # Every item a key of one of them: the answer is the 500 existing todos.
+    again = await c.dispatch.IngestTodos(
+        dispatch_pb2.IngestTodosRequest(todos=[item(n) for n in range(MAX_BATCH)]),
+        metadata=tenant.agent,
+    )
+    assert all(r.deduplicated and r.todo.last_error == ERROR for r in again.results)
+    assert [r.todo.id for r in again.results] == ids
