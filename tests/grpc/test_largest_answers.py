@@ -57,38 +57,34 @@ def item(n: int, payload: bytes = b"") -> dispatch_pb2.IngestRequest:
     )
 
 
+async def claim_fail_requeue(c: Client, tenant: Tenant, todo_id: str) -> dispatch_pb2.ClaimResponse:
+    """Claims the todo, fails it with the longest error and requeues it: its
+    claim's answer."""
+    claimed = await c.dispatch.Claim(
+        dispatch_pb2.ClaimRequest(todo_id=todo_id, claimant=CLAIMANT), metadata=tenant.agent
+    )
+    await c.dispatch.Fail(
+        dispatch_pb2.FailRequest(
+            todo_id=todo_id, lease_id=claimed.lease.lease_id, error=ERROR, permanent=True
+        ),
+        metadata=tenant.agent,
+    )
+    await c.dispatch.RequeueTodo(
+        dispatch_pb2.RequeueTodoRequest(todo_id=todo_id), metadata=tenant.human
+    )
+    return claimed
+
+
 async def test_the_largest_todo_is_read_back_by_get_todo_and_claimed(
     package: Client, tenant: Tenant
 ) -> None:
     c = package
     ingested = await c.dispatch.Ingest(item(0, b"p" * MAX_PAYLOAD_BYTES), metadata=tenant.agent)
     todo_id = ingested.todo.id
-    claimed = await c.dispatch.Claim(
-        dispatch_pb2.ClaimRequest(todo_id=todo_id, claimant=CLAIMANT), metadata=tenant.agent
-    )
-    await c.dispatch.Fail(
-        dispatch_pb2.FailRequest(
-            todo_id=todo_id, lease_id=claimed.lease.lease_id, error=ERROR, permanent=True
-        ),
-        metadata=tenant.agent,
-    )
-    await c.dispatch.RequeueTodo(
-        dispatch_pb2.RequeueTodoRequest(todo_id=todo_id), metadata=tenant.human
-    )
+    await claim_fail_requeue(c, tenant, todo_id)
     # The largest todo, claimed: by id, then (once more failed and requeued) by ClaimNext.
-    claimed = await c.dispatch.Claim(
-        dispatch_pb2.ClaimRequest(todo_id=todo_id, claimant=CLAIMANT), metadata=tenant.agent
-    )
+    claimed = await claim_fail_requeue(c, tenant, todo_id)
     assert claimed.todo.last_error == ERROR and len(claimed.todo.payload) == MAX_PAYLOAD_BYTES
-    await c.dispatch.Fail(
-        dispatch_pb2.FailRequest(
-            todo_id=todo_id, lease_id=claimed.lease.lease_id, error=ERROR, permanent=True
-        ),
-        metadata=tenant.agent,
-    )
-    await c.dispatch.RequeueTodo(
-        dispatch_pb2.RequeueTodoRequest(todo_id=todo_id), metadata=tenant.human
-    )
     for max_todos in (1, 2):
         claimed_next = await c.dispatch.ClaimNext(
             dispatch_pb2.ClaimNextRequest(claimant=CLAIMANT, max_todos=max_todos),
