@@ -3,7 +3,8 @@ through the client package's channel: the largest todo by GetTodo (its
 payload, result, error and names at their limits), by Claim and ClaimNext;
 a ListTodos page, a ClaimNext batch and an IngestTodos answer of 500 todos
 whose texts are at their limits (each character 4 bytes of UTF-8; their dedup
-keys' delivery ids excepted, so that 500 fit in one request)."""
+keys' delivery ids excepted, so that 500 fit in one request). The lists that
+have no other bound are cut: GetTodo's attempts, ClaimNext's deferred queues."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 from switchboard import connect
-from switchboard.v1 import dispatch_pb2, queue_pb2, todo_pb2
+from switchboard.v1 import admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
 from switchboard_server import app as server_app
+from switchboard_server.servicers import sizes
 from switchboard_server.servicers.validate import (
     MAX_BATCH,
     MAX_CLAIMANT,
@@ -23,6 +25,7 @@ from switchboard_server.servicers.validate import (
     MAX_RESULT_BYTES,
 )
 
+from tests.support.admission import set_policy
 from tests.support.client import Client, Tenant
 
 WIDE = "\U0001f600"  # 4 bytes of UTF-8
@@ -162,3 +165,61 @@ async def test_500_todos_at_their_limits_in_one_answer(package: Client, tenant: 
     )
     assert all(r.deduplicated and r.todo.last_error == ERROR for r in again.results)
     assert [r.todo.id for r in again.results] == ids
+
+
+async def test_get_todo_lists_the_latest_500_attempts_and_counts_the_rest(
+    client: Client, tenant: Tenant
+) -> None:
+    """A todo requeued again and again has as many attempts as claims."""
+    todo_id = (
+        await client.dispatch.Ingest(
+            dispatch_pb2.IngestRequest(queue=queue_pb2.QueueRef(name="again"), max_attempts=1),
+            metadata=tenant.agent,
+        )
+    ).todo.id
+    for n in range(1, sizes.MAX_ATTEMPTS_LISTED + 3):
+        claimed = await client.dispatch.Claim(
+            dispatch_pb2.ClaimRequest(todo_id=todo_id), metadata=tenant.agent
+        )
+        await client.dispatch.Fail(
+            dispatch_pb2.FailRequest(
+                todo_id=todo_id, lease_id=claimed.lease.lease_id, error=f"#{n}", permanent=True
+            ),
+            metadata=tenant.agent,
+        )
+        await client.dispatch.RequeueTodo(
+            dispatch_pb2.RequeueTodoRequest(todo_id=todo_id), metadata=tenant.human
+        )
+    got = await client.dispatch.GetTodo(
+        dispatch_pb2.GetTodoRequest(todo_id=todo_id), metadata=tenant.agent
+    )
+    assert got.todo.attempt == sizes.MAX_ATTEMPTS_LISTED + 2
+    assert got.attempts_left_out == 2
+    assert [a.number for a in got.attempts] == list(range(3, sizes.MAX_ATTEMPTS_LISTED + 3))
+    assert got.attempts[-1].error == f"#{sizes.MAX_ATTEMPTS_LISTED + 2}"
+
+
+async def test_claim_next_reports_at_most_500_deferred_queues(
+    client: Client, tenant: Tenant
+) -> None:
+    names = [f"paused-{n}" for n in range(sizes.MAX_DEFERRED_REPORTED + 1)]
+    for start in range(0, len(names), MAX_BATCH):
+        await client.dispatch.IngestTodos(
+            dispatch_pb2.IngestTodosRequest(
+                todos=[
+                    dispatch_pb2.IngestRequest(queue=queue_pb2.QueueRef(name=name))
+                    for name in names[start : start + MAX_BATCH]
+                ]
+            ),
+            metadata=tenant.agent,
+        )
+    for name in names:
+        await set_policy(
+            client, tenant.human, name, endpoint_id=tenant.endpoint_id, max_in_flight=0
+        )
+    refused = await client.dispatch.ClaimNext(
+        dispatch_pb2.ClaimNextRequest(), metadata=tenant.agent
+    )
+    assert refused.empty
+    assert len(refused.deferred) == sizes.MAX_DEFERRED_REPORTED
+    assert {d.reason for d in refused.deferred} == {admission_pb2.DEFERRAL_REASON_PAUSED}
