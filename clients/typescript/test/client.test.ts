@@ -387,7 +387,7 @@ describe("the client against a real server", () => {
     };
     const made = (await human.schedules.createSchedule({ schedule })).schedule!;
     assert.equal(made.name, "nightly");
-    assert.match(made.nextSlotLocal, /T0[23]:[03]0-0[78]:00$/);
+    assert.match(made.nextSlotLocal, /T0[23]:[03]0:00-0[78]:00$/);
     const e = await refused(Code.InvalidArgument, () =>
       human.schedules.createSchedule({
         schedule: { ...schedule, name: "bad", recurrence: { timeZone: "UTC", rule: { case: "cron", value: "61 * * * *" } } },
