@@ -8,11 +8,12 @@ have no other bound are cut: GetTodo's attempts, ClaimNext's deferred queues."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 from switchboard import connect
-from switchboard.v1 import admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
+from switchboard.v1 import admission_pb2, dispatch_pb2, queue_pb2, schedule_pb2, todo_pb2
 from switchboard_server import app as server_app
 from switchboard_server.servicers import sizes
 from switchboard_server.servicers.validate import (
@@ -223,3 +224,72 @@ async def test_claim_next_reports_at_most_500_deferred_queues(
     assert refused.empty
     assert len(refused.deferred) == sizes.MAX_DEFERRED_REPORTED
     assert {d.reason for d in refused.deferred} == {admission_pb2.DEFERRAL_REASON_PAUSED}
+
+
+async def test_schedules_with_the_largest_templates_come_in_pages_of_at_most_8_mib(
+    package: Client, tenant: Tenant
+) -> None:
+    """A schedule carries its template's payload (1 MiB at most), an audit entry
+    two: their pages are cut by bytes, and the pages together hold them all."""
+
+    def template(fill: bytes) -> schedule_pb2.TodoTemplate:
+        return schedule_pb2.TodoTemplate(payload=fill * MAX_PAYLOAD_BYTES)
+
+    made = []
+    for n in range(10):
+        made.append(
+            (
+                await package.schedules.CreateSchedule(
+                    schedule_pb2.CreateScheduleRequest(
+                        schedule=schedule_pb2.Schedule(
+                            queue=queue_pb2.QueueRef(
+                                endpoint_id=tenant.endpoint_id, name="reports"
+                            ),
+                            name=f"big-{n}",
+                            template=template(b"t"),
+                            recurrence=schedule_pb2.Recurrence(time_zone="UTC", cron="0 3 * * *"),
+                        )
+                    ),
+                    metadata=tenant.human,
+                )
+            ).schedule
+        )
+    for fill in (b"u", b"v", b"w", b"x", b"y"):
+        changed = schedule_pb2.Schedule()
+        changed.CopyFrom(made[0])
+        changed.template.CopyFrom(template(fill))
+        await package.schedules.UpdateSchedule(
+            schedule_pb2.UpdateScheduleRequest(schedule=changed), metadata=tenant.human
+        )
+
+    async def schedules(token: str) -> schedule_pb2.ListSchedulesResponse:
+        return await package.schedules.ListSchedules(
+            schedule_pb2.ListSchedulesRequest(page_size=50, page_token=token),
+            metadata=tenant.human,
+        )
+
+    async def audit(token: str) -> schedule_pb2.ListScheduleAuditResponse:
+        return await package.schedules.ListScheduleAudit(
+            schedule_pb2.ListScheduleAuditRequest(
+                schedule_id=made[0].id, page_size=50, page_token=token
+            ),
+            metadata=tenant.human,
+        )
+
+    readers: list[tuple[Callable[[str], Awaitable[Any]], str, int]] = [
+        (schedules, "schedules", 10),
+        (audit, "entries", 6),
+    ]
+    for read, items, count in readers:
+        seen: list[str] = []
+        sizes_seen: list[int] = []
+        token = ""
+        while True:
+            page = await read(token)
+            sizes_seen.append(page.ByteSize())
+            seen += [item.id for item in getattr(page, items)]
+            token = page.next_page_token
+            if not token:
+                break
+        assert len(seen) == len(set(seen)) == count, items
+        assert len(sizes_seen) > 1 and max(sizes_seen) <= sizes.PAGE_BYTES + 1024, items

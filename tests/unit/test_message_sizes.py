@@ -250,3 +250,20 @@ def test_both_clients_receive_the_largest_answer() -> None:
         product *= n
     assert product == connect.MAX_RECEIVE_BYTES
     assert "readMaxBytes: MAX_RECEIVE_BYTES" in source
+
+
+def test_pages_of_schedules_are_cut_by_bytes_within_the_send_limit() -> None:
+    from switchboard.v1 import schedule_pb2
+
+    def schedule(n: int) -> schedule_pb2.Schedule:
+        return schedule_pb2.Schedule(
+            id=str(n), template=schedule_pb2.TodoTemplate(payload=b"p" * MAX_PAYLOAD_BYTES)
+        )
+
+    entry = schedule_pb2.ScheduleAuditEntry(before=schedule(1), after=schedule(1))
+    assert entry.ByteSize() < sizes.PAGE_BYTES  # every item fits a page
+    assert sizes.PAGE_BYTES + 1024 <= sizes.MAX_ANSWER_BYTES  # every page fits the limit
+    page = sizes.fill_page(range(20), schedule)
+    assert [s.id for s in page] == [str(n) for n in range(7)]
+    assert sum(s.ByteSize() for s in page) <= sizes.PAGE_BYTES
+    assert [s.id for s in sizes.fill_page([0], schedule, budget=10)] == ["0"]  # always one

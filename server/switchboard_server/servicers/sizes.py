@@ -21,9 +21,11 @@ is bounded by that budget plus, per todo, what the rest exceeds 1 KiB by
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TypeVar
 
 from google.protobuf import descriptor
+from google.protobuf.message import Message
 from switchboard.v1 import dispatch_pb2
 
 from switchboard_server.dispatch import DispatchSettings
@@ -180,5 +182,30 @@ def answer_bytes(batch_bytes: int = DispatchSettings().batch_bytes) -> dict[str,
 
 
 #: The server's send limit: the largest answer that carries todos, rounded
-#: up to a whole KiB. Any other answer is far smaller.
+#: up to a whole KiB. The pages of schedules and their audit, whose items
+#: carry todo templates (a payload each), are cut at ``PAGE_BYTES``; any
+#: other answer is far smaller.
 MAX_ANSWER_BYTES = -(-max(answer_bytes().values()) // 1024) * 1024
+
+#: The most bytes of items a page of schedules or schedule audit entries
+#: holds (each item at most a few MiB: a template's payload, twice in an
+#: audit entry's before and after), well within ``MAX_ANSWER_BYTES``.
+PAGE_BYTES = 8 * 1024 * 1024
+
+T = TypeVar("T")
+M = TypeVar("M", bound=Message)
+
+
+def fill_page(items: Sequence[T], build: Callable[[T], M], budget: int = PAGE_BYTES) -> list[M]:
+    """The messages of ``items``, in order, up to the one that would take the
+    page past ``budget`` bytes (the first always): a page then holds fewer
+    items than asked for and goes on from the last one it holds."""
+    page: list[M] = []
+    used = 0
+    for item in items:
+        message = build(item)
+        used += message.ByteSize() + 8  # its tag and length prefix
+        if page and used > budget:
+            break
+        page.append(message)
+    return page
