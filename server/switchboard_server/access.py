@@ -34,20 +34,23 @@ def require_tenant(principal: Principal, grant: Grant) -> Scope:
     return Scope(principal.owner_id, principal.endpoint_id)
 
 
-def endpoint_scope(principal: Principal, grant: Grant, endpoint_id: uuid.UUID | None) -> Scope:
+def endpoint_scope(
+    principal: Principal, grant: Grant, endpoint_id: uuid.UUID | None, field: str = "endpoint_id"
+) -> Scope:
     """The scope of a call on one endpoint's queues.
 
     An endpoint credential may omit the endpoint (its own) or name its own;
     naming another is ``NotFound``. A human must name one of its owner's
-    endpoints (the database checks ownership).
+    endpoints (the database checks ownership). ``field`` is the request's
+    field that holds the endpoint (``filter.endpoint_id``): both errors name it.
     """
     scope = require_tenant(principal, grant)
     if principal.kind is PrincipalKind.ENDPOINT:
         if endpoint_id is not None and endpoint_id != principal.endpoint_id:
-            raise errors.NotFound("endpoint not found")
+            raise errors.NotFound("endpoint not found", field=field)
         return scope
     if endpoint_id is None:
-        raise errors.InvalidArgument.field("endpoint_id", "required for human credentials")
+        raise errors.InvalidArgument.field(field, "required for human credentials")
     return Scope(scope.owner_id, endpoint_id)
 
 

@@ -318,13 +318,17 @@ def headroom_from_json(data: Mapping[str, Any], endpoint_id: uuid.UUID, queue: s
 
 
 def policy_scope(
-    principal: Principal, endpoint_id: uuid.UUID | None, grant: Grant | None
+    principal: Principal,
+    endpoint_id: uuid.UUID | None,
+    grant: Grant | None,
+    field: str = "queue.endpoint_id",
 ) -> tuple[Scope, uuid.UUID]:
     """Who may act on a queue's policy (SPEC 4.7).
 
     Humans act on any endpoint of their owner. An endpoint credential acts on
     its own endpoint only (another endpoint is ``NotFound``), and changes a
-    policy only with the explicit ``grant``. Reading needs no grant.
+    policy only with the explicit ``grant``. Reading needs no grant. ``field``
+    is the request's field that holds the endpoint.
     """
     if principal.kind is PrincipalKind.OPERATOR or principal.owner_id is None:
         raise errors.PermissionDenied("the operator credential does not act on tenant data")
@@ -339,7 +343,7 @@ def policy_scope(
             )
         return Scope(principal.owner_id, principal.endpoint_id), principal.endpoint_id
     if endpoint_id is None:
-        raise errors.InvalidArgument.field("queue.endpoint_id", "required for human credentials")
+        raise errors.InvalidArgument.field(field, "required for human credentials")
     return Scope(principal.owner_id, endpoint_id), endpoint_id
 
 
@@ -385,7 +389,9 @@ class AdmissionControl:
     ) -> Policy:
         """Creates or replaces a queue's policy; audited; never lowers the current count."""
         limits.validate()
-        scope, endpoint = policy_scope(principal, endpoint_id, Grant.SET_ADMISSION_POLICY)
+        scope, endpoint = policy_scope(
+            principal, endpoint_id, Grant.SET_ADMISSION_POLICY, "policy.queue.endpoint_id"
+        )
         async with self._db.transaction() as conn:
             queue_id = await admission_queries.queue_upsert(conn, endpoint, scope.owner_id, queue)
             if queue_id is None:

@@ -59,6 +59,7 @@ from switchboard_server.servicers.admission import AdmissionServicer
 from switchboard_server.servicers.dispatch import DispatchServicer
 from switchboard_server.servicers.interceptor import ServiceInterceptor
 from switchboard_server.servicers.schedules import ScheduleServicer
+from switchboard_server.servicers.sizes import MAX_ANSWER_BYTES
 from switchboard_server.servicers.validate import MAX_PAYLOAD_BYTES
 from switchboard_server.tenancy import Tenancy
 from switchboard_server.web.server import HttpListener, WebDeps, start_http
@@ -76,8 +77,8 @@ SERVICE_NAMES = (
     schedule_pb2.DESCRIPTOR.services_by_name["ScheduleService"].full_name,
 )
 
-#: Room for the largest payload plus the rest of a message.
-MAX_MESSAGE_BYTES = MAX_PAYLOAD_BYTES + 64 * 1024
+#: The largest request: room for the largest payload plus the rest of a message.
+MAX_REQUEST_BYTES = MAX_PAYLOAD_BYTES + 64 * 1024
 
 
 #: Start-up retries: the first delay, and the most any one delay grows to.
@@ -434,8 +435,9 @@ def _grpc_server(
     server = grpc.aio.server(
         interceptors=[ServiceInterceptor(deps.authenticator, deps.metrics)],
         options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+            # The largest answer, derived from the field limits (sizes.py).
+            ("grpc.max_send_message_length", MAX_ANSWER_BYTES),
         ],
     )
     services = cast(grpc.aio.Server, GenericHandlersOnly(server))

@@ -253,13 +253,16 @@ BulkItem = todo_queries.Acted
 TodoAuditEntry = todo_queries.TodoAuditRow
 
 
-async def _require_endpoint(conn: Conn, principal: Principal, scope: Scope) -> None:
-    """``NotFound`` unless the scope's endpoint is the owner's (a human may name any)."""
+async def _require_endpoint(
+    conn: Conn, principal: Principal, scope: Scope, field: str = "endpoint_id"
+) -> None:
+    """``NotFound`` (naming the request's ``field``) unless the scope's endpoint
+    is the owner's (a human may name any)."""
     if principal.endpoint_id is not None:
         return  # an endpoint credential's own endpoint exists
     assert scope.endpoint_id is not None
     if await tenancy_queries.get_endpoint(conn, scope.endpoint_id, scope.owner_id) is None:
-        raise errors.NotFound("endpoint not found")
+        raise errors.NotFound("endpoint not found", field=field)
 
 
 def _charged(claimed: Claimed) -> bool:
@@ -338,7 +341,7 @@ class Dispatcher:
         Concurrent single ingests of one endpoint share a transaction
         (``combine_max``): one commit, and one doorbell per queue, for all.
         """
-        scope = endpoint_scope(principal, Grant.INGEST, req.endpoint_id)
+        scope = endpoint_scope(principal, Grant.INGEST, req.endpoint_id, "queue.endpoint_id")
         assert scope.endpoint_id is not None
         caller = _Caller(scope.owner_id, scope.endpoint_id)
         item = req.new_todo(traceparent)
@@ -348,17 +351,26 @@ class Dispatcher:
         return result
 
     async def ingest_many(
-        self, principal: Principal, endpoint_id: uuid.UUID | None, todos: NewTodos
+        self,
+        principal: Principal,
+        endpoint_id: uuid.UUID | None,
+        todos: NewTodos,
+        endpoint_field: str = "endpoint_id",
     ) -> IngestedTodos:
         """Creates todos of one endpoint (any of its queues) in one transaction:
         per todo, in order, the todo created or the existing one a key matched
-        (or an earlier todo's)."""
-        scope = endpoint_scope(principal, Grant.INGEST, endpoint_id)
+        (or an earlier todo's). An endpoint not found is reported naming
+        ``endpoint_field``, the request's field it came from
+        (``todos[2].queue.endpoint_id``)."""
+        scope = endpoint_scope(principal, Grant.INGEST, endpoint_id, endpoint_field)
         assert scope.endpoint_id is not None
-        async with self._db.statement() as conn:
-            return await todo_queries.ingest_todos(
-                conn, owner_id=scope.owner_id, endpoint_id=scope.endpoint_id, todos=todos
-            )
+        try:
+            async with self._db.statement() as conn:
+                return await todo_queries.ingest_todos(
+                    conn, owner_id=scope.owner_id, endpoint_id=scope.endpoint_id, todos=todos
+                )
+        except errors.NotFound as exc:
+            raise errors.NotFound(exc.message, field=endpoint_field) from None
 
     async def _ingest(
         self, caller: _Caller, items: Sequence[todo_queries.NewTodo]
@@ -991,11 +1003,11 @@ class Dispatcher:
         always matches what was committed.
         """
         grant = Grant.CANCEL if action == "cancel" else Grant.REQUEUE
-        scope = endpoint_scope(principal, grant, which.endpoint_id)
+        scope = endpoint_scope(principal, grant, which.endpoint_id, "filter.endpoint_id")
         endpoint_id = scope.endpoint_id
         assert endpoint_id is not None
         async with self._db.connection() as conn:
-            await _require_endpoint(conn, principal, scope)
+            await _require_endpoint(conn, principal, scope, "filter.endpoint_id")
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + BULK_BUDGET.total_seconds()

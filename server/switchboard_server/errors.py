@@ -42,6 +42,14 @@ class NotFound(SwitchboardError):
 
     code = grpc.StatusCode.NOT_FOUND
 
+    def __init__(self, message: str | None = None, *, field: str | None = None) -> None:
+        super().__init__(f"{field}: {message}" if field and message else message)
+        #: The request field that named what was not found (``todos[2].queue.endpoint_id``),
+        #: when the request had several that could: reported as a BadRequest
+        #: field violation, as INVALID_ARGUMENT reports its fields.
+        self.field = field
+        self.description = message or self.message
+
 
 class AlreadyExists(SwitchboardError):
     """It already exists."""

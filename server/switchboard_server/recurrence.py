@@ -214,9 +214,10 @@ def plan(
 
 
 def local_iso(instant: datetime, zone: str) -> str:
-    """``instant`` on the zone's clock, ISO 8601 with its offset (seconds dropped)."""
+    """``instant`` on the zone's clock, RFC 3339 with seconds and its offset:
+    ``2026-03-08T03:00:00-07:00`` (whole seconds; an offset in ``±HH:MM``)."""
     local = instant.astimezone(load_zone(zone))
-    return local.isoformat(timespec="minutes")
+    return local.isoformat(timespec="seconds")
 
 
 def _window(recurrence: Calendar, instant: datetime) -> Window:

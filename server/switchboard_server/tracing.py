@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -51,6 +50,8 @@ ATTR_DEFERRED_REASONS = "switchboard.deferred.reasons"
 ATTR_ATTEMPT = "switchboard.todo.attempt"
 
 _PROPAGATOR = TraceContextTextMapPropagator()
+#: The longest ``traceparent`` the propagator reads.
+_MAX_TRACEPARENT = 512
 
 _EXPORTERS = ("otlp", "console")
 _DEFAULT_SERVICE_NAME = "switchboard"
@@ -123,24 +124,42 @@ def configure(env: Mapping[str, str] | None = None) -> bool:
     return True
 
 
-#: A W3C traceparent of version 00 (what a producer's call may carry).
-_TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
-
-
 def traceparent(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
     """The trace context an ingested todo keeps: the current (server) span's
     when tracing is on, so that the worker's span is its child; else the
-    caller's own ``traceparent`` metadata, when it sent a valid one (a plain
-    lookup, nothing else); ``None`` when there is none."""
+    caller's own ``traceparent`` metadata when it is one the server would
+    continue (``continued``), in its version 00 form; ``None`` when there is
+    none."""
     if enabled():
         ctx = trace.get_current_span().get_span_context()
         if ctx.is_valid:
-            return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+            return _version_00(ctx)
     for key, value in context.invocation_metadata() or ():
         if key == "traceparent" and isinstance(value, str):
-            value = value.strip().lower()
-            return value if _TRACEPARENT.fullmatch(value) else None
+            return continued(value)
     return None
+
+
+def continued(header: str) -> str | None:
+    """The trace context a ``traceparent`` header carries, as
+    ``00-<trace-id>-<parent-id>-<flags>``; ``None`` when the W3C Trace
+    Context rules say not to continue it: not lowercase hex, an all-zero
+    trace or parent id, version ``ff``, a version 00 header with anything
+    after its 55 characters, or over 512 characters. A later version is read
+    by its first 55 characters (what follows them must start with ``-``).
+
+    The propagator the server's spans continue a caller's trace with (tracing
+    on) decides it here too, so that both modes keep the same headers.
+    """
+    if len(header) > _MAX_TRACEPARENT:
+        return None  # the propagator would say so in a log line per call
+    parent = _PROPAGATOR.extract({"traceparent": header})
+    ctx = trace.get_current_span(parent).get_span_context()
+    return _version_00(ctx) if ctx.is_valid else None
+
+
+def _version_00(ctx: trace.SpanContext) -> str:
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
 
 
 def record_waits(todos: Iterable[Todo]) -> None:

@@ -153,6 +153,9 @@ async def test_requeue_dead_letters_and_cancel_a_todo_in_the_browser(
     (entry,) = await audit(client, tenant)
     assert entry.action == dispatch_pb2.TODO_ACTION_REQUEUE and entry.count == 2
     assert entry.actor_human_id == tenant.human_id and not entry.actor_endpoint_id
+    assert list(entry.todo_ids) == [dead[0], dead[2]] and entry.filter == ""
+    # The queue's page lists the call with its ids.
+    assert await browser.texts("#todo-audit td.todos") == [f"#{dead[0]}, #{dead[2]}"]
 
     # Cancel one todo from its page.
     await browser.open(f"/board/todos/{waiting}")
@@ -346,9 +349,28 @@ async def test_requeue_all_by_filter_is_audited_like_the_rpc(
     assert entry.actor_human_id == tenant.human_id
     _status, body, _ = await board.get(queue + "?" + location.split("?", 1)[1])
     assert "3 todos requeued." in body
+    assert 'class="todos">filter <code>{&#34;' in body and not entry.todo_ids
     # The other queue's dead todo was not part of it.
     status, body, _ = await board.get(f"/board/queues/{tenant.endpoint_id}/elsewhere")
     assert 'class="dead">1<' in body
+
+
+async def test_the_queue_page_shows_a_call_by_ids_with_its_ids(
+    client: Client, tenant: Tenant, board: Board
+) -> None:
+    dead = await make_dead(client, tenant, QUEUE, ["a", "b", "c"])
+    queue = f"/board/queues/{tenant.endpoint_id}/{QUEUE}"
+    status, _, location = await board.post(
+        queue + "/todos/act", [("action", "requeue"), ("todo", dead[2]), ("todo", dead[0])]
+    )
+    assert status == 303 and location.endswith("applied=2&refused=0&missing=0")
+    (entry,) = await audit(client, tenant)
+    assert list(entry.todo_ids) == [dead[2], dead[0]]  # in the form's order
+    assert entry.filter == ""
+    _status, body, _ = await board.get(queue)
+    links = ", ".join(f'<a href="/board/todos/{i}">#{i}</a>' for i in entry.todo_ids)
+    assert f'<td class="todos">{links}</td>' in body
+    assert "todo_ids" not in body
 
 
 async def test_resume_restores_the_policy_from_before_the_pause(

@@ -148,6 +148,14 @@ async def test_by_ids_each_on_its_own(client: Client, tenant: Tenant, db: Databa
     audit = await audit_counts(db)
     assert [(a, n) for a, n, _ in audit[-2:]] == [("cancel", 2), ("requeue", 3)]
     assert audit[-2][2] == {"todo_ids": [mine[0], mine[1]]}
+    # On the wire the ids are ids, not a filter.
+    listed = await client.dispatch.ListTodoAudit(
+        dispatch_pb2.ListTodoAuditRequest(page_size=2), metadata=tenant.human
+    )
+    assert [(list(e.todo_ids), e.filter, e.count) for e in listed.entries] == [
+        ([*mine], "", 3),
+        ([mine[0], mine[1]], "", 2),
+    ]
 
 
 async def test_filter_dry_run_counts_and_changes_nothing(
@@ -373,7 +381,7 @@ async def test_human_needs_an_endpoint(client: Client, tenant: Tenant) -> None:
         ),
         grpc.StatusCode.INVALID_ARGUMENT,
     )
-    assert "endpoint_id" in violations(err)
+    assert violations(err) == {"filter.endpoint_id": "required for human credentials"}
 
 
 async def test_a_chunk_reads_its_own_todos_however_stale_the_statistics(

@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import pathlib
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -481,6 +482,23 @@ async def test_cancel_and_requeue_by_id_and_by_filter(
         "--created-after", "2000-01-01", "--yes", token=human,
     )  # fmt: skip
     assert cancelled.lines() == ["cancelled 4 todos"], cancelled.err
+    # The audit names the ids of a call by ids as ids, a filter as a filter.
+    audit = await sb("todos", "audit", "--endpoint", ep, "--limit", "3", token=human)
+    assert audit.code == 0, audit.err
+    assert audit.lines()[0].split() == ["AT", "ACTION", "BY", "ENDPOINT", "TODOS", "CHANGED"]
+    newest, by_ids, cancel_by_id = (re.split(r"\s{2,}", line) for line in audit.lines()[1:])
+    assert newest[1] == "cancel" and newest[4].startswith("filter {")
+    assert '"states": ["pending"]' in newest[4]
+    assert by_ids[1:] == [
+        "requeue",
+        f"human {tenant.human_id}",
+        ep,
+        f"ids {timeouts[0]}, {other}",
+        "2",
+    ]
+    assert cancel_by_id[1:] == ["cancel", f"human {tenant.human_id}", ep, f"ids {timeouts[0]}", "1"]
+    entries = (await sb("todos", "audit", "--json", token=human)).json()["entries"]
+    assert entries[1]["todo_ids"] == [timeouts[0], other] and "filter" not in entries[1]
     # Without the grant: exit 3, as any denial.
     denied = await sb("todos", "cancel", timeouts[1], token=tenant.endpoint_token)
     assert denied.code == 3
@@ -506,6 +524,7 @@ async def test_every_command_has_help_with_examples(sb: Cli) -> None:
         ["todos", "show"],
         ["todos", "cancel"],
         ["todos", "requeue"],
+        ["todos", "audit"],
         ["queues"],
     ):
         ran = await sb(*args, "--help")

@@ -29,7 +29,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import pytest
@@ -59,8 +59,11 @@ from tests.support.client import (
     make_tenant,
 )
 from tests.support.databases import DatabaseFactory
-from tests.support.errors import rich_status
+from tests.support.errors import field_path_resolves, field_violations, rich_status
 from tests.support.resolver import StaticResolver
+
+if TYPE_CHECKING:
+    from tests.support.errors import MessageDescriptor
 
 Metadata = tuple[tuple[str, str], ...]
 
@@ -980,18 +983,21 @@ RPCS: dict[str, tuple[Stub, Callable[[World], st.SearchStrategy[Any]]]] = {
 HOOK_RPCS = {"SetNotifyHook", "ClearNotifyHook"}
 
 
-def _check_error(err: grpc.aio.AioRpcError, context: object) -> None:
+def _check_error(err: grpc.aio.AioRpcError, request: MessageDescriptor, context: object) -> None:
     """An allowed code, answered by the server with its rich status: not, say,
     an error message too large for the client's metadata limit (which the
     client reports as RESOURCE_EXHAUSTED without the server's details). The
     one answer without details is gRPC's own to a request over the server's
-    message size limit."""
+    message size limit. Each field a violation names is a field of the
+    request message (``todos[3].queue.endpoint_id``), not another one's."""
     assert err.code() in ALLOWED, (err.code(), err.details(), context)
     if (err.details() or "").startswith("SERVER: Received message larger than max"):
         assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, context
         return
     status = rich_status(err)
     assert status.code == err.code().value[0], (status, context)
+    for path in field_violations(err):
+        assert field_path_resolves(request, path), (path, request.full_name, context)
 
 
 def _cut(value: object) -> str:
@@ -1079,7 +1085,7 @@ async def _call_and_check(
     try:
         response = await method(request, metadata=metadata, timeout=60)
     except grpc.aio.AioRpcError as err:
-        _check_error(err, (rpc, token, _cut(request)))
+        _check_error(err, request.DESCRIPTOR, (rpc, token, _cut(request)))
         return
     w.harvest(response)
 
@@ -1120,7 +1126,7 @@ async def test_fuzzed_watch_reopen_never_answers_internal(
     except TimeoutError:
         pass
     except grpc.aio.AioRpcError as err:
-        _check_error(err, (token, _cut(request)))
+        _check_error(err, request.DESCRIPTOR, (token, _cut(request)))
     finally:
         call.cancel()
     if call.done() and not call.cancelled():
@@ -1203,7 +1209,7 @@ async def _raw_call(
                 body, metadata=metadata, timeout=30
             )
     except grpc.aio.AioRpcError as err:
-        _check_error(err, (path, body[:100]))
+        _check_error(err, method.input_type, (path, body[:100]))
         return err.code()
     return grpc.StatusCode.OK
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from typing import Any
 
 import asyncpg
@@ -15,7 +16,7 @@ from switchboard_server.db import Database
 
 from tests.support.client import Client, Tenant, add_endpoint
 from tests.support.databases import row_counts
-from tests.support.errors import expect_code, violations
+from tests.support.errors import expect_code, field_violations, violations
 
 
 def item(queue: str, payload: bytes = b"x", **fields: Any) -> dispatch_pb2.IngestRequest:
@@ -117,6 +118,48 @@ async def test_the_item_count_and_the_endpoint_are_checked(client: Client, tenan
             grpc.StatusCode.INVALID_ARGUMENT,
         )
         assert field in violations(err)
+
+
+async def test_an_item_naming_an_endpoint_out_of_reach_is_not_found_naming_the_item(
+    client: Client, tenant: Tenant, db: Database
+) -> None:
+    """NOT_FOUND, as for any endpoint out of reach, with a BadRequest naming
+    the item whose queue.endpoint_id it was (the first item that names one
+    decides the call's endpoint)."""
+    other_endpoint, _ = await add_endpoint(client, tenant, "other")
+    other_owner = str(uuid.uuid4())  # no such endpoint anywhere
+
+    def named(endpoint_id: str) -> dispatch_pb2.IngestRequest:
+        return dispatch_pb2.IngestRequest(
+            queue=queue_pb2.QueueRef(endpoint_id=endpoint_id, name="q")
+        )
+
+    for metadata, endpoint_id in [
+        (tenant.agent, other_endpoint),  # an agent reaches its own endpoint only
+        (tenant.agent, other_owner),
+        (tenant.human, other_owner),  # a human: any endpoint of its owner
+    ]:
+        err = await expect_code(
+            client.dispatch.IngestTodos(
+                dispatch_pb2.IngestTodosRequest(
+                    todos=[item("q"), item("q"), named(endpoint_id), named(endpoint_id)]
+                ),
+                metadata=metadata,
+            ),
+            grpc.StatusCode.NOT_FOUND,
+        )
+        assert field_violations(err) == ["todos[2].queue.endpoint_id"]
+        assert err.details() == "todos[2].queue.endpoint_id: endpoint not found"
+    # Named by the call, the call's field is named.
+    err = await expect_code(
+        client.dispatch.IngestTodos(
+            dispatch_pb2.IngestTodosRequest(endpoint_id=other_owner, todos=[named(other_owner)]),
+            metadata=tenant.human,
+        ),
+        grpc.StatusCode.NOT_FOUND,
+    )
+    assert field_violations(err) == ["endpoint_id"]
+    assert (await row_counts(db, ["todos"]))["todos"] == 0
 
 
 async def test_dedup_within_the_call_and_against_existing_todos(

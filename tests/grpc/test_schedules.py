@@ -91,7 +91,7 @@ async def test_create_get_list_update_pause_resume_delete_and_audit(
     assert made.catch_up == schedule_pb2.CATCH_UP_LATEST  # the default
     assert made.template.max_attempts == 5
     # Tomorrow is the spring-forward day: 02:30 does not exist, 03:00 PDT.
-    assert made.next_slot_local == "2026-03-08T03:00-07:00"
+    assert made.next_slot_local == "2026-03-08T03:00:00-07:00"
     assert made.next_slot.ToDatetime(UTC) == datetime(2026, 3, 8, 10, tzinfo=UTC)
 
     got = await client.schedules.GetSchedule(

@@ -33,12 +33,12 @@ async def test_schedules_commands_create_list_show_update_pause_resume_audit_del
     assert made.code == 0, made.err
     schedule = made.json()["schedule"]
     sid = schedule["id"]
-    assert schedule["next_slot_local"] == "2026-03-08T03:00-07:00"
+    assert schedule["next_slot_local"] == "2026-03-08T03:00:00-07:00"
 
     listed = await sb("schedules", "list", token=human)
     assert listed.code == 0, listed.err
     cells = row(listed.out, sid)
-    assert "daily at 02:30 America/Los_Angeles" in cells and "2026-03-08T03:00-07:00" in cells
+    assert "daily at 02:30 America/Los_Angeles" in cells and "2026-03-08T03:00:00-07:00" in cells
 
     updated = await sb("schedules", "update", sid, "--cron", "0 9 * * mon", "--catch-up", "skip",
                        token=human)  # fmt: skip
@@ -103,6 +103,6 @@ async def test_the_board_lists_schedules_with_next_slot_in_the_zone_and_last_tod
         assert "daily at 01:30 America/Los_Angeles" in cells
         # The next slot is the next day's 01:30, now in standard time; the last
         # todo is the first 01:30 (daylight time) of the fall-back day.
-        assert "2026-11-02T01:30-08:00" in cells
-        last = r'href="/board/todos/\d+">#\d+</a> for <time[^>]*>2026-11-01T01:30-07:00'
+        assert "2026-11-02T01:30:00-08:00" in cells
+        last = r'href="/board/todos/\d+">#\d+</a> for <time[^>]*>2026-11-01T01:30:00-07:00'
         assert re.search(last, cells)

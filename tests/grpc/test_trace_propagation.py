@@ -139,17 +139,63 @@ async def test_link_mode_starts_the_handler_in_its_own_trace_linked_to_the_todos
     ]
 
 
-async def test_without_server_tracing_the_callers_traceparent_is_kept_as_it_came(
-    server: server_app.App, client: Client, tenant: Tenant, monkeypatch: pytest.MonkeyPatch
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT = "00f067aa0ba902b7"
+V00 = f"00-{TRACE}-{PARENT}-01"
+
+#: traceparent headers and whether the server continues them (W3C Trace Context).
+HEADERS: list[tuple[str | None, bool]] = [
+    (V00, True),
+    (f" {V00} ", True),  # spaces around it are not part of it
+    (f"00-{TRACE}-{PARENT}-00", True),  # not sampled is still a context
+    (f"00-{TRACE.upper()}-{PARENT}-01", False),  # uppercase hex
+    (f"00-{TRACE}-{PARENT.upper()}-01", False),
+    (f"00-{'0' * 32}-{PARENT}-01", False),  # all-zero trace id
+    (f"00-{TRACE}-{'0' * 16}-01", False),  # all-zero parent id
+    (f"ff-{TRACE}-{PARENT}-01", False),  # version ff is invalid
+    (f"00-{TRACE}-{PARENT}-01-extra", False),  # version 00 is exactly 55 characters
+    (f"01-{TRACE}-{PARENT}-01", True),  # a later version: its first 55 characters
+    (f"cc-{TRACE}-{PARENT}-01-more-fields", True),
+    (f"01-{TRACE}-{PARENT}-01x", False),  # ... followed by a dash, or nothing
+    (f"00-{TRACE}-{PARENT}", False),
+    ("00-bogus", False),
+    (f"01-{TRACE}-{PARENT}-01-" + "x" * 500, False),  # over 512 characters
+    (None, False),
+]
+
+
+@pytest.mark.parametrize("tracing_on", [False, True], ids=["tracing-off", "tracing-on"])
+async def test_one_traceparent_rule_with_tracing_on_and_off(
+    tracing_on: bool,
+    request: pytest.FixtureRequest,
+    server: server_app.App,
+    client: Client,
+    tenant: Tenant,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(tracing, "enabled", lambda: False)
-    given = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-    for header, kept in [(given, given), ("00-bogus", ""), (None, "")]:
+    """The same headers are continued with server tracing on (the todo keeps the
+    server's Ingest span, in the caller's trace) and off (it keeps the caller's
+    context in its version 00 form); the rest are not (on: a trace of the
+    server's own; off: none)."""
+    if tracing_on:
+        request.getfixturevalue("spans")
+    else:
+        monkeypatch.setattr(tracing, "enabled", lambda: False)
+    for header, continues in HEADERS:
         metadata = tenant.agent if header is None else (*tenant.agent, ("traceparent", header))
         response = await client.dispatch.Ingest(
             dispatch_pb2.IngestRequest(queue=queue_pb2.QueueRef(name="work")), metadata=metadata
         )
-        assert response.todo.traceparent == kept
+        kept = response.todo.traceparent
+        if tracing_on:
+            version, trace_id, span_id, _ = kept.split("-")
+            assert version == "00" and span_id != PARENT, header
+            assert (trace_id == TRACE) is continues, header
+        elif continues:
+            assert header is not None
+            assert kept == f"00-{TRACE}-{PARENT}-{header.strip()[53:55]}", header
+        else:
+            assert kept == "", header
         claimed = await client.dispatch.ClaimNext(
             dispatch_pb2.ClaimNextRequest(claimant="c"), metadata=tenant.agent
         )

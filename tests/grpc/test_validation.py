@@ -18,14 +18,15 @@ from typing import Any
 
 import grpc
 import pytest
-from switchboard.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
+from google.protobuf.message import Message
+from switchboard.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, schedule_pb2, todo_pb2
 from switchboard_server import app as server_app
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
 
 from tests.support.client import OPERATOR_TOKEN, SECRET_KEYS, Client, Tenant, auth, make_tenant
 from tests.support.databases import DatabaseFactory, row_counts
-from tests.support.errors import expect_code, violations
+from tests.support.errors import expect_code, field_path_resolves, violations
 from tests.support.protos import dur
 
 OP = auth(OPERATOR_TOKEN)
@@ -587,6 +588,89 @@ VALID: list[tuple[str, Call]] = [
 @pytest.mark.parametrize("call", [c[1] for c in VALID], ids=[c[0] for c in VALID])
 async def test_values_at_the_bounds_are_accepted(world: World, call: Call) -> None:
     await call(world)
+
+
+#: A human's call that leaves out the endpoint, and the request's own field
+#: that must name it: each RPC keeps its endpoint at its own path.
+HUMAN_WITHOUT_ENDPOINT: list[tuple[str, str, Message, str]] = [
+    ("dispatch", "Ingest", dispatch_pb2.IngestRequest(queue=q("work")), "queue.endpoint_id"),
+    (
+        "dispatch",
+        "IngestTodos",
+        dispatch_pb2.IngestTodosRequest(todos=[dispatch_pb2.IngestRequest(queue=q("work"))]),
+        "endpoint_id",
+    ),
+    ("dispatch", "ClaimNext", dispatch_pb2.ClaimNextRequest(), "endpoint_id"),
+    ("dispatch", "GetTodo", dispatch_pb2.GetTodoRequest(dedup=dedup("h", "d")), "endpoint_id"),
+    ("dispatch", "ListTodos", dispatch_pb2.ListTodosRequest(), "endpoint_id"),
+    (
+        "dispatch",
+        "CancelTodos",
+        dispatch_pb2.CancelTodosRequest(
+            filter=dispatch_pb2.TodoFilter(states=[todo_pb2.TODO_STATE_PENDING])
+        ),
+        "filter.endpoint_id",
+    ),
+    (
+        "dispatch",
+        "RequeueTodos",
+        dispatch_pb2.RequeueTodosRequest(
+            filter=dispatch_pb2.TodoFilter(states=[todo_pb2.TODO_STATE_DEAD])
+        ),
+        "filter.endpoint_id",
+    ),
+    (
+        "admission",
+        "GetPolicy",
+        admission_pb2.GetPolicyRequest(queue=q("work")),
+        "queue.endpoint_id",
+    ),
+    (
+        "admission",
+        "SetPolicy",
+        admission_pb2.SetPolicyRequest(
+            policy=admission_pb2.AdmissionPolicy(queue=q("work"), max_in_flight=1)
+        ),
+        "policy.queue.endpoint_id",
+    ),
+    (
+        "admission",
+        "ClearPolicy",
+        admission_pb2.ClearPolicyRequest(queue=q("work")),
+        "queue.endpoint_id",
+    ),
+    (
+        "schedules",
+        "CreateSchedule",
+        schedule_pb2.CreateScheduleRequest(
+            schedule=schedule_pb2.Schedule(
+                queue=q("work"),
+                name="nightly",
+                template=schedule_pb2.TodoTemplate(payload=b"x"),
+                recurrence=schedule_pb2.Recurrence(time_zone="UTC", cron="0 3 * * *"),
+            )
+        ),
+        "schedule.queue.endpoint_id",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("service", "rpc", "request_", "field"),
+    HUMAN_WITHOUT_ENDPOINT,
+    ids=[c[1] for c in HUMAN_WITHOUT_ENDPOINT],
+)
+async def test_a_human_without_an_endpoint_is_told_the_requests_own_field(
+    world: World, shared_db: Database, service: str, rpc: str, request_: Message, field: str
+) -> None:
+    before = await row_counts(shared_db, TABLES)
+    method = getattr(getattr(world.client, service), rpc)
+    err = await expect_code(
+        method(request_, metadata=world.human), grpc.StatusCode.INVALID_ARGUMENT
+    )
+    assert violations(err) == {field: "required for human credentials"}
+    assert field_path_resolves(request_.DESCRIPTOR, field)
+    assert await row_counts(shared_db, TABLES) == before
 
 
 async def test_get_todo_max_id_is_not_found_not_invalid(world: World) -> None:

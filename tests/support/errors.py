@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Iterable
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import grpc
+from google.protobuf import descriptor
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from switchboard.v1 import admission_pb2
+
+if TYPE_CHECKING:
+    from google._upb import _message as upb
+
+    #: A message type's descriptor, as ``Message.DESCRIPTOR`` gives it.
+    MessageDescriptor = descriptor.Descriptor | upb.Descriptor
 
 _DETAILS_KEY = "grpc-status-details-bin"
 
@@ -72,6 +80,46 @@ def violations(err: grpc.aio.AioRpcError) -> dict[str, str]:
                 found[v.field] = v.description
     assert found, f"no BadRequest field violations in {status}"
     return found
+
+
+_SEGMENT = re.compile(r"([a-z_][a-z0-9_]*)(?:\[(\d+)\])?")
+
+
+def field_path_resolves(message: MessageDescriptor, path: str) -> bool:
+    """Whether ``path`` (``todos[3].queue.endpoint_id``) names a field of
+    ``message``: each segment a field of the message before it, an index only
+    on (and then through) a repeated field; the last segment may also name a
+    oneof (``settlements[2].action``: the action that is missing)."""
+    segments = path.split(".")
+    for n, segment in enumerate(segments):
+        match = _SEGMENT.fullmatch(segment)
+        if match is None:
+            return False
+        name, index = match.groups()
+        last = n == len(segments) - 1
+        field = message.fields_by_name.get(name)
+        if field is None:
+            return last and index is None and name in message.oneofs_by_name
+        repeated = field.is_repeated
+        if index is not None and not repeated:
+            return False
+        if last:
+            return True
+        if field.message_type is None or (repeated and index is None):
+            return False
+        message = field.message_type
+    return False
+
+
+def field_violations(err: grpc.aio.AioRpcError) -> list[str]:
+    """The fields of every BadRequest detail of an error, whatever its code."""
+    fields: list[str] = []
+    for detail in rich_status(err).details:
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            assert detail.Unpack(bad)
+            fields.extend(v.field for v in bad.field_violations)
+    return fields
 
 
 def has_retry_info(err: grpc.aio.AioRpcError) -> bool:

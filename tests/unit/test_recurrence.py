@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -33,9 +34,9 @@ def slots(rec: object, start: datetime, n: int) -> list[str]:
 def test_daily_0230_on_spring_forward_day_is_the_first_instant_after_the_gap(kind: str) -> None:
     rec = calendar("DAY", LA, "02:30", None) if kind == "calendar" else cron("30 2 * * *", LA)
     assert slots(rec, datetime(2026, 3, 7, 0, tzinfo=UTC), 3) == [
-        "2026-03-07T02:30-08:00",
-        "2026-03-08T03:00-07:00",  # 02:30 does not exist: 03:00 PDT
-        "2026-03-09T02:30-07:00",
+        "2026-03-07T02:30:00-08:00",
+        "2026-03-08T03:00:00-07:00",  # 02:30 does not exist: 03:00 PDT
+        "2026-03-09T02:30:00-07:00",
     ]
 
 
@@ -43,9 +44,9 @@ def test_daily_0230_on_spring_forward_day_is_the_first_instant_after_the_gap(kin
 def test_daily_0130_on_fall_back_day_is_its_first_occurrence_only(kind: str) -> None:
     rec = calendar("DAY", LA, "01:30", None) if kind == "calendar" else cron("30 1 * * *", LA)
     assert slots(rec, datetime(2026, 10, 31, 0, tzinfo=UTC), 3) == [
-        "2026-10-31T01:30-07:00",
-        "2026-11-01T01:30-07:00",  # never 01:30-08:00 an hour later
-        "2026-11-02T01:30-08:00",
+        "2026-10-31T01:30:00-07:00",
+        "2026-11-01T01:30:00-07:00",  # never 01:30-08:00 an hour later
+        "2026-11-02T01:30:00-08:00",
     ]
 
 
@@ -58,10 +59,10 @@ def test_hourly_slots_are_every_60_minutes_of_absolute_time_through_both_transit
             series.append(next_after(rec, series[-1]))
         assert all(b - a == timedelta(hours=1) for a, b in itertools.pairwise(series))
     assert [local_iso(s, LA)[11:] for s in fall] == [
-        "01:15-07:00",
-        "01:15-08:00",  # the repeated hour has its own slot
-        "02:15-08:00",
-        "03:15-08:00",
+        "01:15:00-07:00",
+        "01:15:00-08:00",  # the repeated hour has its own slot
+        "02:15:00-08:00",
+        "03:15:00-08:00",
     ]
 
 
@@ -78,7 +79,7 @@ def test_latest_at_or_before_includes_the_instant_itself() -> None:
 def test_weekly_on_a_weekday() -> None:
     rec = calendar("WEEK", "Europe/Paris", "09:00", 1)
     first = next_after(rec, datetime(2026, 5, 1, tzinfo=UTC))  # a Friday
-    assert local_iso(first, "Europe/Paris") == "2026-05-04T09:00+02:00"  # Monday
+    assert local_iso(first, "Europe/Paris") == "2026-05-04T09:00:00+02:00"  # Monday
     assert next_after(rec, first) - first == timedelta(days=7)
 
 
@@ -145,3 +146,34 @@ def test_bad_calendar_names_the_field(
     with pytest.raises(RecurrenceError) as caught:
         calendar(period, zone, at, weekday)
     assert caught.value.field == field
+
+
+RFC3339 = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[-+]\d\d:\d\d"
+
+
+@pytest.mark.parametrize(
+    ("zone", "at", "local"),
+    [
+        # Los Angeles' spring-forward day: 02:30 does not exist, 03:00 PDT does.
+        (LA, datetime(2026, 3, 8, 10, tzinfo=UTC), "2026-03-08T03:00:00-07:00"),
+        (LA, datetime(2026, 3, 8, 9, 59, 59, tzinfo=UTC), "2026-03-08T01:59:59-08:00"),
+        # Lord Howe Island moves by half an hour (+10:30 to +11:00) at 02:00.
+        (
+            "Australia/Lord_Howe",
+            datetime(2026, 10, 3, 15, 29, tzinfo=UTC),
+            "2026-10-04T01:59:00+10:30",
+        ),
+        (
+            "Australia/Lord_Howe",
+            datetime(2026, 10, 3, 15, 30, tzinfo=UTC),
+            "2026-10-04T02:30:00+11:00",
+        ),
+        ("America/St_Johns", datetime(2026, 1, 5, 12, tzinfo=UTC), "2026-01-05T08:30:00-03:30"),
+        ("Asia/Kathmandu", datetime(2026, 1, 5, 12, tzinfo=UTC), "2026-01-05T17:45:00+05:45"),
+        ("UTC", datetime(2026, 1, 5, 12, 0, 0, 999_999, tzinfo=UTC), "2026-01-05T12:00:00+00:00"),
+    ],
+)
+def test_local_iso_is_rfc3339_with_seconds(zone: str, at: datetime, local: str) -> None:
+    """next_slot_local's form, as schedule.proto documents it."""
+    assert local_iso(at, zone) == local
+    assert re.fullmatch(RFC3339, local)

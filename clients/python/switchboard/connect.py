@@ -31,6 +31,11 @@ command: ``SWITCHBOARD_SERVER``, ``SWITCHBOARD_CACERT``, ``SWITCHBOARD_CERT``
 and ``SWITCHBOARD_KEY``. The bearer token is not part of the channel: pass it
 as call metadata (``authorization: Bearer ...``), as :class:`switchboard.worker.Worker`
 does with the token it is given.
+
+A channel receives messages of up to ``MAX_RECEIVE_BYTES`` (16 MiB; grpc's
+default is 4 MiB), more than the largest answer the server sends (a page of
+500 todos, each with every field at its limit, is about 10 MiB); a
+``grpc.max_receive_message_length`` in ``options`` takes its place.
 """
 
 from __future__ import annotations
@@ -107,6 +112,12 @@ def credentials(
     )
 
 
+#: The largest message a channel receives: at least the server's send limit
+#: (``switchboard_server.servicers.sizes.MAX_ANSWER_BYTES``).
+MAX_RECEIVE_BYTES = 16 * 1024 * 1024
+_RECEIVE_LIMIT = "grpc.max_receive_message_length"
+
+
 def channel(
     target: str = DEFAULT_TARGET,
     *,
@@ -123,11 +134,13 @@ def channel(
     the target's host (for an address the certificate does not name).
     """
     address, https = split_target(target)
+    opts = list(options)
+    if all(name != _RECEIVE_LIMIT for name, _ in opts):
+        opts.append((_RECEIVE_LIMIT, MAX_RECEIVE_BYTES))
     if not (tls or https or cacert is not None or cert is not None or key is not None):
         if server_name is not None:
             raise ValueError("server_name needs TLS")
-        return grpc.aio.insecure_channel(address, options=list(options))
-    opts = list(options)
+        return grpc.aio.insecure_channel(address, options=opts)
     if server_name is not None:
         opts.append(("grpc.ssl_target_name_override", server_name))
     return grpc.aio.secure_channel(

@@ -37,6 +37,13 @@ import type { QueueRefSchema } from "./gen/switchboard/v1/queue_pb.js";
 /** Where a server listens by default. */
 export const DEFAULT_TARGET = "127.0.0.1:50051";
 
+/**
+ * The largest message a connection receives: more than the largest answer the server
+ * sends (a page of 500 todos with every field at its limit is about 10 MiB), as in the
+ * Python client's `switchboard.connect.MAX_RECEIVE_BYTES`.
+ */
+export const MAX_RECEIVE_BYTES = 16 * 1024 * 1024;
+
 /** How to reach a server. */
 export interface ConnectOptions {
   /** `host:port` (plaintext unless a TLS option is given) or `https://host[:port]`. */
@@ -207,6 +214,7 @@ export function createTransport(options: ConnectOptions = {}): {
     baseUrl,
     sessionManager,
     interceptors,
+    readMaxBytes: MAX_RECEIVE_BYTES,
     ...(options.timeoutMs !== undefined ? { defaultTimeoutMs: options.timeoutMs } : {}),
   });
   return {

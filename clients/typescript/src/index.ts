@@ -6,6 +6,7 @@
 export {
   DEFAULT_CLOSE_GRACE_MS,
   DEFAULT_TARGET,
+  MAX_RECEIVE_BYTES,
   bearer,
   connect,
   connectFromEnv,

@@ -237,6 +237,54 @@ describe("the client against a real server", () => {
     await refused(Code.InvalidArgument, () => agent.dispatch.settleTodos({ settlements: [] }));
   });
 
+  test("the largest answers: the largest todo by GetTodo, a ListTodos page of 500 at their limits", { timeout: 120_000 }, async () => {
+    // Every text at its limit, each character 4 bytes of UTF-8 (MAX_RECEIVE_BYTES lets them in).
+    const wide = (n: number) => "\u{1F600}".repeat(n);
+    const contentType = wide(255);
+    const claimant = wide(200);
+    const error = wide(4096);
+    const queue = "q".repeat(64);
+    const item = (n: number, payload = new Uint8Array()) => ({
+      queue: { name: queue },
+      payload,
+      contentType,
+      dedup: { webhookId: wide(200), deliveryId: `${n}` },
+      maxAttempts: 100,
+    });
+    const todoId = (await agent.dispatch.ingest(item(-1, new Uint8Array(1024 * 1024).fill(112)))).todo!.id;
+    let claimed = await agent.dispatch.claim({ todoId, claimant });
+    await agent.dispatch.fail({ todoId, leaseId: claimed.lease!.leaseId, error, permanent: true });
+    await human.dispatch.requeueTodo({ todoId });
+    claimed = await agent.dispatch.claim({ todoId, claimant });
+    assert.equal(claimed.todo!.lastError, error);
+    const result = { data: new Uint8Array(64 * 1024).fill(114), contentType };
+    await agent.dispatch.complete({ todoId, leaseId: claimed.lease!.leaseId, result });
+    const got = await agent.dispatch.getTodo({ todoId });
+    assert.equal(got.todo!.payload.length, 1024 * 1024);
+    assert.deepEqual(got.todo!.result!.data, result.data);
+    assert.equal(got.todo!.result!.contentType, contentType);
+    assert.deepEqual(got.attempts.map((a) => a.error), [error, ""]);
+
+    for (let start = 0; start < 500; start += 250) {
+      const todos = Array.from({ length: 250 }, (_, i) => item(start + i));
+      await agent.dispatch.ingestTodos({ todos });
+    }
+    const batch = await agent.dispatch.claimNext({ queues: [queue], claimant, maxTodos: 500 });
+    assert.equal(batch.claimed.length, 500);
+    for (let start = 0; start < 500; start += 50) {
+      await agent.dispatch.settleTodos({
+        settlements: batch.claimed.slice(start, start + 50).map((c) => ({
+          todoId: c.todo!.id,
+          leaseId: c.lease!.leaseId,
+          action: { case: "fail" as const, value: { error, permanent: true } },
+        })),
+      });
+    }
+    const page = await agent.dispatch.listTodos({ queues: [queue], states: [TodoState.DEAD], pageSize: 500 });
+    assert.equal(page.todos.length, 500);
+    assert.ok(page.todos.every((t) => t.lastError === error && t.claimant === claimant));
+  });
+
   test("every RPC of DispatchService, AdmissionService and ScheduleService is called in this file", () => {
     const source = readFileSync(new URL(import.meta.url), "utf8");
     const missing = [...DispatchService.methods, ...AdmissionService.methods, ...ScheduleService.methods]
@@ -339,7 +387,7 @@ describe("the client against a real server", () => {
     };
     const made = (await human.schedules.createSchedule({ schedule })).schedule!;
     assert.equal(made.name, "nightly");
-    assert.match(made.nextSlotLocal, /T0[23]:[03]0-0[78]:00$/);
+    assert.match(made.nextSlotLocal, /T0[23]:[03]0:00-0[78]:00$/);
     const e = await refused(Code.InvalidArgument, () =>
       human.schedules.createSchedule({
         schedule: { ...schedule, name: "bad", recurrence: { timeZone: "UTC", rule: { case: "cron", value: "61 * * * *" } } },

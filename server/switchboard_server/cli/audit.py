@@ -1,4 +1,5 @@
-"""An audit trail for the CLI: paging it in and printing it (policy and schedule changes)."""
+"""An audit trail for the CLI: paging it in and printing it (policy and schedule changes;
+``todos audit`` prints its own columns)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,26 @@ async def print_audit(
 
     ``action`` names an entry's action; ``summary`` describes its before and after.
     """
+    entries = await read_audit(command, limit, fetch)
+    if out.as_json:
+        out.json({"entries": [to_dict(e) for e in entries]})
+        return EXIT_OK
+    rows = [
+        [
+            when(e.at),
+            action(e.action),
+            actor(e),
+            summary(e.before) if e.HasField("before") else NONE,
+            summary(e.after) if e.HasField("after") else NONE,
+        ]
+        for e in entries
+    ]
+    out.line(table(["AT", "ACTION", "BY", "BEFORE", "AFTER"], rows))
+    return EXIT_OK
+
+
+async def read_audit(command: str, limit: int, fetch: FetchPage) -> list[Any]:
+    """Up to ``limit`` entries, newest first, page by page."""
     if limit < 1:
         raise UsageError(f"{command}: --limit must be at least 1")
     entries: list[Any] = []
@@ -35,24 +56,11 @@ async def print_audit(
         token = page.next_page_token
         if not token:
             break
-    if out.as_json:
-        out.json({"entries": [to_dict(e) for e in entries]})
-        return EXIT_OK
-    rows = [
-        [
-            when(e.at),
-            action(e.action),
-            _actor(e),
-            summary(e.before) if e.HasField("before") else NONE,
-            summary(e.after) if e.HasField("after") else NONE,
-        ]
-        for e in entries
-    ]
-    out.line(table(["AT", "ACTION", "BY", "BEFORE", "AFTER"], rows))
-    return EXIT_OK
+    return entries
 
 
-def _actor(entry: Any) -> str:
+def actor(entry: Any) -> str:
+    """Who made an audited change: the human, or the agent and who vended its credential."""
     if entry.actor_endpoint_id:
         return f"endpoint {entry.actor_endpoint_id} (vended by human {entry.actor_human_id})"
     if entry.actor_human_id:

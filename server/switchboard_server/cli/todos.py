@@ -1,5 +1,5 @@
 """``switchboard todos``: ingest todos from JSON lines, list an endpoint's todos and show
-one, cancel and requeue them, over gRPC."""
+one, cancel and requeue them, and list the audit of cancels and requeues, over gRPC."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf import duration_pb2, json_format, timestamp_pb2
 from switchboard.v1 import dispatch_pb2, todo_pb2
 
+from switchboard_server.cli.audit import actor, read_audit
 from switchboard_server.cli.common import endpoint_flag, group, leaf
 from switchboard_server.cli.connect import EXIT_OK, Connection, UsageError
 from switchboard_server.cli.output import (
@@ -411,6 +412,7 @@ TODOS_EXAMPLES = """\
   switchboard todos requeue --endpoint $EP --state dead --queue investigations --dry-run
   switchboard todos requeue --endpoint $EP --state dead --error-contains timeout --yes
   switchboard todos cancel 41 42 43
+  switchboard todos audit --endpoint $EP --limit 10
 """
 
 _FILTER_HELP = """\
@@ -420,6 +422,48 @@ todo, 500 per transaction, the calls repeated until the server says done;
 --dry-run prints how many match and changes nothing; otherwise --yes is
 required (on a terminal the command asks instead; elsewhere it refuses, exit 2).
 """
+
+
+async def todos_audit(conn: Connection, args: argparse.Namespace, out: Output) -> int:
+    """Lists cancels and requeues, newest first: one endpoint's, or every endpoint's."""
+
+    async def page(size: int, token: str) -> dispatch_pb2.ListTodoAuditResponse:
+        return await conn.dispatch.ListTodoAudit(
+            dispatch_pb2.ListTodoAuditRequest(
+                endpoint_id=args.endpoint or "", page_size=size, page_token=token
+            ),
+            metadata=conn.metadata,
+            timeout=conn.timeout,
+        )
+
+    entries = await read_audit("todos audit", args.limit, page)
+    if out.as_json:
+        out.json({"entries": [to_dict(e) for e in entries]})
+        return EXIT_OK
+    rows = [
+        [
+            when(e.at),
+            short(dispatch_pb2.TodoAction.Name(e.action), "TODO_ACTION_"),
+            actor(e),
+            e.endpoint_id,
+            _audited_todos(e),
+            str(e.count),
+        ]
+        for e in entries
+    ]
+    out.line(table(["AT", "ACTION", "BY", "ENDPOINT", "TODOS", "CHANGED"], rows))
+    return EXIT_OK
+
+
+def _audited_todos(entry: dispatch_pb2.TodoAuditEntry) -> str:
+    """Which todos an audited call named: one id, ids, or a filter."""
+    if entry.todo_id:
+        return entry.todo_id
+    if entry.todo_ids:
+        return "ids " + ", ".join(entry.todo_ids)
+    if entry.filter:
+        return "filter " + entry.filter
+    return NONE
 
 
 def add_commands(sub: Subparsers) -> None:
@@ -504,6 +548,21 @@ def add_commands(sub: Subparsers) -> None:
         todos_act,
     )
     _bulk_flags(requeue, "requeue")
+    audit = leaf(
+        todos,
+        "audit",
+        "list cancels and requeues, newest first: who, when, which todos, how many changed",
+        "  switchboard todos audit --endpoint $EP --limit 10\n  switchboard todos audit --json\n",
+        todos_audit,
+    )
+    audit.add_argument(
+        "--endpoint",
+        metavar="ID",
+        help="only this endpoint's (a human: default every endpoint of its owner)",
+    )
+    audit.add_argument(
+        "--limit", type=int, default=50, metavar="N", help="most entries (default 50)"
+    )
     requeue.add_argument(
         "--delay", type=int, metavar="SECONDS", help="not claimable before this delay"
     )

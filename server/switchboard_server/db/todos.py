@@ -749,11 +749,14 @@ class TodoAuditRow:
     action: str
     todo_id: int | None
     count: int
+    #: The filter, as JSON, when todos were chosen by one.
     filter: str | None
     actor_credential_id: uuid.UUID | None
     actor_human_id: uuid.UUID | None
     actor_endpoint_id: uuid.UUID | None
     at: datetime
+    #: The ids that changed, when todos were named by id.
+    todo_ids: tuple[str, ...] = ()
 
 
 async def insert_audit(
@@ -794,7 +797,18 @@ async def list_audit(
 ) -> list[TodoAuditRow]:
     """An owner's cancels and requeues (one endpoint's, when given), newest first."""
     rows = await conn.fetch(sql("todo_audit_list"), owner_id, endpoint_id, before_id, limit)
-    return [TodoAuditRow(**dict(r)) for r in rows]
+    return [_audit_row(dict(r)) for r in rows]
+
+
+def _audit_row(values: dict[str, Any]) -> TodoAuditRow:
+    """A call by ids keeps its ids in the filter column, as ``{"todo_ids": [...]}``."""
+    stored = values["filter"]
+    if stored is not None and '"todo_ids"' in stored:
+        ids = json.loads(stored).get("todo_ids")
+        if isinstance(ids, list):
+            values["filter"] = None
+            values["todo_ids"] = tuple(str(i) for i in ids)
+    return TodoAuditRow(**values)
 
 
 async def result(conn: Conn, *, todo_id: int) -> TodoResult | None:

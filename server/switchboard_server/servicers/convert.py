@@ -502,6 +502,7 @@ def todo_audit_entry(value: TodoAuditEntry) -> dispatch_pb2.TodoAuditEntry:
         actor_credential_id=str(value.actor_credential_id or ""),
         at=timestamp(value.at),
         filter=value.filter or "",
+        todo_ids=value.todo_ids,
     )
 
 

@@ -16,6 +16,7 @@ from switchboard_server.doorbells import DoorbellHub
 from switchboard_server.model import ItemOutcome, Lease, SettleAction, Settlement, TodoState
 from switchboard_server.servicers import convert
 from switchboard_server.servicers.interceptor import current_principal
+from switchboard_server.servicers.sizes import MAX_ATTEMPTS_LISTED, MAX_DEFERRED_REPORTED
 from switchboard_server.servicers.validate import (
     DEFAULT_CONTENT_TYPE,
     DEFAULT_MAX_ATTEMPTS,
@@ -165,10 +166,15 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
             v.add("todos", f"must hold between 1 and {MAX_BATCH} items")
         traceparent = tracing.traceparent(context)
         columns = None if len(v) else _plain_ingest_columns(todos, traceparent)
+        endpoint_field = "endpoint_id"
         if columns is None:
-            endpoint_id, columns = _ingest_columns(v, todos, endpoint_id, traceparent)
+            endpoint_id, endpoint_field, columns = _ingest_columns(
+                v, todos, endpoint_id, traceparent
+            )
         v.check()
-        results = await self._dispatcher.ingest_many(current_principal(), endpoint_id, columns)
+        results = await self._dispatcher.ingest_many(
+            current_principal(), endpoint_id, columns, endpoint_field
+        )
         return convert.ingest_todos_response(results)
 
     async def Claim(
@@ -203,7 +209,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
             current_principal(), endpoint_id, queues, claimant, lease, max_todos
         )
         tracing.record_waits(c.todo for c in result.claimed)
-        deferred = [convert.deferred_queue(d) for d in result.deferred]
+        deferred = [convert.deferred_queue(d) for d in result.deferred[:MAX_DEFERRED_REPORTED]]
         if not result.claimed:
             return dispatch_pb2.ClaimNextResponse(empty=True, deferred=deferred)
         response = dispatch_pb2.ClaimNextResponse(deferred=deferred)
@@ -377,9 +383,11 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
             todo_id = v.todo_id("todo_id", request.todo_id)
             v.check()
             view, attempts = await self._dispatcher.get(principal, todo_id)
+        left_out = max(0, len(attempts) - MAX_ATTEMPTS_LISTED)
         return dispatch_pb2.GetTodoResponse(
             todo=convert.todo(view.todo, view.admission, view.result),
-            attempts=[convert.attempt(a) for a in attempts],
+            attempts=[convert.attempt(a) for a in attempts[left_out:]],
+            attempts_left_out=left_out,
         )
 
     async def ListTodos(
@@ -605,21 +613,24 @@ def _ingest_columns(
     todos: Sequence[dispatch_pb2.IngestRequest],
     endpoint_id: uuid.UUID | None,
     traceparent: str | None,
-) -> tuple[uuid.UUID | None, dispatch.NewTodos]:
+) -> tuple[uuid.UUID | None, str, dispatch.NewTodos]:
     """IngestTodos' items checked one by one (``_ingest_item``), and the
-    endpoint they go to: the call's, else the first that an item names."""
+    endpoint they go to with the field that named it: the call's, else the
+    first that an item names."""
     items = [_ingest_item(v, f"todos[{i}].", t) for i, t in enumerate(todos)]
+    field = "endpoint_id"
     for i, item in enumerate(items):
         if item.endpoint_id is None:
             continue
         if endpoint_id is None:
             endpoint_id = item.endpoint_id  # the first item that names one
+            field = f"todos[{i}].queue.endpoint_id"
         elif item.endpoint_id != endpoint_id:
             v.add(
                 f"todos[{i}].queue.endpoint_id",
                 "must be empty or the call's endpoint (every item goes to one endpoint)",
             )
-    return endpoint_id, dispatch.NewTodos.of([r.new_todo(traceparent) for r in items])
+    return endpoint_id, field, dispatch.NewTodos.of([r.new_todo(traceparent) for r in items])
 
 
 def _ingest_item(

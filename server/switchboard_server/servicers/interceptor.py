@@ -82,6 +82,16 @@ def status_for(exc: errors.SwitchboardError) -> grpc.Status:
                 ]
             )
         )
+    if isinstance(exc, errors.NotFound) and exc.field is not None:
+        details.append(
+            error_details_pb2.BadRequest(
+                field_violations=[
+                    error_details_pb2.BadRequest.FieldViolation(
+                        field=exc.field, description=exc.description
+                    )
+                ]
+            )
+        )
     if isinstance(exc, errors.Deferred):
         details.extend(_deferral_details(exc))
     if isinstance(exc, errors.TodoCancelled):

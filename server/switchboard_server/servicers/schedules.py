@@ -21,6 +21,7 @@ from switchboard_server.recurrence import (
 from switchboard_server.schedules import AuditEntry, Schedule, Schedules
 from switchboard_server.servicers import convert
 from switchboard_server.servicers.interceptor import current_principal
+from switchboard_server.servicers.sizes import fill_page
 from switchboard_server.servicers.validate import (
     DEFAULT_MAX_ATTEMPTS,
     MAX_ATTEMPTS_LIMIT,
@@ -234,11 +235,11 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServiceServicer):
         found = await self._schedules.list_page(
             current_principal(), endpoint_id, after, page_size + 1
         )
-        more = len(found) > page_size
-        found = found[:page_size]
+        page = fill_page(found[:page_size], schedule)
+        more = len(found) > len(page)
         return schedule_pb2.ListSchedulesResponse(
-            schedules=[schedule(s) for s in found],
-            next_page_token=page_token_after(found[-1].row.id) if more and found else "",
+            schedules=page,
+            next_page_token=page_token_after(found[len(page) - 1].row.id) if more else "",
         )
 
     async def UpdateSchedule(
@@ -288,9 +289,9 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServiceServicer):
         before = v.page_token("page_token", request.page_token)
         v.check()
         entries = await self._schedules.audit(current_principal(), sid, before, page_size + 1)
-        more = len(entries) > page_size
-        entries = entries[:page_size]
+        page = fill_page(entries[:page_size], audit_entry)
+        more = len(entries) > len(page)
         return schedule_pb2.ListScheduleAuditResponse(
-            entries=[audit_entry(e) for e in entries],
-            next_page_token=page_token_after(entries[-1].id) if more and entries else "",
+            entries=page,
+            next_page_token=page_token_after(entries[len(page) - 1].id) if more else "",
         )

@@ -44,7 +44,7 @@ from multidict import MultiDictProxy
 
 from switchboard_server import errors
 from switchboard_server.admission import AuditEntry, DeferralReason, Limits, Policy
-from switchboard_server.dispatch import BulkFilter
+from switchboard_server.dispatch import BulkFilter, TodoAuditEntry
 from switchboard_server.model import Principal, PrincipalKind, Todo, TodoState
 from switchboard_server.overview import Names, Overview, QueueSummary
 from switchboard_server.schedules import Schedules
@@ -248,7 +248,7 @@ def policy_values(policy: Policy | None) -> dict[str, str]:
     return values
 
 
-def actor(entry: AuditEntry, names: Names) -> str:
+def actor(entry: AuditEntry | TodoAuditEntry, names: Names) -> str:
     """Who made an audited change: the human, and the endpoint when an agent did."""
     human = (
         names.humans.get(entry.actor_human_id, f"human {entry.actor_human_id}")
@@ -623,6 +623,7 @@ class Board:
         audit = await self._deps.admission.audit(
             principal, q.endpoint_id, q.queue, None, AUDIT_PAGE
         )
+        todo_audit = await dispatcher.audit(principal, q.endpoint_id, None, AUDIT_PAGE)
         names = await self._overview.names(principal)
         hook = await Tenancy(self._deps.db).endpoint(principal, q.endpoint_id)
         return self._html(
@@ -643,6 +644,7 @@ class Board:
             claimed=claimed,
             more_claimed=more_claimed,
             audit=audit,
+            todo_audit=todo_audit,
             hook=hook,
             who=lambda entry: actor(entry, names),
             values=dict(values) if values is not None else policy_values(q.policy),

@@ -456,8 +456,9 @@ class ClaimNextResponse(_message.Message):
     @_builtins.property
     def deferred(self) -> _containers.RepeatedCompositeFieldContainer[_admission_pb2.DeferredQueue]:
         """With empty: the queues whose pending work their admission policy
-        defers, with the reason and when to come back. With a batch that its
-        queue's policy cut short: that queue, and why.
+        defers, with the reason and when to come back (at most 500: the ones a
+        claim tries first). With a batch that its queue's policy cut short: that
+        queue, and why.
         """
 
     @_builtins.property
@@ -1088,21 +1089,27 @@ class GetTodoResponse(_message.Message):
 
     TODO_FIELD_NUMBER: _builtins.int
     ATTEMPTS_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_LEFT_OUT_FIELD_NUMBER: _builtins.int
+    attempts_left_out: _builtins.int
+    """How many earlier attempts the list leaves out (0: none)."""
     @_builtins.property
     def todo(self) -> _todo_pb2.Todo: ...
     @_builtins.property
     def attempts(self) -> _containers.RepeatedCompositeFieldContainer[_todo_pb2.Attempt]:
-        """Oldest first."""
+        """Oldest first: the latest 500 (a todo requeued past 500 attempts leaves
+        its earliest out, counted in attempts_left_out).
+        """
 
     def __init__(
         self,
         *,
         todo: _todo_pb2.Todo | None = ...,
         attempts: _abc.Iterable[_todo_pb2.Attempt] | None = ...,
+        attempts_left_out: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["todo", b"todo"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "todo", b"todo"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "attempts_left_out", b"attempts_left_out", "todo", b"todo"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1547,6 +1554,7 @@ class TodoAuditEntry(_message.Message):
     ACTOR_CREDENTIAL_ID_FIELD_NUMBER: _builtins.int
     AT_FIELD_NUMBER: _builtins.int
     FILTER_FIELD_NUMBER: _builtins.int
+    TODO_IDS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     action: Global___TodoAction.ValueType
     endpoint_id: _builtins.str
@@ -1561,9 +1569,18 @@ class TodoAuditEntry(_message.Message):
     """Set when an agent (endpoint credential) acted."""
     actor_credential_id: _builtins.str
     filter: _builtins.str
-    """When todos were chosen by a filter: the filter, as JSON."""
+    """When todos were chosen by a filter: the filter, as JSON (its fields as
+    TodoFilter names them: endpoint_id, queues, states, created_before,
+    created_after, error_contains). Empty for a call by ids.
+    """
     @_builtins.property
     def at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def todo_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """When todos were named by id (CancelTodos or RequeueTodos with todo_ids):
+        those of this endpoint that changed, in request order.
+        """
+
     def __init__(
         self,
         *,
@@ -1577,10 +1594,11 @@ class TodoAuditEntry(_message.Message):
         actor_credential_id: _builtins.str = ...,
         at: _timestamp_pb2.Timestamp | None = ...,
         filter: _builtins.str = ...,
+        todo_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "actor_credential_id", b"actor_credential_id", "actor_endpoint_id", b"actor_endpoint_id", "actor_human_id", b"actor_human_id", "at", b"at", "count", b"count", "endpoint_id", b"endpoint_id", "filter", b"filter", "id", b"id", "todo_id", b"todo_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "actor_credential_id", b"actor_credential_id", "actor_endpoint_id", b"actor_endpoint_id", "actor_human_id", b"actor_human_id", "at", b"at", "count", b"count", "endpoint_id", b"endpoint_id", "filter", b"filter", "id", b"id", "todo_id", b"todo_id", "todo_ids", b"todo_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -144,7 +144,10 @@ class DispatchServiceServicer:
         field names the item: `todos[3].queue.name`) and nothing is written.
         Each item is deduplicated as Ingest does it, also against an earlier
         item of the same call. Each queue that got new claimable work rings its
-        doorbell once per call. Needs the ingest grant.
+        doorbell once per call. Needs the ingest grant. An endpoint out of the
+        caller's reach is NOT_FOUND, with a BadRequest naming the field that
+        named it: `endpoint_id`, or the first item's that names one
+        (`todos[2].queue.endpoint_id`).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

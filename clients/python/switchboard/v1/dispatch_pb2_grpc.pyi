@@ -41,7 +41,10 @@ class DispatchServiceStub:
     field names the item: `todos[3].queue.name`) and nothing is written.
     Each item is deduplicated as Ingest does it, also against an earlier
     item of the same call. Each queue that got new claimable work rings its
-    doorbell once per call. Needs the ingest grant.
+    doorbell once per call. Needs the ingest grant. An endpoint out of the
+    caller's reach is NOT_FOUND, with a BadRequest naming the field that
+    named it: `endpoint_id`, or the first item's that names one
+    (`todos[2].queue.endpoint_id`).
     """
     Claim: _grpc.UnaryUnaryMultiCallable[_dispatch_pb2.ClaimRequest, _dispatch_pb2.ClaimResponse]
     """Claims one specific todo. A todo whose queue's admission policy defers
@@ -126,7 +129,10 @@ class DispatchServiceAsyncStub(DispatchServiceStub):
     field names the item: `todos[3].queue.name`) and nothing is written.
     Each item is deduplicated as Ingest does it, also against an earlier
     item of the same call. Each queue that got new claimable work rings its
-    doorbell once per call. Needs the ingest grant.
+    doorbell once per call. Needs the ingest grant. An endpoint out of the
+    caller's reach is NOT_FOUND, with a BadRequest naming the field that
+    named it: `endpoint_id`, or the first item's that names one
+    (`todos[2].queue.endpoint_id`).
     """
     Claim: _aio.UnaryUnaryMultiCallable[_dispatch_pb2.ClaimRequest, _dispatch_pb2.ClaimResponse]  # type: ignore[assignment]
     """Claims one specific todo. A todo whose queue's admission policy defers
@@ -220,7 +226,10 @@ class DispatchServiceServicer(metaclass=_abc_1.ABCMeta):
         field names the item: `todos[3].queue.name`) and nothing is written.
         Each item is deduplicated as Ingest does it, also against an earlier
         item of the same call. Each queue that got new claimable work rings its
-        doorbell once per call. Needs the ingest grant.
+        doorbell once per call. Needs the ingest grant. An endpoint out of the
+        caller's reach is NOT_FOUND, with a BadRequest naming the field that
+        named it: `endpoint_id`, or the first item's that names one
+        (`todos[2].queue.endpoint_id`).
         """
 
     @_abc_1.abstractmethod

@@ -353,7 +353,10 @@ class ListSchedulesRequest(_message.Message):
     it empty lists every endpoint of the owner.
     """
     page_size: _builtins.int
-    """1 to 500; defaults to 50."""
+    """1 to 500; defaults to 50. A page holds at most about 8 MiB of schedules
+    (their templates' payloads): it may hold fewer and still carry a
+    next_page_token.
+    """
     page_token: _builtins.str
     def __init__(
         self,
@@ -617,7 +620,10 @@ class ListScheduleAuditRequest(_message.Message):
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     schedule_id: _builtins.str
     page_size: _builtins.int
-    """1 to 500; defaults to 50."""
+    """1 to 500; defaults to 50. A page holds at most about 8 MiB of entries
+    (the payloads of their before and after): it may hold fewer and still
+    carry a next_page_token.
+    """
     page_token: _builtins.str
     def __init__(
         self,

@@ -160,8 +160,9 @@ class Todo(_message.Message):
     traceparent: _builtins.str
     """The W3C trace context (`traceparent`) of the producer's Ingest call:
     the server's Ingest span when the server traces, else the caller's own
-    `traceparent` metadata as it came (empty: none). A worker starts its
-    handler's span under it (see the worker helpers).
+    `traceparent` metadata in its version 00 form (empty: none, or one that
+    W3C Trace Context says not to continue). A worker starts its handler's
+    span under it (see the worker helpers).
     """
     schedule_id: _builtins.str
     """Set on a todo a periodic schedule created: the schedule, and the slot

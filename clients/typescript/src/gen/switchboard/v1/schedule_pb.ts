@@ -318,7 +318,9 @@ export type ListSchedulesRequest = Message<"switchboard.v1.ListSchedulesRequest"
   endpointId: string;
 
   /**
-   * 1 to 500; defaults to 50.
+   * 1 to 500; defaults to 50. A page holds at most about 8 MiB of schedules
+   * (their templates' payloads): it may hold fewer and still carry a
+   * next_page_token.
    *
    * @generated from field: int32 page_size = 2;
    */
@@ -576,7 +578,9 @@ export type ListScheduleAuditRequest = Message<"switchboard.v1.ListScheduleAudit
   scheduleId: string;
 
   /**
-   * 1 to 500; defaults to 50.
+   * 1 to 500; defaults to 50. A page holds at most about 8 MiB of entries
+   * (the payloads of their before and after): it may hold fewer and still
+   * carry a next_page_token.
    *
    * @generated from field: int32 page_size = 2;
    */
