@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 
 import asyncpg
+from switchboard_server.db import distribute
 
 from tests.support.citus_cluster import CitusCluster
 from tests.support.client import Client, Tenant, add_endpoint, auth, make_tenant
+
+#: A shard's name in a Citus command log line: the table, then the shard id.
+SHARD = re.compile(r"\bpublic\.([a-z_]+)_(\d+)\b")
 
 
 async def worker_of(conn: asyncpg.Connection[asyncpg.Record], endpoint_id: str) -> int:
@@ -49,3 +54,30 @@ async def one_owner_on_each_worker(
         endpoint_id, token = await add_endpoint(setup, tenant, f"agent-{n}")
         found.setdefault(await worker_of(conn, endpoint_id), (endpoint_id, auth(token)))
     raise AssertionError(f"no endpoint of one owner landed on every worker: {sorted(found)}")
+
+
+async def shards_of(conn: asyncpg.Connection[asyncpg.Record], endpoint: str) -> set[int]:
+    """The endpoint's shard of every co-located table, and the reference tables'."""
+    rows = await conn.fetch(
+        "SELECT get_shard_id_for_distribution_column(t, $1::uuid) AS shardid"
+        "  FROM unnest($2::regclass[]) AS t"
+        " UNION SELECT shardid FROM pg_dist_shard WHERE logicalrelid = ANY ($3::regclass[])",
+        endpoint,
+        list(distribute.DISTRIBUTED_TABLES),
+        list(distribute.REFERENCE_TABLES),
+    )
+    return {int(r["shardid"]) for r in rows}
+
+
+def assert_on_one_worker(messages: list[tuple[str, str]], port: int, allowed: set[int]) -> None:
+    """Every command the coordinator issued (its ``citus.log_remote_commands``
+    lines: message, detail) went to the worker on ``port``, read or wrote only
+    the ``allowed`` shards, and none was a two-phase commit."""
+    issued = [(m, d) for m, d in messages if m.startswith("issuing ")]
+    assert issued, messages
+    elsewhere = [(m, d) for m, d in issued if f"127.0.0.1:{port} " not in d + " "]
+    assert elsewhere == []
+    assert not [m for m, _ in issued if "PREPARE TRANSACTION" in m], issued
+    touched = {int(shard) for m, _ in issued for _, shard in SHARD.findall(m)}
+    assert touched, issued
+    assert touched <= allowed, sorted(touched - allowed)

@@ -12,6 +12,9 @@ GetPolicy under load").
 - GetPolicy takes no lock that a claim holds: it answers, with the use as
   committed, while a claim's transaction holds its queue's policy row, its
   window counter and the claimed todo.
+- GetPolicy evaluates its queue by endpoint: the coordinator sends that
+  evaluation to the endpoint's worker only, for its shards (by queue id
+  alone, the queue's endpoint was looked up in every shard of ``queues``).
 """
 
 from __future__ import annotations
@@ -22,11 +25,14 @@ from datetime import timedelta
 import asyncpg
 from asyncpg import introspection
 from switchboard.v1 import admission_pb2, queue_pb2
+from switchboard_server.db import admission as admission_queries
 from switchboard_server.db.database import Conn, Database, session_settings
 from switchboard_server.db.queries import sql
 
+from tests.cluster.placing import assert_on_one_worker, shards_of, worker_of
+from tests.cluster.test_distribute import _Log
 from tests.support.admission import ingest, set_policy
-from tests.support.client import Client, make_tenant
+from tests.support.client import Client, Tenant, make_tenant
 from tests.support.processes import ServerProcess
 
 #: What Citus adds to every scan of ``pg_class`` of a session that hides shards.
@@ -59,11 +65,9 @@ async def test_a_pooled_session_introspects_types_without_citus_shard_hiding(
     assert SHARD_FILTER not in pooled, pooled
 
 
-async def test_get_policy_answers_while_a_claim_holds_its_queues_locks(
-    cluster_dsn: str, replicas: list[ServerProcess]
-) -> None:
-    client = Client(replicas[0].address)
-    tenant = await make_tenant(client, f"held-{uuid.uuid4()}")
+async def _policed_tenant(client: Client, name: str) -> Tenant:
+    """A tenant with two todos in "investigations", under a window and an in-flight limit."""
+    tenant = await make_tenant(client, f"{name}-{uuid.uuid4()}")
     await ingest(client, tenant.agent, "investigations", 2)
     await set_policy(
         client,
@@ -73,6 +77,14 @@ async def test_get_policy_answers_while_a_claim_holds_its_queues_locks(
         max_in_flight=5,
         max_claims_per_window=10,
     )
+    return tenant
+
+
+async def test_get_policy_answers_while_a_claim_holds_its_queues_locks(
+    cluster_dsn: str, replicas: list[ServerProcess]
+) -> None:
+    client = Client(replicas[0].address)
+    tenant = await _policed_tenant(client, "held")
     request = admission_pb2.GetPolicyRequest(
         queue=queue_pb2.QueueRef(endpoint_id=tenant.endpoint_id, name="investigations")
     )
@@ -119,4 +131,38 @@ async def test_get_policy_answers_while_a_claim_holds_its_queues_locks(
     finally:
         await other.close()
         await claimer.close()
+        await client.close()
+
+
+async def test_get_policys_evaluation_reads_its_endpoints_shards_only(
+    cluster_dsn: str, replicas: list[ServerProcess]
+) -> None:
+    client = Client(replicas[0].address)
+    conn = await asyncpg.connect(cluster_dsn)
+    try:
+        tenant = await _policed_tenant(client, "evaluated")
+        endpoint = uuid.UUID(tenant.endpoint_id)
+        queue_id = await conn.fetchval(
+            "SELECT id FROM queues WHERE endpoint_id = $1 AND name = 'investigations'", endpoint
+        )
+        port = await worker_of(conn, tenant.endpoint_id)
+        allowed = await shards_of(conn, tenant.endpoint_id)
+        log = _Log()
+        conn.add_log_listener(log)
+        await conn.execute("SET citus.log_remote_commands = on")
+        await conn.execute("SET client_min_messages = log")
+        try:
+            evaluated = await admission_queries.queue_admission(conn, endpoint, queue_id)
+            assert evaluated is not None and evaluated.in_flight == 0
+            assert_on_one_worker(log.take(), port, allowed)
+            # What GetPolicy ran before, by queue id alone, asked the other worker too.
+            await admission_queries.queue_admissions(conn, [queue_id])
+            issued = [d for m, d in log.take() if m.startswith("issuing ")]
+            assert [d for d in issued if f"127.0.0.1:{port} " not in d + " "], issued
+        finally:
+            await conn.execute("RESET citus.log_remote_commands")
+            await conn.execute("RESET client_min_messages")
+            conn.remove_log_listener(log)
+    finally:
+        await conn.close()
         await client.close()
