@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import uuid
+from collections.abc import AsyncIterator
+from typing import Any
 
 import asyncpg
 from switchboard_server.db import distribute
@@ -81,3 +84,36 @@ def assert_on_one_worker(messages: list[tuple[str, str]], port: int, allowed: se
     touched = {int(shard) for m, _ in issued for _, shard in SHARD.findall(m)}
     assert touched, issued
     assert touched <= allowed, sorted(touched - allowed)
+
+
+class CommandLog:
+    """The coordinator's and (relayed) the workers' Citus command log: (message, detail)."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple[str, str]] = []
+
+    def __call__(self, _conn: object, message: Any) -> None:
+        self.messages.append((str(message.message), str(getattr(message, "detail", "") or "")))
+
+    def take(self) -> list[tuple[str, str]]:
+        """The messages since the last take."""
+        taken, self.messages = self.messages, []
+        return taken
+
+
+@contextlib.asynccontextmanager
+async def remote_commands(
+    conn: asyncpg.Connection[asyncpg.Record],
+) -> AsyncIterator[CommandLog]:
+    """Within the block, every command ``conn``'s session sends to another
+    node (``citus.log_remote_commands``), logged."""
+    log = CommandLog()
+    conn.add_log_listener(log)
+    await conn.execute("SET citus.log_remote_commands = on")
+    await conn.execute("SET client_min_messages = log")
+    try:
+        yield log
+    finally:
+        await conn.execute("RESET citus.log_remote_commands")
+        await conn.execute("RESET client_min_messages")
+        conn.remove_log_listener(log)

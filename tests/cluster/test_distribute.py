@@ -22,7 +22,7 @@ from switchboard_server.db.database import session_settings
 from switchboard_server.model import SettleAction, Settlement, TodoState
 
 from tests.cluster.conftest import SHARD_COUNT, migrate_cli
-from tests.cluster.placing import SHARD, shards_of
+from tests.cluster.placing import SHARD, CommandLog, shards_of
 from tests.support.citus_cluster import CitusCluster
 
 
@@ -120,20 +120,6 @@ async def _endpoint(conn: asyncpg.Connection[Any], name: str) -> tuple[uuid.UUID
     return owner, endpoint
 
 
-class _Log:
-    """The coordinator's and (relayed) the workers' Citus command log."""
-
-    def __init__(self) -> None:
-        self.messages: list[tuple[str, str]] = []
-
-    def __call__(self, _conn: object, message: Any) -> None:
-        self.messages.append((str(message.message), str(getattr(message, "detail", "") or "")))
-
-    def take(self) -> list[tuple[str, str]]:
-        taken, self.messages = self.messages, []
-        return taken
-
-
 async def test_ingest_claim_heartbeat_and_settle_are_each_one_call_on_the_endpoint_worker(
     citus: CitusCluster, cluster_dsn: str, logged: None
 ) -> None:
@@ -155,7 +141,7 @@ async def test_ingest_claim_heartbeat_and_settle_are_each_one_call_on_the_endpoi
         # The shards the endpoint's calls may touch: its shard of every
         # co-located table, and the reference tables' one shard each.
         allowed = await shards_of(conn, str(endpoint))
-        log = _Log()
+        log = CommandLog()
         conn.add_log_listener(log)
         await conn.execute("SET citus.log_remote_commands = on")
         await conn.execute("SET client_min_messages = log")

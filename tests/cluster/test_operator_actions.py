@@ -22,10 +22,10 @@ from switchboard_server.db import todos
 from tests.cluster.placing import (
     assert_on_one_worker,
     one_owner_on_each_worker,
+    remote_commands,
     shards_of,
     tenants_on_each_worker,
 )
-from tests.cluster.test_distribute import _Log
 from tests.support.citus_cluster import CitusCluster
 from tests.support.client import Client, Tenant, make_tenant
 from tests.support.errors import expect_code
@@ -287,11 +287,7 @@ async def test_an_endpoints_cancel_and_requeue_by_ids_run_on_its_worker_only(
             )
             allowed = await shards_of(conn, tenant.endpoint_id)
             owner, endpoint = uuid.UUID(tenant.owner_id), uuid.UUID(tenant.endpoint_id)
-            log = _Log()
-            conn.add_log_listener(log)
-            await conn.execute("SET citus.log_remote_commands = on")
-            await conn.execute("SET client_min_messages = log")
-            try:
+            async with remote_commands(conn) as log:
                 async with conn.transaction():
                     acted = await todos.cancel(conn, ids=ids, owner_id=owner, endpoint_id=endpoint)
                     await _audited(conn, owner, endpoint, "cancel")
@@ -310,10 +306,6 @@ async def test_an_endpoints_cancel_and_requeue_by_ids_run_on_its_worker_only(
                     await _audited(conn, owner, endpoint, "requeue")
                 assert [a.outcome for a in back] == ["applied"] * 3
                 assert_on_one_worker(log.take(), port, allowed)
-            finally:
-                await conn.execute("RESET citus.log_remote_commands")
-                await conn.execute("RESET client_min_messages")
-                conn.remove_log_listener(log)
     finally:
         await conn.close()
         await client.close()

@@ -1,6 +1,6 @@
 """The server's sessions on the coordinator: what a new pooled connection and
-a policy read cost there (docs/scaling-out.md, "A new connection, and
-GetPolicy under load").
+a policy read cost there (docs/scaling-out.md, "The cost of delegation":
+"A new connection to the coordinator", "GetPolicy under load").
 
 - asyncpg introspects the types of a connection's first statement with a
   non-builtin type (the ``todos`` row type, arrays such as ``bigint[]``),
@@ -29,8 +29,7 @@ from switchboard_server.db import admission as admission_queries
 from switchboard_server.db.database import Conn, Database, session_settings
 from switchboard_server.db.queries import sql
 
-from tests.cluster.placing import assert_on_one_worker, shards_of, worker_of
-from tests.cluster.test_distribute import _Log
+from tests.cluster.placing import assert_on_one_worker, remote_commands, shards_of, worker_of
 from tests.support.admission import ingest, set_policy
 from tests.support.client import Client, Tenant, make_tenant
 from tests.support.processes import ServerProcess
@@ -147,11 +146,7 @@ async def test_get_policys_evaluation_reads_its_endpoints_shards_only(
         )
         port = await worker_of(conn, tenant.endpoint_id)
         allowed = await shards_of(conn, tenant.endpoint_id)
-        log = _Log()
-        conn.add_log_listener(log)
-        await conn.execute("SET citus.log_remote_commands = on")
-        await conn.execute("SET client_min_messages = log")
-        try:
+        async with remote_commands(conn) as log:
             evaluated = await admission_queries.queue_admission(conn, endpoint, queue_id)
             assert evaluated is not None and evaluated.in_flight == 0
             assert_on_one_worker(log.take(), port, allowed)
@@ -159,10 +154,6 @@ async def test_get_policys_evaluation_reads_its_endpoints_shards_only(
             await admission_queries.queue_admissions(conn, [queue_id])
             issued = [d for m, d in log.take() if m.startswith("issuing ")]
             assert [d for d in issued if f"127.0.0.1:{port} " not in d + " "], issued
-        finally:
-            await conn.execute("RESET citus.log_remote_commands")
-            await conn.execute("RESET client_min_messages")
-            conn.remove_log_listener(log)
     finally:
         await conn.close()
         await client.close()

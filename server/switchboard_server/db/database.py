@@ -220,7 +220,7 @@ def session_settings(application_name: str, lock_timeout: timedelta) -> dict[str
     database, each a filtered scan of ``pg_class``: 0.3-3.6 s per call,
     against milliseconds with ``*`` (shards shown to this session, which
     lists no tables). On plain PostgreSQL it is an unused placeholder
-    (docs/scaling-out.md, "A new connection").
+    (docs/scaling-out.md, "The cost of delegation").
     """
     return {
         "application_name": application_name,
