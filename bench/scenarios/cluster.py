@@ -14,9 +14,9 @@ worker. Each endpoint has a queue ``work`` under the never-binding policy
 of scenario 2 (10,000 in flight, 10⁹ a day) and a pending backlog of mixed
 priorities (bench SQL), topped up before each measurement.
 
-Before the rounds, every pooled connection is warmed up (``prime``: asyncpg's
-type introspection takes seconds per connection on a database with the
-citus extension). In each round, for each measurement, one system then the
+Before the rounds, every pooled connection is warmed up (``prime``: each
+connection's first use of a statement prepares it and introspects its
+types). In each round, for each measurement, one system then the
 other (the order alternates by round), 64 workers spread over the two
 endpoints:
 
@@ -246,14 +246,15 @@ class ClusterBench(Scenario):
     async def prime(self, system: System) -> None:
         """Every pooled connection, the server's and the bench's, past its first use.
 
-        asyncpg introspects the composite types of a statement's arguments
-        and results on each connection's first use of it. On a database with
-        the citus extension that catalog query took 0.75-3.6 s per call here
-        (against 4-16 ms on the plain node, both with JIT off, which asyncpg
-        sets for it), so a cold pool spends many seconds of coordinator CPU
-        before its first claims. The bench's pool prepares its statements on
-        every connection; the server's warm up under an unrecorded load of
-        each kind (``PRIME`` seconds), whose rates are kept as figures.
+        asyncpg introspects the non-builtin types of a statement's arguments
+        and results (the ``todos`` row type, arrays) on each connection's
+        first use of it. That catalog query took 0.75-3.6 s per call on the
+        coordinator until the pool's sessions turned Citus' shard hiding off
+        (``session_settings``; docs/scaling-out.md, "The cost of
+        delegation"); ``pool_seconds`` shows what priming costs now. The
+        bench's pool prepares its statements on every connection; the
+        server's warm up under an unrecorded load of each kind (``PRIME``
+        seconds), whose rates are kept as figures.
         """
         b = self.b
         _, pool = system.ready()

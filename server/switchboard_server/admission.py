@@ -645,7 +645,7 @@ async def _use_now(conn: Conn, row: PolicyRow, queue_id: int, policy: Policy) ->
             window_limit, resets_at = row.max_claims_per_window, window[1]
     in_flight_used = in_flight_limit = None
     if row.max_in_flight is not None:
-        evaluated = (await admission_queries.queue_admissions(conn, [queue_id])).get(queue_id)
+        evaluated = await admission_queries.queue_admission(conn, row.endpoint_id, queue_id)
         if evaluated is not None and evaluated.in_flight is not None:
             in_flight_used, in_flight_limit = evaluated.in_flight, row.max_in_flight
     if window_used is None and in_flight_used is None:

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import re
 import uuid
+from collections.abc import AsyncIterator
+from typing import Any
 
 import asyncpg
+from switchboard_server.db import distribute
 
 from tests.support.citus_cluster import CitusCluster
 from tests.support.client import Client, Tenant, add_endpoint, auth, make_tenant
+
+#: A shard's name in a Citus command log line: the table, then the shard id.
+SHARD = re.compile(r"\bpublic\.([a-z_]+)_(\d+)\b")
 
 
 async def worker_of(conn: asyncpg.Connection[asyncpg.Record], endpoint_id: str) -> int:
@@ -77,3 +85,63 @@ async def one_owner_on_each_worker(
         endpoint_id, token = await add_endpoint(setup, tenant, f"agent-{n}")
         found.setdefault(await worker_of(conn, endpoint_id), (endpoint_id, auth(token)))
     raise AssertionError(f"no endpoint of one owner landed on every worker: {sorted(found)}")
+
+
+async def shards_of(conn: asyncpg.Connection[asyncpg.Record], endpoint: str) -> set[int]:
+    """The endpoint's shard of every co-located table, and the reference tables'."""
+    rows = await conn.fetch(
+        "SELECT get_shard_id_for_distribution_column(t, $1::uuid) AS shardid"
+        "  FROM unnest($2::regclass[]) AS t"
+        " UNION SELECT shardid FROM pg_dist_shard WHERE logicalrelid = ANY ($3::regclass[])",
+        endpoint,
+        list(distribute.DISTRIBUTED_TABLES),
+        list(distribute.REFERENCE_TABLES),
+    )
+    return {int(r["shardid"]) for r in rows}
+
+
+def assert_on_one_worker(messages: list[tuple[str, str]], port: int, allowed: set[int]) -> None:
+    """Every command the coordinator issued (its ``citus.log_remote_commands``
+    lines: message, detail) went to the worker on ``port``, read or wrote only
+    the ``allowed`` shards, and none was a two-phase commit."""
+    issued = [(m, d) for m, d in messages if m.startswith("issuing ")]
+    assert issued, messages
+    elsewhere = [(m, d) for m, d in issued if f"127.0.0.1:{port} " not in d + " "]
+    assert elsewhere == []
+    assert not [m for m, _ in issued if "PREPARE TRANSACTION" in m], issued
+    touched = {int(shard) for m, _ in issued for _, shard in SHARD.findall(m)}
+    assert touched, issued
+    assert touched <= allowed, sorted(touched - allowed)
+
+
+class CommandLog:
+    """The coordinator's and (relayed) the workers' Citus command log: (message, detail)."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple[str, str]] = []
+
+    def __call__(self, _conn: object, message: Any) -> None:
+        self.messages.append((str(message.message), str(getattr(message, "detail", "") or "")))
+
+    def take(self) -> list[tuple[str, str]]:
+        """The messages since the last take."""
+        taken, self.messages = self.messages, []
+        return taken
+
+
+@contextlib.asynccontextmanager
+async def remote_commands(
+    conn: asyncpg.Connection[asyncpg.Record],
+) -> AsyncIterator[CommandLog]:
+    """Within the block, every command ``conn``'s session sends to another
+    node (``citus.log_remote_commands``), logged."""
+    log = CommandLog()
+    conn.add_log_listener(log)
+    await conn.execute("SET citus.log_remote_commands = on")
+    await conn.execute("SET client_min_messages = log")
+    try:
+        yield log
+    finally:
+        await conn.execute("RESET citus.log_remote_commands")
+        await conn.execute("RESET client_min_messages")
+        conn.remove_log_listener(log)

@@ -10,7 +10,6 @@ worker and nothing else on the coordinator.
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -23,6 +22,7 @@ from switchboard_server.db.database import session_settings
 from switchboard_server.model import SettleAction, Settlement, TodoState
 
 from tests.cluster.conftest import SHARD_COUNT, migrate_cli
+from tests.cluster.placing import SHARD, CommandLog, shards_of
 from tests.support.citus_cluster import CitusCluster
 
 
@@ -120,23 +120,6 @@ async def _endpoint(conn: asyncpg.Connection[Any], name: str) -> tuple[uuid.UUID
     return owner, endpoint
 
 
-class _Log:
-    """The coordinator's and (relayed) the workers' Citus command log."""
-
-    def __init__(self) -> None:
-        self.messages: list[tuple[str, str]] = []
-
-    def __call__(self, _conn: object, message: Any) -> None:
-        self.messages.append((str(message.message), str(getattr(message, "detail", "") or "")))
-
-    def take(self) -> list[tuple[str, str]]:
-        taken, self.messages = self.messages, []
-        return taken
-
-
-_SHARD = re.compile(r"\bpublic\.([a-z_]+)_(\d+)\b")
-
-
 async def test_ingest_claim_heartbeat_and_settle_are_each_one_call_on_the_endpoint_worker(
     citus: CitusCluster, cluster_dsn: str, logged: None
 ) -> None:
@@ -157,19 +140,8 @@ async def test_ingest_claim_heartbeat_and_settle_are_each_one_call_on_the_endpoi
         )
         # The shards the endpoint's calls may touch: its shard of every
         # co-located table, and the reference tables' one shard each.
-        allowed = {
-            int(r["shardid"])
-            for r in await conn.fetch(
-                "SELECT get_shard_id_for_distribution_column(t, $1::uuid) AS shardid"
-                "  FROM unnest($2::regclass[]) AS t"
-                " UNION SELECT shardid FROM pg_dist_shard"
-                "  WHERE logicalrelid = ANY ($3::regclass[])",
-                endpoint,
-                list(distribute.DISTRIBUTED_TABLES),
-                list(distribute.REFERENCE_TABLES),
-            )
-        }
-        log = _Log()
+        allowed = await shards_of(conn, str(endpoint))
+        log = CommandLog()
         conn.add_log_listener(log)
         await conn.execute("SET citus.log_remote_commands = on")
         await conn.execute("SET client_min_messages = log")
@@ -310,7 +282,7 @@ def _assert_one_delegated_call(
     local = [(m, d) for m, d in messages if m.startswith("executing the command locally")]
     assert local, messages
     assert {d for _, d in local} == {f"from 127.0.0.1:{port}"}, {d for _, d in local}
-    touched = {int(shard) for m, _ in local for _, shard in _SHARD.findall(m)}
+    touched = {int(shard) for m, _ in local for _, shard in SHARD.findall(m)}
     assert touched, local
     assert touched <= allowed, sorted(touched - allowed)
 

@@ -17,10 +17,15 @@ from datetime import timedelta
 import asyncpg
 import grpc
 from switchboard.v1 import dispatch_pb2, queue_pb2, todo_pb2
-from switchboard_server.db import distribute, todos
+from switchboard_server.db import todos
 
-from tests.cluster.placing import one_owner_on_each_worker, tenants_on_each_worker
-from tests.cluster.test_distribute import _SHARD, _Log
+from tests.cluster.placing import (
+    assert_on_one_worker,
+    one_owner_on_each_worker,
+    remote_commands,
+    shards_of,
+    tenants_on_each_worker,
+)
 from tests.support.citus_cluster import CitusCluster
 from tests.support.client import Client, Tenant, make_tenant
 from tests.support.errors import expect_code
@@ -280,19 +285,15 @@ async def test_an_endpoints_cancel_and_requeue_by_ids_run_on_its_worker_only(
                 dispatch_pb2.ClaimNextRequest(claimant="w", queues=["ops"]),
                 metadata=tenant.agent,
             )
-            allowed = await _shards_of(conn, tenant.endpoint_id)
+            allowed = await shards_of(conn, tenant.endpoint_id)
             owner, endpoint = uuid.UUID(tenant.owner_id), uuid.UUID(tenant.endpoint_id)
-            log = _Log()
-            conn.add_log_listener(log)
-            await conn.execute("SET citus.log_remote_commands = on")
-            await conn.execute("SET client_min_messages = log")
-            try:
+            async with remote_commands(conn) as log:
                 async with conn.transaction():
                     acted = await todos.cancel(conn, ids=ids, owner_id=owner, endpoint_id=endpoint)
                     await _audited(conn, owner, endpoint, "cancel")
                 assert [a.outcome for a in acted] == ["applied"] * 3
                 assert {a.was.value for a in acted if a.was} == {"pending", "claimed"}
-                _assert_on_one_worker(log.take(), port, allowed)
+                assert_on_one_worker(log.take(), port, allowed)
                 async with conn.transaction():
                     back = await todos.requeue(
                         conn,
@@ -304,27 +305,10 @@ async def test_an_endpoints_cancel_and_requeue_by_ids_run_on_its_worker_only(
                     )
                     await _audited(conn, owner, endpoint, "requeue")
                 assert [a.outcome for a in back] == ["applied"] * 3
-                _assert_on_one_worker(log.take(), port, allowed)
-            finally:
-                await conn.execute("RESET citus.log_remote_commands")
-                await conn.execute("RESET client_min_messages")
-                conn.remove_log_listener(log)
+                assert_on_one_worker(log.take(), port, allowed)
     finally:
         await conn.close()
         await client.close()
-
-
-async def _shards_of(conn: asyncpg.Connection[asyncpg.Record], endpoint: str) -> set[int]:
-    """The endpoint's shard of every co-located table, and the reference tables'."""
-    rows = await conn.fetch(
-        "SELECT get_shard_id_for_distribution_column(t, $1::uuid) AS shardid"
-        "  FROM unnest($2::regclass[]) AS t"
-        " UNION SELECT shardid FROM pg_dist_shard WHERE logicalrelid = ANY ($3::regclass[])",
-        endpoint,
-        list(distribute.DISTRIBUTED_TABLES),
-        list(distribute.REFERENCE_TABLES),
-    )
-    return {int(r["shardid"]) for r in rows}
 
 
 async def _audited(
@@ -342,14 +326,3 @@ async def _audited(
         actor_human_id=None,
         actor_endpoint_id=None,
     )
-
-
-def _assert_on_one_worker(messages: list[tuple[str, str]], port: int, allowed: set[int]) -> None:
-    issued = [(m, d) for m, d in messages if m.startswith("issuing ")]
-    assert issued, messages
-    elsewhere = [(m, d) for m, d in issued if f"127.0.0.1:{port} " not in d + " "]
-    assert elsewhere == []
-    assert not [m for m, _ in issued if "PREPARE TRANSACTION" in m], issued
-    touched = {int(shard) for m, _ in issued for _, shard in _SHARD.findall(m)}
-    assert touched, issued
-    assert touched <= allowed, sorted(touched - allowed)

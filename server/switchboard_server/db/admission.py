@@ -275,6 +275,19 @@ async def list_audit(
     ]
 
 
+async def queue_admission(
+    conn: Conn, endpoint_id: uuid.UUID, queue_id: int
+) -> QueueAdmission | None:
+    """The derived admission of one queue of an endpoint (``None`` without an
+    active policy); on a cluster, a read of that endpoint's shards only."""
+    r = await conn.fetchrow(sql("queue_admission_of"), endpoint_id, queue_id)
+    if r is None:
+        return None
+    return QueueAdmission(
+        queue_id, r["reason"], r["window_end"], r["earliest_expiry"], r["in_flight"]
+    )
+
+
 async def queue_admissions(conn: Conn, queue_ids: Sequence[int]) -> dict[int, QueueAdmission]:
     """The derived admission of each queue that has an active policy."""
     if not queue_ids:

@@ -232,11 +232,24 @@ def session_settings(application_name: str, lock_timeout: timedelta) -> dict[str
     before it answers an admitted claim (``todos.claim``, ``todos.claim_next``
     call ``sb_wait_durable``), so the claim's transaction may release its
     queue's policy lock before its WAL flush (``functions/admission.sql``).
+
+    ``citus.show_shards_for_app_name_prefixes``: on a database with the
+    citus extension, Citus rewrites every query that reads ``pg_class``,
+    to hide shards from clients, with a filter that calls a volatile
+    function per row. asyncpg's type introspection (on each connection's
+    first statement with a composite or other non-builtin type) reads
+    ``pg_class``; the volatile call keeps PostgreSQL from flattening its
+    subquery, so it read the attributes of every composite type in the
+    database, each a filtered scan of ``pg_class``: 0.3-3.6 s per call,
+    against milliseconds with ``*`` (shards shown to this session, which
+    lists no tables). On plain PostgreSQL it is an unused placeholder
+    (docs/scaling-out.md, "The cost of delegation").
     """
     return {
         "application_name": application_name,
         "lock_timeout": f"{int(lock_timeout.total_seconds() * 1000)}ms",
         "switchboard.release_before_flush": "on",
+        "citus.show_shards_for_app_name_prefixes": "*",
     }
 
 

@@ -139,3 +139,12 @@ SELECT q.id AS queue_id, s.reason, (s.eval).window_end AS window_end,
        (s.eval).earliest_expiry AS earliest_expiry, (s.eval).in_flight AS in_flight
   FROM unnest($1::bigint[]) AS q (id)
   CROSS JOIN LATERAL sb_queue_admission(q.id, sb_now()) AS s;
+
+-- name: queue_admission_of :one
+-- The derived admission status of one queue ($2) of endpoint $1, as
+-- queue_admission_status gives it; no row when it has no active policy. By
+-- its endpoint: on a Citus cluster every statement reads that endpoint's
+-- shards only (by queue id alone, the endpoint is looked up in every shard).
+SELECT s.reason, (s.eval).window_end AS window_end,
+       (s.eval).earliest_expiry AS earliest_expiry, (s.eval).in_flight AS in_flight
+  FROM sb_queue_admission($1::uuid, $2::bigint, sb_now()) AS s;
