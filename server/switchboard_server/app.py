@@ -21,7 +21,7 @@ import grpc
 import httpx
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from switchboard.v1 import (
+from switchboard_dispatch.v1 import (
     admin_pb2,
     admin_pb2_grpc,
     admission_pb2,

@@ -111,7 +111,7 @@ def image() -> Iterator[Image]:
         # The client package installs on its own, without the server.
         (client,) = app.glob("switchboard_client-*.whl")
         _pip(vpy, *offline, str(client))
-        assert _imports(vpy, "switchboard.worker")
+        assert _imports(vpy, "switchboard_dispatch.worker")
         assert not _imports(vpy, "switchboard_server")
         _pip(
             vpy,

@@ -7,7 +7,7 @@ from typing import cast
 
 import grpc
 from google.rpc import code_pb2, error_details_pb2, status_pb2
-from switchboard.v1 import admission_pb2
+from switchboard_dispatch.v1 import admission_pb2
 
 _DETAILS_KEY = "grpc-status-details-bin"
 
