@@ -102,6 +102,11 @@ NOT_RUN: dict[Block, str] = {
         "no Docker engine runs where the tests run; tests/deploy/test_dockerfile.py and "
         "test_container.py check the Dockerfile and replay its runtime stage"
     ),
+    Block("docs/deployment.md", "sh", "pip wheel --no-deps --wheel-dir dist"): (
+        "installs into the caller's environment (a worker of a fleet); "
+        "tests/deploy/test_container.py builds the client wheel the same way and resolves "
+        "the server's exact pin from it offline, with look-alike wheels beside it"
+    ),
     Block("docs/deployment.md", "sh", "# the client alone"): (
         "installs into the caller's environment; tests/deploy/test_container.py installs "
         "the client wheel alone into a clean venv and imports switchboard_dispatch.worker"
