@@ -221,7 +221,8 @@ def test_the_client_comes_only_from_the_repository(image: Image, tmp_path: pathl
     assert done.returncode == 0, done.stderr
     chosen = {item["metadata"]["name"]: item for item in json.loads(done.stdout)["install"]}
     assert chosen["switchboard-dispatch"]["metadata"]["version"] == ours
-    assert chosen["switchboard-dispatch"]["download_info"]["url"].endswith(client.name)
+    url = chosen["switchboard-dispatch"]["download_info"]["url"]
+    assert url == client.as_uri(), url
 
     # Without the repository's client wheel: nothing, rather than a look-alike.
     server_only = tmp_path / "server"
