@@ -41,7 +41,7 @@ def test_distribution_and_import_names() -> None:
     assert _project("pyproject.toml")["name"] == "switchboard-dispatch-server"
     assert (ROOT / "clients/python/switchboard_dispatch/__init__.py").is_file()
     # PyPI's `switchboard` (a feature flipper) ships this top-level package: ours must not.
-    assert not (ROOT / "clients/python/switchboard").exists()
+    assert not (ROOT / "clients" / "python" / "switchboard").exists()
 
 
 def test_the_install_docs_name_the_current_pin() -> None:
