@@ -56,7 +56,7 @@ RUN --mount=type=bind,from=deps,source=/wheels,target=/wheels/deps \
 RUN --mount=type=bind,from=deps,source=/wheels,target=/wheels/deps \
     --mount=type=bind,from=app,source=/wheels,target=/wheels/app \
     pip install --no-cache-dir --disable-pip-version-check --root-user-action=ignore --no-index \
-      --find-links /wheels/deps --find-links /wheels/app "switchboard-server[${EXTRAS}]" \
+      --find-links /wheels/deps --find-links /wheels/app "switchboard-dispatch-server[${EXTRAS}]" \
  && pip check
 
 # Listen on every interface so the published ports reach the server. Safe as shipped: no

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
-from switchboard.v1 import (
+from switchboard_dispatch.v1 import (
     admin_pb2,
     admin_pb2_grpc,
     admission_pb2,

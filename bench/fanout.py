@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 import grpc
-from switchboard.v1 import dispatch_pb2
+from switchboard_dispatch.v1 import dispatch_pb2
 
 from bench.api import Api, Tenant
 

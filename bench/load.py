@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 import grpc
 from grpc_health.v1 import health_pb2
-from switchboard.v1 import dispatch_pb2
+from switchboard_dispatch.v1 import dispatch_pb2
 from switchboard_server.dispatch import DispatchSettings
 
 from bench import sql
 from bench.api import Api, Metadata, Tenant
 
 if TYPE_CHECKING:  # the async stub class exists only in the generated .pyi
-    from switchboard.v1.dispatch_pb2_grpc import DispatchServiceAsyncStub
+    from switchboard_dispatch.v1.dispatch_pb2_grpc import DispatchServiceAsyncStub
 
 #: Called with a short live status while a measurement runs.
 Live = Callable[[str], None]

@@ -5,7 +5,7 @@ from the repository root, after ``npm ci --prefix clients/typescript`` (it build
 TypeScript drain script with ``npm run build:test``).
 
 One server process on a fresh database (bench/cluster.py), one queue. Each round seeds
-``N`` pending todos and drains them with the Python ``switchboard.worker.Worker``, seeds
+``N`` pending todos and drains them with the Python ``switchboard_dispatch.worker.Worker``, seeds
 again and drains with the TypeScript ``Worker`` (clients/typescript/bench/drain.ts, a node
 child process), in alternating order from round to round: both with ``prefetch`` todos per
 ``ClaimNext`` and as many handler slots, a no-op handler, settled in ``SettleTodos``
@@ -35,8 +35,8 @@ from typing import Any
 
 import asyncpg
 import grpc
-from switchboard.v1 import todo_pb2
-from switchboard.worker import Worker
+from switchboard_dispatch.v1 import todo_pb2
+from switchboard_dispatch.worker import Worker
 
 from bench import api as sb
 from bench import sql

@@ -18,7 +18,7 @@ import sys
 import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-LOCAL = {"switchboard-client", "switchboard-server"}
+LOCAL = {"switchboard-dispatch", "switchboard-dispatch-server"}
 
 
 def _name(requirement: str) -> str:

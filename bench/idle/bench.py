@@ -8,7 +8,7 @@ from typing import Any
 
 import asyncpg
 from google.protobuf import duration_pb2
-from switchboard.v1 import admission_pb2, dispatch_pb2
+from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2
 
 from bench import api as sb
 from bench import sql

@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 import grpc
-from switchboard.v1 import dispatch_pb2
+from switchboard_dispatch.v1 import dispatch_pb2
 
 from bench.api import Api, Tenant
 from bench.cluster import ServerProcess

@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 import grpc
-from switchboard.v1 import dispatch_pb2, todo_pb2
+from switchboard_dispatch.v1 import dispatch_pb2, todo_pb2
 
 from bench import api as sb
 from bench import sql
@@ -38,7 +38,7 @@ from bench.report import Section, Target
 from bench.scenarios import Phase, Scenario, register
 
 if TYPE_CHECKING:  # the async stub class exists only in the generated .pyi
-    from switchboard.v1.dispatch_pb2_grpc import DispatchServiceAsyncStub
+    from switchboard_dispatch.v1.dispatch_pb2_grpc import DispatchServiceAsyncStub
 
 DEAD_QUEUE = "dead"
 OTHER_QUEUES = [f"other-{i}" for i in range(8)]

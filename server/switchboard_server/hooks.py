@@ -12,7 +12,7 @@ Each request is signed in the Standard Webhooks format (``webhook-id``,
 under the hook's secrets, unsealed for the request (``sealing``); only with
 ``SWITCHBOARD_HOOKS_LEGACY_SIGNATURE`` also with the deprecated
 ``X-Switchboard-Signature: sha256=<hex>`` over the body alone (replayable).
-``switchboard.hooks`` in the client package computes and checks both.
+``switchboard_dispatch.hooks`` in the client package computes and checks both.
 
 Every connection goes through the egress policy (``hook_policy``): the host
 is resolved once per new connection, every address is checked, and the
@@ -33,7 +33,7 @@ from datetime import timedelta
 
 import httpcore
 import httpx
-from switchboard.hooks import (
+from switchboard_dispatch.hooks import (
     DELIVERY_HEADER,
     ID_HEADER,
     SIGNATURE_HEADER,

@@ -28,6 +28,7 @@ from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from switchboard_server import errors
+from switchboard_server.extras import install_hint
 from switchboard_server.model import Todo
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ def configure(env: Mapping[str, str] | None = None) -> bool:
     except ModuleNotFoundError as exc:
         raise errors.Unavailable(
             f"OTEL_TRACES_EXPORTER asks for {','.join(names)} but the OpenTelemetry SDK is not "
-            f"installed ({exc}); install it with pip install 'switchboard-server[otel]'"
+            f"installed ({exc}); {install_hint('otel')}"
         ) from exc
 
     resource = Resource.create()

@@ -12,7 +12,7 @@ import random
 from collections import Counter
 
 import pytest
-from switchboard.v1 import admission_pb2, dispatch_pb2
+from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2
 from switchboard_server.db import Database
 
 from tests.support.admission import CLAIM_OBSERVER, ingest, set_policy

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from switchboard.v1 import admission_pb2, dispatch_pb2
+from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2
 from switchboard_server.db import Database
 
 from tests.support.admission import ingest, set_policy

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from google.protobuf import duration_pb2
-from switchboard.v1 import dispatch_pb2
+from switchboard_dispatch.v1 import dispatch_pb2
 from switchboard_server.db import Database
 
 from tests.support.admission import ingest, set_policy

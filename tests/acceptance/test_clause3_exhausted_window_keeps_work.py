@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
-from switchboard.v1 import admission_pb2, dispatch_pb2, todo_pb2
+from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, todo_pb2
 from switchboard_server.db import Database, clock
 from switchboard_server.loops import reap_once, retain_once
 

@@ -7,7 +7,7 @@ import asyncio
 from datetime import timedelta
 
 import pytest
-from switchboard.v1 import admin_pb2, dispatch_pb2
+from switchboard_dispatch.v1 import admin_pb2, dispatch_pb2
 from switchboard_server.db import Database
 
 from tests.support.admission import ingest, set_policy

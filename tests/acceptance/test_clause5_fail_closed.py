@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import grpc
 import pytest
-from switchboard.v1 import admission_pb2, dispatch_pb2
+from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
 

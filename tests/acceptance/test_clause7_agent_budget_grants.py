@@ -10,7 +10,7 @@ governs them without any budget grant.
 from __future__ import annotations
 
 import grpc
-from switchboard.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2
+from switchboard_dispatch.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2
 from switchboard_server.db import Database
 
 from tests.support.admission import ingest, set_policy, window

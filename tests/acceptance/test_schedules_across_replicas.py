@@ -9,7 +9,7 @@ import collections
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from switchboard.v1 import dispatch_pb2, queue_pb2, schedule_pb2
+from switchboard_dispatch.v1 import dispatch_pb2, queue_pb2, schedule_pb2
 from switchboard_server.db import Database
 
 from tests.support.client import Client, Tenant, make_tenant

@@ -21,7 +21,7 @@ import asyncio
 
 import asyncpg
 import grpc
-from switchboard.v1 import admission_pb2, dispatch_pb2
+from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2
 
 from tests.cluster.conftest import REAPER_INTERVAL
 from tests.cluster.placing import tenants_on_each_worker

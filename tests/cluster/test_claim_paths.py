@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncpg
 import grpc
 from google.protobuf.duration_pb2 import Duration
-from switchboard.v1 import admission_pb2, dispatch_pb2, queue_pb2
+from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, queue_pb2
 
 from tests.cluster.placing import tenants_on_each_worker
 from tests.support.admission import set_policy

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import asyncpg
-from switchboard.v1 import dispatch_pb2
+from switchboard_dispatch.v1 import dispatch_pb2
 
 from tests.cluster.placing import tenants_on_each_worker
 from tests.support.admission import ingest

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import asyncpg
 from prometheus_client.parser import text_string_to_metric_families
-from switchboard.v1 import dispatch_pb2, queue_pb2, schedule_pb2
+from switchboard_dispatch.v1 import dispatch_pb2, queue_pb2, schedule_pb2
 
 from tests.cluster.placing import tenants_on_each_worker
 from tests.support.admission import ingest, set_policy

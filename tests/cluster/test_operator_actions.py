@@ -16,7 +16,7 @@ from datetime import timedelta
 
 import asyncpg
 import grpc
-from switchboard.v1 import dispatch_pb2, queue_pb2, todo_pb2
+from switchboard_dispatch.v1 import dispatch_pb2, queue_pb2, todo_pb2
 from switchboard_server.db import todos
 
 from tests.cluster.placing import (

@@ -19,7 +19,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
-from switchboard.v1 import admission_pb2, dispatch_pb2, queue_pb2
+from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, queue_pb2
 from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import todos
 from switchboard_server.model import SettleAction, Settlement

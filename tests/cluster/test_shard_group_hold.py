@@ -17,7 +17,7 @@ import asyncio
 import uuid
 
 import asyncpg
-from switchboard.v1 import dispatch_pb2
+from switchboard_dispatch.v1 import dispatch_pb2
 
 from tests.cluster.placing import worker_of
 from tests.support.admission import ingest_in_batches, set_policy

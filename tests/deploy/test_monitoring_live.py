@@ -27,7 +27,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from switchboard.v1 import admin_pb2, admission_pb2, dispatch_pb2
+from switchboard_dispatch.v1 import admin_pb2, admission_pb2, dispatch_pb2
 from switchboard_server import app as server_app
 from switchboard_server.config import Settings
 from switchboard_server.db import clock

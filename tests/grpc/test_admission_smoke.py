@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from switchboard.v1 import admission_pb2, dispatch_pb2
+from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2
 
 from tests.support.admission import ingest, set_policy
 from tests.support.client import Client, Tenant

@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 import grpc
-from switchboard.v1 import admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
+from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
 

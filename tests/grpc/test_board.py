@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 import aiohttp
 import grpc
 import pytest
-from switchboard.v1 import admission_pb2, dispatch_pb2, queue_pb2
+from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, queue_pb2
 from switchboard_server.app import App
 from switchboard_server.db import Database
 from switchboard_server.windows import load_zone

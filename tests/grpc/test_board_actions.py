@@ -20,7 +20,7 @@ from datetime import timedelta
 import aiohttp
 import grpc
 import pytest
-from switchboard.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
+from switchboard_dispatch.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
 from switchboard_server import errors
 from switchboard_server.admission import AdmissionControl
 from switchboard_server.app import App

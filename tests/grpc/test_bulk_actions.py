@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 from google.protobuf import timestamp_pb2
-from switchboard.v1 import admin_pb2, dispatch_pb2, todo_pb2
+from switchboard_dispatch.v1 import admin_pb2, dispatch_pb2, todo_pb2
 from switchboard_server import dispatch
 from switchboard_server.db import Database
 

@@ -9,7 +9,7 @@ import sys
 
 import asyncpg
 import pytest
-from switchboard.v1 import admin_pb2
+from switchboard_dispatch.v1 import admin_pb2
 from switchboard_server import app as server_app
 from switchboard_server.config import Settings
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from switchboard.v1 import admin_pb2, dispatch_pb2, queue_pb2
+from switchboard_dispatch.v1 import admin_pb2, dispatch_pb2, queue_pb2
 from switchboard_server.app import App
 
 from tests.support.admission import ingest

@@ -25,7 +25,7 @@ import httpx
 import pytest
 from google.protobuf import duration_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from switchboard.v1 import dispatch_pb2, queue_pb2, todo_pb2
+from switchboard_dispatch.v1 import dispatch_pb2, queue_pb2, todo_pb2
 from switchboard_server import app as server_app
 from switchboard_server.config import Settings
 from switchboard_server.db import Database

@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 import pytest
 from google.rpc import code_pb2, error_details_pb2
-from switchboard.v1 import dispatch_pb2, queue_pb2, todo_pb2
+from switchboard_dispatch.v1 import dispatch_pb2, queue_pb2, todo_pb2
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
 from switchboard_server.loops import reap_once

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import grpc
 import pytest
-from switchboard.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2
+from switchboard_dispatch.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
 from switchboard_server.doorbells import Doorbell, Subscription

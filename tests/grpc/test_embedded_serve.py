@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Iterator
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from switchboard.v1 import admin_pb2
+from switchboard_dispatch.v1 import admin_pb2
 
 from tests.support.client import OPERATOR_TOKEN, Client, auth
 from tests.support.processes import ServerProcess

@@ -38,7 +38,7 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from switchboard.v1 import (
+from switchboard_dispatch.v1 import (
     admin_pb2,
     admission_pb2,
     dispatch_pb2,

@@ -29,7 +29,7 @@ import aiohttp
 import grpc
 import httpx
 import pytest
-from switchboard.v1 import admin_pb2
+from switchboard_dispatch.v1 import admin_pb2
 from switchboard_server import app as server_app
 from switchboard_server.config import Settings
 from switchboard_server.hook_policy import HookPolicy, Refused, address_class

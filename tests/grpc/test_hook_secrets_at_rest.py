@@ -23,8 +23,8 @@ from typing import Any
 import asyncpg
 import grpc
 import pytest
-from switchboard.hooks import secret_key, verify_webhook
-from switchboard.v1 import admin_pb2
+from switchboard_dispatch.hooks import secret_key, verify_webhook
+from switchboard_dispatch.v1 import admin_pb2
 from switchboard_server import app as server_app
 from switchboard_server.config import Settings
 from switchboard_server.db import Database

@@ -8,7 +8,7 @@ verifying for the grace period and not after it.
 
 ``reference_verify`` is written here from the Standard Webhooks
 specification (https://github.com/standard-webhooks/standard-webhooks,
-"Verifying webhook authenticity"), independently of ``switchboard.hooks``.
+"Verifying webhook authenticity"), independently of ``switchboard_dispatch.hooks``.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
-from switchboard.hooks import WebhookVerificationError, verify_signature, verify_webhook
-from switchboard.v1 import admin_pb2
+from switchboard_dispatch.hooks import WebhookVerificationError, verify_signature, verify_webhook
+from switchboard_dispatch.v1 import admin_pb2
 from switchboard_server import app as server_app
 from switchboard_server.config import Settings
 from switchboard_server.db import Database

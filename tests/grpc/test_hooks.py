@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 
 import pytest
-from switchboard.hooks import WebhookVerificationError, verify_webhook
-from switchboard.v1 import admin_pb2
+from switchboard_dispatch.hooks import WebhookVerificationError, verify_webhook
+from switchboard_dispatch.v1 import admin_pb2
 from switchboard_server import app as server_app
 from switchboard_server.config import Settings
 from switchboard_server.db import Database

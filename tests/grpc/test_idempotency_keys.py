@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import grpc
 import pytest
-from switchboard.v1 import dispatch_pb2, queue_pb2
+from switchboard_dispatch.v1 import dispatch_pb2, queue_pb2
 from switchboard_server import loops
 from switchboard_server.db import Database
 

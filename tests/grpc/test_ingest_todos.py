@@ -11,7 +11,7 @@ from typing import Any
 import asyncpg
 import grpc
 from google.protobuf import duration_pb2
-from switchboard.v1 import admin_pb2, dispatch_pb2, queue_pb2, todo_pb2
+from switchboard_dispatch.v1 import admin_pb2, dispatch_pb2, queue_pb2, todo_pb2
 from switchboard_server.db import Database
 
 from tests.support.client import Client, Tenant, add_endpoint

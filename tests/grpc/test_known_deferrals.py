@@ -6,7 +6,7 @@ import dataclasses
 from datetime import UTC, timedelta
 
 import pytest
-from switchboard.v1 import admission_pb2, dispatch_pb2
+from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
 

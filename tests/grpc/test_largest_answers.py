@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
-from switchboard import connect
-from switchboard.v1 import admission_pb2, dispatch_pb2, queue_pb2, schedule_pb2, todo_pb2
+from switchboard_dispatch import connect
+from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, queue_pb2, schedule_pb2, todo_pb2
 from switchboard_server import app as server_app
 from switchboard_server.servicers import sizes
 from switchboard_server.servicers.validate import (

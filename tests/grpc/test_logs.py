@@ -10,7 +10,7 @@ from typing import cast
 
 import grpc
 import pytest
-from switchboard.v1 import admin_pb2, dispatch_pb2, queue_pb2
+from switchboard_dispatch.v1 import admin_pb2, dispatch_pb2, queue_pb2
 from switchboard_server import app as server_app
 from switchboard_server import logs
 

@@ -18,8 +18,8 @@ from datetime import timedelta
 import grpc
 import pytest
 from google.rpc import error_details_pb2
-from switchboard.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
-from switchboard.worker import Todo, Worker
+from switchboard_dispatch.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
+from switchboard_dispatch.worker import Todo, Worker
 from switchboard_server import app as server_app
 from switchboard_server import dispatch
 from switchboard_server.config import Settings

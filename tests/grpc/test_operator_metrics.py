@@ -14,7 +14,7 @@ import asyncpg
 import grpc
 import pytest
 from prometheus_client.metrics_core import Metric
-from switchboard.v1 import admin_pb2
+from switchboard_dispatch.v1 import admin_pb2
 from switchboard_server import app as server_app
 from switchboard_server.admission import DeferralReason
 from switchboard_server.config import Settings

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
 import grpc
-from switchboard.v1 import dispatch_pb2
+from switchboard_dispatch.v1 import dispatch_pb2
 from switchboard_server import app as server_app
 from switchboard_server.config import Settings
 from switchboard_server.db import Database

@@ -12,7 +12,7 @@ from datetime import timedelta
 
 import grpc
 import pytest
-from switchboard.v1 import admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
+from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
 from switchboard_server.db import Database
 
 from tests.support.admission import set_policy

@@ -8,7 +8,7 @@ import re
 import sys
 
 from google.protobuf import descriptor_pb2
-from switchboard.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
+from switchboard_dispatch.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
 from switchboard_server import app as server_app
 from switchboard_server.servicers.reflection import load_descriptor_set
 

@@ -20,7 +20,7 @@ import asyncpg
 import grpc
 import pytest
 from google.protobuf import duration_pb2
-from switchboard.v1 import admission_pb2, dispatch_pb2, queue_pb2
+from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, queue_pb2
 
 from tests.support.admission import set_policy
 from tests.support.client import Client, Tenant, make_tenant

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import grpc
 import pytest
-from switchboard.v1 import admin_pb2, dispatch_pb2, queue_pb2
+from switchboard_dispatch.v1 import admin_pb2, dispatch_pb2, queue_pb2
 from switchboard_server.db import Database
 from switchboard_server.db.migrate import available
 

@@ -5,7 +5,7 @@ admission policies), with their caches warm from before."""
 from __future__ import annotations
 
 import grpc
-from switchboard.v1 import admission_pb2, dispatch_pb2, queue_pb2
+from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, queue_pb2
 from switchboard_server.db import Database
 
 from tests.support.admission import set_policy

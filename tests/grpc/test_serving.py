@@ -7,7 +7,7 @@ import asyncio
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from switchboard.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, schedule_pb2
+from switchboard_dispatch.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, schedule_pb2
 
 from tests.support.client import Client, Tenant
 from tests.support.errors import expect_code

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from switchboard.v1 import dispatch_pb2, queue_pb2, todo_pb2
+from switchboard_dispatch.v1 import dispatch_pb2, queue_pb2, todo_pb2
 
 from tests.support.client import Client, Tenant
 

@@ -17,7 +17,7 @@ import random
 from collections.abc import Awaitable, Callable
 
 import grpc
-from switchboard.v1 import dispatch_pb2
+from switchboard_dispatch.v1 import dispatch_pb2
 from switchboard_server import app as server_app
 from switchboard_server.db import Database
 

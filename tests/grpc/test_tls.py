@@ -17,9 +17,9 @@ from typing import cast
 
 import grpc
 import pytest
-from switchboard.connect import channel, split_target
-from switchboard.v1 import admin_pb2, dispatch_pb2, todo_pb2
-from switchboard.worker import Todo, Worker
+from switchboard_dispatch.connect import channel, split_target
+from switchboard_dispatch.v1 import admin_pb2, dispatch_pb2, todo_pb2
+from switchboard_dispatch.worker import Todo, Worker
 from switchboard_server import app as server_app
 from switchboard_server import tls
 from switchboard_server.config import Settings

@@ -12,8 +12,8 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
-from switchboard.v1 import dispatch_pb2, queue_pb2
-from switchboard.worker import PermanentFailure, Todo, Worker
+from switchboard_dispatch.v1 import dispatch_pb2, queue_pb2
+from switchboard_dispatch.worker import PermanentFailure, Todo, Worker
 from switchboard_server import app as server_app
 from switchboard_server import tracing
 

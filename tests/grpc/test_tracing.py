@@ -10,7 +10,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
-from switchboard.v1 import dispatch_pb2, queue_pb2
+from switchboard_dispatch.v1 import dispatch_pb2, queue_pb2
 from switchboard_server import app as server_app
 from switchboard_server import tracing
 
@@ -145,7 +145,7 @@ async def test_a_callers_trace_is_continued(
 async def test_admin_calls_are_traced_too(
     spans: InMemorySpanExporter, server: server_app.App, client: Client
 ) -> None:
-    from switchboard.v1 import admin_pb2
+    from switchboard_dispatch.v1 import admin_pb2
 
     await client.admin.CreateOwner(
         admin_pb2.CreateOwnerRequest(name="traced"), metadata=auth(OPERATOR_TOKEN)

@@ -16,7 +16,7 @@ import logging
 from datetime import timedelta
 
 import pytest
-from switchboard.v1 import admission_pb2
+from switchboard_dispatch.v1 import admission_pb2
 from switchboard_server import app as server_app
 from switchboard_server import windows
 from switchboard_server.config import Settings

@@ -19,7 +19,14 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf.message import Message
-from switchboard.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, schedule_pb2, todo_pb2
+from switchboard_dispatch.v1 import (
+    admin_pb2,
+    admission_pb2,
+    dispatch_pb2,
+    queue_pb2,
+    schedule_pb2,
+    todo_pb2,
+)
 from switchboard_server import app as server_app
 from switchboard_server.config import Settings
 from switchboard_server.db import Database

@@ -1,4 +1,4 @@
-"""The Python worker helper (``switchboard.worker``) against a real server and PostgreSQL.
+"""The Python worker helper (``switchboard_dispatch.worker``) against a real server and PostgreSQL.
 
 SPEC section 8: a worker that claims, heartbeats, completes, and when deferred
 sleeps until an exact ``next_eligible_at`` or waits for the queue's doorbell;
@@ -18,8 +18,8 @@ from typing import Any, cast
 
 import grpc
 import pytest
-from switchboard.v1 import admission_pb2, dispatch_pb2, todo_pb2
-from switchboard.worker import Handler, PermanentFailure, Todo, Worker
+from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, todo_pb2
+from switchboard_dispatch.worker import Handler, PermanentFailure, Todo, Worker
 from switchboard_server import app as server_app
 from switchboard_server.config import Settings
 from switchboard_server.db import Database

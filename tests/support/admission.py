@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from switchboard.v1 import admission_pb2, dispatch_pb2, queue_pb2
+from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, queue_pb2
 
 from tests.support.client import Client
 

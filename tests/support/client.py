@@ -6,7 +6,7 @@ import base64
 from dataclasses import dataclass
 
 import grpc
-from switchboard.v1 import (
+from switchboard_dispatch.v1 import (
     admin_pb2,
     admin_pb2_grpc,
     admission_pb2_grpc,

@@ -19,7 +19,7 @@ QUICKSTART = Block("README.md", "sh", "grpcurl -plaintext localhost:50051 list")
 #: The quickstart's Python client example.
 PYTHON_CLIENT = Block("README.md", "python", "ClaimNextRequest")
 #: The worker helper example.
-WORKER = Block("README.md", "python", "from switchboard.worker import")
+WORKER = Block("README.md", "python", "from switchboard_dispatch.worker import")
 #: Admission control's worked example (a SetPolicy).
 ADMISSION_EXAMPLE = Block("docs/admission.md", "sh", "AdmissionService/SetPolicy")
 #: One call of every RPC.
@@ -86,9 +86,9 @@ NOT_RUN: dict[Block, str] = {
         "names a remote host; tests/grpc/test_tls.py runs grpcurl with -cacert, -cert "
         "and -key against a local mutual-TLS server"
     ),
-    Block("docs/deployment.md", "python", "from switchboard.connect import channel"): (
+    Block("docs/deployment.md", "python", "from switchboard_dispatch.connect import channel"): (
         "a fragment (no token, no handler); tests/grpc/test_tls.py runs a worker over "
-        "switchboard.connect.channel with mutual TLS"
+        "switchboard_dispatch.connect.channel with mutual TLS"
     ),
     Block("docs/deployment.md", "sh", "openssl req -x509"): (
         "writes key files into the current directory; tests/support/certs.py makes the "
@@ -102,9 +102,14 @@ NOT_RUN: dict[Block, str] = {
         "no Docker engine runs where the tests run; tests/deploy/test_dockerfile.py and "
         "test_container.py check the Dockerfile and replay its runtime stage"
     ),
+    Block("docs/deployment.md", "sh", "pip wheel --no-deps --wheel-dir dist"): (
+        "installs into the caller's environment (a worker of a fleet); "
+        "tests/deploy/test_container.py builds the client wheel the same way and resolves "
+        "the server's exact pin from it offline, with look-alike wheels beside it"
+    ),
     Block("docs/deployment.md", "sh", "# the client alone"): (
         "installs into the caller's environment; tests/deploy/test_container.py installs "
-        "the client wheel alone into a clean venv and imports switchboard.worker"
+        "the client wheel alone into a clean venv and imports switchboard_dispatch.worker"
     ),
     Block("docs/deployment.md", "sh", "SWITCHBOARD_HTTP_LISTEN=127.0.0.1:8050"): (
         "a production example (certificates under /etc); tests/grpc/test_http_tls.py "

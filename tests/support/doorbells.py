@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 
 import grpc
-from switchboard.v1 import dispatch_pb2
+from switchboard_dispatch.v1 import dispatch_pb2
 
 from tests.support.client import Client
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, cast
 import grpc
 from google.protobuf import descriptor
 from google.rpc import code_pb2, error_details_pb2, status_pb2
-from switchboard.v1 import admission_pb2
+from switchboard_dispatch.v1 import admission_pb2
 
 if TYPE_CHECKING:
     from google._upb import _message as upb

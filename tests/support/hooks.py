@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from datetime import timedelta
 
-from switchboard.v1 import admin_pb2
+from switchboard_dispatch.v1 import admin_pb2
 from switchboard_server.config import Settings
 
 from tests.support.admission import ingest

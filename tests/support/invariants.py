@@ -50,7 +50,7 @@ from typing import Any
 
 import grpc
 from google.protobuf import duration_pb2
-from switchboard.v1 import admission_pb2, dispatch_pb2, queue_pb2
+from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, queue_pb2
 from switchboard_server.db.database import Conn
 
 from tests.support.admission import set_policy, window

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from switchboard import connect
+from switchboard_dispatch import connect
 from switchboard_server.db import Database
 from switchboard_server.embedded_pg import EmbeddedPostgres
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from google.protobuf import timestamp_pb2
 from google.protobuf.message import Message
-from switchboard import connect
-from switchboard.v1 import admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
+from switchboard_dispatch import connect
+from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
 from switchboard_server.dispatch import DispatchSettings
 from switchboard_server.servicers import sizes
 from switchboard_server.servicers.validate import (
@@ -253,7 +253,7 @@ def test_both_clients_receive_the_largest_answer() -> None:
 
 
 def test_pages_of_schedules_are_cut_by_bytes_within_the_send_limit() -> None:
-    from switchboard.v1 import schedule_pb2
+    from switchboard_dispatch.v1 import schedule_pb2
 
     def schedule(n: int) -> schedule_pb2.Schedule:
         return schedule_pb2.Schedule(

@@ -1,4 +1,4 @@
-"""The public API of ``switchboard.worker`` (a package of modules by concern) stays put.
+"""The public API of ``switchboard_dispatch.worker`` (a package of modules by concern) stays put.
 
 Guards the split of the worker helper into modules: a later move must not drop or add a
 public name, nor change where the public classes say they live.
@@ -9,21 +9,21 @@ from __future__ import annotations
 import inspect
 import typing
 
-import switchboard.worker
+import switchboard_dispatch.worker
 
 EXPECTED_ALL = ["MAX_BATCH", "Handler", "PermanentFailure", "Todo", "Worker", "WorkerStats"]
 
 
 def test_all_lists_exactly_the_public_api() -> None:
-    assert switchboard.worker.__all__ == EXPECTED_ALL
+    assert switchboard_dispatch.worker.__all__ == EXPECTED_ALL
     star: dict[str, object] = {}
-    exec("from switchboard.worker import *", star)
+    exec("from switchboard_dispatch.worker import *", star)
     assert sorted(k for k in star if k != "__builtins__") == sorted(EXPECTED_ALL)
 
 
 def test_public_names_import_from_the_package() -> None:
-    from switchboard.v1 import todo_pb2
-    from switchboard.worker import (
+    from switchboard_dispatch.v1 import todo_pb2
+    from switchboard_dispatch.worker import (
         MAX_BATCH,
         TRANSIENT_CODES,
         Handler,
@@ -40,8 +40,8 @@ def test_public_names_import_from_the_package() -> None:
     assert issubclass(PermanentFailure, Exception)
     assert "UNAVAILABLE" in {code.name for code in TRANSIENT_CODES}
     # One logger for the package, named as the module was.
-    assert log.name == "switchboard.worker"
-    assert PermanentFailure.__module__ == Worker.__module__ == "switchboard.worker"
+    assert log.name == "switchboard_dispatch.worker"
+    assert PermanentFailure.__module__ == Worker.__module__ == "switchboard_dispatch.worker"
     assert set(typing.get_type_hints(WorkerStats)) >= {"claimed", "rpc_calls"}
     assert list(inspect.signature(Worker).parameters) == [
         "channel",

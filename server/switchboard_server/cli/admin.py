@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from switchboard.v1 import admin_pb2
+from switchboard_dispatch.v1 import admin_pb2
 
 from switchboard_server.cli.common import endpoint_flag, leaf
 from switchboard_server.cli.connect import EXIT_OK, Connection

@@ -9,7 +9,7 @@ config file (``server``, ``token``, ``cacert``, ``cert`` and ``key`` keys;
 else ``~/.config/switchboard/config.toml``; relative paths there are relative
 to the file), then the default address. The channel is TLS when a CA, a client
 certificate or key is given or the server is ``https://host:port``
-(``switchboard.connect.channel``).
+(``switchboard_dispatch.connect.channel``).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from typing import cast
 import grpc
 from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
-from switchboard import connect
-from switchboard.v1 import (
+from switchboard_dispatch import connect
+from switchboard_dispatch.v1 import (
     admin_pb2_grpc,
     admission_pb2,
     admission_pb2_grpc,

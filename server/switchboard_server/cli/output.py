@@ -11,7 +11,7 @@ from typing import Any, TextIO
 
 from google.protobuf import json_format, timestamp_pb2
 from google.protobuf.message import Message
-from switchboard.v1 import admin_pb2, admission_pb2, todo_pb2
+from switchboard_dispatch.v1 import admin_pb2, admission_pb2, todo_pb2
 
 from switchboard_server.cli.connect import CallError
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from switchboard.v1 import admission_pb2, queue_pb2
+from switchboard_dispatch.v1 import admission_pb2, queue_pb2
 
 from switchboard_server.cli.audit import print_audit
 from switchboard_server.cli.common import endpoint_flag, group, leaf

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf import timestamp_pb2
-from switchboard.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
+from switchboard_dispatch.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
 
 from switchboard_server.cli.common import endpoint_flag, leaf
 from switchboard_server.cli.connect import EXIT_OK, Connection

@@ -7,7 +7,7 @@ import argparse
 import pathlib
 from typing import TYPE_CHECKING, Any
 
-from switchboard.v1 import admission_pb2, queue_pb2, schedule_pb2
+from switchboard_dispatch.v1 import admission_pb2, queue_pb2, schedule_pb2
 
 from switchboard_server.cli.audit import print_audit
 from switchboard_server.cli.common import endpoint_flag, group, leaf

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from google.protobuf import duration_pb2, json_format, timestamp_pb2
-from switchboard.v1 import dispatch_pb2, todo_pb2
+from switchboard_dispatch.v1 import dispatch_pb2, todo_pb2
 
 from switchboard_server.cli.audit import actor, read_audit
 from switchboard_server.cli.common import endpoint_flag, group, leaf

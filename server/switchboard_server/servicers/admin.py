@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
-from switchboard.v1 import admin_pb2, admin_pb2_grpc
+from switchboard_dispatch.v1 import admin_pb2, admin_pb2_grpc
 
 from switchboard_server.servicers import convert
 from switchboard_server.servicers.interceptor import current_principal

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
-from switchboard.v1 import admission_pb2, admission_pb2_grpc, queue_pb2
+from switchboard_dispatch.v1 import admission_pb2, admission_pb2_grpc, queue_pb2
 
 from switchboard_server.admission import AdmissionControl, Limits
 from switchboard_server.servicers import convert

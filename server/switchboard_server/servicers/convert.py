@@ -8,7 +8,7 @@ from itertools import repeat
 from typing import Any
 
 from google.protobuf import timestamp_pb2
-from switchboard.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
+from switchboard_dispatch.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
 
 from switchboard_server.admission import (
     AdmissionStatus,

@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import grpc
-from switchboard.v1 import dispatch_pb2, dispatch_pb2_grpc, todo_pb2
+from switchboard_dispatch.v1 import dispatch_pb2, dispatch_pb2_grpc, todo_pb2
 
 from switchboard_server import dispatch, tracing
 from switchboard_server.doorbells import DoorbellHub

@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
-from switchboard.v1 import admission_pb2, schedule_pb2, schedule_pb2_grpc
+from switchboard_dispatch.v1 import admission_pb2, schedule_pb2, schedule_pb2_grpc
 
 from switchboard_server.db.schedules import Definition
 from switchboard_server.model import Principal

@@ -26,7 +26,7 @@ from typing import TypeVar
 
 from google.protobuf import descriptor
 from google.protobuf.message import Message
-from switchboard.v1 import dispatch_pb2
+from switchboard_dispatch.v1 import dispatch_pb2
 
 from switchboard_server.dispatch import DispatchSettings
 from switchboard_server.servicers.validate import (

@@ -1,0 +1,123 @@
+"""A worker loop for Switchboard fleets: claim, heartbeat, settle, and sleep when idle.
+
+:class:`Worker` drives claims against ``DispatchService``::
+
+    async def handle(todo: Todo) -> None:
+        ...  # do the work; raise PermanentFailure to dead-letter the todo
+
+    async with channel("localhost:50051") as ch:  # from switchboard_dispatch.connect
+        worker = Worker(ch, token, handle, claimant="worker-1")
+        await worker.run()  # until worker.stop()
+
+The channel is any ``grpc.aio`` channel; :func:`switchboard_dispatch.connect.channel`
+makes one over TLS when the server serves TLS (``channel(target,
+cacert="ca.pem")``, plus ``cert=`` and ``key=`` under mutual TLS), and
+:func:`switchboard_dispatch.connect.channel_from_env` from ``SWITCHBOARD_SERVER``,
+``SWITCHBOARD_CACERT``, ``SWITCHBOARD_CERT`` and ``SWITCHBOARD_KEY``.
+
+By default the worker holds one todo at a time. Each turn of the loop calls
+``ClaimNext``. With a todo it runs the handler while the lease is heartbeated
+every ``heartbeat_every``, then calls ``Complete`` (or ``Fail`` when the
+handler raised). When nothing is claimable it does not poll: it waits for a
+doorbell on a ``WatchReopen`` stream it keeps open for the whole run (and
+reopens with backoff when it breaks), or, when a queue is deferred by its
+admission policy until an *exact* ``next_eligible_at`` (a window boundary),
+until the earliest such time or the first doorbell, whichever comes first.
+``max_idle_wait`` bounds every wait, as a safety net for a doorbell that never
+arrives. A deferral is never a failure: it touches no todo and is only counted
+in ``stats.deferred_waits``.
+
+Batches: with ``concurrency`` above 1 the worker runs up to that many
+handlers at once, and with ``prefetch`` above 1 it claims up to that many
+todos per ``ClaimNext`` (``max_todos``). It only claims todos it has free
+handler slots for, so a claimed todo never waits for a slot, and it claims
+again once a good share of its slots is free (half of ``concurrency``, or a
+full ``prefetch`` when that is less), not for every slot that frees. Every
+held lease is heartbeated, all in one ``HeartbeatTodos`` call per tick when
+more than one is held. Outcomes of finished handlers are gathered and sent
+with ``SettleTodos``: when ``settle_batch`` of them are waiting, when the
+oldest has waited ``settle_linger``, when no handler is running any more, and
+at once on stop. A todo counts against ``concurrency`` until it is settled.
+A batch that the queue's admission budget cut short is a deferral like an
+empty answer: when it covers every queue the worker draws from, the worker
+waits for the exact reopen time or a doorbell before claiming again.
+
+Clocks: ``next_eligible_at`` is on the server's clock (the database's). The
+worker sleeps until it by the local clock, which is fine: if the local clock
+is behind, the reopen sweep rings the doorbell at the real boundary and wakes
+the worker anyway; if it is ahead, the worker wakes early, is told it is
+still deferred, and waits again (for the doorbell, with a growing floor
+between such early wake-ups, so it never spins).
+
+Failure handling:
+
+- a handler that raises :class:`PermanentFailure` is failed with
+  ``permanent``: the todo is dead-lettered;
+- any other exception fails the todo with the error text; the server
+  retries it after its backoff (or dead-letters it when it is out of
+  attempts);
+- a heartbeat refused for a lease (``FAILED_PRECONDITION`` or ``NOT_FOUND``
+  from ``Heartbeat``, any refusal of an item of ``HeartbeatTodos``) means the
+  lease is stale: the todo was taken over (or reaped) and belongs to someone
+  else now; its handler is cancelled and the worker leaves the todo alone
+  (``stats.lost``); other todos of the batch carry on;
+- a heartbeat refused because an operator cancelled the todo
+  (``CancelTodo``: ``FAILED_PRECONDITION`` with ``ErrorInfo`` reason
+  ``TODO_CANCELLED``, or an item ``NOT_CLAIMED`` in state cancelled) cancels
+  its handler the same way; nothing is sent for the todo
+  (``stats.cancelled``), and nothing is raised;
+- a settlement refused for a stale lease is not retried (``stats.lost``; a
+  todo cancelled meanwhile: ``stats.cancelled``);
+- transient RPC errors (``UNAVAILABLE``, ``DEADLINE_EXCEEDED`` and the like)
+  are retried with jittered exponential backoff, settlements while their
+  leases last (then ``stats.unsettled``: the server's reaper takes the
+  todos back); any other error from ``ClaimNext`` (a bad token, a missing
+  grant) ends :meth:`Worker.run`;
+- a ``SettleTodos`` call is one transaction, but its answer can be lost after
+  the server applied it; on the retry its items come back ``NOT_CLAIMED``.
+  Such an item whose todo is now in the state the settlement would have left
+  it in is counted as settled; any other refusal as stale. Neither raises.
+
+Shutdown: :meth:`Worker.stop` lets the running handlers finish, for at most
+``shutdown_grace``, and completes (or fails) their todos; when the grace runs
+out the handlers are cancelled and their todos are released (pending again
+at once; the attempt still counts, so a todo on its last attempt is
+dead-lettered by the release). Outcomes waiting to be sent are sent at once.
+:meth:`Worker.run` returns once the worker has settled everything it held and
+closed its ``WatchReopen`` stream. The channel belongs to the caller and is
+left open.
+
+The package depends only on ``grpcio`` and ``protobuf`` and uses plain
+asyncio; call :meth:`Worker.stop` from the event loop's thread (from another
+thread, use ``loop.call_soon_threadsafe(worker.stop)``).
+
+The package, by concern (each module's docstring says what it owns):
+
+- ``_core``: :class:`Worker`: its public surface, :meth:`Worker.run` and the wind-down;
+- ``_state``: the settings checks and the state every part shares (``_Held``);
+- ``claiming``: the claim loop, prefetch (handler slots and refills), deferrals;
+- ``handling``: a claimed todo's handler, its outcome, stale leases;
+- ``leases``: heartbeats (``Heartbeat``, ``HeartbeatTodos``);
+- ``settling``: settlement batching and retries (``Complete``, ``Fail``,
+  ``Release``, ``SettleTodos``);
+- ``waiting``: the ``WatchReopen`` doorbells and waits for exact reopen times;
+- ``stats``: :class:`WorkerStats`;
+- ``_common``: the public types, limits, retry codes and small helpers.
+"""
+
+from __future__ import annotations
+
+from switchboard_dispatch.worker._common import MAX_BATCH, Handler, PermanentFailure, Todo
+from switchboard_dispatch.worker._common import TRANSIENT_CODES as TRANSIENT_CODES
+from switchboard_dispatch.worker._common import log as log
+from switchboard_dispatch.worker._core import Worker
+from switchboard_dispatch.worker.stats import WorkerStats
+
+__all__ = ["MAX_BATCH", "Handler", "PermanentFailure", "Todo", "Worker", "WorkerStats"]
+
+# Named as before the split, so reprs and tracebacks (the handler failures the worker
+# logs) keep saying switchboard_dispatch.worker. Not WorkerStats: typing.get_type_hints resolves a
+# dataclass's field annotations in its __module__'s namespace, and its repr has no module.
+for _public in (PermanentFailure, Worker):
+    _public.__module__ = __name__
+del _public

@@ -1,0 +1,230 @@
+"""Settling: sending the outcomes of finished handlers, batched and retried.
+
+``_settler`` sends the waiting settlements when ``settle_batch`` of them wait,
+when the oldest has waited ``settle_linger``, when no handler is running any
+more, or at once on stop: one by one with ``Complete``, ``Fail`` or ``Release``
+when ``concurrency`` is 1, else in ``SettleTodos`` batches. Transient errors are
+retried while the leases last; each outcome is counted in ``stats`` by its result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+
+from switchboard_dispatch.v1 import dispatch_pb2, todo_pb2
+from switchboard_dispatch.worker._common import (
+    _LEASE_LOST_CODES,
+    MAX_BATCH,
+    TRANSIENT_CODES,
+    _Backoff,
+    _Req,
+    _Resp,
+    _seconds,
+    _was_cancelled,
+    log,
+)
+from switchboard_dispatch.worker._state import _Held
+from switchboard_dispatch.worker.handling import _Handling
+from switchboard_dispatch.worker.waiting import _Waiting
+
+#: The states a settlement leaves its todo in, by action: a retried settlement
+#: refused as NOT_CLAIMED with its todo in one of them was applied by the try
+#: whose answer was lost.
+_SETTLED_STATES: dict[str, frozenset[todo_pb2.TodoState.ValueType]] = {
+    "complete": frozenset({todo_pb2.TODO_STATE_DONE}),
+    "fail": frozenset({todo_pb2.TODO_STATE_PENDING, todo_pb2.TODO_STATE_DEAD}),
+    "release": frozenset({todo_pb2.TODO_STATE_PENDING, todo_pb2.TODO_STATE_DEAD}),
+}
+
+
+class _Settling(_Waiting, _Handling):
+    """Settlements of the todos whose handlers finished."""
+
+    async def _settler(self) -> None:
+        """Sends the settlements of finished handlers, in batches (see the module docs)."""
+        linger = _seconds(self.settle_linger)
+        while True:
+            if not self._ready:
+                self._finished.clear()
+                await self._finished.wait()
+                continue
+            wait = self._flush_wait(linger)
+            if wait > 0:
+                self._finished.clear()
+                await self._wait_for(wait, self._finished, self._flush_now)
+                continue
+            batch = self._ready[:MAX_BATCH]
+            del self._ready[: len(batch)]
+            for held in batch:
+                held.settling = True
+            if self.concurrency == 1:
+                for held in batch:
+                    await self._settle_one(held)
+            else:
+                await self._settle_many(batch)
+
+    def _flush_wait(self, linger: float) -> float:
+        """Seconds until the waiting settlements are due (0 or less: now)."""
+        if (
+            len(self._ready) >= self.settle_batch
+            or self._flush_now.is_set()
+            or all(h.settlement is not None for h in self._held.values())
+        ):
+            return 0.0
+        return self._ready[0].finished_at + linger - time.monotonic()
+
+    def _count(self, settlement: dispatch_pb2.Settlement) -> None:
+        action = settlement.WhichOneof("action")
+        if action == "complete":
+            self.stats.completed += 1
+        elif action == "fail":
+            self.stats.failed += 1
+            if settlement.fail.permanent:
+                self.stats.dead_lettered += 1
+        else:
+            self.stats.released += 1
+
+    async def _settle_one(self, held: _Held) -> None:
+        """Settles one todo with ``Complete``, ``Fail`` or ``Release``."""
+        s = held.settlement
+        assert s is not None
+        action = s.WhichOneof("action")
+        if action == "complete":
+            done = dispatch_pb2.CompleteRequest(todo_id=s.todo_id, lease_id=s.lease_id)
+            ok = await self._settle(held, "Complete", self._stub.Complete, done)
+        elif action == "fail":
+            fail = dispatch_pb2.FailRequest(
+                todo_id=s.todo_id,
+                lease_id=s.lease_id,
+                error=s.fail.error,
+                permanent=s.fail.permanent,
+            )
+            ok = await self._settle(held, "Fail", self._stub.Fail, fail)
+        else:
+            release = dispatch_pb2.ReleaseRequest(todo_id=s.todo_id, lease_id=s.lease_id)
+            ok = await self._settle(held, "Release", self._stub.Release, release)
+        if ok:
+            self._count(s)
+        self._forget(held)
+
+    async def _settle(
+        self,
+        held: _Held,
+        name: str,
+        method: grpc.aio.UnaryUnaryMultiCallable[_Req, _Resp],
+        request: _Req,
+    ) -> bool:
+        """Completes, fails or releases, retrying transient errors while the lease lasts.
+
+        Returns whether the server accepted it. A stale lease marks the todo lost.
+        """
+        backoff = _Backoff(0.1, 5.0)
+        while True:
+            try:
+                await self._unary(name, method, request)
+                return True
+            except grpc.aio.AioRpcError as err:
+                if err.code() in _LEASE_LOST_CODES:
+                    self._settlement_refused(
+                        held, name, err.details() or "", cancelled=_was_cancelled(err)
+                    )
+                    return False
+                remaining = held.expires - time.monotonic()
+                if err.code() not in TRANSIENT_CODES or remaining <= 0:
+                    self.stats.unsettled += 1
+                    log.error(
+                        "%s of todo %s failed (%s: %s); the lease will lapse",
+                        name,
+                        held.todo_id,
+                        err.code().name,
+                        err.details(),
+                    )
+                    return False
+                delay = min(backoff.next(), remaining)
+                log.warning("%s failed (%s); retrying in %.1fs", name, err.code().name, delay)
+            await asyncio.sleep(delay)
+
+    async def _settle_many(self, batch: list[_Held]) -> None:
+        """Settles ``batch`` with ``SettleTodos``, retrying transient errors while the
+        leases last; counts each item by its result."""
+        backoff = _Backoff(0.1, 5.0)
+        retried = False
+        while True:
+            request = dispatch_pb2.SettleTodosRequest(
+                settlements=[h.settlement for h in batch if h.settlement is not None]
+            )
+            try:
+                response = await self._unary("SettleTodos", self._stub.SettleTodos, request)
+                break
+            except grpc.aio.AioRpcError as err:
+                now = time.monotonic()
+                transient = err.code() in TRANSIENT_CODES
+                for held in [h for h in batch if not transient or h.expires <= now]:
+                    self.stats.unsettled += 1
+                    log.error(
+                        "settling todo %s failed (%s: %s); the lease will lapse",
+                        held.todo_id,
+                        err.code().name,
+                        err.details(),
+                    )
+                    batch.remove(held)
+                    self._forget(held)
+                if not batch:
+                    return
+                delay = min(backoff.next(), max(h.expires for h in batch) - now)
+                log.warning(
+                    "SettleTodos of %d todos failed (%s); retrying in %.1fs",
+                    len(batch),
+                    err.code().name,
+                    delay,
+                )
+                # The failed call may have been applied: its items then come back refused.
+                retried = True
+            await asyncio.sleep(delay)
+        results = {r.todo_id: r for r in response.results}
+        for held in batch:
+            self._settled(held, results.get(held.todo_id), retried)
+            self._forget(held)
+
+    def _settled(
+        self, held: _Held, result: dispatch_pb2.SettlementResult | None, retried: bool
+    ) -> None:
+        """Counts one item of a ``SettleTodos`` answer."""
+        s = held.settlement
+        assert s is not None
+        action = s.WhichOneof("action") or ""
+        if result is not None and result.status == dispatch_pb2.BATCH_ITEM_STATUS_APPLIED:
+            self._count(s)
+            return
+        if (
+            retried
+            and result is not None
+            and result.status == dispatch_pb2.BATCH_ITEM_STATUS_NOT_CLAIMED
+            and result.state in _SETTLED_STATES.get(action, ())
+        ):
+            log.info("todo %s was settled by an earlier try of the same call", held.todo_id)
+            self._count(s)
+            return
+        self._settlement_refused(
+            held,
+            action,
+            result.message if result is not None else "missing from the answer",
+            cancelled=result is not None and result.state == todo_pb2.TODO_STATE_CANCELLED,
+        )
+
+    def _settlement_refused(
+        self, held: _Held, action: str, why: str, *, cancelled: bool = False
+    ) -> None:
+        """A settlement refused for a stale lease: the todo is lost (or was
+        cancelled), never retried."""
+        held.lost = True
+        held.cancelled = cancelled
+        if cancelled:
+            self.stats.cancelled += 1
+            log.info("%s of todo %s refused: the todo was cancelled", action, held.todo_id)
+            return
+        self.stats.lost += 1
+        log.warning("%s of todo %s refused: the lease is stale (%s)", action, held.todo_id, why)
