@@ -610,7 +610,9 @@ class Dispatcher:
                 backoff_base=self._settings.backoff_base,
                 backoff_cap=self._settings.backoff_cap,
             )
-        self._count_ended(settlements, [r.outcome for r in results])
+        self._count_ended(
+            settlements, [r.outcome for r in results], [(r.queue, r.state) for r in results]
+        )
         return results
 
     async def _settle(self, caller: _Caller, settlements: Sequence[Settlement]) -> list[Settled]:
@@ -623,20 +625,30 @@ class Dispatcher:
                 backoff_base=self._settings.backoff_base,
                 backoff_cap=self._settings.backoff_cap,
             )
-        self._count_ended(settlements, [r.outcome for r in results])
+        self._count_ended(
+            settlements,
+            [r.outcome for r in results],
+            [(r.todo.queue, r.todo.state) if r.todo else (None, None) for r in results],
+        )
         return results
 
     def _count_ended(
-        self, settlements: Sequence[Settlement], outcomes: Sequence[ItemOutcome]
+        self,
+        settlements: Sequence[Settlement],
+        outcomes: Sequence[ItemOutcome],
+        after: Sequence[tuple[str | None, TodoState | None]],
     ) -> None:
-        """Counts the attempts that settlements ended, once they committed."""
-        ended = Counter(
-            _ENDED[s.action]
-            for s, outcome in zip(settlements, outcomes, strict=True)
-            if outcome is ItemOutcome.APPLIED
-        )
+        """Counts the attempts that settlements ended, once they committed, and
+        the settled todos by queue and by the state each was left in."""
+        applied = [i for i, outcome in enumerate(outcomes) if outcome is ItemOutcome.APPLIED]
+        ended = Counter(_ENDED[settlements[i].action] for i in applied)
         for outcome, count in ended.items():
             self._metrics.attempts_ended(outcome, count)
+        self._metrics.settled(
+            (queue, state)
+            for queue, state in (after[i] for i in applied)
+            if queue is not None and state is not None
+        )
 
     async def _settle_each(
         self, caller: _Caller, settlements: list[Settlement]

@@ -51,6 +51,13 @@ from switchboard_server.model import AttemptOutcome, TodoState
 
 log = logging.getLogger(__name__)
 
+#: What ``switchboard_todos_settled`` calls a settled todo, by its state after.
+_SETTLED_AS = {
+    TodoState.DONE: "completed",
+    TodoState.PENDING: "retried",
+    TodoState.DEAD: "dead",
+}
+
 # Counters are read as rates; their ``_created`` series only add noise.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
@@ -197,6 +204,14 @@ class Metrics:
             f"doorbells, the ones still attaching included). {_PER_PROCESS}",
             registry=r,
         )
+        self.todos_settled = Counter(
+            "switchboard_todos_settled",
+            "Todos a worker settled (Complete, Fail, Release, SettleTodos), by queue and by "
+            "what became of them: completed, retried (failed or released, pending again) or "
+            f"dead (failed permanently, or on its last attempt). {_PER_PROCESS}",
+            ["queue", "outcome"],
+            registry=r,
+        )
         self.hook_deliveries = Counter(
             "switchboard_hook_deliveries",
             "Notify-hook POSTs that ended, by queue and outcome: delivered (the receiver "
@@ -248,6 +263,14 @@ class Metrics:
         """Counts attempts that ended with ``outcome``."""
         if count:
             self.todo_attempts.labels(outcome.value).inc(count)
+
+    def settled(self, todos: Iterable[tuple[str, TodoState]]) -> None:
+        """Counts settled todos, as ``(queue, state after the settlement)`` pairs."""
+        counts: dict[tuple[str, str], int] = defaultdict(int)
+        for queue, state in todos:
+            counts[self.queue_label(queue), _SETTLED_AS[state]] += 1
+        for (label, outcome), count in counts.items():
+            self.todos_settled.labels(label, outcome).inc(count)
 
     def cancelled(self, changed: Iterable[tuple[str, TodoState]]) -> None:
         """Counts the todos a cancel changed, as ``(queue, state cancelled from)``

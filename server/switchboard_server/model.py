@@ -183,6 +183,8 @@ class SettledState(NamedTuple):
     outcome: ItemOutcome
     state: TodoState | None
     next_retry_at: datetime | None
+    #: The todo's queue (``None`` when not found).
+    queue: str | None = None
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,19 @@ async def test_metrics_count_claims_refusals_units_and_attempts(
         dispatch_pb2.ReleaseRequest(todo_id=second.todo.id, lease_id=second.lease.lease_id),
         metadata=agent,
     )
+    # The batched form counts alike (a permanent failure: dead).
+    await client.dispatch.SettleTodos(
+        dispatch_pb2.SettleTodosRequest(
+            settlements=[
+                dispatch_pb2.Settlement(
+                    todo_id=third.todo.id,
+                    lease_id=third.lease.lease_id,
+                    fail=dispatch_pb2.FailAction(error="y", permanent=True),
+                )
+            ]
+        ),
+        metadata=agent,
+    )
 
     families, samples = await scrape(server)
     assert_no_tenant_labels(families)
@@ -125,10 +138,19 @@ async def test_metrics_count_claims_refusals_units_and_attempts(
     attempts = "switchboard_todo_attempts_total"
     assert {dict(k)["outcome"]: v for k, v in series(samples, attempts).items()} == {
         "completed": 1,
-        "failed": 1,
+        "failed": 2,
         "released": 1,
         "lapsed": 0,
         "cancelled": 0,
+    }
+    # The same settlements by queue, as what became of each todo.
+    settled = "switchboard_todos_settled_total"
+    assert {
+        (dict(k)["queue"], dict(k)["outcome"]): v for k, v in series(samples, settled).items()
+    } == {
+        ("free", "completed"): 1,
+        ("budgeted", "retried"): 2,
+        ("budgeted", "dead"): 1,
     }
     durations = "switchboard_claim_duration_seconds_count"
     assert value(samples, durations, outcome="claimed") == 4
@@ -138,7 +160,7 @@ async def test_metrics_count_claims_refusals_units_and_attempts(
 
     # Database-derived gauges: one policy, window exhausted; the budgeted
     # queue's pending todos (one never claimed, one released, one failed
-    # into its backoff) are deferred.
+    # into its backoff) are deferred; the third claim failed permanently.
     policies = series(samples, "switchboard_admission_policies")
     assert {dict(k)["status"]: v for k, v in policies.items()} == {
         "admitting": 0,
@@ -153,7 +175,6 @@ async def test_metrics_count_claims_refusals_units_and_attempts(
     }
     assert series(samples, "switchboard_todos") == {
         frozenset({("state", "pending"), ("queue", "budgeted")}): 3,
-        frozenset({("state", "claimed"), ("queue", "budgeted")}): 1,
     }
     for name in ("switchboard_admission_policies", "switchboard_deferred_todos"):
         assert "same on every replica" in families[name].documentation

@@ -229,7 +229,8 @@ VOCABULARY = {
     "from": {"pending", "claimed", "dead", "cancelled"},
     "outcome": {o.value for o in AttemptOutcome}
     | {"claimed", "deferred", "empty", "not_found", "not_claimable", "dead_lettered", "error"}
-    | {"delivered", "failed"},
+    | {"delivered", "failed"}
+    | {"retried", "dead"},
     "code": {c.name for c in grpc.StatusCode},
 }
 

@@ -573,9 +573,9 @@ def _settled(rows: Sequence[asyncpg.Record]) -> list[Settled]:
 
 def _settled_states(rows: Sequence[asyncpg.Record]) -> list[SettledState]:
     settled = []
-    for outcome, stored, next_retry_at in rows:
+    for outcome, stored, next_retry_at, queue in rows:
         state = _STATES[stored] if stored is not None else None
-        settled.append(SettledState(_item_outcome(outcome, state), state, next_retry_at))
+        settled.append(SettledState(_item_outcome(outcome, state), state, next_retry_at, queue))
     return settled
 
 

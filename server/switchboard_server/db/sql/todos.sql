@@ -54,9 +54,10 @@ SELECT id, endpoint_id FROM todos WHERE id = ANY ($1::bigint[]) AND owner_id = $
 
 -- name: todo_settle_states :many
 -- todo_settle answered with what SettleTodos reports of each todo: its state
--- and next_retry_at after the settlement (NULL when not found), not the
--- whole todo (the same call; on a Citus cluster, delegated the same way).
-SELECT outcome, (todo).state, (todo).next_retry_at
+-- and next_retry_at after the settlement, and its queue (NULL when not
+-- found), not the whole todo (the same call; on a Citus cluster, delegated
+-- the same way).
+SELECT outcome, (todo).state, (todo).next_retry_at, (todo).queue
   FROM sb_settle($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ORDER BY ord;
 
 -- name: todo_states :many
