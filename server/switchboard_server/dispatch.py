@@ -971,9 +971,11 @@ class Dispatcher:
                     conn, action, mine, Scope(scope.owner_id, endpoint_id), delay, max_attempts
                 )
                 done.update(zip(mine, acted, strict=True))
+                # In id order, whatever order the call named them in (a board
+                # form posts its ticked boxes in page order).
                 changed = [
                     str(todo_id)
-                    for todo_id, a in zip(mine, acted, strict=True)
+                    for todo_id, a in sorted(zip(mine, acted, strict=True), key=lambda p: p[0])
                     if a.outcome == "applied" and a.todo is not None
                 ]
                 if changed:

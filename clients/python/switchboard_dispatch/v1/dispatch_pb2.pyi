@@ -1578,7 +1578,7 @@ class TodoAuditEntry(_message.Message):
     @_builtins.property
     def todo_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """When todos were named by id (CancelTodos or RequeueTodos with todo_ids):
-        those of this endpoint that changed, in request order.
+        those of this endpoint that changed, in id order.
         """
 
     def __init__(

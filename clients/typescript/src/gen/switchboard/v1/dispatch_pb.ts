@@ -1531,7 +1531,7 @@ export type TodoAuditEntry = Message<"switchboard.v1.TodoAuditEntry"> & {
 
   /**
    * When todos were named by id (CancelTodos or RequeueTodos with todo_ids):
-   * those of this endpoint that changed, in request order.
+   * those of this endpoint that changed, in id order.
    *
    * @generated from field: repeated string todo_ids = 11;
    */
