@@ -13,7 +13,7 @@ import asyncio
 import functools
 import logging
 import signal
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -48,7 +48,7 @@ from switchboard_server.db.migrate import migrate
 from switchboard_server.dispatch import Dispatcher, DispatchSettings
 from switchboard_server.doorbells import DoorbellHub, reopen_once
 from switchboard_server.extras import install_hint
-from switchboard_server.health import DatabaseHealth, Readiness, grpc_publisher
+from switchboard_server.health import DatabaseHealth, Readiness
 from switchboard_server.hook_policy import HookPolicy
 from switchboard_server.hooks import deliver_once, open_client
 from switchboard_server.loops import LoopSignals, Supervisor, reap_once, retain_once
@@ -133,7 +133,7 @@ async def _connect_with_retry(dsn: str, settings: Settings) -> Database:
             return await Database.connect(
                 dsn, max_size=settings.pool_max_size, lock_timeout=settings.lock_timeout
             )
-        except errors.Unavailable as exc:
+        except errors.Retryable as exc:
             left = deadline - loop.time()
             if left <= 0:
                 raise errors.Unavailable(
@@ -516,6 +516,23 @@ def _start_loops(
             ),
             signals.hooked,
         )
+
+
+def grpc_publisher(
+    health: HealthServicer, names: Sequence[str]
+) -> Callable[[bool], Awaitable[None]]:
+    """Sets gRPC ``health`` for every service name in ``names`` (ignored once it shuts down)."""
+
+    async def publish(serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in names:
+            await health.set(name, status)
+
+    return publish
 
 
 async def serve(settings: Settings) -> int:

@@ -35,8 +35,6 @@ from collections.abc import Callable, Coroutine, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Generic, TypeVar
 
-import grpc
-
 from switchboard_server import errors
 
 K = TypeVar("K", bound=Hashable)
@@ -68,13 +66,13 @@ def unavailable(exc: Exception) -> bool:
     Not a conflict answered as ``ABORTED`` (a row lock not taken in time, a
     deadlock): that may be one item's, a todo row another session holds.
     """
-    return isinstance(exc, errors.Unavailable) and exc.code is grpc.StatusCode.UNAVAILABLE
+    return isinstance(exc, errors.Unavailable)
 
 
 def aborted(exc: Exception) -> bool:
     """The default ``conflict``: a lock not taken in time (or a deadlock), whose
     every run costs a wait."""
-    return isinstance(exc, errors.SwitchboardError) and exc.code is grpc.StatusCode.ABORTED
+    return isinstance(exc, errors.Aborted)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
-"""The one exception tree of the service.
+"""The one exception tree of the service, free of any transport.
 
-Each class carries the gRPC status it maps to; its docstring is the default
-message. Exactly one place (``servicers.interceptor``) turns these into
-statuses; anything else that escapes a handler becomes INTERNAL with a
-generic message.
+Each class's docstring is its default message. What each class is on the
+wire is in one table per transport: ``servicers.codes.GRPC_CODES`` (gRPC
+statuses; ``servicers.interceptor`` turns errors into statuses, and anything
+else that escapes a handler becomes INTERNAL with a generic message) and
+``web.errors.HTTP_ERRORS`` (the board's HTTP answers). A test holds every
+class to a row in both.
 """
 
 from __future__ import annotations
@@ -12,13 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-import grpc
-
 
 class SwitchboardError(Exception):
     """Switchboard could not complete the request."""
-
-    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
 
     def __init__(self, message: str | None = None) -> None:
         self.message = message or (self.__doc__ or "").strip()
@@ -28,19 +26,13 @@ class SwitchboardError(Exception):
 class Unauthenticated(SwitchboardError):
     """A valid bearer token is required."""
 
-    code = grpc.StatusCode.UNAUTHENTICATED
-
 
 class PermissionDenied(SwitchboardError):
     """The credential lacks a grant this call needs."""
 
-    code = grpc.StatusCode.PERMISSION_DENIED
-
 
 class NotFound(SwitchboardError):
     """Not found."""
-
-    code = grpc.StatusCode.NOT_FOUND
 
     def __init__(self, message: str | None = None, *, field: str | None = None) -> None:
         super().__init__(f"{field}: {message}" if field and message else message)
@@ -54,13 +46,9 @@ class NotFound(SwitchboardError):
 class AlreadyExists(SwitchboardError):
     """It already exists."""
 
-    code = grpc.StatusCode.ALREADY_EXISTS
-
 
 class FailedPrecondition(SwitchboardError):
     """The todo is not in a state that allows this call."""
-
-    code = grpc.StatusCode.FAILED_PRECONDITION
 
 
 class StaleLease(FailedPrecondition):
@@ -71,21 +59,26 @@ class TodoCancelled(StaleLease):
     """The todo was cancelled: its lease is void."""
 
 
-class Unavailable(SwitchboardError):
-    """The database is unavailable; try again."""
+class Retryable(SwitchboardError):
+    """Nothing was changed; try again.
 
-    code = grpc.StatusCode.UNAVAILABLE
-
-
-class Aborted(Unavailable):
-    """The transaction was aborted by a conflict with another one; nothing changed; try again.
-
-    A lock not taken within ``SWITCHBOARD_LOCK_TIMEOUT``, a deadlock or a
-    serialization failure. A kind of ``Unavailable`` (infrastructure trouble,
-    retryable; whoever handles that handles this), answered as ``ABORTED``.
+    Infrastructure trouble (``Unavailable``) or a conflict with another
+    transaction (``Aborted``): whoever retries, or waits out, the one handles
+    the other alike (catch ``Retryable``).
     """
 
-    code = grpc.StatusCode.ABORTED
+
+class Unavailable(Retryable):
+    """The database is unavailable; try again."""
+
+
+class Aborted(Retryable):
+    """The transaction was aborted by a conflict with another one; nothing changed; try again.
+
+    A lock not taken within ``SWITCHBOARD_LOCK_TIMEOUT``, a deadlock, a
+    serialization failure, or a write that found its row changed since it
+    was locked (SB409). Not ``Unavailable``: the database answers.
+    """
 
 
 @dataclass(frozen=True)
@@ -98,8 +91,6 @@ class FieldViolation:
 
 class InvalidArgument(SwitchboardError):
     """The request is invalid."""
-
-    code = grpc.StatusCode.INVALID_ARGUMENT
 
     #: Violations reported; a batch can have hundreds, and the error travels
     #: in trailing metadata, which clients cap (16 KiB by default in gRPC).
@@ -129,9 +120,11 @@ class NotClaimable(FailedPrecondition):
 class Deferred(SwitchboardError):
     """The todo's queue admits nothing now; the todo stays pending."""
 
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
-
     def __init__(self, message: str, deferral: object) -> None:
         super().__init__(message)
         #: The ``admission.Deferral`` explaining why and until when.
         self.deferral = deferral
+
+
+class MalformedRequest(SwitchboardError):
+    """The request bytes are not a valid message of the method's request type."""

@@ -15,12 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
-
-from grpc_health.v1 import health_pb2
-from grpc_health.v1._async import HealthServicer
 
 from switchboard_server import errors
 from switchboard_server.db import Database
@@ -71,7 +68,7 @@ class DatabaseHealth:
         """One ping; publishes a change; whether the database answered."""
         try:
             await self._db.ping(min(PROBE_TIMEOUT, max(self._interval, 0.5)))
-        except errors.Unavailable as exc:
+        except errors.Retryable as exc:
             await self._set(False, exc.message)
             return False
         await self._set(True, "")
@@ -103,20 +100,3 @@ class DatabaseHealth:
         else:
             log.warning("database unavailable: not serving", extra={"error": reason[:200]})
         await self._publish(serving)
-
-
-def grpc_publisher(
-    health: HealthServicer, names: Sequence[str]
-) -> Callable[[bool], Awaitable[None]]:
-    """Sets gRPC ``health`` for every service name in ``names`` (ignored once it shuts down)."""
-
-    async def publish(serving: bool) -> None:
-        status = (
-            health_pb2.HealthCheckResponse.SERVING
-            if serving
-            else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
-        for name in names:
-            await health.set(name, status)
-
-    return publish

@@ -150,7 +150,7 @@ class Supervisor:
                         signal.put_nowait(done)
                 except asyncio.CancelledError:
                     raise
-                except errors.Unavailable as exc:
+                except errors.Retryable as exc:
                     # Expected while the database is down or restarting: no traceback.
                     log.warning(
                         "%s pass failed: %s; retrying next interval",

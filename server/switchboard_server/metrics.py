@@ -29,7 +29,6 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-import grpc
 from opentelemetry.trace import INVALID_SPAN, Span
 from prometheus_client import (
     CollectorRegistry,
@@ -123,7 +122,7 @@ class Metrics:
         self._queue = QueueLabels(queue_labels)
         #: Each (method, code)'s children of the RPC count and duration, looked
         #: up once: ``labels()`` validates and locks on every call.
-        self._rpc_children: dict[tuple[str, grpc.StatusCode], tuple[Counter, Histogram]] = {}
+        self._rpc_children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
         r = self.registry
         self.todos_claimed = Counter(
             "switchboard_todos_claimed",
@@ -296,12 +295,12 @@ class Metrics:
             counts[(self.queue_label(queue), was)] += 1
         return counts
 
-    def rpc(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
-        """Counts and times one finished RPC."""
+    def rpc(self, method: str, code: str, seconds: float) -> None:
+        """Counts and times one finished RPC (``code``: its status's name, ``OK``...)."""
         children = self._rpc_children.get((method, code))
         if children is None:
             children = self._rpc_children[(method, code)] = (
-                self.rpc_requests.labels(method, code.name),
+                self.rpc_requests.labels(method, code),
                 self.rpc_duration.labels(method),
             )
         children[0].inc()
@@ -360,7 +359,7 @@ class Metrics:
                 waiting = await metric_queries.eligible_pending(conn, now)
                 gates = await metric_queries.deferred_gates(conn, now)
                 outbox = await metric_queries.hook_outbox(conn)
-        except errors.Unavailable as exc:
+        except errors.Retryable as exc:
             log.warning(
                 "database gauges left out of this scrape", extra={"error": exc.message[:200]}
             )

@@ -284,7 +284,7 @@ async def _compact(db: Database) -> None:
     try:
         async with db.connection() as conn:
             await sealing_queries.compact(conn)
-    except errors.Unavailable as exc:  # (a lock not taken in time is one too)
+    except errors.Retryable as exc:  # (unavailable, or a lock not taken in time)
         log.warning(
             "could not rewrite endpoints without its replaced row versions (which hold "
             "the secrets as they were); run VACUUM FULL endpoints",

@@ -21,9 +21,8 @@ import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import grpc
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -125,17 +124,17 @@ def configure(env: Mapping[str, str] | None = None) -> bool:
     return True
 
 
-def traceparent(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+def traceparent(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:
     """The trace context an ingested todo keeps: the current (server) span's
     when tracing is on, so that the worker's span is its child; else the
-    caller's own ``traceparent`` metadata when it is one the server would
+    caller's own ``traceparent`` (in the call's ``metadata``) when it is one the server would
     continue (``continued``), in its version 00 form; ``None`` when there is
     none."""
     if enabled():
         ctx = trace.get_current_span().get_span_context()
         if ctx.is_valid:
             return _version_00(ctx)
-    for key, value in context.invocation_metadata() or ():
+    for key, value in metadata or ():
         if key == "traceparent" and isinstance(value, str):
             return continued(value)
     return None

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import grpc
 import pytest
 from switchboard_server import errors
 from switchboard_server.combining import AGAIN, Again, Combiner
@@ -233,10 +232,8 @@ async def test_an_unavailable_database_answers_every_call_of_the_batch_in_one_ru
     assert rec.batches == [[-1], list(range(10))]  # not run again, not split
 
 
-class Conflict(errors.Unavailable):
-    """A lock not taken in time: infrastructure trouble, but one row's."""
-
-    code = grpc.StatusCode.ABORTED
+class Conflict(errors.Aborted):
+    """A lock not taken in time: one row's trouble, not the database's."""
 
 
 async def test_a_conflict_runs_the_batch_again_one_call_at_a_time() -> None:

@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from google.protobuf import duration_pb2
 from switchboard_server import errors
+from switchboard_server.servicers.codes import grpc_code
 from switchboard_server.servicers.validate import (
     DEFAULT_PAGE_SIZE,
     MAX_DELAY,
@@ -496,6 +497,6 @@ def test_check_reports_every_violation_in_order() -> None:
         ("todo_id", True),
         ("custom", True),
     ]
-    assert caught.value.code.name == "INVALID_ARGUMENT"
+    assert grpc_code(caught.value).name == "INVALID_ARGUMENT"
     for name in ("queue.name", "todo_id", "custom: because"):
         assert name in caught.value.message

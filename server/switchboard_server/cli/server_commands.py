@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         if args.command == "migrate":
             return asyncio.run(_migrate(settings, args.distribute, args.shard_count))
         return asyncio.run(_bootstrap(settings, args.label))
-    except errors.Unavailable as exc:
+    except errors.Retryable as exc:
         # The database never answered (SWITCHBOARD_START_TIMEOUT) or went away
         # while starting: one line, no traceback.
         print(f"switchboard: cannot start: {exc.message}", file=sys.stderr)

@@ -58,7 +58,7 @@ _CONNECTION_BROKEN: tuple[type[BaseException], ...] = (
 )
 
 
-def translated(exc: BaseException) -> errors.Unavailable | None:
+def translated(exc: BaseException) -> errors.Retryable | None:
     """The ``Unavailable`` (or ``Aborted``) an error of the driver means, if any.
 
     By SQLSTATE where the server answered; asyncpg's client-side errors and
@@ -217,7 +217,7 @@ class Database:
         self.acquires += 1
         self.acquire_seconds += time.perf_counter() - start
 
-    def _observe(self, exc: errors.Unavailable) -> None:
+    def _observe(self, exc: errors.Retryable) -> None:
         if isinstance(exc, errors.Aborted):
             return
         self.unavailable += 1
@@ -287,9 +287,7 @@ def _discard_if_broken(conn: Conn) -> Iterator[None]:
         unavailable = translated(exc) or (
             translated(exc.__cause__) if exc.__cause__ is not None else None
         )
-        if _refused(exc) or (
-            unavailable is not None and not isinstance(unavailable, errors.Aborted)
-        ):
+        if _refused(exc) or isinstance(unavailable, errors.Unavailable):
             # A connection that already closed was handed back by asyncpg
             # itself; its proxy then refuses every call, this one too.
             with contextlib.suppress(asyncpg.InterfaceError):
@@ -305,7 +303,7 @@ def _refused(exc: BaseException) -> bool:
 
 @contextlib.contextmanager
 def translate_errors(
-    observe: Callable[[errors.Unavailable], None] | None = None,
+    observe: Callable[[errors.Retryable], None] | None = None,
 ) -> Iterator[None]:
     """Turns driver errors that mean infrastructure trouble into ``errors.Unavailable``
     (a conflict: ``errors.Aborted``), passing each to ``observe``; see ``translated``."""

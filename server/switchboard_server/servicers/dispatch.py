@@ -150,7 +150,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
         item = _ingest_item(v, "", request)
         v.check()
         result = await self._dispatcher.ingest(
-            current_principal(), item, tracing.traceparent(context)
+            current_principal(), item, tracing.traceparent(context.invocation_metadata())
         )
         return dispatch_pb2.IngestResponse(
             todo=convert.ingested_todo(result), deduplicated=result.deduplicated
@@ -164,7 +164,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
         todos = request.todos
         if not 1 <= len(todos) <= MAX_BATCH:
             v.add("todos", f"must hold between 1 and {MAX_BATCH} items")
-        traceparent = tracing.traceparent(context)
+        traceparent = tracing.traceparent(context.invocation_metadata())
         columns = None if len(v) else _plain_ingest_columns(todos, traceparent)
         endpoint_field = "endpoint_id"
         if columns is None:

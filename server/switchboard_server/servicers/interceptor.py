@@ -30,6 +30,7 @@ from switchboard_server.auth import Authenticator
 from switchboard_server.metrics import Metrics
 from switchboard_server.model import Principal
 from switchboard_server.servicers import convert
+from switchboard_server.servicers.codes import grpc_code
 from switchboard_server.servicers.telemetry import RpcCall, observe_rpc
 
 log = logging.getLogger(__name__)
@@ -43,14 +44,8 @@ _principal: contextvars.ContextVar[Principal] = contextvars.ContextVar("principa
 _PUBLIC_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 
-class MalformedRequest(errors.SwitchboardError):
-    """The request bytes are not a valid message of the method's request type."""
-
-    code = grpc.StatusCode.INVALID_ARGUMENT
-
-
 def _parser(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any]:
-    """The handler's deserializer, raising ``MalformedRequest`` for bad bytes."""
+    """The handler's deserializer, raising ``errors.MalformedRequest`` for bad bytes."""
 
     def parse(raw: bytes) -> Any:
         if deserializer is None:
@@ -58,7 +53,7 @@ def _parser(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], An
         try:
             return deserializer(raw)
         except DecodeError as exc:
-            raise MalformedRequest(f"the request is not a valid message: {exc}") from None
+            raise errors.MalformedRequest(f"the request is not a valid message: {exc}") from None
 
     return parse
 
@@ -101,7 +96,7 @@ def status_for(exc: errors.SwitchboardError) -> grpc.Status:
         holder = any_pb2.Any()
         holder.Pack(detail)
         packed.append(holder)
-    code_value: int = exc.code.value[0]
+    code_value: int = grpc_code(exc).value[0]
     assert code_value in code_pb2.Code.values()
     return rpc_status.to_status(
         status_pb2.Status(code=code_value, message=exc.message, details=packed)

@@ -124,7 +124,7 @@ def observe_rpc(
             if code in _SERVER_ERRORS:
                 span.set_status(Status(StatusCode.ERROR, code.name))
             if metrics is not None:
-                metrics.rpc(name, code, seconds)
+                metrics.rpc(name, code.name, seconds)
             quiet = code is grpc.StatusCode.OK and service == _QUIET_SERVICE
             level = logging.DEBUG if quiet else logging.INFO
             if log.isEnabledFor(level):

@@ -32,6 +32,7 @@ absent one.
 
 from __future__ import annotations
 
+import logging
 import math
 import uuid
 from collections import Counter
@@ -49,6 +50,7 @@ from switchboard_server.model import Principal, PrincipalKind, Todo, TodoState
 from switchboard_server.overview import Names, Overview, QueueSummary
 from switchboard_server.schedules import Schedules
 from switchboard_server.tenancy import Tenancy
+from switchboard_server.web.errors import http_error
 from switchboard_server.web.proxies import Proxies
 from switchboard_server.web.sessions import (
     COOKIE,
@@ -126,6 +128,8 @@ _SIGNIN_NOTICES = {
     "signedout": "You are signed out.",
     "expired": "Your session ended or its token is no longer valid. Sign in again.",
 }
+
+log = logging.getLogger(__name__)
 
 
 class _Redirect(Exception):
@@ -361,7 +365,7 @@ class Board:
     # ------------------------------------------------------------------ plumbing
 
     def guard(self, handler: Handler) -> Handler:
-        """Turns redirects, refusals and domain errors into responses."""
+        """Turns redirects, refusals and domain errors (``web.errors``) into responses."""
 
         async def guarded(request: web.Request) -> web.StreamResponse:
             try:
@@ -373,18 +377,11 @@ class Board:
                 return response
             except _Refused as refused:
                 return self._error(request, refused.status, refused.heading, refused.message)
-            except errors.NotFound:
-                return self._error(
-                    request, 404, "Not found", "There is no such queue or todo among yours."
-                )
-            except errors.PermissionDenied as exc:
-                return self._error(request, 403, "Not allowed", exc.message)
-            except errors.InvalidArgument as exc:
-                return self._error(request, 400, "Not accepted", exc.message)
-            except errors.Unavailable:
-                return self._error(
-                    request, 503, "Unavailable", "The database is unavailable; try again."
-                )
+            except errors.SwitchboardError as exc:
+                status, heading, message = http_error(exc)
+                if status >= 500 and not isinstance(exc, errors.Retryable):
+                    log.error("board: %s", exc.message, exc_info=exc)
+                return self._error(request, status, heading, message)
 
         return guarded
 
