@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 import uuid
@@ -28,16 +29,29 @@ async def worker_of(conn: asyncpg.Connection[asyncpg.Record], endpoint_id: str) 
     return int(port)
 
 
+#: How long a move waits for the orphaned shards of the move before it to be
+#: dropped (Citus drops one only once no transaction holds it).
+ORPHAN_WAIT = 30.0
+
+
 async def move_shard_group(
     mover: asyncpg.Connection[asyncpg.Record], shard: int, before: int, after: int, tries: int = 5
 ) -> int:
     """Moves the shard group of ``shard`` from the worker on port ``before`` to
     the one on ``after`` as docs/scaling-out.md tells an operator to: the
-    orphaned shards of earlier moves cleaned up first, with ``block_writes``,
-    and a move that Citus's distributed deadlock detection cancels run again
-    once it is seen to have changed nothing (the placement still on
-    ``before``). The tries it took."""
-    for attempt in range(1, tries + 1):
+    orphaned shards of earlier moves cleaned up first, with ``block_writes``;
+    a move that Citus's distributed deadlock detection cancels is run again
+    (``tries`` times at most) once it is seen to have changed nothing (the
+    placement still on ``before``), and one refused because an orphaned
+    shard of the move before could not be dropped yet (a transaction still
+    held it) is run again after the cleanup, for up to ``ORPHAN_WAIT``. The
+    tries it took."""
+    cancelled = 0
+    attempt = 0
+    loop = asyncio.get_running_loop()
+    orphan_deadline = loop.time() + ORPHAN_WAIT
+    while True:
+        attempt += 1
         await mover.execute("CALL citus_cleanup_orphaned_resources()")
         try:
             await mover.execute(
@@ -53,7 +67,12 @@ async def move_shard_group(
                 "SELECT nodeport FROM citus_shards WHERE shardid = $1", shard
             )
             assert placed == before, (placed, before)
-    raise AssertionError(f"the move was cancelled {tries} times")
+            cancelled += 1
+            assert cancelled < tries, f"the move was cancelled {tries} times"
+        except asyncpg.InternalServerError as exc:
+            if "orphaned shard" not in str(exc) or loop.time() > orphan_deadline:
+                raise
+            await asyncio.sleep(0.5)
 
 
 async def tenants_on_each_worker(
