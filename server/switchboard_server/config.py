@@ -15,10 +15,10 @@ from switchboard_server.hook_policy import IPNetwork, Resolver, parse_allowlist
 Network = IPNetwork
 
 
-def _seconds(env: Mapping[str, str], name: str, default: float) -> timedelta:
+def _seconds(env: Mapping[str, str], name: str, default: timedelta) -> timedelta:
     raw = env.get(name)
     if raw is None or raw == "":
-        return timedelta(seconds=default)
+        return default
     try:
         value = float(raw)
     except ValueError as exc:
@@ -136,18 +136,26 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        """Reads ``SWITCHBOARD_*`` variables."""
+        """Reads ``SWITCHBOARD_*`` variables; each unset one is the field's default
+        (written once, on the fields above)."""
         env = os.environ if env is None else env
-        data_dir = env.get("SWITCHBOARD_DATA_DIR") or ".switchboard"
-        pool = env.get("SWITCHBOARD_POOL_SIZE") or "20"
+        d = cls()
+
+        def seconds(name: str) -> timedelta:
+            """Field ``name`` from ``SWITCHBOARD_<NAME>``, in seconds."""
+            default: timedelta = getattr(d, name)
+            return _seconds(env, "SWITCHBOARD_" + name.upper(), default)
+
+        data_dir = env.get("SWITCHBOARD_DATA_DIR") or d.data_dir
+        pool = env.get("SWITCHBOARD_POOL_SIZE") or str(d.pool_max_size)
         if not pool.isdigit() or int(pool) < 2:
             raise ValueError(f"SWITCHBOARD_POOL_SIZE must be an integer >= 2, got {pool!r}")
-        queue_labels = env.get("SWITCHBOARD_METRICS_QUEUE_LABELS") or "50"
+        queue_labels = env.get("SWITCHBOARD_METRICS_QUEUE_LABELS") or str(d.metrics_queue_labels)
         if not queue_labels.isdigit():
             raise ValueError(
                 f"SWITCHBOARD_METRICS_QUEUE_LABELS must be an integer >= 0, got {queue_labels!r}"
             )
-        combine = env.get("SWITCHBOARD_COMBINE_MAX") or "100"
+        combine = env.get("SWITCHBOARD_COMBINE_MAX") or str(d.combine_max)
         if not combine.isdigit() or not 1 <= int(combine) <= 500:
             raise ValueError(
                 f"SWITCHBOARD_COMBINE_MAX must be an integer from 1 to 500, got {combine!r}"
@@ -155,36 +163,36 @@ class Settings:
         return cls(
             database_url=env.get("SWITCHBOARD_DATABASE_URL") or None,
             data_dir=pathlib.Path(data_dir),
-            listen=env.get("SWITCHBOARD_LISTEN") or "127.0.0.1:50051",
-            http_listen=env.get("SWITCHBOARD_HTTP_LISTEN") or "127.0.0.1:8050",
+            listen=env.get("SWITCHBOARD_LISTEN") or d.listen,
+            http_listen=env.get("SWITCHBOARD_HTTP_LISTEN") or d.http_listen,
             operator_token=env.get("SWITCHBOARD_OPERATOR_TOKEN") or None,
-            reaper_interval=_seconds(env, "SWITCHBOARD_REAPER_INTERVAL", 5),
-            retention_interval=_seconds(env, "SWITCHBOARD_RETENTION_INTERVAL", 60),
-            retention_age=_seconds(env, "SWITCHBOARD_RETENTION_AGE", 7 * 86400),
-            default_lease=_seconds(env, "SWITCHBOARD_DEFAULT_LEASE", 300),
-            backoff_base=_seconds(env, "SWITCHBOARD_BACKOFF_BASE", 10),
-            backoff_cap=_seconds(env, "SWITCHBOARD_BACKOFF_CAP", 3600),
+            reaper_interval=seconds("reaper_interval"),
+            retention_interval=seconds("retention_interval"),
+            retention_age=seconds("retention_age"),
+            default_lease=seconds("default_lease"),
+            backoff_base=seconds("backoff_base"),
+            backoff_cap=seconds("backoff_cap"),
             pool_max_size=int(pool),
-            lock_timeout=_seconds(env, "SWITCHBOARD_LOCK_TIMEOUT", 5),
-            schedule_interval=_seconds(env, "SWITCHBOARD_SCHEDULE_INTERVAL", 60),
-            scheduler_interval=_seconds(env, "SWITCHBOARD_SCHEDULER_INTERVAL", 1),
-            scheduler_grace=_seconds(env, "SWITCHBOARD_SCHEDULER_GRACE", 60),
-            reopen_interval=_seconds(env, "SWITCHBOARD_REOPEN_INTERVAL", 0.25),
-            doorbell_heartbeat=_seconds(env, "SWITCHBOARD_DOORBELL_HEARTBEAT", 30),
-            hook_interval=_seconds(env, "SWITCHBOARD_HOOK_INTERVAL", 0.5),
-            hook_timeout=_seconds(env, "SWITCHBOARD_HOOK_TIMEOUT", 5),
-            hook_retry_cap=_seconds(env, "SWITCHBOARD_HOOK_RETRY_CAP", 300),
+            lock_timeout=seconds("lock_timeout"),
+            schedule_interval=seconds("schedule_interval"),
+            scheduler_interval=seconds("scheduler_interval"),
+            scheduler_grace=seconds("scheduler_grace"),
+            reopen_interval=seconds("reopen_interval"),
+            doorbell_heartbeat=seconds("doorbell_heartbeat"),
+            hook_interval=seconds("hook_interval"),
+            hook_timeout=seconds("hook_timeout"),
+            hook_retry_cap=seconds("hook_retry_cap"),
             hooks_allow_private=_flag(env, "SWITCHBOARD_HOOKS_ALLOW_PRIVATE"),
             hooks_allow=parse_allowlist(env.get("SWITCHBOARD_HOOKS_ALLOW") or ""),
-            hook_secret_grace=_seconds(env, "SWITCHBOARD_HOOK_SECRET_GRACE", 86400),
+            hook_secret_grace=seconds("hook_secret_grace"),
             hooks_legacy_signature=_flag(env, "SWITCHBOARD_HOOKS_LEGACY_SIGNATURE"),
             secret_keys=_secret_keys(env, "SWITCHBOARD_SECRET_KEY"),
             secret_key_file=_path(env, "SWITCHBOARD_SECRET_KEY_FILE"),
-            log_level=(env.get("SWITCHBOARD_LOG_LEVEL") or "INFO").upper(),
+            log_level=(env.get("SWITCHBOARD_LOG_LEVEL") or d.log_level).upper(),
             metrics_queue_labels=int(queue_labels),
             combine_max=int(combine),
-            health_interval=_seconds(env, "SWITCHBOARD_HEALTH_INTERVAL", 1),
-            start_timeout=_seconds(env, "SWITCHBOARD_START_TIMEOUT", 60),
+            health_interval=seconds("health_interval"),
+            start_timeout=seconds("start_timeout"),
             tls_cert=_path(env, "SWITCHBOARD_TLS_CERT"),
             tls_key=_path(env, "SWITCHBOARD_TLS_KEY"),
             tls_client_ca=_path(env, "SWITCHBOARD_TLS_CLIENT_CA"),

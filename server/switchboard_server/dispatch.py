@@ -32,6 +32,7 @@ from switchboard_server.admission import (
     headroom_from_json,
 )
 from switchboard_server.combining import AGAIN, Again, Combiner
+from switchboard_server.config import Settings
 from switchboard_server.db import Database
 from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import tenancy as tenancy_queries
@@ -62,18 +63,18 @@ log = logging.getLogger(__name__)
 class DispatchSettings:
     """Tunables of the dispatch core."""
 
-    default_lease: timedelta = timedelta(minutes=5)
-    backoff_base: timedelta = timedelta(seconds=10)
-    backoff_cap: timedelta = timedelta(hours=1)
+    default_lease: timedelta = Settings.default_lease
+    backoff_base: timedelta = Settings.backoff_base
+    backoff_cap: timedelta = Settings.backoff_cap
     #: Added to the earliest lease expiry in an in-flight deferral's hint.
-    reaper_interval: timedelta = timedelta(seconds=5)
+    reaper_interval: timedelta = Settings.reaper_interval
     #: About how many bytes of todos one ClaimNext batch may carry (it always
     #: carries at least one): keeps a batch's response within one message.
     batch_bytes: int = 1024 * 1024
     #: At most how many concurrent single-todo calls of one endpoint one
     #: transaction serves (ClaimNext with the same queues and lease, Heartbeat
     #: with the same lease, Complete, Fail, Release); 1: a transaction each.
-    combine_max: int = 100
+    combine_max: int = Settings.combine_max
 
 
 @dataclass(frozen=True)
