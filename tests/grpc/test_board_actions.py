@@ -29,7 +29,7 @@ from switchboard_server.db import Database
 from switchboard_server.web import board as board_module
 
 from tests.support.admission import ingest, set_policy
-from tests.support.board_http import sign_in as sign_in_over_http
+from tests.support.board_http import Board, signed_in
 from tests.support.browser import Browser, require_browser
 from tests.support.client import Client, Tenant, add_endpoint, make_tenant
 from tests.support.errors import expect_code
@@ -215,37 +215,11 @@ async def test_pause_resume_and_counts_refresh_in_the_browser(
 # ---------------------------------------------------------------------- over HTTP
 
 
-class Board:
-    """A signed-in board session over plain HTTP."""
-
-    def __init__(self, http: aiohttp.ClientSession, base: str, csrf: str) -> None:
-        self.http = http
-        self.base = base
-        self.csrf = csrf
-
-    async def post(
-        self, path: str, data: list[tuple[str, str]], *, csrf: bool = True, origin: str = ""
-    ) -> tuple[int, str, str]:
-        """Posts a form; (status, body, Location)."""
-        form = [("csrf", self.csrf), *data] if csrf else data
-        headers = {"Origin": origin} if origin else {}
-        async with self.http.post(
-            self.base + path, data=form, headers=headers, allow_redirects=False
-        ) as resp:
-            return resp.status, await resp.text(), resp.headers.get("Location", "")
-
-    async def get(self, path: str) -> tuple[int, str, str]:
-        async with self.http.get(self.base + path, allow_redirects=False) as resp:
-            return resp.status, await resp.text(), resp.headers.get("Location", "")
-
-
 @pytest.fixture
 async def board(server: App, tenant: Tenant) -> AsyncIterator[Board]:
-    base = f"http://{server.http_address}"
-    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
-        status, csrf = await sign_in_over_http(http, base, tenant.human_token)
-        assert status == 200 and csrf
-        yield Board(http, base, csrf)
+    """The tenant's human, signed in to the board over plain HTTP."""
+    async with signed_in(f"http://{server.http_address}", tenant.human_token) as b:
+        yield b
 
 
 async def test_forms_refuse_bad_input_and_missing_csrf_and_change_nothing(

@@ -12,15 +12,14 @@ import dataclasses
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
-import aiohttp
 import asyncpg
 import pytest
 from switchboard_dispatch.v1 import dispatch_pb2, todo_pb2
 from switchboard_server.app import App
 from switchboard_server.config import Settings
 
-from tests.grpc.test_board_actions import QUEUE, Board, make_dead
-from tests.support.board_http import sign_in as sign_in_over_http
+from tests.grpc.test_board_actions import QUEUE, make_dead
+from tests.support.board_http import Board, signed_in
 from tests.support.client import Client, Tenant
 
 
@@ -32,11 +31,9 @@ def settings(settings: Settings) -> Settings:
 
 @pytest.fixture
 async def board(server: App, tenant: Tenant) -> AsyncIterator[Board]:
-    base = f"http://{server.http_address}"
-    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
-        status, csrf = await sign_in_over_http(http, base, tenant.human_token)
-        assert status == 200 and csrf
-        yield Board(http, base, csrf)
+    """The tenant's human, signed in to the board over plain HTTP."""
+    async with signed_in(f"http://{server.http_address}", tenant.human_token) as b:
+        yield b
 
 
 async def test_a_requeue_that_meets_a_held_lock_says_conflict_and_changes_nothing(
