@@ -66,24 +66,19 @@ def current_principal() -> Principal:
 def status_for(exc: errors.SwitchboardError) -> grpc.Status:
     """The rich status (code, message, details) for one of our errors."""
     details: list[Any] = []
+    violations: list[errors.FieldViolation] = []
     if isinstance(exc, errors.InvalidArgument):
+        violations.extend(exc.violations)
+    if isinstance(exc, errors.NotFound) and exc.field is not None:
+        violations.append(errors.FieldViolation(exc.field, exc.description))
+    if violations:
         details.append(
             error_details_pb2.BadRequest(
                 field_violations=[
                     error_details_pb2.BadRequest.FieldViolation(
                         field=v.field, description=v.description
                     )
-                    for v in exc.violations
-                ]
-            )
-        )
-    if isinstance(exc, errors.NotFound) and exc.field is not None:
-        details.append(
-            error_details_pb2.BadRequest(
-                field_violations=[
-                    error_details_pb2.BadRequest.FieldViolation(
-                        field=exc.field, description=exc.description
-                    )
+                    for v in violations
                 ]
             )
         )
