@@ -27,7 +27,7 @@ from switchboard_server.db import Database, clock
 from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import doorbells as doorbell_queries
 from switchboard_server.db.admission import PolicyRow, QueueAdmission
-from switchboard_server.db.database import Conn
+from switchboard_server.db.database import Conn, rerun_on_conflict
 from switchboard_server.model import Grant, Principal, PrincipalKind
 from switchboard_server.windows import (
     Period,
@@ -384,6 +384,7 @@ class AdmissionControl:
             policy = policy_of(row, endpoint, queue)
             return policy, await _use_now(conn, row, queue_id, policy)
 
+    @rerun_on_conflict
     async def set(
         self, principal: Principal, endpoint_id: uuid.UUID | None, queue: str, limits: Limits
     ) -> Policy:
@@ -399,6 +400,7 @@ class AdmissionControl:
             row = await admission_queries.lock_policy(conn, queue_id, scope.owner_id, endpoint)
             return await _store(conn, principal, row, endpoint, queue, limits)
 
+    @rerun_on_conflict
     async def pause(
         self, principal: Principal, endpoint_id: uuid.UUID | None, queue: str
     ) -> Policy:
@@ -437,6 +439,7 @@ class AdmissionControl:
                 return None
             return await before_pause(conn, queue_id, scope.owner_id, endpoint, queue)
 
+    @rerun_on_conflict
     async def resume(
         self, principal: Principal, endpoint_id: uuid.UUID | None, queue: str
     ) -> Policy | None:
@@ -469,6 +472,7 @@ class AdmissionControl:
                 return None
             return await _store(conn, principal, row, endpoint, queue, target.policy.limits)
 
+    @rerun_on_conflict
     async def clear(
         self, principal: Principal, endpoint_id: uuid.UUID | None, queue: str
     ) -> Policy:

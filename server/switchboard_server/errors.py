@@ -80,6 +80,13 @@ class Aborted(Retryable):
     was locked (SB409). Not ``Unavailable``: the database answers.
     """
 
+    def __init__(self, message: str | None = None, *, at_once: bool = False) -> None:
+        super().__init__(message)
+        #: Whether the same work may be run again at once and likely succeed: a
+        #: deadlock or a serialization failure, where the other transaction went on.
+        #: Not a lock not taken in time (its holder is still there) nor a lost race.
+        self.at_once = at_once
+
 
 @dataclass(frozen=True)
 class FieldViolation:

@@ -31,7 +31,7 @@ from switchboard_server.db import Database, clock
 from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import schedules as schedule_queries
 from switchboard_server.db import tenancy as tenancy_queries
-from switchboard_server.db.database import Conn
+from switchboard_server.db.database import Conn, rerun_on_conflict
 from switchboard_server.db.schedules import AuditRow, Definition, ScheduleRow
 from switchboard_server.model import Grant, Principal, PrincipalKind
 from switchboard_server.recurrence import (
@@ -203,6 +203,7 @@ class Schedules:
     def __init__(self, db: Database) -> None:
         self._db = db
 
+    @rerun_on_conflict
     async def create(
         self,
         principal: Principal,
@@ -256,6 +257,7 @@ class Schedules:
             rows = await schedule_queries.list_page(conn, owner_id, endpoint, after, limit)
         return [_schedule(r) for r in rows]
 
+    @rerun_on_conflict
     async def update(
         self,
         principal: Principal,
@@ -285,6 +287,7 @@ class Schedules:
         """Starts a paused schedule from its first slot after now; audited."""
         return await self._set_paused(principal, schedule_id, False)
 
+    @rerun_on_conflict
     async def delete(self, principal: Principal, schedule_id: int) -> Schedule:
         """Deletes a schedule (its todos stay); audited."""
         owner_id, endpoint = schedule_scope(principal, None, Grant.MANAGE_SCHEDULES)
@@ -307,6 +310,7 @@ class Schedules:
             raise errors.NotFound("schedule not found")
         return [_audit_entry(r) for r in rows]
 
+    @rerun_on_conflict
     async def _set_paused(self, principal: Principal, schedule_id: int, paused: bool) -> Schedule:
         owner_id, endpoint = schedule_scope(principal, None, Grant.PAUSE_SCHEDULES)
         async with self._db.transaction() as conn:

@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import logging
+import random
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeAlias, TypeVar
 
 import asyncpg
 
 from switchboard_server import errors
+
+_log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     Conn: TypeAlias = asyncpg.Connection[Any] | asyncpg.pool.PoolConnectionProxy[Any]
@@ -25,7 +31,7 @@ else:
     Conn = asyncpg.Connection
 
 #: SQLSTATEs whose transaction lost a conflict with another: nothing was
-#: changed and the same call may succeed at once (``ABORTED``).
+#: changed and the same call may succeed (``ABORTED``).
 _ABORTED_STATES: dict[str, str] = {
     "55P03": "a lock was not taken within the lock timeout",
     "40001": "a serialization failure",
@@ -33,6 +39,9 @@ _ABORTED_STATES: dict[str, str] = {
     # functions/shards.sql: a write found its row no longer as its lock promised.
     "SB409": "a write found its row changed since it was locked",
 }
+#: Those of them after which the other transaction went on: run again, the
+#: same work is likely to succeed at once (``Database.rerun_on_conflict``).
+_AT_ONCE_STATES = frozenset({"40001", "40P01"})
 
 #: SQLSTATEs, then SQLSTATE classes (their first two characters), that mean
 #: the database cannot serve now (``UNAVAILABLE``).
@@ -81,7 +90,8 @@ def translated(exc: BaseException) -> errors.Retryable | None:
         if state in _ABORTED_STATES:
             return errors.Aborted(
                 f"the transaction was aborted ({_ABORTED_STATES[state]}); nothing was "
-                "changed; try again"
+                "changed; try again",
+                at_once=state in _AT_ONCE_STATES,
             )
         reason = _UNAVAILABLE_STATES.get(state) or _UNAVAILABLE_CLASSES.get(state[:2])
         if reason is None:
@@ -105,10 +115,17 @@ class Database:
     monitor) hears each ``Unavailable`` that is not a conflict.
     """
 
-    def __init__(self, pool: asyncpg.Pool[Any], dsn: str) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool[Any],
+        dsn: str,
+        lock_timeout: timedelta = timedelta(seconds=5),
+    ) -> None:
         self.pool = pool
         #: Where the pool connects; for connections that live outside it (LISTEN).
         self.dsn = dsn
+        #: The sessions' ``lock_timeout``; also how long ``rerun_on_conflict`` reruns.
+        self.lock_timeout = lock_timeout
         #: Called (synchronously) on every ``Unavailable`` that is not ``Aborted``.
         self.on_unavailable: Callable[[], None] | None = None
         self._probe: asyncpg.Connection[Any] | None = None
@@ -151,7 +168,7 @@ class Database:
             if unavailable is None:
                 raise
             raise errors.Unavailable(f"cannot connect to the database: {exc}") from exc
-        return cls(pool, dsn)
+        return cls(pool, dsn, lock_timeout)
 
     async def close(self) -> None:
         """Closes every connection, waiting for those in use."""
@@ -191,6 +208,34 @@ class Database:
                     async with conn.transaction():
                         yield conn
 
+    async def rerun_on_conflict(self, work: Callable[[], Awaitable[T]]) -> T:
+        """``work()`` (the whole of one transaction: nothing else it does stays
+        done when it fails), run again while it fails with an ``errors.Aborted``
+        that may succeed at once (a deadlock, a serialization failure), after a
+        short random pause, until ``lock_timeout`` has passed since the first
+        run; then that ``Aborted`` is raised.
+
+        On plain PostgreSQL a deadlock's victim is one of the transactions in
+        it, and running it again is the remedy. On a Citus cluster a
+        transaction of several statements from the coordinator (a distributed
+        transaction) that waits for a row a delegated call holds, while another
+        delegated call waits behind it, is cancelled as a distributed deadlock
+        though there is none: the detector counts every backend outside a
+        distributed transaction as one and the same transaction (Citus issue
+        1803; docs/scaling-out.md). A claim is such a delegated call.
+        """
+        deadline = time.monotonic() + self.lock_timeout.total_seconds()
+        pause = 0.01
+        while True:
+            try:
+                return await work()
+            except errors.Aborted as exc:
+                if not exc.at_once or time.monotonic() >= deadline:
+                    raise
+                _log.info("transaction rerun after a conflict: %s", exc.message)
+            await asyncio.sleep(pause * random.uniform(0.5, 1.0))
+            pause = min(pause * 2, 0.25)
+
     async def ping(self, seconds: float) -> None:
         """``SELECT 1`` within ``seconds``, or ``errors.Unavailable``.
 
@@ -223,6 +268,27 @@ class Database:
         self.unavailable += 1
         if self.on_unavailable is not None:
             self.on_unavailable()
+
+
+class _HasDatabase(Protocol):
+    _db: Database
+
+
+_S = TypeVar("_S", bound=_HasDatabase)
+_P = ParamSpec("_P")
+
+
+def rerun_on_conflict(
+    method: Callable[Concatenate[_S, _P], Awaitable[T]],
+) -> Callable[Concatenate[_S, _P], Awaitable[T]]:
+    """A service method (of an object with a ``_db``) whose whole work is one
+    transaction, run by ``Database.rerun_on_conflict``."""
+
+    @functools.wraps(method)
+    async def rerun(self: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> T:
+        return await self._db.rerun_on_conflict(lambda: method(self, *args, **kwargs))
+
+    return rerun
 
 
 def session_settings(application_name: str, lock_timeout: timedelta) -> dict[str, str]:
