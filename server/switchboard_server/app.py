@@ -53,6 +53,7 @@ from switchboard_server.hook_policy import HookPolicy
 from switchboard_server.hooks import deliver_once, open_client
 from switchboard_server.loops import LoopSignals, Supervisor, reap_once, retain_once
 from switchboard_server.metrics import Metrics
+from switchboard_server.overview import Overview
 from switchboard_server.schedules import Schedules, fire_due
 from switchboard_server.servicers import reflection
 from switchboard_server.servicers.admin import AdminServicer
@@ -62,8 +63,9 @@ from switchboard_server.servicers.interceptor import ServiceInterceptor
 from switchboard_server.servicers.schedules import ScheduleServicer
 from switchboard_server.servicers.sizes import MAX_ANSWER_BYTES
 from switchboard_server.servicers.validate import MAX_PAYLOAD_BYTES
+from switchboard_server.services import Services
 from switchboard_server.tenancy import Tenancy
-from switchboard_server.web.server import HttpListener, WebDeps, start_http
+from switchboard_server.web.server import HttpListener, start_http
 
 if TYPE_CHECKING:
     # Optional (the `embedded` extra): imported only when it is used.
@@ -312,32 +314,35 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
         metrics.count_subscriptions(lambda: hub.subscribers)
         readiness = Readiness()
         metrics.read_serving(lambda: readiness.serving)
-        deps = WebDeps(
+        dispatcher = Dispatcher(
+            db,
+            DispatchSettings(
+                default_lease=settings.default_lease,
+                backoff_base=settings.backoff_base,
+                backoff_cap=settings.backoff_cap,
+                reaper_interval=settings.reaper_interval,
+                combine_max=settings.combine_max,
+            ),
+            metrics,
+        )
+        services = Services(
             db=db,
             authenticator=authenticator,
-            dispatcher=Dispatcher(
-                db,
-                DispatchSettings(
-                    default_lease=settings.default_lease,
-                    backoff_base=settings.backoff_base,
-                    backoff_cap=settings.backoff_cap,
-                    reaper_interval=settings.reaper_interval,
-                    combine_max=settings.combine_max,
-                ),
-                metrics,
-            ),
+            dispatcher=dispatcher,
             admission=AdmissionControl(db),
+            schedules=Schedules(db),
+            tenancy=Tenancy(
+                db,
+                on_revoked=authenticator.forget,
+                hook_policy=HookPolicy.from_settings(settings),
+                secret_grace=settings.hook_secret_grace,
+                keyring=keyring,
+            ),
+            overview=Overview(db, settings.reaper_interval),
             metrics=metrics,
             readiness=readiness,
         )
-        tenancy = Tenancy(
-            db,
-            on_revoked=authenticator.forget,
-            hook_policy=HookPolicy.from_settings(settings),
-            secret_grace=settings.hook_secret_grace,
-            keyring=keyring,
-        )
-        server, health_servicer = _grpc_server(deps, hub, tenancy)
+        server, health_servicer = _grpc_server(services, hub)
         port, reloader = tls.add_port(server, settings)
         if port == 0:
             raise OSError(f"cannot listen on {settings.listen}")
@@ -351,7 +356,7 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
             settings.health_interval,
         )
         supervisor.run("health", db_health.run)
-        runner = await start_http(deps, settings)
+        runner = await start_http(services, settings)
         _start_loops(
             supervisor,
             settings,
@@ -429,30 +434,28 @@ class GenericHandlersOnly:
         """Left out: the same handlers came as a generic handler (see the class)."""
 
 
-def _grpc_server(
-    deps: WebDeps, hub: DoorbellHub, tenancy: Tenancy
-) -> tuple[grpc.aio.Server, HealthServicer]:
+def _grpc_server(services: Services, hub: DoorbellHub) -> tuple[grpc.aio.Server, HealthServicer]:
     server = grpc.aio.server(
-        interceptors=[ServiceInterceptor(deps.authenticator, deps.metrics)],
+        interceptors=[ServiceInterceptor(services.authenticator, services.metrics)],
         options=[
             ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
             # The largest answer, derived from the field limits (sizes.py).
             ("grpc.max_send_message_length", MAX_ANSWER_BYTES),
         ],
     )
-    services = cast(grpc.aio.Server, GenericHandlersOnly(server))
+    handlers = cast(grpc.aio.Server, GenericHandlersOnly(server))
     dispatch_pb2_grpc.add_DispatchServiceServicer_to_server(
-        DispatchServicer(deps.dispatcher, hub), services
+        DispatchServicer(services.dispatcher, hub), handlers
     )
     admission_pb2_grpc.add_AdmissionServiceServicer_to_server(
-        AdmissionServicer(deps.admission), services
+        AdmissionServicer(services.admission), handlers
     )
-    admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(tenancy), services)
+    admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(services.tenancy), handlers)
     schedule_pb2_grpc.add_ScheduleServiceServicer_to_server(
-        ScheduleServicer(Schedules(deps.db)), services
+        ScheduleServicer(services.schedules), handlers
     )
     health_servicer = HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, services)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, handlers)
     reflection.enable_server_reflection(
         (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )

@@ -47,9 +47,7 @@ from switchboard_server import errors
 from switchboard_server.admission import AuditEntry, DeferralReason, Limits, Policy
 from switchboard_server.dispatch import BulkFilter, TodoAuditEntry
 from switchboard_server.model import Principal, PrincipalKind, Todo, TodoState
-from switchboard_server.overview import Names, Overview, QueueSummary
-from switchboard_server.schedules import Schedules
-from switchboard_server.tenancy import Tenancy
+from switchboard_server.overview import Names, QueueSummary
 from switchboard_server.web.errors import http_error
 from switchboard_server.web.proxies import Proxies
 from switchboard_server.web.sessions import (
@@ -72,7 +70,7 @@ from switchboard_server.web.throttle import SigninThrottle
 from switchboard_server.windows import WindowSpec, WindowSpecError
 
 if TYPE_CHECKING:
-    from switchboard_server.web.server import WebDeps
+    from switchboard_server.services import Services
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -350,7 +348,7 @@ async def _security_headers(request: web.Request, response: web.StreamResponse) 
 class Board:
     """The board's handlers over the listener's domain objects."""
 
-    def __init__(self, deps: WebDeps, proxies: Proxies | None = None) -> None:
+    def __init__(self, deps: Services, proxies: Proxies | None = None) -> None:
         self._deps = deps
         self._proxies = proxies or Proxies()
         self._sessions = Sessions()
@@ -358,8 +356,8 @@ class Board:
         self._throttle = SigninThrottle()
         self._static = load_static()
         self._renderer = Renderer(self._static)
-        self._overview = Overview(deps.db, deps.dispatcher.settings.reaper_interval)
-        self._schedules = Schedules(deps.db)
+        self._overview = deps.overview
+        self._schedules = deps.schedules
         self._zones = zone_names()
 
     # ------------------------------------------------------------------ plumbing
@@ -622,7 +620,7 @@ class Board:
         )
         todo_audit = await dispatcher.audit(principal, q.endpoint_id, None, AUDIT_PAGE)
         names = await self._overview.names(principal)
-        hook = await Tenancy(self._deps.db).endpoint(principal, q.endpoint_id)
+        hook = await self._deps.tenancy.endpoint(principal, q.endpoint_id)
         return self._html(
             "queue.html",
             status,
@@ -893,7 +891,7 @@ async def _to_board(_request: web.Request) -> web.StreamResponse:
     return web.Response(status=308, headers={"Location": "/board"})
 
 
-def add_board(app: web.Application, deps: WebDeps, proxies: Proxies | None = None) -> None:
+def add_board(app: web.Application, deps: Services, proxies: Proxies | None = None) -> None:
     """Adds the board's routes (all under ``/board``) to the HTTP listener."""
     board = Board(deps, proxies)
     guard = board.guard

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 if TYPE_CHECKING:
-    from switchboard_server.web.server import WebDeps
+    from switchboard_server.services import Services
 
 
-def add_routes(app: web.Application, deps: WebDeps) -> None:
+def add_routes(app: web.Application, deps: Services) -> None:
     """Adds ``GET /metrics``."""
 
     async def metrics(request: web.Request) -> web.Response:

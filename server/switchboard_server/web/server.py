@@ -17,18 +17,14 @@ import asyncio
 import contextlib
 import functools
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from aiohttp import web
 
 from switchboard_server import tls as tls_rule
-from switchboard_server.admission import AdmissionControl
-from switchboard_server.auth import Authenticator
 from switchboard_server.config import Settings
-from switchboard_server.db import Database
-from switchboard_server.dispatch import Dispatcher
 from switchboard_server.health import Readiness
-from switchboard_server.metrics import Metrics
+from switchboard_server.services import Services
 from switchboard_server.web import metrics_route
 from switchboard_server.web.board import add_board
 from switchboard_server.web.proxies import Proxies
@@ -37,22 +33,8 @@ from switchboard_server.web.tls import ServerTLS, server_tls
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class WebDeps:
-    """What the HTTP routes may use: the same domain objects as the servicers."""
-
-    db: Database
-    authenticator: Authenticator
-    dispatcher: Dispatcher
-    admission: AdmissionControl
-    #: The process's metrics, shared with the dispatcher and the interceptor.
-    metrics: Metrics = field(default_factory=Metrics)
-    #: Whether the process serves (its database answers); ``/healthz`` reports it.
-    readiness: Readiness = field(default_factory=Readiness)
-
-
 def build_app(
-    deps: WebDeps, proxies: Proxies | None = None, *, with_metrics: bool = True
+    deps: Services, proxies: Proxies | None = None, *, with_metrics: bool = True
 ) -> web.Application:
     """The board's application: ``/healthz``, the board (``/`` redirects to it) and
     (unless moved) ``/metrics``."""
@@ -65,7 +47,7 @@ def build_app(
     return app
 
 
-def build_metrics_app(deps: WebDeps) -> web.Application:
+def build_metrics_app(deps: Services) -> web.Application:
     """The metrics listener's application: ``/metrics`` and ``/healthz``, nothing else."""
     app = web.Application()
     app.router.add_get("/healthz", functools.partial(_healthz, deps.readiness))
@@ -129,7 +111,7 @@ def _port(runner: web.AppRunner) -> int:
     return int(runner.addresses[0][1])
 
 
-async def start_http(deps: WebDeps, settings: Settings) -> HttpListener:
+async def start_http(deps: Services, settings: Settings) -> HttpListener:
     """Starts the HTTP listener(s) the settings ask for; returns once they accept."""
     tls = server_tls(settings.tls_cert, settings.tls_key)
     if tls is None:

@@ -1,0 +1,35 @@
+"""The process's domain services, built once (``app.py``) and given to every
+transport alike: the gRPC servicers and the board's HTTP handlers use the same
+objects, so a rule a service holds (a tenancy hook's policy, the dispatcher's
+combiners, the metrics it counts) is the same whichever way a call arrives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from switchboard_server.admission import AdmissionControl
+from switchboard_server.auth import Authenticator
+from switchboard_server.db import Database
+from switchboard_server.dispatch import Dispatcher
+from switchboard_server.health import Readiness
+from switchboard_server.metrics import Metrics
+from switchboard_server.overview import Overview
+from switchboard_server.schedules import Schedules
+from switchboard_server.tenancy import Tenancy
+
+
+@dataclass(frozen=True)
+class Services:
+    """What the transports may use: one of each domain service per process."""
+
+    db: Database
+    authenticator: Authenticator
+    dispatcher: Dispatcher
+    admission: AdmissionControl
+    schedules: Schedules
+    tenancy: Tenancy
+    overview: Overview
+    #: The process's metrics, shared with the dispatcher and the interceptor.
+    metrics: Metrics = field(default_factory=Metrics)
+    #: Whether the process serves (its database answers); ``/healthz`` reports it.
+    readiness: Readiness = field(default_factory=Readiness)
