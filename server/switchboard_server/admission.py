@@ -22,7 +22,7 @@ from datetime import datetime, time, timedelta
 from typing import Any
 
 from switchboard_server import errors
-from switchboard_server.access import Scope
+from switchboard_server.access import policy_scope
 from switchboard_server.db import Database, clock
 from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import doorbells as doorbell_queries
@@ -315,36 +315,6 @@ def headroom_from_json(data: Mapping[str, Any], endpoint_id: uuid.UUID, queue: s
         in_flight_limit=data.get("in_flight_limit"),
         policy=policy_from_json(data["policy"], endpoint_id, queue),
     )
-
-
-def policy_scope(
-    principal: Principal,
-    endpoint_id: uuid.UUID | None,
-    grant: Grant | None,
-    field: str = "queue.endpoint_id",
-) -> tuple[Scope, uuid.UUID]:
-    """Who may act on a queue's policy (SPEC 4.7).
-
-    Humans act on any endpoint of their owner. An endpoint credential acts on
-    its own endpoint only (another endpoint is ``NotFound``), and changes a
-    policy only with the explicit ``grant``. Reading needs no grant. ``field``
-    is the request's field that holds the endpoint.
-    """
-    if principal.kind is PrincipalKind.OPERATOR or principal.owner_id is None:
-        raise errors.PermissionDenied("the operator credential does not act on tenant data")
-    if principal.kind is PrincipalKind.ENDPOINT:
-        assert principal.endpoint_id is not None
-        if endpoint_id is not None and endpoint_id != principal.endpoint_id:
-            raise errors.NotFound("queue not found")
-        if grant is not None and grant not in principal.grants:
-            raise errors.PermissionDenied(
-                f"this credential lacks the '{grant.value}' grant, which lets an agent "
-                "change its own budget"
-            )
-        return Scope(principal.owner_id, principal.endpoint_id), principal.endpoint_id
-    if endpoint_id is None:
-        raise errors.InvalidArgument.field(field, "required for human credentials")
-    return Scope(principal.owner_id, endpoint_id), endpoint_id
 
 
 class AdmissionControl:

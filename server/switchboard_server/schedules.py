@@ -27,6 +27,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from switchboard_server import errors
+from switchboard_server.access import schedule_scope
 from switchboard_server.db import Database, clock
 from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import schedules as schedule_queries
@@ -131,27 +132,6 @@ def _schedule(row: ScheduleRow) -> Schedule:
 def _same_recurrence(row: ScheduleRow, d: Definition) -> bool:
     stored = (row.time_zone, row.calendar_period, row.calendar_at, row.calendar_weekday, row.cron)
     return stored == (d.time_zone, d.calendar_period, d.calendar_at, d.calendar_weekday, d.cron)
-
-
-def schedule_scope(
-    principal: Principal, endpoint_id: uuid.UUID | None, grant: Grant
-) -> tuple[uuid.UUID, uuid.UUID | None]:
-    """The owner and endpoint a schedule call acts in.
-
-    An endpoint credential acts on its own endpoint's schedules only (naming
-    another is ``NotFound``) and needs ``grant``; a human holds every grant
-    of its owner and may leave the endpoint out (every endpoint of the owner).
-    """
-    if principal.kind is PrincipalKind.OPERATOR or principal.owner_id is None:
-        raise errors.PermissionDenied("the operator credential does not act on tenant data")
-    if principal.kind is PrincipalKind.ENDPOINT:
-        assert principal.endpoint_id is not None
-        if endpoint_id is not None and endpoint_id != principal.endpoint_id:
-            raise errors.NotFound("schedule not found")
-        if grant not in principal.grants:
-            raise errors.PermissionDenied(f"this credential lacks the '{grant.value}' grant")
-        return principal.owner_id, principal.endpoint_id
-    return principal.owner_id, endpoint_id
 
 
 def schedule_json(row: ScheduleRow) -> dict[str, Any]:
