@@ -1,4 +1,5 @@
-"""Fixtures: a real PostgreSQL, a fresh database per test, a real gRPC server."""
+"""Fixtures: a real PostgreSQL, a fresh database per test, the dispatch core in
+process, a real gRPC server."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ import pytest
 from switchboard_server import app as server_app
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
+from switchboard_server.dispatch import Dispatcher, DispatchSettings
 from switchboard_server.embedded_pg import EmbeddedPostgres
 from switchboard_server.loops import LoopSignals
+from switchboard_server.metrics import Metrics
 
 from tests.support.client import OPERATOR_TOKEN, SECRET_KEYS, Client, Tenant, make_tenant
 from tests.support.databases import DatabaseFactory
@@ -107,6 +110,20 @@ async def db(dsn: str) -> AsyncIterator[Database]:
     database = await Database.connect(dsn, min_size=1, max_size=10)
     yield database
     await database.close()
+
+
+@pytest.fixture
+def dispatch_metrics() -> Metrics:
+    """The metrics ``dispatcher`` counts on (a registry of its own)."""
+    return Metrics()
+
+
+@pytest.fixture
+def dispatcher(db: Database, dispatch_metrics: Metrics) -> Dispatcher:
+    """The dispatch core in process over this test's migrated database, built
+    as the server builds it (``app.py``) with the default tunables: domain
+    rules tested without a server or a transport."""
+    return Dispatcher(db, DispatchSettings(), dispatch_metrics)
 
 
 @pytest.fixture

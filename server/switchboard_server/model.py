@@ -130,6 +130,18 @@ class SettleAction(enum.Enum):
     FAIL = "fail"
     RELEASE = "release"
 
+    @property
+    def ended(self) -> AttemptOutcome:
+        """How a settlement of this kind ends the todo's attempt (what the
+        attempt records and ``switchboard_todo_attempts`` counts)."""
+        match self:
+            case SettleAction.COMPLETE:
+                return AttemptOutcome.COMPLETED
+            case SettleAction.FAIL:
+                return AttemptOutcome.FAILED
+            case SettleAction.RELEASE:
+                return AttemptOutcome.RELEASED
+
 
 @dataclass(frozen=True)
 class TodoResult:

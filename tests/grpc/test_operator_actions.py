@@ -21,10 +21,10 @@ from google.rpc import error_details_pb2
 from switchboard_dispatch.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
 from switchboard_dispatch.worker import Todo, Worker
 from switchboard_server import app as server_app
-from switchboard_server import dispatch
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
 from switchboard_server.db import todos as todo_queries
+from switchboard_server.dispatch import reads
 
 from tests.grpc.test_metrics import scrape, value
 from tests.support.admission import ingest, set_policy
@@ -516,7 +516,7 @@ async def test_an_error_search_examines_a_bounded_number_of_todos_per_page(
 ) -> None:
     match = await dead_todo(client, tenant, "work", "disk full")
     await ingest(client, tenant.agent, "work", 4)
-    monkeypatch.setattr(dispatch, "ERROR_SCAN", 3)
+    monkeypatch.setattr(reads, "ERROR_SCAN", 3)
     request = dispatch_pb2.ListTodosRequest(error_contains="disk", page_size=10)
     first = await client.dispatch.ListTodos(request, metadata=tenant.agent)
     assert list(first.todos) == [] and first.next_page_token  # 3 examined: go on

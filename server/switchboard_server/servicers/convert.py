@@ -18,7 +18,13 @@ from switchboard_server.admission import (
     Headroom,
     Policy,
 )
-from switchboard_server.dispatch import Ingested, IngestedTodos, TodoAuditEntry, refusal_message
+from switchboard_server.dispatch import (
+    Action,
+    Ingested,
+    IngestedTodos,
+    TodoAuditEntry,
+    refusal_message,
+)
 from switchboard_server.doorbells import Doorbell
 from switchboard_server.model import (
     Attempt,
@@ -483,9 +489,10 @@ ITEM_OUTCOME = {
     ItemOutcome.CANCELLED: dispatch_pb2.BATCH_ITEM_STATUS_NOT_CLAIMED,
 }
 
-_TODO_ACTION = {
-    "cancel": dispatch_pb2.TODO_ACTION_CANCEL,
-    "requeue": dispatch_pb2.TODO_ACTION_REQUEUE,
+#: Each action's audit label, as the wire names it.
+TODO_ACTION = {
+    Action.CANCEL.label: dispatch_pb2.TODO_ACTION_CANCEL,
+    Action.REQUEUE.label: dispatch_pb2.TODO_ACTION_REQUEUE,
 }
 
 
@@ -493,7 +500,7 @@ def todo_audit_entry(value: TodoAuditEntry) -> dispatch_pb2.TodoAuditEntry:
     """The wire form of one audited cancel or requeue."""
     return dispatch_pb2.TodoAuditEntry(
         id=str(value.id),
-        action=_TODO_ACTION.get(value.action, dispatch_pb2.TODO_ACTION_UNSPECIFIED),
+        action=TODO_ACTION.get(value.action, dispatch_pb2.TODO_ACTION_UNSPECIFIED),
         endpoint_id=str(value.endpoint_id),
         todo_id=str(value.todo_id) if value.todo_id is not None else "",
         count=value.count,

@@ -39,11 +39,6 @@ from switchboard_server.servicers.validate import (
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
-_BULK_STATES = {
-    "cancel": (TodoState.PENDING, TodoState.CLAIMED),
-    "requeue": (TodoState.DEAD, TodoState.CANCELLED),
-}
-
 #: Todo ids, or a filter and the id to go on after.
 _BulkTarget = tuple[list[int], dispatch.BulkFilter | None, int | None]
 
@@ -51,7 +46,7 @@ _BulkTarget = tuple[list[int], dispatch.BulkFilter | None, int | None]
 def _bulk_target(
     v: Violations,
     request: dispatch_pb2.CancelTodosRequest | dispatch_pb2.RequeueTodosRequest,
-    action: str,
+    action: dispatch.Action,
 ) -> _BulkTarget:
     """Checks a bulk request's ids or filter (exactly one of them)."""
     if request.todo_ids:
@@ -74,7 +69,7 @@ def _bulk_target(
         v.add("todo_ids", "give 1 to 500 todo_ids, or a filter")
         return [], None, None
     f = request.filter
-    allowed = _BULK_STATES[action]
+    allowed = action.allowed
     states = []
     if not f.states:
         v.add(
@@ -107,7 +102,7 @@ def _bulk_target(
 
 
 def convert_bulk_item(
-    action: str, todo_id: int, acted: dispatch.BulkItem
+    action: dispatch.Action, todo_id: int, acted: dispatch.BulkItem
 ) -> dispatch_pb2.BulkItemResult:
     """One named todo's result in a bulk call."""
     todo = acted.todo
@@ -124,10 +119,8 @@ def convert_bulk_item(
         )
     if acted.outcome == "max_attempts_too_low":
         message = f"max_attempts must be above the todo's attempts so far ({todo.attempt})"
-    elif action == "cancel":
-        message = f"the todo is {todo.state.value}: only pending and claimed todos can be cancelled"
     else:
-        message = f"the todo is {todo.state.value}: only dead and cancelled todos can be requeued"
+        message = action.refusal(todo.state)
     return dispatch_pb2.BulkItemResult(
         todo_id=str(todo_id),
         status=dispatch_pb2.BULK_ITEM_STATUS_REFUSED,
@@ -457,10 +450,10 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
         self, request: dispatch_pb2.CancelTodosRequest, context: Context
     ) -> dispatch_pb2.CancelTodosResponse:
         v = Violations()
-        target = _bulk_target(v, request, "cancel")
+        target = _bulk_target(v, request, dispatch.Action.CANCEL)
         v.check()
         results, count, skipped, token = await self._bulk(
-            "cancel", target, request.dry_run, timedelta(0), None
+            dispatch.Action.CANCEL, target, request.dry_run, timedelta(0), None
         )
         return dispatch_pb2.CancelTodosResponse(
             results=results, count=count, skipped=skipped, next_page_token=token
@@ -470,11 +463,11 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
         self, request: dispatch_pb2.RequeueTodosRequest, context: Context
     ) -> dispatch_pb2.RequeueTodosResponse:
         v = Violations()
-        target = _bulk_target(v, request, "requeue")
+        target = _bulk_target(v, request, dispatch.Action.REQUEUE)
         delay, max_attempts = _requeue_options(v, request)
         v.check()
         results, count, skipped, token = await self._bulk(
-            "requeue", target, request.dry_run, delay, max_attempts
+            dispatch.Action.REQUEUE, target, request.dry_run, delay, max_attempts
         )
         return dispatch_pb2.RequeueTodosResponse(
             results=results, count=count, skipped=skipped, next_page_token=token
@@ -482,7 +475,7 @@ class DispatchServicer(dispatch_pb2_grpc.DispatchServiceServicer):
 
     async def _bulk(
         self,
-        action: str,
+        action: dispatch.Action,
         target: _BulkTarget,
         dry_run: bool,
         delay: timedelta,

@@ -1,0 +1,169 @@
+"""The dispatch core: ingest, claim, settle, read and act on todos.
+
+This layer owns transaction boundaries. Every state change is one statement
+(a named query or one PL/pgSQL call) run on its own, so the statement is the
+transaction; reads that combine several statements use an explicit
+transaction. Its parts, by how they run:
+
+- ``leases``: the hot path (Claim, ClaimNext, Heartbeat, Complete, Fail,
+  Release, the batches), a statement per call, concurrent single-todo calls
+  of one endpoint combined into one (``combining.Combiner``);
+- ``ingest``: new todos, a statement per call, single ingests combined too;
+- ``reads``: one todo, pages of todos, the audit, in one snapshot each;
+- ``actions``: the operator's cancels and requeues (``Action``), audited;
+- ``common``: the tunables and scope checks they share.
+
+``Dispatcher`` holds one of each and answers every call under one name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+
+from switchboard_server.db import Database
+from switchboard_server.dispatch.actions import (
+    Action,
+    BulkFilter,
+    BulkItem,
+    BulkProgress,
+    OperatorActions,
+)
+from switchboard_server.dispatch.common import DispatchSettings
+from switchboard_server.dispatch.ingest import (
+    DEFAULT_IDEMPOTENCY_RETENTION,
+    DEFAULT_PRIORITY,
+    MAX_PRIORITY,
+    Ingested,
+    IngestedTodos,
+    IngestRequest,
+    Ingests,
+    NewTodo,
+    NewTodos,
+)
+from switchboard_server.dispatch.leases import (
+    Claimed,
+    ClaimNextResult,
+    Extension,
+    Leases,
+    refusal_message,
+)
+from switchboard_server.dispatch.reads import (
+    Reads,
+    TodoAuditEntry,
+    TodoFilter,
+    TodoView,
+)
+from switchboard_server.metrics import Metrics
+from switchboard_server.model import Principal
+
+__all__ = [
+    "DEFAULT_IDEMPOTENCY_RETENTION",
+    "DEFAULT_PRIORITY",
+    "MAX_PRIORITY",
+    "Action",
+    "BulkFilter",
+    "BulkItem",
+    "BulkProgress",
+    "ClaimNextResult",
+    "Claimed",
+    "DispatchSettings",
+    "Dispatcher",
+    "Extension",
+    "IngestRequest",
+    "Ingested",
+    "IngestedTodos",
+    "NewTodo",
+    "NewTodos",
+    "TodoAuditEntry",
+    "TodoFilter",
+    "TodoView",
+    "refusal_message",
+]
+
+
+class Dispatcher:
+    """Dispatch operations on behalf of an authenticated principal: each call
+    is its part's (``leases``, ``ingests``, ``reads``, ``actions``), whose
+    docstrings say what it does.
+
+    Claims, refusals, units charged, ended attempts, cancels and requeues are
+    counted on ``metrics``; each claim transaction is timed and traced.
+    """
+
+    def __init__(
+        self, db: Database, settings: DispatchSettings, metrics: Metrics | None = None
+    ) -> None:
+        metrics = metrics or Metrics()
+        self._settings = settings
+        self.leases = Leases(db, settings, metrics)
+        self.ingests = Ingests(db, settings)
+        self.reads = Reads(db, settings)
+        self.actions = OperatorActions(db, settings, metrics)
+
+        self.ingest = self.ingests.ingest
+        self.ingest_many = self.ingests.ingest_many
+
+        self.claim = self.leases.claim
+        self.claim_next = self.leases.claim_next
+        self.heartbeat = self.leases.heartbeat
+        self.heartbeat_many = self.leases.heartbeat_many
+        self.complete = self.leases.complete
+        self.fail = self.leases.fail
+        self.release = self.leases.release
+        self.settle = self.leases.settle
+
+        self.get = self.reads.get
+        self.get_by_dedup = self.reads.get_by_dedup
+        self.get_by_key = self.reads.get_by_key
+        self.find = self.reads.find
+        self.list = self.reads.list
+        self.audit = self.reads.audit
+        self.watchable_endpoint = self.reads.watchable_endpoint
+
+        self.cancel = self.actions.cancel
+        self.requeue = self.actions.requeue
+
+    @property
+    def settings(self) -> DispatchSettings:
+        """The tunables this dispatcher runs with."""
+        return self._settings
+
+    async def bulk_by_ids(
+        self,
+        principal: Principal,
+        action: Action | str,
+        ids: Sequence[int],
+        delay: timedelta = timedelta(0),
+        max_attempts: int | None = None,
+    ) -> list[BulkItem]:
+        """``OperatorActions.bulk_by_ids``, the action named by member or label."""
+        return await self.actions.bulk_by_ids(principal, _action(action), ids, delay, max_attempts)
+
+    async def bulk_by_filter(
+        self,
+        principal: Principal,
+        action: Action | str,
+        which: BulkFilter,
+        after: int | None,
+        *,
+        dry_run: bool = False,
+        delay: timedelta = timedelta(0),
+        max_attempts: int | None = None,
+    ) -> BulkProgress:
+        """``OperatorActions.bulk_by_filter``, the action named by member or label."""
+        return await self.actions.bulk_by_filter(
+            principal,
+            _action(action),
+            which,
+            after,
+            dry_run=dry_run,
+            delay=delay,
+            max_attempts=max_attempts,
+        )
+
+
+def _action(action: Action | str) -> Action:
+    """The action named: the board's forms name theirs by label (``cancel``);
+    a label of no action is a ``ValueError``, never another action."""
+    return action if isinstance(action, Action) else Action.named(action)

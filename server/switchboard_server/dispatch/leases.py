@@ -1,0 +1,508 @@
+"""The lease hot path: claims (Claim, ClaimNext), lease extensions
+(Heartbeat) and settlements (Complete, Fail, Release, SettleTodos).
+
+Every call is one statement, so the statement is the transaction: one
+round-trip, and a claim's policy lock is released by the commit that ends
+that statement, never held across a round-trip to this process. Concurrent
+single-todo claims, heartbeats and settles of one endpoint share such a
+statement: each has its combiner here (``combining.Combiner``), and what
+one combined transaction answers is shared out among its callers here too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Any, Generic, Protocol, TypeVar
+
+from switchboard_server import errors
+from switchboard_server.access import endpoint_scope, require_tenant
+from switchboard_server.admission import Deferral, Headroom, deferral_from_json, headroom_from_json
+from switchboard_server.combining import AGAIN, Again, Combiner
+from switchboard_server.db import Database
+from switchboard_server.db import todos as todo_queries
+from switchboard_server.db.database import Conn
+from switchboard_server.dispatch.common import Caller, DispatchSettings
+from switchboard_server.metrics import Metrics
+from switchboard_server.model import (
+    Grant,
+    ItemOutcome,
+    Lease,
+    Principal,
+    SettleAction,
+    Settled,
+    SettledState,
+    Settlement,
+    Todo,
+    TodoResult,
+    TodoState,
+)
+
+log = logging.getLogger(__name__)
+
+#: What a heartbeat did with one lease: the outcome, and the new expiry when applied.
+Extension = todo_queries.Extension
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A committed claim: the todo, its new lease, and the budget left when budgeted."""
+
+    todo: Todo
+    lease: Lease
+    headroom: Headroom | None = None
+
+
+@dataclass(frozen=True)
+class ClaimNextResult:
+    """The claimed todos (oldest first, all from one queue, each with the batch's
+    headroom), and the queues whose budgets defer their work: with nothing
+    claimed, every such queue; with a batch cut short by its budget, its queue."""
+
+    claimed: list[Claimed]
+    deferred: list[Deferral]
+
+
+@dataclass(frozen=True)
+class _ClaimFor:
+    """ClaimNext calls that one claim transaction may serve together."""
+
+    owner_id: uuid.UUID
+    endpoint_id: uuid.UUID
+    queues: tuple[str, ...]
+    lease: timedelta
+
+
+@dataclass(frozen=True)
+class _ExtendFor:
+    """Heartbeats that one transaction may serve together."""
+
+    owner_id: uuid.UUID
+    endpoint_id: uuid.UUID | None
+    lease: timedelta
+
+
+class _Outcome(Protocol):
+    @property
+    def outcome(self) -> ItemOutcome: ...
+
+
+_Answer = TypeVar("_Answer", bound=_Outcome)
+
+
+class _SettleStatement(Protocol[_Answer]):
+    def __call__(
+        self,
+        conn: Conn,
+        *,
+        settlements: Sequence[Settlement],
+        owner_id: uuid.UUID,
+        endpoint_id: uuid.UUID | None,
+        backoff_base: timedelta,
+        backoff_cap: timedelta,
+    ) -> Awaitable[list[_Answer]]: ...
+
+
+@dataclass(frozen=True)
+class _SettleShape(Generic[_Answer]):
+    """What a settle statement answers per item, and how to read from an
+    answer the todo's queue and its state after (``None`` when not found)."""
+
+    statement: _SettleStatement[_Answer]
+    after: Callable[[_Answer], tuple[str | None, TodoState | None]]
+
+
+#: The whole todo after each settlement: what Complete, Fail and Release answer.
+_WHOLE: _SettleShape[Settled] = _SettleShape(
+    todo_queries.settle,
+    lambda r: (r.todo.queue, r.todo.state) if r.todo else (None, None),
+)
+#: Each todo's state after it: what a batch (SettleTodos) answers.
+_STATES: _SettleShape[SettledState] = _SettleShape(
+    todo_queries.settle_states, lambda r: (r.queue, r.state)
+)
+
+
+class Leases:
+    """Claims, extends and settles leases on behalf of an authenticated principal.
+
+    Claims, refusals, units charged and ended attempts are counted on
+    ``metrics``; each claim transaction is timed and traced.
+    """
+
+    def __init__(self, db: Database, settings: DispatchSettings, metrics: Metrics) -> None:
+        self._db = db
+        self._settings = settings
+        self._metrics = metrics
+        self._claims: Combiner[_ClaimFor, str, ClaimNextResult] = Combiner(
+            self._claim_each, max_batch=settings.combine_max, orphaned=self._release_orphan
+        )
+        self._settles: Combiner[Caller, Settlement, Settled] = Combiner(
+            self._settle_each, max_batch=settings.combine_max
+        )
+        self._heartbeats: Combiner[_ExtendFor, tuple[int, uuid.UUID], Extension] = Combiner(
+            self._extend_each, max_batch=settings.combine_max
+        )
+        self._releasing: set[asyncio.Task[None]] = set()
+
+    async def claim(
+        self, principal: Principal, todo_id: int, claimant: str, lease: timedelta | None
+    ) -> Claimed:
+        """Claims one specific todo."""
+        scope = require_tenant(principal, Grant.CLAIM)
+        with self._metrics.claim_transaction("claim") as observed:
+            async with self._db.statement() as conn:
+                result = await todo_queries.claim(
+                    conn,
+                    todo_id=todo_id,
+                    owner_id=scope.owner_id,
+                    endpoint_id=scope.endpoint_id,
+                    claimant=claimant,
+                    lease=lease or self._settings.default_lease,
+                )
+            outcome, todo = result.outcome, result.todo
+            claimed, deferrals = None, []
+            if outcome == "claimed" and todo is not None:
+                (claimed,) = _claims([todo], result.admission)
+                observed.claimed(todo.queue, _charged(claimed))
+            elif outcome == "deferred" and todo is not None:
+                deferrals = self._deferrals(result.admission, todo.endpoint_id)
+                observed.refused(deferrals)
+            else:
+                observed.finished(outcome, todo.queue if todo else None)
+        if outcome == "not_found" or todo is None:
+            raise errors.NotFound("todo not found")
+        if claimed is not None:
+            return claimed
+        if deferrals:
+            deferral = deferrals[0]
+            raise errors.Deferred(
+                f"the queue's admission policy defers this todo ({deferral.reason.value})",
+                deferral,
+            )
+        if outcome == "dead_lettered":
+            raise errors.NotClaimable("the todo's lease lapsed on its last attempt: it is dead")
+        if todo.state is TodoState.PENDING:
+            raise errors.NotClaimable(
+                f"the todo is not claimable before {todo.next_retry_at.isoformat()}",
+                not_before=todo.next_retry_at,
+            )
+        raise errors.NotClaimable(f"the todo is {todo.state.value}")
+
+    async def claim_next(
+        self,
+        principal: Principal,
+        endpoint_id: uuid.UUID | None,
+        queues: Sequence[str],
+        claimant: str,
+        lease: timedelta | None,
+        max_todos: int = 1,
+    ) -> ClaimNextResult:
+        """Claims up to ``max_todos`` of the oldest claimable todos of one of the
+        caller's queues, each admitted and charged under its budget.
+
+        Says which queues' budgets defer work when nothing is claimable, and why
+        a batch was cut short. Concurrent single-todo calls of one endpoint (same
+        queues and lease) share a transaction (``combine_max``), each claiming
+        its own todo under its own claimant.
+        """
+        scope = endpoint_scope(principal, Grant.CLAIM, endpoint_id)
+        assert scope.endpoint_id is not None
+        key = _ClaimFor(
+            scope.owner_id, scope.endpoint_id, tuple(queues), lease or self._settings.default_lease
+        )
+        if max_todos == 1 and self._settings.combine_max > 1:
+            return await self._claims.submit(key, claimant)
+        result = await self._claim(key, [claimant], max_todos)
+        if result.claimed:
+            self._metrics.refused(result.deferred)  # the budget cut the batch short
+        return result
+
+    async def _claim(
+        self, key: _ClaimFor, claimants: Sequence[str], max_todos: int
+    ) -> ClaimNextResult:
+        """One claim transaction: up to ``max_todos`` todos, the i-th for
+        ``claimants[i]`` (all for a single claimant)."""
+        with self._metrics.claim_transaction("claim_next") as observed:
+            async with self._db.statement() as conn:
+                result = await todo_queries.claim_next(
+                    conn,
+                    owner_id=key.owner_id,
+                    endpoint_id=key.endpoint_id,
+                    queues=list(key.queues) or None,
+                    claimants=claimants,
+                    lease=key.lease,
+                    max_todos=max_todos,
+                    max_bytes=self._settings.batch_bytes,
+                )
+            deferrals = self._deferrals(result.admission, key.endpoint_id)
+            if result.todos:
+                claimed = _claims(result.todos, result.admission)
+                observed.claimed(result.todos[0].queue, _charged(claimed[0]), len(claimed))
+                return ClaimNextResult(claimed, deferrals)
+            observed.refused(deferrals, len(claimants))
+        return ClaimNextResult([], deferrals)
+
+    async def _claim_each(
+        self, key: _ClaimFor, claimants: list[str]
+    ) -> list[ClaimNextResult | Again]:
+        """Combined single-todo calls: a todo for each of the first callers; with
+        nothing claimable, every caller's answer; the others go again (the
+        todos left may be in another of their queues)."""
+        result = await self._claim(key, claimants, len(claimants))
+        if not result.claimed:
+            return [result] * len(claimants)
+        count = len(result.claimed)
+        served: list[ClaimNextResult | Again] = [
+            ClaimNextResult([_nth_claim(claimed, count - 1 - i)], [])
+            for i, claimed in enumerate(result.claimed)
+        ]
+        return served + [AGAIN] * (len(claimants) - count)
+
+    def _release_orphan(self, key: _ClaimFor, claimant: str, result: ClaimNextResult) -> None:
+        """Gives back at once a todo claimed for a caller that went away."""
+        settlements = [
+            Settlement(c.todo.id, c.lease.lease_id, SettleAction.RELEASE) for c in result.claimed
+        ]
+        if not settlements:
+            return
+        log.info(
+            "claim released: its caller went away",
+            extra={"todo_id": settlements[0].todo_id, "claimant": claimant},
+        )
+        task = asyncio.create_task(
+            self._release(Caller(key.owner_id, key.endpoint_id), settlements)
+        )
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+
+    async def _release(self, caller: Caller, settlements: Sequence[Settlement]) -> None:
+        try:
+            await self._settle(caller, settlements, _WHOLE)
+        except Exception:
+            log.warning("an orphaned claim was not released: its lease will lapse", exc_info=True)
+
+    def _deferrals(self, admission: Mapping[str, Any], endpoint_id: uuid.UUID) -> list[Deferral]:
+        return [
+            deferral_from_json(d, endpoint_id, self._settings.reaper_interval)
+            for d in admission.get("deferred", [])
+        ]
+
+    async def heartbeat(
+        self, principal: Principal, todo_id: int, lease_id: uuid.UUID, lease: timedelta | None
+    ) -> Lease:
+        """Extends a live lease (concurrent calls of one endpoint, for the same
+        lease length, share a transaction)."""
+        scope = require_tenant(principal, Grant.CLAIM)
+        key = _ExtendFor(scope.owner_id, scope.endpoint_id, lease or self._settings.default_lease)
+        if self._settings.combine_max > 1:
+            outcome, expires_at = await self._heartbeats.submit(key, (todo_id, lease_id))
+        else:
+            ((outcome, expires_at),) = await self._extend(key, [(todo_id, lease_id)])
+        if outcome is not ItemOutcome.APPLIED:
+            raise _refusal(outcome, None)
+        assert expires_at is not None
+        return Lease(lease_id, expires_at)
+
+    async def heartbeat_many(
+        self,
+        principal: Principal,
+        leases: Sequence[tuple[int, uuid.UUID]],
+        lease: timedelta | None,
+    ) -> list[Extension]:
+        """Extends each live lease of (todo, lease) pairs, in one transaction:
+        per item, the outcome and the new expiry. Todo ids must be distinct.
+        (A human's, of several endpoints: see ``todo_queries.endpoints_of``.)"""
+        scope = require_tenant(principal, Grant.CLAIM)
+        key = _ExtendFor(scope.owner_id, scope.endpoint_id, lease or self._settings.default_lease)
+        return await self._extend(key, leases)
+
+    async def _extend(
+        self, key: _ExtendFor, leases: Sequence[tuple[int, uuid.UUID]]
+    ) -> list[Extension]:
+        async with self._db.statement() as conn:
+            return await todo_queries.heartbeat_many(
+                conn,
+                leases=leases,
+                owner_id=key.owner_id,
+                endpoint_id=key.endpoint_id,
+                lease=key.lease,
+            )
+
+    async def _extend_each(
+        self, key: _ExtendFor, leases: list[tuple[int, uuid.UUID]]
+    ) -> list[Extension | Again]:
+        return await _once_per_todo(
+            leases, lambda ref: ref[0], lambda firsts: self._extend(key, firsts)
+        )
+
+    async def settle(
+        self, principal: Principal, settlements: Sequence[Settlement]
+    ) -> list[SettledState]:
+        """Completes, fails or releases claimed todos in one transaction, each
+        applied or refused on its own: per item, the outcome and the todo's
+        state after it. Todo ids must be distinct."""
+        scope = require_tenant(principal, Grant.CLAIM)
+        return await self._settle(Caller(scope.owner_id, scope.endpoint_id), settlements, _STATES)
+
+    async def _settle(
+        self,
+        caller: Caller,
+        settlements: Sequence[Settlement],
+        shape: _SettleShape[_Answer],
+    ) -> list[_Answer]:
+        """One settle statement, answered in ``shape``. Once it committed,
+        counts the attempts the applied settlements ended, and the settled
+        todos by queue and by the state each was left in."""
+        async with self._db.statement() as conn:
+            results = await shape.statement(
+                conn,
+                settlements=settlements,
+                owner_id=caller.owner_id,
+                endpoint_id=caller.endpoint_id,
+                backoff_base=self._settings.backoff_base,
+                backoff_cap=self._settings.backoff_cap,
+            )
+        applied = [
+            (settlement, result)
+            for settlement, result in zip(settlements, results, strict=True)
+            if result.outcome is ItemOutcome.APPLIED
+        ]
+        ended = Counter(settlement.action.ended for settlement, _ in applied)
+        for outcome, count in ended.items():
+            self._metrics.attempts_ended(outcome, count)
+        self._metrics.settled(
+            (queue, state)
+            for queue, state in (shape.after(result) for _, result in applied)
+            if queue is not None and state is not None
+        )
+        return results
+
+    async def _settle_each(
+        self, caller: Caller, settlements: list[Settlement]
+    ) -> list[Settled | Again]:
+        return await _once_per_todo(
+            settlements,
+            lambda s: s.todo_id,
+            lambda firsts: self._settle(caller, firsts, _WHOLE),
+        )
+
+    async def _settle_one(self, principal: Principal, settlement: Settlement) -> Todo:
+        scope = require_tenant(principal, Grant.CLAIM)
+        caller = Caller(scope.owner_id, scope.endpoint_id)
+        if self._settings.combine_max > 1:
+            result = await self._settles.submit(caller, settlement)
+        else:
+            (result,) = await self._settle(caller, [settlement], _WHOLE)
+        if result.outcome is not ItemOutcome.APPLIED or result.todo is None:
+            raise _refusal(result.outcome, result.todo)
+        return result.todo
+
+    async def complete(
+        self,
+        principal: Principal,
+        todo_id: int,
+        lease_id: uuid.UUID,
+        result: TodoResult | None = None,
+    ) -> Todo:
+        """Marks a claimed todo done, keeping the ``result`` given."""
+        return await self._settle_one(
+            principal, Settlement(todo_id, lease_id, SettleAction.COMPLETE, result=result)
+        )
+
+    async def fail(
+        self, principal: Principal, todo_id: int, lease_id: uuid.UUID, error: str, permanent: bool
+    ) -> Todo:
+        """Records a failed attempt: pending after a backoff, or dead."""
+        return await self._settle_one(
+            principal, Settlement(todo_id, lease_id, SettleAction.FAIL, error, permanent)
+        )
+
+    async def release(self, principal: Principal, todo_id: int, lease_id: uuid.UUID) -> Todo:
+        """Gives a claimed todo back at once."""
+        return await self._settle_one(
+            principal, Settlement(todo_id, lease_id, SettleAction.RELEASE)
+        )
+
+
+def _charged(claimed: Claimed) -> bool:
+    """Whether a claim was charged a window unit (its policy has a window limit)."""
+    return claimed.headroom is not None and claimed.headroom.window_used is not None
+
+
+def _nth_claim(claimed: Claimed, later: int) -> Claimed:
+    """A claim of a combined transaction with the headroom just after it (the
+    transaction reports the headroom after its last claim, ``later`` claims on)."""
+    headroom = claimed.headroom
+    if headroom is None or later == 0:
+        return claimed
+    window_used, in_flight_used = headroom.window_used, headroom.in_flight_used
+    return replace(
+        claimed,
+        headroom=replace(
+            headroom,
+            window_used=None if window_used is None else window_used - later,
+            in_flight_used=None if in_flight_used is None else in_flight_used - later,
+        ),
+    )
+
+
+def _claims(todos: Sequence[Todo], admission: Mapping[str, Any]) -> list[Claimed]:
+    """Todos one claim transaction claimed (all of one queue), each with the
+    transaction's headroom, read once."""
+    data = admission.get("headroom")
+    first = todos[0]
+    headroom = headroom_from_json(data, first.endpoint_id, first.queue) if data else None
+    return [Claimed(todo, _lease_of(todo), headroom) for todo in todos]
+
+
+def _lease_of(todo: Todo) -> Lease:
+    assert todo.lease_id is not None and todo.lease_expires_at is not None
+    return Lease(todo.lease_id, todo.lease_expires_at)
+
+
+_Item = TypeVar("_Item")
+_Result = TypeVar("_Result")
+
+
+async def _once_per_todo(
+    items: list[_Item],
+    todo_id: Callable[[_Item], int],
+    run: Callable[[list[_Item]], Awaitable[list[_Result]]],
+) -> list[_Result | Again]:
+    """Combined lease calls: one transaction for the first call on each todo
+    (a statement takes each todo once); a repeat goes again, after it."""
+    seen: set[int] = set()
+    repeated: list[bool] = []
+    for item in items:
+        repeated.append(todo_id(item) in seen)
+        seen.add(todo_id(item))
+    results = iter(await run([i for i, again in zip(items, repeated, strict=True) if not again]))
+    return [AGAIN if again else next(results) for again in repeated]
+
+
+def refusal_message(outcome: ItemOutcome, state: TodoState | None) -> str:
+    """Why a lease call refused one todo (in ``state`` now, when known), for people."""
+    if outcome is ItemOutcome.NOT_FOUND:
+        return "todo not found"
+    if outcome is ItemOutcome.CANCELLED:
+        return "the todo was cancelled: its lease is void"
+    if outcome is ItemOutcome.STALE_LEASE:
+        return "the lease is stale: the todo was taken over by a later claim"
+    if state is not None:
+        return f"the lease is stale: the todo is now {state.value}"
+    return "the lease is stale: the todo is no longer claimed"
+
+
+def _refusal(outcome: ItemOutcome, todo: Todo | None) -> errors.SwitchboardError:
+    message = refusal_message(outcome, todo.state if todo is not None else None)
+    if outcome is ItemOutcome.NOT_FOUND:
+        return errors.NotFound(message)
+    if outcome is ItemOutcome.CANCELLED:
+        return errors.TodoCancelled(message)
+    return errors.StaleLease(message)
