@@ -132,18 +132,18 @@ class Dispatcher:
     async def bulk_by_ids(
         self,
         principal: Principal,
-        action: Action | str,
+        action: Action,
         ids: Sequence[int],
         delay: timedelta = timedelta(0),
         max_attempts: int | None = None,
     ) -> list[BulkItem]:
-        """``OperatorActions.bulk_by_ids``, the action named by member or label."""
-        return await self.actions.bulk_by_ids(principal, _action(action), ids, delay, max_attempts)
+        """``OperatorActions.bulk_by_ids``."""
+        return await self.actions.bulk_by_ids(principal, action, ids, delay, max_attempts)
 
     async def bulk_by_filter(
         self,
         principal: Principal,
-        action: Action | str,
+        action: Action,
         which: BulkFilter,
         after: int | None,
         *,
@@ -151,19 +151,13 @@ class Dispatcher:
         delay: timedelta = timedelta(0),
         max_attempts: int | None = None,
     ) -> BulkProgress:
-        """``OperatorActions.bulk_by_filter``, the action named by member or label."""
+        """``OperatorActions.bulk_by_filter``."""
         return await self.actions.bulk_by_filter(
             principal,
-            _action(action),
+            action,
             which,
             after,
             dry_run=dry_run,
             delay=delay,
             max_attempts=max_attempts,
         )
-
-
-def _action(action: Action | str) -> Action:
-    """The action named: the board's forms name theirs by label (``cancel``);
-    a label of no action is a ``ValueError``, never another action."""
-    return action if isinstance(action, Action) else Action.named(action)

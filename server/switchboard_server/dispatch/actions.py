@@ -25,7 +25,7 @@ from switchboard_server import errors
 from switchboard_server.access import Scope, endpoint_scope, require_tenant
 from switchboard_server.db import Database
 from switchboard_server.db import todos as todo_queries
-from switchboard_server.db.database import Conn
+from switchboard_server.db.database import Conn, rerun_on_conflict
 from switchboard_server.dispatch.common import DispatchSettings, require_endpoint
 from switchboard_server.dispatch.reads import TodoView, views
 from switchboard_server.metrics import Metrics
@@ -157,6 +157,11 @@ class Action(enum.Enum):
         return self.value.label
 
     @property
+    def done(self) -> str:
+        """What a todo it acted on is: ``cancelled``, ``requeued``."""
+        return self.value.done
+
+    @property
     def grant(self) -> Grant:
         """The grant an endpoint credential needs for it."""
         return self.value.grant
@@ -228,6 +233,7 @@ class OperatorActions:
         self._settings = settings
         self._metrics = metrics
 
+    @rerun_on_conflict
     async def cancel(self, principal: Principal, todo_id: int) -> Todo:
         """Cancels a pending or claimed todo (see ``sb_cancel``); audited.
 
@@ -237,6 +243,7 @@ class OperatorActions:
         async with self._acting_on(principal, Action.CANCEL, todo_id, Redo()) as (_, todo):
             return todo
 
+    @rerun_on_conflict
     async def requeue(
         self,
         principal: Principal,
@@ -302,6 +309,7 @@ class OperatorActions:
         (endpoint_id,) = grouped
         return Scope(scope.owner_id, endpoint_id)
 
+    @rerun_on_conflict
     async def bulk_by_ids(
         self,
         principal: Principal,

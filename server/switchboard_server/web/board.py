@@ -45,7 +45,7 @@ from multidict import MultiDictProxy
 
 from switchboard_server import errors
 from switchboard_server.admission import AuditEntry, DeferralReason, Limits, Policy
-from switchboard_server.dispatch import BulkFilter, TodoAuditEntry
+from switchboard_server.dispatch import Action, BulkFilter, TodoAuditEntry
 from switchboard_server.model import Principal, PrincipalKind, Todo, TodoState
 from switchboard_server.overview import Names, QueueSummary
 from switchboard_server.web.errors import http_error
@@ -91,10 +91,11 @@ MAX_SEARCH = 1024
 #: At most how many ways a dedup key's ``/`` splits are tried.
 MAX_DEDUP_SPLITS = 8
 
-#: What each action does to which states, for the confirmation and the filter.
-ACTIONS = {
-    "cancel": (TodoState.PENDING,),
-    "requeue": (TodoState.DEAD,),
+#: What "all" of a queue is for each action: its pending todos to cancel,
+#: its dead ones to requeue (the confirmation's count, the filter's states).
+EVERY = {
+    Action.CANCEL: TodoState.PENDING,
+    Action.REQUEUE: TodoState.DEAD,
 }
 
 POLICY_FIELDS = (
@@ -279,6 +280,14 @@ def _todo_ids(values: list[str]) -> list[int]:
     return ids
 
 
+def _action(form: MultiDictProxy[Any]) -> Action:
+    """The action a form names (by its label), or a 400."""
+    try:
+        return Action.named(_text(form, "action"))
+    except ValueError:
+        raise _Refused(400, "Nothing to do", "Choose to cancel or to requeue.") from None
+
+
 def _count(form: Mapping[str, Any], key: str) -> int:
     raw = form.get(key, "")
     return int(raw) if isinstance(raw, str) and raw.isascii() and raw.isdigit() else 0
@@ -286,16 +295,16 @@ def _count(form: Mapping[str, Any], key: str) -> int:
 
 def acted_notice(query: Mapping[str, str]) -> str | None:
     """The notice after a cancel or requeue, from its redirect's query (numbers only)."""
-    action = query.get("acted")
-    if action not in ACTIONS:
+    try:
+        action = Action.named(query.get("acted", ""))
+    except ValueError:
         return None
-    done = "cancelled" if action == "cancel" else "requeued"
     applied, refused, missing, busy = (
         _count(query, k) for k in ("applied", "refused", "missing", "busy")
     )
-    text = f"{applied} todo{'' if applied == 1 else 's'} {done}."
+    text = f"{applied} todo{'' if applied == 1 else 's'} {action.done}."
     if refused:
-        states = "pending or claimed" if action == "cancel" else "dead or cancelled"
+        states = " or ".join(state.value for state in action.allowed)
         text += f" {refused} left as they were (no longer {states})."
     if missing:
         text += f" {missing} not found among yours."
@@ -718,9 +727,7 @@ class Board:
         endpoint_id, name = _queue_params(request)
         form = await self._form(request, session)
         summary = await self._overview.queue(principal, endpoint_id, name)
-        action = _text(form, "action")
-        if action not in ACTIONS:
-            raise _Refused(400, "Nothing to do", "Choose to cancel or to requeue.")
+        action = _action(form)
         everything = _text(form, "scope") == "all"
         ids = (
             []
@@ -735,14 +742,13 @@ class Board:
                 "Too many selected",
                 f"Select at most {MAX_SELECTED} todos at once, or act on all of them.",
             )
-        count = (
-            (summary.pending if action == "cancel" else summary.dead) if everything else len(ids)
-        )
+        every = summary.pending if EVERY[action] is TodoState.PENDING else summary.dead
+        count = every if everything else len(ids)
         return self._html(
             "confirm.html",
             session=session,
             q=summary,
-            action=action,
+            action=action.label,
             everything=everything,
             ids=ids,
             count=count,
@@ -759,18 +765,16 @@ class Board:
         endpoint_id, name = _queue_params(request)
         form = await self._form(request, session)
         await self._overview.queue(principal, endpoint_id, name)  # 404 unless the owner's
-        action = _text(form, "action")
-        if action not in ACTIONS:
-            raise _Refused(400, "Nothing to do", "Choose to cancel or to requeue.")
+        action = _action(form)
         dispatcher = self._deps.dispatcher
         if _text(form, "scope") == "all":
             progress = await dispatcher.bulk_by_filter(
                 principal,
                 action,
-                BulkFilter(endpoint_id, ACTIONS[action], queues=(name,)),
+                BulkFilter(endpoint_id, (EVERY[action],), queues=(name,)),
                 _cursor(_text(form, "after")),
             )
-            query = f"acted={action}&applied={progress.count}&busy={progress.skipped}"
+            query = f"acted={action.label}&applied={progress.count}&busy={progress.skipped}"
             if progress.after is not None:
                 query += "&more=1"
             raise _Redirect(f"{queue_url(endpoint_id, name)}?{query}")
@@ -786,8 +790,8 @@ class Board:
             raise errors.NotFound("no such todo among yours")
         query = "&".join(f"{k}={outcomes[k]}" for k in ("applied", "refused", "missing"))
         if _text(form, "back") == "todo" and len(ids) == 1:
-            raise _Redirect(f"/board/todos/{ids[0]}?acted={action}&{query}")
-        raise _Redirect(f"{queue_url(endpoint_id, name)}?acted={action}&{query}")
+            raise _Redirect(f"/board/todos/{ids[0]}?acted={action.label}&{query}")
+        raise _Redirect(f"{queue_url(endpoint_id, name)}?acted={action.label}&{query}")
 
     async def pause(self, request: web.Request) -> web.StreamResponse:
         """Pauses the queue through ``AdmissionControl.pause`` (audited as a ``set``)."""
