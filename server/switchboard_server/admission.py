@@ -327,9 +327,13 @@ class AdmissionControl:
         """The active policy of a queue."""
         scope, endpoint = policy_scope(principal, endpoint_id, None)
         async with self._db.transaction() as conn:
-            queue_id = await admission_queries.queue_find(conn, endpoint, scope.owner_id, queue)
+            queue_id = await admission_queries.queue_find(
+                conn, endpoint_id=endpoint, owner_id=scope.owner_id, name=queue
+            )
             row = (
-                await admission_queries.get_active_policy(conn, queue_id, endpoint)
+                await admission_queries.get_active_policy(
+                    conn, queue_id=queue_id, endpoint_id=endpoint
+                )
                 if queue_id
                 else None
             )
@@ -343,9 +347,13 @@ class AdmissionControl:
         """The active policy of a queue and its use now (``None`` when nothing evaluates)."""
         scope, endpoint = policy_scope(principal, endpoint_id, None)
         async with self._db.transaction() as conn:
-            queue_id = await admission_queries.queue_find(conn, endpoint, scope.owner_id, queue)
+            queue_id = await admission_queries.queue_find(
+                conn, endpoint_id=endpoint, owner_id=scope.owner_id, name=queue
+            )
             row = (
-                await admission_queries.get_active_policy(conn, queue_id, endpoint)
+                await admission_queries.get_active_policy(
+                    conn, queue_id=queue_id, endpoint_id=endpoint
+                )
                 if queue_id
                 else None
             )
@@ -364,10 +372,14 @@ class AdmissionControl:
             principal, endpoint_id, Grant.SET_ADMISSION_POLICY, "policy.queue.endpoint_id"
         )
         async with self._db.transaction() as conn:
-            queue_id = await admission_queries.queue_upsert(conn, endpoint, scope.owner_id, queue)
+            queue_id = await admission_queries.queue_upsert(
+                conn, endpoint_id=endpoint, owner_id=scope.owner_id, name=queue
+            )
             if queue_id is None:
                 raise errors.NotFound("endpoint not found")
-            row = await admission_queries.lock_policy(conn, queue_id, scope.owner_id, endpoint)
+            row = await admission_queries.lock_policy(
+                conn, queue_id=queue_id, owner_id=scope.owner_id, endpoint_id=endpoint
+            )
             return await _store(conn, principal, row, endpoint, queue, limits)
 
     @rerun_on_conflict
@@ -379,10 +391,14 @@ class AdmissionControl:
         one; ``FailedPrecondition`` when the queue is paused already."""
         scope, endpoint = policy_scope(principal, endpoint_id, Grant.SET_ADMISSION_POLICY)
         async with self._db.transaction() as conn:
-            queue_id = await admission_queries.queue_find(conn, endpoint, scope.owner_id, queue)
+            queue_id = await admission_queries.queue_find(
+                conn, endpoint_id=endpoint, owner_id=scope.owner_id, name=queue
+            )
             if queue_id is None:
                 raise errors.NotFound("queue not found")
-            row = await admission_queries.lock_policy(conn, queue_id, scope.owner_id, endpoint)
+            row = await admission_queries.lock_policy(
+                conn, queue_id=queue_id, owner_id=scope.owner_id, endpoint_id=endpoint
+            )
             current = policy_of(row, endpoint, queue) if row.active else None
             if current is not None and paused(current):
                 raise errors.FailedPrecondition("the queue is paused already")
@@ -399,9 +415,13 @@ class AdmissionControl:
         """What ``resume`` would restore, when the queue is paused (see ``before_pause``)."""
         scope, endpoint = policy_scope(principal, endpoint_id, None)
         async with self._db.transaction() as conn:
-            queue_id = await admission_queries.queue_find(conn, endpoint, scope.owner_id, queue)
+            queue_id = await admission_queries.queue_find(
+                conn, endpoint_id=endpoint, owner_id=scope.owner_id, name=queue
+            )
             row = (
-                await admission_queries.get_active_policy(conn, queue_id, endpoint)
+                await admission_queries.get_active_policy(
+                    conn, queue_id=queue_id, endpoint_id=endpoint
+                )
                 if queue_id
                 else None
             )
@@ -419,10 +439,14 @@ class AdmissionControl:
         when the queue is not paused or no earlier policy is recorded."""
         scope, endpoint = policy_scope(principal, endpoint_id, Grant.SET_ADMISSION_POLICY)
         async with self._db.transaction() as conn:
-            queue_id = await admission_queries.queue_find(conn, endpoint, scope.owner_id, queue)
+            queue_id = await admission_queries.queue_find(
+                conn, endpoint_id=endpoint, owner_id=scope.owner_id, name=queue
+            )
             if queue_id is None:
                 raise errors.NotFound("queue not found")
-            row = await admission_queries.lock_policy(conn, queue_id, scope.owner_id, endpoint)
+            row = await admission_queries.lock_policy(
+                conn, queue_id=queue_id, owner_id=scope.owner_id, endpoint_id=endpoint
+            )
             if not row.active or not paused(policy_of(row, endpoint, queue)):
                 raise errors.FailedPrecondition("the queue is not paused")
             target = await before_pause(conn, queue_id, scope.owner_id, endpoint, queue)
@@ -449,10 +473,14 @@ class AdmissionControl:
         """Removes a queue's policy; audited. Its counters are kept."""
         scope, endpoint = policy_scope(principal, endpoint_id, Grant.CLEAR_ADMISSION_POLICY)
         async with self._db.transaction() as conn:
-            queue_id = await admission_queries.queue_find(conn, endpoint, scope.owner_id, queue)
+            queue_id = await admission_queries.queue_find(
+                conn, endpoint_id=endpoint, owner_id=scope.owner_id, name=queue
+            )
             if queue_id is None:
                 raise errors.NotFound("no admission policy for this queue")
-            row = await admission_queries.lock_policy(conn, queue_id, scope.owner_id, endpoint)
+            row = await admission_queries.lock_policy(
+                conn, queue_id=queue_id, owner_id=scope.owner_id, endpoint_id=endpoint
+            )
             if not row.active:
                 raise errors.NotFound("no admission policy for this queue")
             return await _clear(conn, principal, row, endpoint, queue)
@@ -468,11 +496,18 @@ class AdmissionControl:
         """A page of a queue's policy changes, newest first."""
         scope, endpoint = policy_scope(principal, endpoint_id, None)
         async with self._db.transaction() as conn:
-            queue_id = await admission_queries.queue_find(conn, endpoint, scope.owner_id, queue)
+            queue_id = await admission_queries.queue_find(
+                conn, endpoint_id=endpoint, owner_id=scope.owner_id, name=queue
+            )
             if queue_id is None:
                 raise errors.NotFound("queue not found")
             rows = await admission_queries.list_audit(
-                conn, queue_id, scope.owner_id, endpoint, before_id, limit
+                conn,
+                queue_id=queue_id,
+                owner_id=scope.owner_id,
+                endpoint_id=endpoint,
+                before_id=before_id,
+                limit=limit,
             )
         return [
             AuditEntry(
@@ -525,7 +560,12 @@ async def before_pause(
     seen = 0
     while seen < RESUME_SCAN:
         rows = await admission_queries.list_audit(
-            conn, queue_id, owner_id, endpoint, before_id, 100
+            conn,
+            queue_id=queue_id,
+            owner_id=owner_id,
+            endpoint_id=endpoint,
+            before_id=before_id,
+            limit=100,
         )
         for r in rows:
             after = policy_from_json(r.after, endpoint, queue) if r.after else None
@@ -562,7 +602,7 @@ async def _store(
         await _carry_count(conn, row, now, bounds[0])
     stored = await admission_queries.store_policy(
         conn,
-        row.id,
+        policy_id=row.id,
         endpoint_id=row.endpoint_id,
         active=True,
         max_in_flight=limits.max_in_flight,
@@ -576,7 +616,7 @@ async def _store(
     )
     after = policy_of(stored, endpoint, queue)
     await _audit(conn, principal, stored, "set", before, after)
-    await doorbell_queries.recheck_gate(conn, row.endpoint_id, row.queue_id)
+    await doorbell_queries.recheck_gate(conn, endpoint_id=row.endpoint_id, queue_id=row.queue_id)
     return after
 
 
@@ -587,7 +627,7 @@ async def _clear(
     before = policy_of(row, endpoint, queue)
     stored = await admission_queries.store_policy(
         conn,
-        row.id,
+        policy_id=row.id,
         endpoint_id=row.endpoint_id,
         active=False,
         max_in_flight=row.max_in_flight,
@@ -600,7 +640,7 @@ async def _clear(
         schedule_refresh_at=row.schedule_refresh_at,
     )
     await _audit(conn, principal, stored, "clear", before, None)
-    await doorbell_queries.recheck_gate(conn, row.endpoint_id, row.queue_id)
+    await doorbell_queries.recheck_gate(conn, endpoint_id=row.endpoint_id, queue_id=row.queue_id)
     return before
 
 
@@ -615,11 +655,15 @@ async def _use_now(conn: Conn, row: PolicyRow, queue_id: int, policy: Policy) ->
     if row.max_claims_per_window is not None:
         window = current_window(row.window_bounds, await clock.now(conn))
         if window is not None:
-            window_used = await admission_queries.counter_units(conn, row, window[0])
+            window_used = await admission_queries.counter_units(
+                conn, row=row, window_start=window[0]
+            )
             window_limit, resets_at = row.max_claims_per_window, window[1]
     in_flight_used = in_flight_limit = None
     if row.max_in_flight is not None:
-        evaluated = await admission_queries.queue_admission(conn, row.endpoint_id, queue_id)
+        evaluated = await admission_queries.queue_admission(
+            conn, endpoint_id=row.endpoint_id, queue_id=queue_id
+        )
         if evaluated is not None and evaluated.in_flight is not None:
             in_flight_used, in_flight_limit = evaluated.in_flight, row.max_in_flight
     if window_used is None and in_flight_used is None:
@@ -632,9 +676,9 @@ async def _carry_count(conn: Conn, row: PolicyRow, now: datetime, new_start: dat
     old_start = current_window_start(row.window_bounds, now)
     if old_start is None or old_start == new_start:
         return
-    units = await admission_queries.counter_units(conn, row, old_start)
+    units = await admission_queries.counter_units(conn, row=row, window_start=old_start)
     if units:
-        await admission_queries.counter_carry(conn, row, new_start, units)
+        await admission_queries.counter_carry(conn, row=row, window_start=new_start, units=units)
 
 
 async def _audit(
@@ -686,7 +730,9 @@ async def check_zones(db: Database) -> int:
         emptied: list[admission_queries.EmptiedSchedule] = []
         if unknown:
             retry_at = await clock.now(conn) + RETRY_BROKEN_SCHEDULE
-            emptied = await admission_queries.empty_schedules(conn, unknown, retry_at)
+            emptied = await admission_queries.empty_schedules(
+                conn, zones=unknown, retry_at=retry_at
+            )
         if known_again:
             await admission_queries.schedules_due_now(conn, known_again)
     for policy in emptied:
@@ -720,7 +766,9 @@ async def refresh_schedules(db: Database, batch: int = 100, *, distributed: bool
                 if endpoint_id is None:
                     rows = await admission_queries.schedules_due(conn, batch)
                 else:
-                    rows = await admission_queries.schedules_due_of(conn, endpoint_id, batch, now)
+                    rows = await admission_queries.schedules_due_of(
+                        conn, endpoint_id=endpoint_id, batch=batch, now=now
+                    )
                 await _refresh(conn, rows, now)
                 refreshed += len(rows)
             if len(rows) < batch:
@@ -741,10 +789,16 @@ async def _refresh(conn: Conn, rows: list[PolicyRow], now: datetime) -> None:
                     "admission policy window cannot be evaluated; claims refused",
                     extra={"policy_id": row.id, "error": str(exc)},
                 )
-            await admission_queries.store_schedule(conn, row, [], now + RETRY_BROKEN_SCHEDULE)
+            await admission_queries.store_schedule(
+                conn, row=row, bounds=[], refresh_at=now + RETRY_BROKEN_SCHEDULE
+            )
             continue
         await _carry_count(conn, row, now, bounds[0])
-        await admission_queries.store_schedule(conn, row, bounds, bounds[REFRESH_INDEX])
+        await admission_queries.store_schedule(
+            conn, row=row, bounds=bounds, refresh_at=bounds[REFRESH_INDEX]
+        )
         if not row.window_bounds:  # it admits again: a deferred queue may reopen
             log.info("admission policy window schedule rebuilt", extra={"policy_id": row.id})
-            await doorbell_queries.recheck_gate(conn, row.endpoint_id, row.queue_id)
+            await doorbell_queries.recheck_gate(
+                conn, endpoint_id=row.endpoint_id, queue_id=row.queue_id
+            )

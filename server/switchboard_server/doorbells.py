@@ -207,7 +207,9 @@ class DoorbellHub:
         self.snapshots += 1
         async with self._db.transaction() as conn:
             waiting = await doorbell_queries.snapshot(
-                conn, endpoint_id, sorted(names) if names is not None else None
+                conn,
+                endpoint_id=endpoint_id,
+                queues=sorted(names) if names is not None else None,
             )
         for item in waiting:
             bell = Doorbell(endpoint_id, item.queue, cause, item.pending, item.at)
@@ -256,7 +258,9 @@ async def _reopen_per_group(db: Database, batch: int) -> int:
         for group in await doorbell_queries.due_gate_endpoint_groups(conn):
             while True:
                 # Outside a transaction block: the call is delegated.
-                reopened = await doorbell_queries.reopen_sweep_of(conn, group, batch)
+                reopened = await doorbell_queries.reopen_sweep_of(
+                    conn, endpoint_ids=group, batch=batch
+                )
                 total += len(reopened)
                 if len(reopened) < batch:
                     break

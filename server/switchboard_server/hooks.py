@@ -284,7 +284,7 @@ async def deliver_once(
                     if distributed:
                         batch = await _take_per_group(conn, room, lease)
                     else:
-                        batch = await hook_queries.take(conn, room, lease)
+                        batch = await hook_queries.take(conn, batch=room, lease=lease)
                 inflight.update(
                     asyncio.create_task(_deliver(db, client, settings, keyring, d, metrics))
                     for d in batch
@@ -310,7 +310,9 @@ async def _take_per_group(conn: Conn, room: int, lease: timedelta) -> list[Deliv
     for group in await hook_queries.due_endpoint_groups(conn):
         if len(batch) >= room:
             break
-        batch += await hook_queries.take_of(conn, group, room - len(batch), lease)
+        batch += await hook_queries.take_of(
+            conn, endpoint_ids=group, batch=room - len(batch), lease=lease
+        )
     return batch
 
 
@@ -357,16 +359,18 @@ async def _deliver(
 async def _settle(db: Database, settings: Settings, delivery: Delivery, error: str | None) -> bool:
     async with db.connection() as conn:
         if error is None:
-            await hook_queries.delivered(conn, delivery.id, delivery.endpoint_id)
+            await hook_queries.delivered(
+                conn, delivery_id=delivery.id, endpoint_id=delivery.endpoint_id
+            )
             return True
         delay = retry_delay(delivery.attempts + 1, base=RETRY_BASE, cap=settings.hook_retry_cap)
         await hook_queries.failed(
             conn,
-            delivery.id,
-            delivery.endpoint_id,
-            error[:MAX_ERROR],
-            delay,
-            delivery.lease_until,
+            delivery_id=delivery.id,
+            endpoint_id=delivery.endpoint_id,
+            error=error[:MAX_ERROR],
+            retry_in=delay,
+            lease_until=delivery.lease_until,
         )
     log.info(
         "notify hook delivery failed; will retry",
@@ -385,7 +389,10 @@ async def _release(db: Database, delivery: Delivery) -> None:
     try:
         async with db.connection() as conn:
             await hook_queries.release(
-                conn, delivery.id, delivery.endpoint_id, delivery.lease_until
+                conn,
+                delivery_id=delivery.id,
+                endpoint_id=delivery.endpoint_id,
+                lease_until=delivery.lease_until,
             )
     except Exception:
         log.warning("could not hand back a notify hook delivery", exc_info=True)

@@ -155,7 +155,9 @@ class Overview:
                 return []
             endpoint_id = scope.endpoint_id
         async with self._db.transaction() as conn:
-            rows = await queue_queries.overview(conn, scope.owner_id, endpoint_id, None)
+            rows = await queue_queries.overview(
+                conn, owner_id=scope.owner_id, endpoint_id=endpoint_id, name=None
+            )
         return [self._summary(r) for r in rows]
 
     async def queue(self, principal: Principal, endpoint_id: uuid.UUID, name: str) -> QueueSummary:
@@ -164,7 +166,9 @@ class Overview:
         if scope.endpoint_id is not None and endpoint_id != scope.endpoint_id:
             raise errors.NotFound("queue not found")
         async with self._db.transaction() as conn:
-            rows = await queue_queries.overview(conn, scope.owner_id, endpoint_id, name)
+            rows = await queue_queries.overview(
+                conn, owner_id=scope.owner_id, endpoint_id=endpoint_id, name=name
+            )
         if not rows:
             raise errors.NotFound("queue not found")
         return self._summary(rows[0])

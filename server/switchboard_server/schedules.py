@@ -199,7 +199,9 @@ class Schedules:
                 "schedule.queue.endpoint_id", "required for human credentials"
             )
         async with self._db.transaction() as conn:
-            queue_id = await admission_queries.queue_upsert(conn, endpoint, owner_id, queue)
+            queue_id = await admission_queries.queue_upsert(
+                conn, endpoint_id=endpoint, owner_id=owner_id, name=queue
+            )
             if queue_id is None:
                 raise errors.NotFound("endpoint not found")
             now = await clock.now(conn)
@@ -219,7 +221,9 @@ class Schedules:
         """One schedule."""
         owner_id, endpoint = schedule_scope(principal, None, Grant.READ)
         async with self._db.connection() as conn:
-            row = await schedule_queries.get(conn, schedule_id, owner_id, endpoint)
+            row = await schedule_queries.get(
+                conn, schedule_id=schedule_id, owner_id=owner_id, endpoint_id=endpoint
+            )
         if row is None:
             raise errors.NotFound("schedule not found")
         return _schedule(row)
@@ -234,7 +238,9 @@ class Schedules:
                 conn, endpoint, owner_id
             ):
                 raise errors.NotFound("endpoint not found")
-            rows = await schedule_queries.list_page(conn, owner_id, endpoint, after, limit)
+            rows = await schedule_queries.list_page(
+                conn, owner_id=owner_id, endpoint_id=endpoint, after=after, limit=limit
+            )
         return [_schedule(r) for r in rows]
 
     @rerun_on_conflict
@@ -254,7 +260,11 @@ class Schedules:
             if not before.paused and not _same_recurrence(before, definition):
                 next_slot = next_after(recurrence, await clock.now(conn))
             after = await schedule_queries.update(
-                conn, before.id, before.endpoint_id, definition, next_slot
+                conn,
+                schedule_id=before.id,
+                endpoint_id=before.endpoint_id,
+                definition=definition,
+                next_slot=next_slot,
             )
             await _audit(conn, principal, after, "update", before, after)
         return Schedule(after, recurrence)
@@ -273,7 +283,9 @@ class Schedules:
         owner_id, endpoint = schedule_scope(principal, None, Grant.MANAGE_SCHEDULES)
         async with self._db.transaction() as conn:
             before = await self._lock(conn, schedule_id, owner_id, endpoint)
-            await schedule_queries.delete(conn, before.id, before.endpoint_id)
+            await schedule_queries.delete(
+                conn, schedule_id=before.id, endpoint_id=before.endpoint_id
+            )
             await _audit(conn, principal, before, "delete", before, None)
         return _schedule(before)
 
@@ -284,7 +296,12 @@ class Schedules:
         owner_id, endpoint = schedule_scope(principal, None, Grant.READ)
         async with self._db.connection() as conn:
             rows = await schedule_queries.list_audit(
-                conn, schedule_id, owner_id, endpoint, before_id, limit
+                conn,
+                schedule_id=schedule_id,
+                owner_id=owner_id,
+                endpoint_id=endpoint,
+                before_id=before_id,
+                limit=limit,
             )
         if not rows and before_id is None:
             raise errors.NotFound("schedule not found")
@@ -306,7 +323,11 @@ class Schedules:
                         f"the schedule's recurrence cannot be evaluated: {exc}"
                     ) from exc
             after = await schedule_queries.set_paused(
-                conn, before.id, before.endpoint_id, paused, next_slot
+                conn,
+                schedule_id=before.id,
+                endpoint_id=before.endpoint_id,
+                paused=paused,
+                next_slot=next_slot,
             )
             await _audit(conn, principal, after, "pause" if paused else "resume", before, after)
         return _schedule(after)
@@ -315,7 +336,9 @@ class Schedules:
     async def _lock(
         conn: Conn, schedule_id: int, owner_id: uuid.UUID, endpoint: uuid.UUID | None
     ) -> ScheduleRow:
-        row = await schedule_queries.lock(conn, schedule_id, owner_id, endpoint)
+        row = await schedule_queries.lock(
+            conn, schedule_id=schedule_id, owner_id=owner_id, endpoint_id=endpoint
+        )
         if row is None:
             raise errors.NotFound("schedule not found")
         return row
@@ -389,7 +412,9 @@ async def _fire_due_per_endpoint(db: Database, grace: timedelta, batch: int) -> 
         while True:
             async with db.transaction() as conn:
                 now = await clock.now(conn)
-                rows = await schedule_queries.due_of(conn, endpoint_id, batch, now)
+                rows = await schedule_queries.due_of(
+                    conn, endpoint_id=endpoint_id, batch=batch, now=now
+                )
                 created += await _fire(conn, rows, now, grace)
             if len(rows) < batch:
                 break
@@ -409,9 +434,9 @@ async def _fire(conn: Conn, rows: list[ScheduleRow], now: datetime, grace: timed
                 "schedule cannot be evaluated; retrying later",
                 extra={"schedule_id": row.id, "error": str(exc)},
             )
-            await schedule_queries.fire(conn, row, None, now + RETRY_BROKEN)
+            await schedule_queries.fire(conn, row=row, slot=None, next_slot=now + RETRY_BROKEN)
             continue
-        todo = await schedule_queries.fire(conn, row, step.slot, step.next_slot)
+        todo = await schedule_queries.fire(conn, row=row, slot=step.slot, next_slot=step.next_slot)
         if step.skipped:
             log.info(
                 "schedule missed slots",

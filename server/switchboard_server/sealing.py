@@ -272,7 +272,7 @@ async def prepare(db: Database, keyring: Keyring) -> int:
             for row in await sealing_queries.pending(conn, first)
         ]
         await sealing_queries.store(conn, resealed)
-        await sealing_queries.keep_only_check(conn, first, keyring.check_value())
+        await sealing_queries.keep_only_check(conn, key_id=first, sealed=keyring.check_value())
     if resealed:
         await _compact(db)
     return len(resealed)

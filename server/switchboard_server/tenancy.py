@@ -99,7 +99,7 @@ class Tenancy:
         async with self._db.transaction() as conn:
             if not await tenancy_queries.owner_exists(conn, owner_id):
                 raise errors.NotFound("owner not found")
-            human = await tenancy_queries.create_human(conn, owner_id, name)
+            human = await tenancy_queries.create_human(conn, owner_id=owner_id, name=name)
             minted = await _mint(
                 conn, PrincipalKind.HUMAN, owner_id=owner_id, human_id=human.id, label=name
             )
@@ -109,7 +109,7 @@ class Tenancy:
         """Creates an endpoint of the caller's owner."""
         owner_id = require_human(principal)
         async with self._db.transaction() as conn:
-            return await tenancy_queries.create_endpoint(conn, owner_id, name)
+            return await tenancy_queries.create_endpoint(conn, owner_id=owner_id, name=name)
 
     async def list_endpoints(self, principal: Principal) -> list[Endpoint]:
         """The caller's owner's endpoints."""
@@ -176,7 +176,12 @@ class Tenancy:
         grace = self._secret_grace if rotate_secret and url is not None else None
         async with self._db.transaction() as conn:
             endpoint = await tenancy_queries.set_endpoint_hook(
-                conn, endpoint_id, owner_id, url, sealed, grace
+                conn,
+                endpoint_id=endpoint_id,
+                owner_id=owner_id,
+                url=url,
+                sealed_secret=sealed,
+                grace=grace,
             )
         if endpoint is None:
             raise errors.NotFound("endpoint not found")
@@ -205,13 +210,17 @@ class Tenancy:
                 and await tenancy_queries.get_endpoint(conn, endpoint_id, owner_id) is None
             ):
                 raise errors.NotFound("endpoint not found")
-            return await tenancy_queries.list_credentials(conn, owner_id, endpoint_id)
+            return await tenancy_queries.list_credentials(
+                conn, owner_id=owner_id, endpoint_id=endpoint_id
+            )
 
     async def revoke(self, principal: Principal, credential_id: uuid.UUID) -> Credential:
         """Revokes a credential: the operator any, a human its owner's."""
         owner_id = None if principal.kind is PrincipalKind.OPERATOR else require_human(principal)
         async with self._db.transaction() as conn:
-            revoked = await tenancy_queries.revoke_credential(conn, credential_id, owner_id)
+            revoked = await tenancy_queries.revoke_credential(
+                conn, credential_id=credential_id, owner_id=owner_id
+            )
         if revoked is None:
             raise errors.NotFound("credential not found")
         if self._on_revoked is not None:

@@ -125,10 +125,12 @@ async def _fill(conn: asyncpg.Connection[asyncpg.Record]) -> list[tuple[uuid.UUI
         queue = await conn.fetchval(
             "SELECT id FROM queues WHERE endpoint_id = $1 AND name = 'budgeted'", endpoint
         )
-        row = await admission_queries.lock_policy(conn, queue, owner, endpoint)
+        row = await admission_queries.lock_policy(
+            conn, queue_id=queue, owner_id=owner, endpoint_id=endpoint
+        )
         await admission_queries.store_policy(
             conn,
-            row.id,
+            policy_id=row.id,
             endpoint_id=endpoint,
             active=True,
             max_in_flight=None,

@@ -147,7 +147,9 @@ async def test_get_policys_evaluation_reads_its_endpoints_shards_only(
         port = await worker_of(conn, tenant.endpoint_id)
         allowed = await shards_of(conn, tenant.endpoint_id)
         async with remote_commands(conn) as log:
-            evaluated = await admission_queries.queue_admission(conn, endpoint, queue_id)
+            evaluated = await admission_queries.queue_admission(
+                conn, endpoint_id=endpoint, queue_id=queue_id
+            )
             assert evaluated is not None and evaluated.in_flight == 0
             assert_on_one_worker(log.take(), port, allowed)
             # What GetPolicy ran before, by queue id alone, asked the other worker too.

@@ -37,7 +37,7 @@ CLAIM = (
 async def test_not_yet_due_urgent_todos_are_not_walked(db: Database, dsn: str) -> None:
     async with db.transaction() as conn:
         owner = await tenancy_queries.create_owner(conn, "claim-plan")
-        endpoint = await tenancy_queries.create_endpoint(conn, owner.id, "agent")
+        endpoint = await tenancy_queries.create_endpoint(conn, owner_id=owner.id, name="agent")
         due = [
             (
                 await todo_queries.ingest_many(
@@ -90,7 +90,7 @@ async def test_a_claim_walks_the_dead_head_of_its_queue_once(db: Database, dsn: 
     # unlocked head probe, sb_lock_pending's priority probe and its lock.
     async with db.transaction() as conn:
         owner = await tenancy_queries.create_owner(conn, "claim-walk")
-        endpoint = await tenancy_queries.create_endpoint(conn, owner.id, "agent")
+        endpoint = await tenancy_queries.create_endpoint(conn, owner_id=owner.id, name="agent")
         first = (
             await todo_queries.ingest_many(
                 conn,

@@ -36,7 +36,7 @@ class Scope:
 async def make_scope(db: Database, name: str = "loops") -> Scope:
     async with db.transaction() as conn:
         owner = await tenancy_queries.create_owner(conn, name)
-        endpoint = await tenancy_queries.create_endpoint(conn, owner.id, "agent")
+        endpoint = await tenancy_queries.create_endpoint(conn, owner_id=owner.id, name="agent")
     return Scope(owner.id, endpoint.id)
 
 

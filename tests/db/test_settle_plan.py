@@ -41,7 +41,7 @@ async def _tenant_with_a_todo(
     """A new owner and endpoint (named ``name``) with one pending todo in queue "work"."""
     async with db.transaction() as conn:
         owner = await tenancy_queries.create_owner(conn, name)
-        endpoint = await tenancy_queries.create_endpoint(conn, owner.id, "agent")
+        endpoint = await tenancy_queries.create_endpoint(conn, owner_id=owner.id, name="agent")
         (todo,) = await todo_queries.ingest_many(
             conn,
             owner_id=owner.id,

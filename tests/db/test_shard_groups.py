@@ -165,30 +165,40 @@ def _named_queries_that_lock() -> set[str]:
     return {name for name, q in QUERIES.items() if _LOCK.search(_without_comments(q.sql))}
 
 
+_RUNNERS = {"fetch_one", "fetch_value", "fetch_many", "execute", "execute_many"}
+
+
+def _query_named(call: ast.Call) -> str | None:
+    """The query a call runs: ``sql("name")`` (db/todos.py) or a runner's
+    ``fetch_one(conn, "name", ...)`` (db/queries.py)."""
+    if not isinstance(call.func, ast.Name):
+        return None
+    at = 0 if call.func.id == "sql" else 1 if call.func.id in _RUNNERS else None
+    if at is None or len(call.args) <= at:
+        return None
+    name = call.args[at]
+    return name.value if isinstance(name, ast.Constant) and isinstance(name.value, str) else None
+
+
 def test_every_python_function_that_locks_holds_the_shard_group_first() -> None:
     locking = _named_queries_that_lock()
     assert "policy_lock" in locking
     plain_only = set(PLAIN_ONLY)
-    missing = []
+    missing, checked = [], []
     for path in sorted(DB.glob("*.py")):
         tree = ast.parse(path.read_text())
         for fn in ast.walk(tree):
             if not isinstance(fn, ast.AsyncFunctionDef):
                 continue
             calls = [node for node in ast.walk(fn) if isinstance(node, ast.Call)]
-            queries = [
-                c.args[0].value
-                for c in calls
-                if isinstance(c.func, ast.Name)
-                and c.func.id == "sql"
-                and c.args
-                and isinstance(c.args[0], ast.Constant)
-            ]
+            queries = [q for q in map(_query_named, calls) if q is not None]
             if not any(q in locking and q not in plain_only for q in queries):
                 continue
+            checked.append(fn.name)
             held = any(
                 isinstance(c.func, ast.Name) and c.func.id == "hold_shard_group" for c in calls
             )
             if not held:
                 missing.append(f"{path.name}:{fn.name}")
+    assert {"lock_policy", "lock"} <= set(checked)  # the walk reads the runners' calls
     assert missing == [], f"hold the shard group first in: {missing}"

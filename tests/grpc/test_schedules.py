@@ -507,10 +507,16 @@ async def test_a_slot_never_gets_a_second_todo_even_from_a_stale_plan(
     )
     slot = datetime(2026, 6, 1, 12, 1, tzinfo=UTC)
     async with db.transaction() as conn:
-        row = await schedule_queries.lock(conn, int(made.id), uuid.UUID(tenant.owner_id), None)
+        row = await schedule_queries.lock(
+            conn, schedule_id=int(made.id), owner_id=uuid.UUID(tenant.owner_id), endpoint_id=None
+        )
         assert row is not None
-        first = await schedule_queries.fire(conn, row, slot, slot + timedelta(minutes=1))
-        again = await schedule_queries.fire(conn, row, slot, slot + timedelta(minutes=2))
+        first = await schedule_queries.fire(
+            conn, row=row, slot=slot, next_slot=slot + timedelta(minutes=1)
+        )
+        again = await schedule_queries.fire(
+            conn, row=row, slot=slot, next_slot=slot + timedelta(minutes=2)
+        )
     assert first is not None and first.schedule_slot == slot
     assert again is None  # todos_schedule_slot_key: the slot's todo exists
     assert len(await scheduled_todos(client, tenant)) == 1

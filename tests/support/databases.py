@@ -107,7 +107,7 @@ async def endpoint_with_todos(db: Database, name: str, n: int) -> tuple[uuid.UUI
     owner's and the endpoint's ids."""
     async with db.transaction() as conn:
         owner = await tenancy_queries.create_owner(conn, name)
-        endpoint = await tenancy_queries.create_endpoint(conn, owner.id, "agent")
+        endpoint = await tenancy_queries.create_endpoint(conn, owner_id=owner.id, name="agent")
         await todo_queries.ingest_many(
             conn,
             owner_id=owner.id,

@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from switchboard_server.db.database import Conn
-from switchboard_server.db.queries import sql
+from switchboard_server.db.queries import execute, fetch_many, fetch_one, fetch_value
 from switchboard_server.db.queues import hold_shard_group
 from switchboard_server.db.rows import record
 
@@ -78,42 +78,50 @@ def _json(value: Any) -> dict[str, Any] | None:
 
 
 async def queue_upsert(
-    conn: Conn, endpoint_id: uuid.UUID, owner_id: uuid.UUID, name: str
+    conn: Conn, *, endpoint_id: uuid.UUID, owner_id: uuid.UUID, name: str
 ) -> int | None:
     """The queue's id, creating the queue; ``None`` when the endpoint is not the owner's."""
-    value = await conn.fetchval(sql("queue_upsert"), endpoint_id, owner_id, name)
+    value = await fetch_value(
+        conn, "queue_upsert", endpoint_id=endpoint_id, owner_id=owner_id, name=name
+    )
     return int(value) if value is not None else None
 
 
 async def queue_find(
-    conn: Conn, endpoint_id: uuid.UUID, owner_id: uuid.UUID, name: str
+    conn: Conn, *, endpoint_id: uuid.UUID, owner_id: uuid.UUID, name: str
 ) -> int | None:
     """The queue's id, or ``None``."""
-    value = await conn.fetchval(sql("queue_find"), endpoint_id, owner_id, name)
+    value = await fetch_value(
+        conn, "queue_find", endpoint_id=endpoint_id, owner_id=owner_id, name=name
+    )
     return int(value) if value is not None else None
 
 
 async def lock_policy(
-    conn: Conn, queue_id: int, owner_id: uuid.UUID, endpoint_id: uuid.UUID
+    conn: Conn, *, queue_id: int, owner_id: uuid.UUID, endpoint_id: uuid.UUID
 ) -> PolicyRow:
     """The queue's policy row (created inactive if missing), locked FOR UPDATE."""
     await hold_shard_group(conn, endpoint_id)
-    await conn.execute(sql("policy_ensure_row"), queue_id, owner_id, endpoint_id)
-    rec = await conn.fetchrow(sql("policy_lock"), queue_id, endpoint_id)
+    await execute(
+        conn, "policy_ensure_row", queue_id=queue_id, owner_id=owner_id, endpoint_id=endpoint_id
+    )
+    rec = await fetch_one(conn, "policy_lock", queue_id=queue_id, endpoint_id=endpoint_id)
     assert rec is not None
     return _policy(rec)
 
 
-async def get_active_policy(conn: Conn, queue_id: int, endpoint_id: uuid.UUID) -> PolicyRow | None:
+async def get_active_policy(
+    conn: Conn, *, queue_id: int, endpoint_id: uuid.UUID
+) -> PolicyRow | None:
     """The queue's active policy, or ``None``."""
-    rec = await conn.fetchrow(sql("policy_get_active"), queue_id, endpoint_id)
+    rec = await fetch_one(conn, "policy_get_active", queue_id=queue_id, endpoint_id=endpoint_id)
     return _policy(rec) if rec is not None else None
 
 
 async def store_policy(
     conn: Conn,
-    policy_id: int,
     *,
+    policy_id: int,
     endpoint_id: uuid.UUID,
     active: bool,
     max_in_flight: int | None,
@@ -126,51 +134,60 @@ async def store_policy(
     schedule_refresh_at: datetime | None,
 ) -> PolicyRow:
     """Writes a locked policy row and points its queue at it while active."""
-    rec = await conn.fetchrow(
-        sql("policy_store"),
-        policy_id,
-        max_in_flight,
-        max_claims_per_window,
-        window_period,
-        window_zone,
-        window_start,
-        window_weekday,
-        active,
-        list(window_bounds),
-        schedule_refresh_at,
-        endpoint_id,
+    rec = await fetch_one(
+        conn,
+        "policy_store",
+        policy_id=policy_id,
+        max_in_flight=max_in_flight,
+        max_claims_per_window=max_claims_per_window,
+        window_period=window_period,
+        window_zone=window_zone,
+        window_start=window_start,
+        window_weekday=window_weekday,
+        active=active,
+        window_bounds=list(window_bounds),
+        schedule_refresh_at=schedule_refresh_at,
+        endpoint_id=endpoint_id,
     )
     assert rec is not None
     return _policy(rec)
 
 
 async def store_schedule(
-    conn: Conn, row: PolicyRow, bounds: Sequence[datetime], refresh_at: datetime
+    conn: Conn, *, row: PolicyRow, bounds: Sequence[datetime], refresh_at: datetime
 ) -> None:
     """Replaces a policy's window boundaries."""
-    await conn.execute(
-        sql("policy_schedule_store"), row.id, list(bounds), refresh_at, row.endpoint_id
+    await execute(
+        conn,
+        "policy_schedule_store",
+        policy_id=row.id,
+        window_bounds=list(bounds),
+        schedule_refresh_at=refresh_at,
+        endpoint_id=row.endpoint_id,
     )
 
 
 async def schedules_due(conn: Conn, batch: int) -> list[PolicyRow]:
     """Active windowed policies whose schedule is due, locked (SKIP LOCKED)."""
-    return [_policy(r) for r in await conn.fetch(sql("policy_schedule_due"), batch)]
+    return [_policy(r) for r in await fetch_many(conn, "policy_schedule_due", batch=batch)]
 
 
 async def schedules_due_endpoints(conn: Conn, now: datetime) -> list[uuid.UUID]:
     """(A Citus cluster: a read of every shard, no locks.) The endpoints with
     an active windowed policy whose schedule is due at ``now``."""
-    return [r["endpoint_id"] for r in await conn.fetch(sql("policy_schedule_due_endpoints"), now)]
+    rows = await fetch_many(conn, "policy_schedule_due_endpoints", now=now)
+    return [r["endpoint_id"] for r in rows]
 
 
 async def schedules_due_of(
-    conn: Conn, endpoint_id: uuid.UUID, batch: int, now: datetime
+    conn: Conn, *, endpoint_id: uuid.UUID, batch: int, now: datetime
 ) -> list[PolicyRow]:
     """``schedules_due`` for one endpoint's policies (a statement on its shard only),
     its shard group held first (``hold_shard_group``)."""
     await hold_shard_group(conn, endpoint_id)
-    rows = await conn.fetch(sql("policy_schedule_due_of"), batch, endpoint_id, now)
+    rows = await fetch_many(
+        conn, "policy_schedule_due_of", batch=batch, endpoint_id=endpoint_id, now=now
+    )
     return [_policy(r) for r in rows]
 
 
@@ -194,30 +211,44 @@ class EmptiedSchedule:
 
 async def policy_zones(conn: Conn) -> list[PolicyZone]:
     """The zones of the active windowed policies, each once."""
-    return [PolicyZone(r["zone"], r["emptied"]) for r in await conn.fetch(sql("policy_zones"))]
+    return [PolicyZone(r["zone"], r["emptied"]) for r in await fetch_many(conn, "policy_zones")]
 
 
 async def empty_schedules(
-    conn: Conn, zones: Sequence[str], retry_at: datetime
+    conn: Conn, *, zones: Sequence[str], retry_at: datetime
 ) -> list[EmptiedSchedule]:
     """Empties the non-empty schedules of the active windowed policies in ``zones``."""
-    rows = await conn.fetch(sql("policy_schedules_empty"), list(zones), retry_at)
+    rows = await fetch_many(conn, "policy_schedules_empty", zones=list(zones), retry_at=retry_at)
     return [EmptiedSchedule(r["id"], r["queue_id"], r["zone"]) for r in rows]
 
 
 async def schedules_due_now(conn: Conn, zones: Sequence[str]) -> None:
     """Makes the empty schedules of the active windowed policies in ``zones`` due at once."""
-    await conn.execute(sql("policy_schedules_due_now"), list(zones))
+    await execute(conn, "policy_schedules_due_now", zones=list(zones))
 
 
-async def counter_units(conn: Conn, row: PolicyRow, window_start: datetime) -> int:
+async def counter_units(conn: Conn, *, row: PolicyRow, window_start: datetime) -> int:
     """Units charged in one window of a policy."""
-    return int(await conn.fetchval(sql("counter_units"), row.id, window_start, row.endpoint_id))
+    units = await fetch_value(
+        conn,
+        "counter_units",
+        policy_id=row.id,
+        window_start=window_start,
+        endpoint_id=row.endpoint_id,
+    )
+    return int(units)
 
 
-async def counter_carry(conn: Conn, row: PolicyRow, window_start: datetime, units: int) -> None:
+async def counter_carry(conn: Conn, *, row: PolicyRow, window_start: datetime, units: int) -> None:
     """Raises a window's count of a policy to at least ``units``."""
-    await conn.execute(sql("counter_carry"), row.id, window_start, units, row.endpoint_id)
+    await execute(
+        conn,
+        "counter_carry",
+        policy_id=row.id,
+        window_start=window_start,
+        units=units,
+        endpoint_id=row.endpoint_id,
+    )
 
 
 async def insert_audit(
@@ -234,22 +265,24 @@ async def insert_audit(
     after: Mapping[str, Any] | None,
 ) -> None:
     """Records one policy change."""
-    await conn.execute(
-        sql("policy_audit_insert"),
-        queue_id,
-        owner_id,
-        action,
-        actor_credential_id,
-        actor_human_id,
-        actor_endpoint_id,
-        json.dumps(before) if before is not None else None,
-        json.dumps(after) if after is not None else None,
-        endpoint_id,
+    await execute(
+        conn,
+        "policy_audit_insert",
+        queue_id=queue_id,
+        owner_id=owner_id,
+        action=action,
+        actor_credential_id=actor_credential_id,
+        actor_human_id=actor_human_id,
+        actor_endpoint_id=actor_endpoint_id,
+        before=json.dumps(before) if before is not None else None,
+        after=json.dumps(after) if after is not None else None,
+        endpoint_id=endpoint_id,
     )
 
 
 async def list_audit(
     conn: Conn,
+    *,
     queue_id: int,
     owner_id: uuid.UUID,
     endpoint_id: uuid.UUID,
@@ -257,8 +290,14 @@ async def list_audit(
     limit: int,
 ) -> list[AuditRow]:
     """A page of a queue's policy changes, newest first."""
-    rows = await conn.fetch(
-        sql("policy_audit_list"), queue_id, owner_id, before_id, limit, endpoint_id
+    rows = await fetch_many(
+        conn,
+        "policy_audit_list",
+        queue_id=queue_id,
+        owner_id=owner_id,
+        before_id=before_id,
+        limit=limit,
+        endpoint_id=endpoint_id,
     )
     return [
         AuditRow(
@@ -276,11 +315,11 @@ async def list_audit(
 
 
 async def queue_admission(
-    conn: Conn, endpoint_id: uuid.UUID, queue_id: int
+    conn: Conn, *, endpoint_id: uuid.UUID, queue_id: int
 ) -> QueueAdmission | None:
     """The derived admission of one queue of an endpoint (``None`` without an
     active policy); on a cluster, a read of that endpoint's shards only."""
-    r = await conn.fetchrow(sql("queue_admission_of"), endpoint_id, queue_id)
+    r = await fetch_one(conn, "queue_admission_of", endpoint_id=endpoint_id, queue_id=queue_id)
     if r is None:
         return None
     return QueueAdmission(
@@ -292,7 +331,7 @@ async def queue_admissions(conn: Conn, queue_ids: Sequence[int]) -> dict[int, Qu
     """The derived admission of each queue that has an active policy."""
     if not queue_ids:
         return {}
-    rows = await conn.fetch(sql("queue_admission_status"), list(queue_ids))
+    rows = await fetch_many(conn, "queue_admission_status", queue_ids=list(queue_ids))
     return {
         r["queue_id"]: QueueAdmission(
             r["queue_id"], r["reason"], r["window_end"], r["earliest_expiry"], r["in_flight"]

@@ -5,16 +5,16 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from switchboard_server.db.database import Conn
-from switchboard_server.db.queries import sql
+from switchboard_server.db.queries import execute, fetch_value
 
 
 async def now(conn: Conn) -> datetime:
     """The current instant on the shared clock."""
-    value = await conn.fetchval(sql("clock_now"))
+    value = await fetch_value(conn, "clock_now")
     assert isinstance(value, datetime)
     return value
 
 
 async def set_skew(conn: Conn, skew: timedelta) -> None:
     """Test-only: moves the shared clock by ``skew`` from the database's real time."""
-    await conn.execute(sql("clock_set_skew"), skew)
+    await execute(conn, "clock_set_skew", skew=skew)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from switchboard_server.db.database import Conn
-from switchboard_server.db.queries import sql
+from switchboard_server.db.queries import QUERIES, execute, fetch_many, fetch_one, fetch_value
 
 log = logging.getLogger(__name__)
 
@@ -117,13 +117,13 @@ class Report:
 
 async def check_coordinator(conn: Conn) -> str:
     """The Citus version, or ``NotCitus`` with the reason."""
-    version = await conn.fetchval(sql("citus_version"))
+    version = await fetch_value(conn, "citus_version")
     if version is None:
         raise NotCitus(
             "the citus extension is not installed in this database "
             "(CREATE EXTENSION citus on every node; see docs/scaling-out.md)"
         )
-    row = await conn.fetchrow(sql("citus_is_coordinator"))
+    row = await fetch_one(conn, "citus_is_coordinator")
     assert row is not None
     if not row["coordinator"]:
         raise NotCitus("this node is not the cluster's coordinator (citus_set_coordinator_host)")
@@ -141,12 +141,12 @@ async def distribute(conn: Conn, *, shard_count: int | None = None) -> Report:
     """
     await check_coordinator(conn)
     report = Report()
-    await conn.execute(sql("migration_lock"))
+    await execute(conn, "migration_lock")
     try:
         held = {
             r["name"]: r["kind"]
-            for r in await conn.fetch(
-                sql("citus_tables_of"), [*REFERENCE_TABLES, *DISTRIBUTED_TABLES]
+            for r in await fetch_many(
+                conn, "citus_tables_of", tables=[*REFERENCE_TABLES, *DISTRIBUTED_TABLES]
             )
         }
         to_reference = [t for t in REFERENCE_TABLES if held.get(t) != "reference"]
@@ -164,17 +164,21 @@ async def distribute(conn: Conn, *, shard_count: int | None = None) -> Report:
         await _plan_per_call(conn)
         delegated = {
             _plain(f["signature"])
-            for f in await conn.fetch(sql("schema_functions_all"))
+            for f in await fetch_many(conn, "schema_functions_all")
             if f["delegated"]
         }
         for signature, argument in DELEGATED:
             if _plain(signature) not in delegated:
-                await conn.execute(
-                    sql("function_delegate"), signature, argument, DISTRIBUTED_TABLES[0]
+                await execute(
+                    conn,
+                    "function_delegate",
+                    signature=signature,
+                    argument=argument,
+                    colocate_with=DISTRIBUTED_TABLES[0],
                 )
                 report.delegated.append(signature)
     finally:
-        await conn.execute(sql("migration_unlock"))
+        await execute(conn, "migration_unlock")
     log.info(
         "schema distributed",
         extra={
@@ -189,27 +193,37 @@ async def distribute(conn: Conn, *, shard_count: int | None = None) -> Report:
 
 async def is_distributed(conn: Conn) -> bool:
     """Whether the schema is distributed (a Citus coordinator after ``distribute``)."""
-    if await conn.fetchval(sql("citus_version")) is None:
+    if await fetch_value(conn, "citus_version") is None:
         return False
-    return bool(await conn.fetchval(sql("citus_distributed")))
+    return bool(await fetch_value(conn, "citus_distributed"))
 
 
 async def endpoint_groups(conn: Conn, candidates: str, *args: object) -> list[list[uuid.UUID]]:
-    """The endpoints that the named read-only query ``candidates`` finds (its
-    ``$1`` is the shared clock's now, then ``args``), grouped by the shard
+    """The endpoints that the named read-only query ``candidates`` finds (it
+    takes ``:now``, the shared clock's now), grouped by the shard
     group that holds them: a background pass on a cluster makes one delegated
-    call per group, with its first endpoint as the one Citus places it by."""
-    now = await conn.fetchval(sql("clock_now"))
-    found = [r["endpoint_id"] for r in await conn.fetch(sql(candidates), now, *args)]
+    call per group, with its first endpoint as the one Citus places it by.
+
+    (``args``: for a positional query of ``sql/todos.sql``, its ``$1`` the
+    now and then ``args``, until that file names its parameters.)"""
+    now = await fetch_value(conn, "clock_now")
+    query = QUERIES[candidates]
+    if query.names is None:
+        rows = await conn.fetch(query.sql, now, *args)
+    else:
+        rows = await fetch_many(conn, candidates, now=now)
+    found = [r["endpoint_id"] for r in rows]
     if not found:
         return []
-    rows = await conn.fetch(sql("citus_shard_groups"), found, DISTRIBUTED_TABLES[0])
+    rows = await fetch_many(
+        conn, "citus_shard_groups", endpoint_ids=found, table=DISTRIBUTED_TABLES[0]
+    )
     return [list(r["endpoint_ids"]) for r in rows]
 
 
 async def worker_nodes(conn: Conn) -> list[tuple[str, int]]:
     """The active primary worker nodes, as (host, port) the coordinator reaches them by."""
-    return [(r["host"], int(r["port"])) for r in await conn.fetch(sql("citus_worker_nodes"))]
+    return [(r["host"], int(r["port"])) for r in await fetch_many(conn, "citus_worker_nodes")]
 
 
 async def after_functions(conn: Conn) -> None:
@@ -225,7 +239,7 @@ async def _plan_per_call(conn: Conn) -> None:
     """Resets ``plan_cache_mode`` where a function forces generic plans (a
     saving on one server): Citus cannot plan a join on a distributed table
     with its parameters unknown (``could not create distributed plan``)."""
-    for row in await conn.fetch(sql("generic_plan_resets")):
+    for row in await fetch_many(conn, "generic_plan_resets"):
         await conn.execute(row["statement"])
 
 
@@ -236,7 +250,7 @@ async def _propagate_functions(conn: Conn) -> int:
     after the others, until a round makes no progress."""
     waiting = [
         f["signature"]
-        for f in await conn.fetch(sql("schema_functions_all"))
+        for f in await fetch_many(conn, "schema_functions_all")
         if not f["distributed"]
     ]
     done = 0
@@ -244,7 +258,7 @@ async def _propagate_functions(conn: Conn) -> int:
         failed: list[tuple[str, Exception]] = []
         for signature in waiting:
             try:
-                await conn.execute(sql("function_propagate"), signature)
+                await execute(conn, "function_propagate", signature=signature)
             except asyncpg.PostgresError as exc:
                 failed.append((signature, exc))
         if len(failed) == len(waiting):
@@ -265,30 +279,35 @@ async def _convert_tables(
     the coordinator's local copies of the rows, in one transaction."""
     tables = [*REFERENCE_TABLES, *DISTRIBUTED_TABLES]
     async with conn.transaction():
-        await conn.execute(sql("sequential_mode"))
-        await conn.execute(sql("local_reference_keys_off"))
-        await conn.execute(sql("previous_release_compat_drop"))
-        keys = await conn.fetch(sql("foreign_keys_of"), tables)
+        await execute(conn, "sequential_mode")
+        await execute(conn, "local_reference_keys_off")
+        await execute(conn, "previous_release_compat_drop")
+        keys = await fetch_many(conn, "foreign_keys_of", tables=tables)
         for key in keys:
             await conn.execute(key["drop_statement"])
         for table in to_reference:
-            await conn.execute(sql("reference_table_create"), table)
+            await execute(conn, "reference_table_create", table=table)
         for table in to_distribute:
             if table == DISTRIBUTED_TABLES[0]:
-                await conn.execute(
-                    sql("distributed_table_create"), table, DISTRIBUTION_COLUMN, shard_count
+                await execute(
+                    conn,
+                    "distributed_table_create",
+                    table=table,
+                    column=DISTRIBUTION_COLUMN,
+                    shard_count=shard_count,
                 )
             else:
-                await conn.execute(
-                    sql("distributed_table_colocate"),
-                    table,
-                    DISTRIBUTION_COLUMN,
-                    DISTRIBUTED_TABLES[0],
+                await execute(
+                    conn,
+                    "distributed_table_colocate",
+                    table=table,
+                    column=DISTRIBUTION_COLUMN,
+                    colocate_with=DISTRIBUTED_TABLES[0],
                 )
         for key in keys:
             await conn.execute(key["add_statement"])
         for table in [*to_reference, *to_distribute]:
-            await conn.execute(sql("local_data_truncate"), table)
+            await execute(conn, "local_data_truncate", table=table)
 
 
 def _plain(signature: str) -> str:

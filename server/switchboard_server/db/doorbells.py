@@ -10,7 +10,7 @@ from datetime import datetime
 
 from switchboard_server.db import distribute
 from switchboard_server.db.database import Conn
-from switchboard_server.db.queries import sql
+from switchboard_server.db.queries import execute, fetch_many
 
 log = logging.getLogger(__name__)
 
@@ -25,25 +25,28 @@ class WaitingQueue:
 
 
 async def snapshot(
-    conn: Conn, endpoint_id: uuid.UUID, queues: Sequence[str] | None
+    conn: Conn, *, endpoint_id: uuid.UUID, queues: Sequence[str] | None
 ) -> list[WaitingQueue]:
     """The endpoint's queues a subscriber should hear about now."""
-    rows = await conn.fetch(
-        sql("doorbell_snapshot"), endpoint_id, list(queues) if queues is not None else None
+    rows = await fetch_many(
+        conn,
+        "doorbell_snapshot",
+        endpoint_id=endpoint_id,
+        queues=list(queues) if queues is not None else None,
     )
     return [WaitingQueue(r["queue"], r["pending"], r["at"]) for r in rows]
 
 
 async def reopen_sweep(conn: Conn, batch: int) -> list[tuple[int, str, bool]]:
     """Reopens due deferred gates that admit again: (queue id, cause, rang)."""
-    rows = await conn.fetch(sql("gate_reopen_sweep"), batch)
+    rows = await fetch_many(conn, "gate_reopen_sweep", batch=batch)
     return [(r["queue_id"], r["cause"], r["rang"]) for r in rows]
 
 
-async def recheck_gate(conn: Conn, endpoint_id: uuid.UUID, queue_id: int) -> None:
+async def recheck_gate(conn: Conn, *, endpoint_id: uuid.UUID, queue_id: int) -> None:
     """A queue's policy changed: its deferred gate is due at once, or marked if
     the new policy defers the queue (so that it rings when it reopens)."""
-    await conn.execute(sql("gate_recheck"), endpoint_id, queue_id)
+    await execute(conn, "gate_recheck", endpoint_id=endpoint_id, queue_id=queue_id)
 
 
 async def due_gate_endpoint_groups(conn: Conn) -> list[list[uuid.UUID]]:
@@ -52,9 +55,15 @@ async def due_gate_endpoint_groups(conn: Conn) -> list[list[uuid.UUID]]:
 
 
 async def reopen_sweep_of(
-    conn: Conn, endpoint_ids: Sequence[uuid.UUID], batch: int
+    conn: Conn, *, endpoint_ids: Sequence[uuid.UUID], batch: int
 ) -> list[tuple[int, str, bool]]:
     """``reopen_sweep`` for endpoints of one shard group, in one call delegated
     to the group's node (outside any transaction block)."""
-    rows = await conn.fetch(sql("gate_reopen_sweep_of"), endpoint_ids[0], endpoint_ids, batch)
+    rows = await fetch_many(
+        conn,
+        "gate_reopen_sweep_of",
+        endpoint_id=endpoint_ids[0],
+        endpoint_ids=endpoint_ids,
+        batch=batch,
+    )
     return [(r["queue_id"], r["cause"], r["rang"]) for r in rows]

@@ -7,11 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-import asyncpg
-
 from switchboard_server.db import distribute
 from switchboard_server.db.database import Conn
-from switchboard_server.db.queries import sql
+from switchboard_server.db.queries import Row, execute, fetch_many, fetch_value
 
 
 @dataclass(frozen=True)
@@ -34,9 +32,9 @@ class Delivery:
     sealed_previous: bytes | None = None
 
 
-async def take(conn: Conn, batch: int, lease: timedelta) -> list[Delivery]:
+async def take(conn: Conn, *, batch: int, lease: timedelta) -> list[Delivery]:
     """Leases up to ``batch`` due deliveries, the oldest of each (endpoint, queue) only."""
-    return _deliveries(await conn.fetch(sql("hook_take"), batch, lease))
+    return _deliveries(await fetch_many(conn, "hook_take", batch=batch, lease=lease))
 
 
 async def due_endpoint_groups(conn: Conn) -> list[list[uuid.UUID]]:
@@ -45,16 +43,22 @@ async def due_endpoint_groups(conn: Conn) -> list[list[uuid.UUID]]:
 
 
 async def take_of(
-    conn: Conn, endpoint_ids: Sequence[uuid.UUID], batch: int, lease: timedelta
+    conn: Conn, *, endpoint_ids: Sequence[uuid.UUID], batch: int, lease: timedelta
 ) -> list[Delivery]:
     """``take`` for endpoints of one shard group, in one call delegated to the
     group's node (outside any transaction block)."""
-    return _deliveries(
-        await conn.fetch(sql("hook_take_of"), endpoint_ids[0], endpoint_ids, batch, lease)
+    rows = await fetch_many(
+        conn,
+        "hook_take_of",
+        endpoint_id=endpoint_ids[0],
+        endpoint_ids=endpoint_ids,
+        batch=batch,
+        lease=lease,
     )
+    return _deliveries(rows)
 
 
-def _deliveries(rows: Sequence[asyncpg.Record]) -> list[Delivery]:
+def _deliveries(rows: Sequence[Row]) -> list[Delivery]:
     return [
         Delivery(
             id=r["id"],
@@ -73,14 +77,15 @@ def _deliveries(rows: Sequence[asyncpg.Record]) -> list[Delivery]:
     ]
 
 
-async def delivered(conn: Conn, delivery_id: int, endpoint_id: uuid.UUID) -> None:
+async def delivered(conn: Conn, *, delivery_id: int, endpoint_id: uuid.UUID) -> None:
     """Deletes a delivery the receiver acknowledged and notes the success on the endpoint."""
-    await conn.execute(sql("hook_delivered"), delivery_id, endpoint_id)
-    await conn.execute(sql("hook_status_delivered"), endpoint_id)
+    await execute(conn, "hook_delivered", delivery_id=delivery_id, endpoint_id=endpoint_id)
+    await execute(conn, "hook_status_delivered", endpoint_id=endpoint_id)
 
 
 async def failed(
     conn: Conn,
+    *,
     delivery_id: int,
     endpoint_id: uuid.UUID,
     error: str,
@@ -89,33 +94,45 @@ async def failed(
 ) -> None:
     """Records a failed attempt and schedules the next one (if the lease is still ours);
     the endpoint's owner sees the error."""
-    if await conn.fetchval(
-        sql("hook_failed"), delivery_id, error, retry_in, lease_until, endpoint_id
+    if await fetch_value(
+        conn,
+        "hook_failed",
+        delivery_id=delivery_id,
+        error=error,
+        retry_in=retry_in,
+        lease_until=lease_until,
+        endpoint_id=endpoint_id,
     ):
-        await conn.execute(sql("hook_status_failed"), endpoint_id, error)
+        await execute(conn, "hook_status_failed", endpoint_id=endpoint_id, error=error)
 
 
 async def release(
-    conn: Conn, delivery_id: int, endpoint_id: uuid.UUID, lease_until: datetime
+    conn: Conn, *, delivery_id: int, endpoint_id: uuid.UUID, lease_until: datetime
 ) -> None:
     """Hands an unsent delivery back at once (if the lease is still ours)."""
-    await conn.execute(sql("hook_release"), delivery_id, lease_until, endpoint_id)
+    await execute(
+        conn,
+        "hook_release",
+        delivery_id=delivery_id,
+        lease_until=lease_until,
+        endpoint_id=endpoint_id,
+    )
 
 
 async def over_cap(conn: Conn, cap: int) -> bool:
     """Whether the outbox as a whole holds more than ``cap`` rows (cheap: reads ``cap`` + 1)."""
-    return bool(await conn.fetchval(sql("hook_over_cap"), cap))
+    return bool(await fetch_value(conn, "hook_over_cap", cap=cap))
 
 
 async def trim(conn: Conn, cap: int) -> dict[uuid.UUID, int]:
     """Drops the oldest rows of each endpoint beyond ``cap``; the number dropped per endpoint."""
-    rows = await conn.fetch(sql("hook_trim"), cap)
+    rows = await fetch_many(conn, "hook_trim", cap=cap)
     return {r["endpoint_id"]: int(r["dropped"]) for r in rows}
 
 
 async def drop_cleared(conn: Conn) -> int:
     """Drops the rows of endpoints whose hook is cleared; how many."""
-    count = await conn.fetchval(sql("hook_drop_cleared"))
+    count = await fetch_value(conn, "hook_drop_cleared")
     return int(count or 0)
 
 
@@ -124,8 +141,8 @@ async def drop_cleared_distributed(conn: Conn) -> int:
     shard (no writes there while there are none), then each is emptied on its
     shard; how many rows."""
     dropped = 0
-    for r in await conn.fetch(sql("hook_cleared_endpoints")):
-        status = await conn.execute(sql("hook_drop_cleared_endpoint"), r["endpoint_id"])
+    for r in await fetch_many(conn, "hook_cleared_endpoints"):
+        status = await execute(conn, "hook_drop_cleared_endpoint", endpoint_id=r["endpoint_id"])
         dropped += int(status.split()[-1])
     return dropped
 
@@ -134,8 +151,8 @@ async def trim_distributed(conn: Conn, cap: int) -> dict[uuid.UUID, int]:
     """``trim`` on a Citus cluster: the endpoints over the cap are read from
     every shard, then each is trimmed on its own shard."""
     dropped: dict[uuid.UUID, int] = {}
-    for r in await conn.fetch(sql("hook_over_cap_endpoints"), cap):
-        rows = await conn.fetch(sql("hook_trim_endpoint"), r["endpoint_id"], cap)
+    for r in await fetch_many(conn, "hook_over_cap_endpoints", cap=cap):
+        rows = await fetch_many(conn, "hook_trim_endpoint", endpoint_id=r["endpoint_id"], cap=cap)
         if rows:
             dropped[r["endpoint_id"]] = len(rows)
     return dropped

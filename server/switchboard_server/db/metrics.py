@@ -15,7 +15,7 @@ import asyncpg
 from switchboard_server import errors
 from switchboard_server.db import clock
 from switchboard_server.db.database import Conn
-from switchboard_server.db.queries import sql
+from switchboard_server.db.queries import fetch_many
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ async def clock_now(conn: Conn) -> datetime:
 async def policy_statuses(conn: Conn) -> list[PolicyStatusRow]:
     """Every policy's status (``metrics_policies``)."""
     try:
-        rows = await conn.fetch(sql("metrics_policies"))
+        rows = await fetch_many(conn, "metrics_policies")
     except asyncpg.PostgresError as exc:
         raise errors.Unavailable(f"cannot read admission policies: {exc}") from exc
     return [
@@ -82,7 +82,7 @@ async def policy_statuses(conn: Conn) -> list[PolicyStatusRow]:
 async def live_todos(conn: Conn) -> list[LiveTodosRow]:
     """Pending and claimed todos per queue name (``metrics_live_todos``)."""
     try:
-        rows = await conn.fetch(sql("metrics_live_todos"))
+        rows = await fetch_many(conn, "metrics_live_todos")
     except asyncpg.PostgresError as exc:
         raise errors.Unavailable(f"cannot count todos: {exc}") from exc
     return [LiveTodosRow(r["queue"], r["state"], int(r["todos"])) for r in rows]
@@ -91,7 +91,7 @@ async def live_todos(conn: Conn) -> list[LiveTodosRow]:
 async def dead_todos(conn: Conn) -> list[DeadTodosRow]:
     """Dead todos (not yet removed by retention) per queue name (``metrics_dead_todos``)."""
     try:
-        rows = await conn.fetch(sql("metrics_dead_todos"))
+        rows = await fetch_many(conn, "metrics_dead_todos")
     except asyncpg.PostgresError as exc:
         raise errors.Unavailable(f"cannot count dead todos: {exc}") from exc
     return [DeadTodosRow(r["queue"], int(r["todos"])) for r in rows]
@@ -120,7 +120,7 @@ async def eligible_pending(conn: Conn, now: datetime) -> list[QueueValueRow]:
     """Seconds the oldest claimable pending todo of each queue name not deferred
     by its gate has waited at ``now`` (``metrics_eligible_pending``)."""
     try:
-        rows = await conn.fetch(sql("metrics_eligible_pending"), now)
+        rows = await fetch_many(conn, "metrics_eligible_pending", now=now)
     except asyncpg.PostgresError as exc:
         raise errors.Unavailable(f"cannot read pending todos: {exc}") from exc
     return [QueueValueRow(r["queue"], float(r["waited"])) for r in rows]
@@ -130,7 +130,7 @@ async def deferred_gates(conn: Conn, now: datetime) -> list[QueueValueRow]:
     """Seconds past its next check at ``now`` of the most overdue deferred gate,
     per queue name and reason (``metrics_deferred_gates``)."""
     try:
-        rows = await conn.fetch(sql("metrics_deferred_gates"), now)
+        rows = await fetch_many(conn, "metrics_deferred_gates", now=now)
     except asyncpg.PostgresError as exc:
         raise errors.Unavailable(f"cannot read queue gates: {exc}") from exc
     return [QueueValueRow(r["queue"], float(r["overdue"]), r["reason"]) for r in rows]
@@ -140,7 +140,7 @@ async def hook_outbox(conn: Conn) -> list[HookOutboxRow]:
     """Undelivered notify-hook deliveries and failures in a row per queue name
     (``metrics_hook_outbox``)."""
     try:
-        rows = await conn.fetch(sql("metrics_hook_outbox"))
+        rows = await fetch_many(conn, "metrics_hook_outbox")
     except asyncpg.PostgresError as exc:
         raise errors.Unavailable(f"cannot read the notify-hook outbox: {exc}") from exc
     return [HookOutboxRow(r["queue"], int(r["deliveries"]), int(r["failures"])) for r in rows]

@@ -32,7 +32,7 @@ from importlib import resources
 
 from switchboard_server.db import distribute
 from switchboard_server.db.database import Conn
-from switchboard_server.db.queries import sql
+from switchboard_server.db.queries import execute, fetch_many
 
 log = logging.getLogger(__name__)
 
@@ -93,18 +93,18 @@ def function_files() -> list[FunctionFile]:
 
 async def applied(conn: Conn) -> dict[int, str]:
     """The versions already applied, with their names."""
-    await conn.execute(sql("migration_table_create"))
-    return {r["version"]: r["name"] for r in await conn.fetch(sql("migration_applied"))}
+    await execute(conn, "migration_table_create")
+    return {r["version"]: r["name"] for r in await fetch_many(conn, "migration_applied")}
 
 
 async def migrate(conn: Conn) -> list[Migration]:
     """Applies every pending migration, then every changed function file;
     returns the migrations it applied."""
     changed: list[FunctionFile] = []
-    await conn.execute(sql("migration_lock"))
+    await execute(conn, "migration_lock")
     try:
         already = await applied(conn)
-        await conn.execute(sql("function_table_create"))
+        await execute(conn, "function_table_create")
         shipped = available()
         pending = _pending(shipped, already)
         newer = sorted(set(already) - {m.version for m in shipped})
@@ -112,7 +112,9 @@ async def migrate(conn: Conn) -> list[Migration]:
             for migration in pending:
                 if _has_statement(migration.sql):
                     await conn.execute(migration.sql)
-                await conn.execute(sql("migration_record"), migration.version, migration.name)
+                await execute(
+                    conn, "migration_record", version=migration.version, name=migration.name
+                )
             if newer:
                 # A newer release migrated this database: its functions are
                 # newer too, and an older server must not put its own back.
@@ -123,7 +125,7 @@ async def migrate(conn: Conn) -> list[Migration]:
             else:
                 changed = await _apply_functions(conn)
     finally:
-        await conn.execute(sql("migration_unlock"))
+        await execute(conn, "migration_unlock")
     for file in changed:
         log.info("functions applied", extra={"file": file.name})
     return pending
@@ -152,16 +154,16 @@ def _pending(shipped: list[Migration], already: dict[int, str]) -> list[Migratio
 async def _apply_functions(conn: Conn) -> list[FunctionFile]:
     """Applies (inside the caller's transaction) the function files whose text
     differs from the one recorded, records them, and checks every function."""
-    recorded = {r["file"]: r["checksum"] for r in await conn.fetch(sql("function_applied"))}
+    recorded = {r["file"]: r["checksum"] for r in await fetch_many(conn, "function_applied")}
     files = function_files()
     changed = [f for f in files if recorded.get(f.name) != f.checksum]
     if changed:
-        await conn.execute(sql("function_bodies_unchecked"))
+        await execute(conn, "function_bodies_unchecked")
         for file in changed:
             await conn.execute(file.sql)
-            await conn.execute(sql("function_record"), file.name, file.checksum)
-        await conn.execute(sql("function_validate"))
+            await execute(conn, "function_record", file=file.name, checksum=file.checksum)
+        await execute(conn, "function_validate")
         await distribute.after_functions(conn)
     if set(recorded) - {f.name for f in files}:
-        await conn.execute(sql("function_forget"), [f.name for f in files])
+        await execute(conn, "function_forget", files=[f.name for f in files])
     return changed

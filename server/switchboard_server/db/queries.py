@@ -1,21 +1,67 @@
-"""Loads the named queries from ``sql/*.sql``.
+"""Loads the named queries from ``sql/*.sql`` and runs them by name.
 
 Each query starts with a header ``-- name: <entity>_<verb> :one|:many|:exec``
-followed by comment lines describing it, then the statement. ``:one``,
-``:many`` and ``:exec`` map to asyncpg's ``fetchrow``, ``fetch`` and
-``execute``. No other module holds a SQL string.
+followed by comment lines describing it, then the statement. No other module
+holds a SQL string.
+
+Parameters are named: ``:endpoint_id`` in a statement is the parameter
+``endpoint_id``. A name is a colon followed by a lower-case identifier,
+where the colon does not follow another colon or a word character, so a
+cast (``:endpoint_id::uuid``, ``x::text``) is never read as one; nothing
+inside a quoted string, a quoted identifier or a ``--`` comment is read
+either. At load, each name becomes asyncpg's ``$n`` (numbered in the order
+the names first appear; a name used twice is one ``$n``), and the names in
+that order are the query's ``names``.
+
+The wrappers in ``db/*.py`` pass their arguments by name to one of the
+runners below, which orders them by ``names`` and refuses a call that
+misses a name or passes one the query lacks. The header's cardinality says
+which runner a query takes: ``fetch_one`` (or ``fetch_value``, its first
+column) for ``:one``, ``fetch_many`` for ``:many``, ``execute`` (or
+``execute_many``) for ``:exec``. The runners are typed per cardinality
+rather than one ``run`` returning any of a row, rows or a status, which
+every caller would have to narrow; a runner that does not match the header
+is refused too (tests/unit/test_query_names.py checks every call statically).
+
+The remaining step: ``sql/todos.sql`` still uses positional ``$n``
+(its wrappers in ``db/todos.py`` call ``conn`` with ``sql(name)``). Its
+queries have ``names = None``; a file must not mix the two styles, and the
+runners take named queries only.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from switchboard_server.db.database import Conn
 
 Cardinality = Literal["one", "many", "exec"]
 
+#: A result row (an ``asyncpg.Record``), read by column name.
+Row = Mapping[str, Any]
+
 _HEADER = re.compile(r"^--\s*name:\s*(?P<name>[a-z_][a-z0-9_]*)\s+:(?P<card>one|many|exec)\s*$")
+
+#: What the placeholder scan steps over whole (strings, quoted identifiers,
+#: comments, dollar-quoted bodies), and the placeholders themselves.
+_TOKEN = re.compile(
+    r"""
+      (?P<skip>'(?:[^']|'')*'        # a string
+        | "(?:[^"]|"")*"             # a quoted identifier
+        | --[^\n]*                   # a comment
+        | \$(?P<tag>[A-Za-z_]*)\$.*?\$(?P=tag)\$  # a dollar-quoted body
+        | ::                         # a cast
+      )
+    | (?<![:\w]):(?P<name>[a-z_][a-z0-9_]*)
+    | (?P<positional>\$\d+)
+    """,
+    re.VERBOSE | re.DOTALL,
+)
 
 
 @dataclass(frozen=True)
@@ -24,7 +70,34 @@ class Query:
 
     name: str
     cardinality: Cardinality
+    #: The statement, with ``$n`` for its parameters.
     sql: str
+    #: The parameter names, ``$1`` first; ``None`` for a statement written
+    #: with positional ``$n`` (``sql/todos.sql``, not yet converted).
+    names: tuple[str, ...] | None = ()
+
+
+def bind_names(statement: str, source: str = "<string>") -> tuple[str, tuple[str, ...] | None]:
+    """The statement with each ``:name`` rewritten to its ``$n``, and the
+    names in ``$n`` order (``None`` when it uses positional ``$n``)."""
+    names: dict[str, int] = {}
+    positional = False
+
+    def replace(match: re.Match[str]) -> str:
+        nonlocal positional
+        if match["positional"]:
+            positional = True
+            return match[0]
+        name = match["name"]
+        if name is None:
+            return match[0]
+        number = names.setdefault(name, len(names) + 1)
+        return f"${number}"
+
+    rewritten = _TOKEN.sub(replace, statement)
+    if positional and names:
+        raise ValueError(f"{source}: both :names and positional $n in one statement")
+    return rewritten, (None if positional else tuple(names))
 
 
 def parse(text: str, source: str = "<string>") -> dict[str, Query]:
@@ -40,7 +113,8 @@ def parse(text: str, source: str = "<string>") -> dict[str, Query]:
         body = "\n".join(line for line in lines if not line.lstrip().startswith("--")).strip()
         if not body:
             raise ValueError(f"{source}: query {name} has no statement")
-        queries[name] = Query(name, card, body)
+        statement, names = bind_names(body, f"{source}: query {name}")
+        queries[name] = Query(name, card, statement, names)
 
     for line in text.splitlines():
         match = _HEADER.match(line)
@@ -66,7 +140,11 @@ def load_all() -> dict[str, Query]:
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if not entry.name.endswith(".sql"):
             continue
-        for name, query in parse(entry.read_text(encoding="utf-8"), entry.name).items():
+        parsed = parse(entry.read_text(encoding="utf-8"), entry.name)
+        styles = {q.names is None for q in parsed.values() if q.names != ()}
+        if len(styles) > 1:
+            raise ValueError(f"{entry.name}: both :names and positional $n in one file")
+        for name, query in parsed.items():
             if name in queries:
                 raise ValueError(f"{entry.name}: query {name} already defined elsewhere")
             queries[name] = query
@@ -77,5 +155,54 @@ QUERIES = load_all()
 
 
 def sql(name: str) -> str:
-    """The statement of a named query."""
+    """The statement of a named query (with ``$n``; for ``sql/todos.sql``'s
+    positional queries and statements run outside the runners)."""
     return QUERIES[name].sql
+
+
+def arguments(query: Query, params: Mapping[str, Any]) -> list[Any]:
+    """``params`` in the order of the query's ``$n``; ``TypeError`` when a name
+    is missing or is not the query's."""
+    names = query.names
+    if names is None:
+        raise TypeError(f"query {query.name} takes positional arguments (see db/queries.py)")
+    if len(params) != len(names) or not all(n in params for n in names):
+        raise TypeError(f"query {query.name} takes {sorted(names)}, given {sorted(params)}")
+    return [params[n] for n in names]
+
+
+def _query(name: str, *cardinalities: Cardinality) -> Query:
+    query = QUERIES[name]
+    if query.cardinality not in cardinalities:
+        raise TypeError(f"query {name} is :{query.cardinality}, not :{'/:'.join(cardinalities)}")
+    return query
+
+
+async def fetch_one(conn: Conn, name: str, /, **params: Any) -> Row | None:
+    """The row of the ``:one`` query ``name``, or ``None``."""
+    query = _query(name, "one")
+    return await conn.fetchrow(query.sql, *arguments(query, params))
+
+
+async def fetch_value(conn: Conn, name: str, /, **params: Any) -> Any:
+    """The first column of the row of the ``:one`` query ``name``, or ``None``."""
+    query = _query(name, "one")
+    return await conn.fetchval(query.sql, *arguments(query, params))
+
+
+async def fetch_many(conn: Conn, name: str, /, **params: Any) -> list[Row]:
+    """The rows of the ``:many`` query ``name``."""
+    query = _query(name, "many")
+    return await conn.fetch(query.sql, *arguments(query, params))
+
+
+async def execute(conn: Conn, name: str, /, **params: Any) -> str:
+    """Runs the ``:exec`` query ``name``; its status (``DELETE 3``)."""
+    query = _query(name, "exec")
+    return await conn.execute(query.sql, *arguments(query, params))
+
+
+async def execute_many(conn: Conn, name: str, /, rows: Iterable[Mapping[str, Any]]) -> None:
+    """Runs the ``:exec`` query ``name`` once per mapping of ``rows``."""
+    query = _query(name, "exec")
+    await conn.executemany(query.sql, [arguments(query, row) for row in rows])

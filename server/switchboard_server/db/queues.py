@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from switchboard_server.db.database import Conn
-from switchboard_server.db.queries import sql
+from switchboard_server.db.queries import execute, fetch_many
 
 
 @dataclass(frozen=True)
@@ -40,10 +40,12 @@ class QueueOverviewRow:
 
 
 async def overview(
-    conn: Conn, owner_id: uuid.UUID, endpoint_id: uuid.UUID | None, name: str | None
+    conn: Conn, *, owner_id: uuid.UUID, endpoint_id: uuid.UUID | None, name: str | None
 ) -> list[QueueOverviewRow]:
     """The owner's queues (optionally one endpoint's, one name), by endpoint then queue name."""
-    rows = await conn.fetch(sql("queue_overview"), owner_id, endpoint_id, name)
+    rows = await fetch_many(
+        conn, "queue_overview", owner_id=owner_id, endpoint_id=endpoint_id, name=name
+    )
     return [QueueOverviewRow(**dict(r)) for r in rows]
 
 
@@ -51,4 +53,4 @@ async def hold_shard_group(conn: Conn, endpoint_id: uuid.UUID) -> None:
     """Holds the endpoint's shard group where it is until the transaction
     ends (a Citus shard move waits; nothing on plain PostgreSQL). First in a
     transaction that reads a row under a lock and writes it later."""
-    await conn.execute(sql("shard_group_hold"), endpoint_id)
+    await execute(conn, "shard_group_hold", endpoint_id=endpoint_id)

@@ -13,7 +13,7 @@ import asyncpg
 
 from switchboard_server import errors
 from switchboard_server.db.database import Conn
-from switchboard_server.db.queries import sql
+from switchboard_server.db.queries import execute, fetch_many, fetch_one
 from switchboard_server.db.queues import hold_shard_group
 from switchboard_server.db.todos import todo_from_record
 from switchboard_server.model import Todo
@@ -110,23 +110,24 @@ async def create(
     """Stores a new schedule; ``AlreadyExists`` when the endpoint has one of that name."""
     d = definition
     try:
-        rec = await conn.fetchrow(
-            sql("schedule_create"),
-            owner_id,
-            endpoint_id,
-            queue_id,
-            queue,
-            d.name,
-            d.payload,
-            d.content_type,
-            d.max_attempts,
-            d.time_zone,
-            d.calendar_period,
-            d.calendar_at,
-            d.calendar_weekday,
-            d.cron,
-            d.catch_up,
-            next_slot,
+        rec = await fetch_one(
+            conn,
+            "schedule_create",
+            owner_id=owner_id,
+            endpoint_id=endpoint_id,
+            queue_id=queue_id,
+            queue=queue,
+            name=d.name,
+            payload=d.payload,
+            content_type=d.content_type,
+            max_attempts=d.max_attempts,
+            time_zone=d.time_zone,
+            calendar_period=d.calendar_period,
+            calendar_at=d.calendar_at,
+            calendar_weekday=d.calendar_weekday,
+            cron=d.cron,
+            catch_up=d.catch_up,
+            next_slot=next_slot,
         )
     except asyncpg.UniqueViolationError as exc:
         raise _name_taken(exc, d.name) from exc
@@ -135,15 +136,17 @@ async def create(
 
 
 async def get(
-    conn: Conn, schedule_id: int, owner_id: uuid.UUID, endpoint_id: uuid.UUID | None
+    conn: Conn, *, schedule_id: int, owner_id: uuid.UUID, endpoint_id: uuid.UUID | None
 ) -> ScheduleRow | None:
     """A schedule of the owner (and of the endpoint, when given), unlocked."""
-    rec = await conn.fetchrow(sql("schedule_get"), schedule_id, owner_id, endpoint_id)
+    rec = await fetch_one(
+        conn, "schedule_get", schedule_id=schedule_id, owner_id=owner_id, endpoint_id=endpoint_id
+    )
     return _row(rec) if rec is not None else None
 
 
 async def lock(
-    conn: Conn, schedule_id: int, owner_id: uuid.UUID, endpoint_id: uuid.UUID | None
+    conn: Conn, *, schedule_id: int, owner_id: uuid.UUID, endpoint_id: uuid.UUID | None
 ) -> ScheduleRow | None:
     """``get``, with the row locked until the transaction ends.
 
@@ -151,25 +154,35 @@ async def lock(
     first: the lock then names it, so that on a Citus cluster it stays on
     that endpoint's shard (a ``FOR UPDATE`` across shards is refused)."""
     if endpoint_id is None:
-        found = await get(conn, schedule_id, owner_id, None)
+        found = await get(conn, schedule_id=schedule_id, owner_id=owner_id, endpoint_id=None)
         if found is None:
             return None
         endpoint_id = found.endpoint_id
     await hold_shard_group(conn, endpoint_id)
-    rec = await conn.fetchrow(sql("schedule_lock"), schedule_id, owner_id, endpoint_id)
+    rec = await fetch_one(
+        conn, "schedule_lock", schedule_id=schedule_id, owner_id=owner_id, endpoint_id=endpoint_id
+    )
     return _row(rec) if rec is not None else None
 
 
 async def list_page(
-    conn: Conn, owner_id: uuid.UUID, endpoint_id: uuid.UUID | None, after: int | None, limit: int
+    conn: Conn,
+    *,
+    owner_id: uuid.UUID,
+    endpoint_id: uuid.UUID | None,
+    after: int | None,
+    limit: int,
 ) -> list[ScheduleRow]:
     """A page of the owner's (or the endpoint's) schedules, oldest first."""
-    rows = await conn.fetch(sql("schedule_list"), owner_id, endpoint_id, after, limit)
+    rows = await fetch_many(
+        conn, "schedule_list", owner_id=owner_id, endpoint_id=endpoint_id, after=after, limit=limit
+    )
     return [_row(r) for r in rows]
 
 
 async def update(
     conn: Conn,
+    *,
     schedule_id: int,
     endpoint_id: uuid.UUID,
     definition: Definition,
@@ -178,21 +191,22 @@ async def update(
     """Replaces a locked schedule's definition and next slot."""
     d = definition
     try:
-        rec = await conn.fetchrow(
-            sql("schedule_update"),
-            schedule_id,
-            d.name,
-            d.payload,
-            d.content_type,
-            d.max_attempts,
-            d.time_zone,
-            d.calendar_period,
-            d.calendar_at,
-            d.calendar_weekday,
-            d.cron,
-            d.catch_up,
-            next_slot,
-            endpoint_id,
+        rec = await fetch_one(
+            conn,
+            "schedule_update",
+            schedule_id=schedule_id,
+            name=d.name,
+            payload=d.payload,
+            content_type=d.content_type,
+            max_attempts=d.max_attempts,
+            time_zone=d.time_zone,
+            calendar_period=d.calendar_period,
+            calendar_at=d.calendar_at,
+            calendar_weekday=d.calendar_weekday,
+            cron=d.cron,
+            catch_up=d.catch_up,
+            next_slot=next_slot,
+            endpoint_id=endpoint_id,
         )
     except asyncpg.UniqueViolationError as exc:
         raise _name_taken(exc, d.name) from exc
@@ -202,50 +216,64 @@ async def update(
 
 async def set_paused(
     conn: Conn,
+    *,
     schedule_id: int,
     endpoint_id: uuid.UUID,
     paused: bool,
     next_slot: datetime | None,
 ) -> ScheduleRow:
     """Pauses or resumes a locked schedule."""
-    rec = await conn.fetchrow(
-        sql("schedule_set_paused"), schedule_id, paused, next_slot, endpoint_id
+    rec = await fetch_one(
+        conn,
+        "schedule_set_paused",
+        schedule_id=schedule_id,
+        paused=paused,
+        next_slot=next_slot,
+        endpoint_id=endpoint_id,
     )
     assert rec is not None
     return _row(rec)
 
 
-async def delete(conn: Conn, schedule_id: int, endpoint_id: uuid.UUID) -> None:
+async def delete(conn: Conn, *, schedule_id: int, endpoint_id: uuid.UUID) -> None:
     """Deletes a schedule (its todos stay)."""
-    await conn.execute(sql("schedule_delete"), schedule_id, endpoint_id)
+    await execute(conn, "schedule_delete", schedule_id=schedule_id, endpoint_id=endpoint_id)
 
 
 async def due(conn: Conn, batch: int) -> list[ScheduleRow]:
     """Up to ``batch`` running schedules whose next slot is due, locked (SKIP LOCKED)."""
-    return [_row(r) for r in await conn.fetch(sql("schedule_due"), batch)]
+    return [_row(r) for r in await fetch_many(conn, "schedule_due", batch=batch)]
 
 
 async def due_endpoints(conn: Conn, now: datetime) -> list[uuid.UUID]:
     """(A Citus cluster: a read of every shard, no locks.) The endpoints with a
     running schedule due at ``now``."""
-    return [r["endpoint_id"] for r in await conn.fetch(sql("schedule_due_endpoints"), now)]
+    return [r["endpoint_id"] for r in await fetch_many(conn, "schedule_due_endpoints", now=now)]
 
 
 async def due_of(
-    conn: Conn, endpoint_id: uuid.UUID, batch: int, now: datetime
+    conn: Conn, *, endpoint_id: uuid.UUID, batch: int, now: datetime
 ) -> list[ScheduleRow]:
     """``due`` for one endpoint's schedules (a statement on its shard only), its
     shard group held first (``hold_shard_group``)."""
     await hold_shard_group(conn, endpoint_id)
-    return [_row(r) for r in await conn.fetch(sql("schedule_due_of"), batch, endpoint_id, now)]
+    rows = await fetch_many(conn, "schedule_due_of", batch=batch, endpoint_id=endpoint_id, now=now)
+    return [_row(r) for r in rows]
 
 
 async def fire(
-    conn: Conn, row: ScheduleRow, slot: datetime | None, next_slot: datetime
+    conn: Conn, *, row: ScheduleRow, slot: datetime | None, next_slot: datetime
 ) -> Todo | None:
     """Creates the slot's todo (``None``: skipped, or it exists) and advances
     the (locked) schedule ``row``."""
-    rec = await conn.fetchrow(sql("schedule_fire"), row.endpoint_id, row.id, slot, next_slot)
+    rec = await fetch_one(
+        conn,
+        "schedule_fire",
+        endpoint_id=row.endpoint_id,
+        schedule_id=row.id,
+        slot=slot,
+        next_slot=next_slot,
+    )
     return todo_from_record(rec) if rec is not None else None
 
 
@@ -261,22 +289,24 @@ async def insert_audit(
     after: Mapping[str, Any] | None,
 ) -> None:
     """Records one schedule change."""
-    await conn.execute(
-        sql("schedule_audit_insert"),
-        row.id,
-        row.owner_id,
-        row.endpoint_id,
-        action,
-        actor_credential_id,
-        actor_human_id,
-        actor_endpoint_id,
-        json.dumps(before) if before is not None else None,
-        json.dumps(after) if after is not None else None,
+    await execute(
+        conn,
+        "schedule_audit_insert",
+        schedule_id=row.id,
+        owner_id=row.owner_id,
+        endpoint_id=row.endpoint_id,
+        action=action,
+        actor_credential_id=actor_credential_id,
+        actor_human_id=actor_human_id,
+        actor_endpoint_id=actor_endpoint_id,
+        before=json.dumps(before) if before is not None else None,
+        after=json.dumps(after) if after is not None else None,
     )
 
 
 async def list_audit(
     conn: Conn,
+    *,
     schedule_id: int,
     owner_id: uuid.UUID,
     endpoint_id: uuid.UUID | None,
@@ -284,8 +314,14 @@ async def list_audit(
     limit: int,
 ) -> list[AuditRow]:
     """A page of a schedule's changes, newest first."""
-    rows = await conn.fetch(
-        sql("schedule_audit_list"), schedule_id, owner_id, endpoint_id, before_id, limit
+    rows = await fetch_many(
+        conn,
+        "schedule_audit_list",
+        schedule_id=schedule_id,
+        owner_id=owner_id,
+        endpoint_id=endpoint_id,
+        before_id=before_id,
+        limit=limit,
     )
     return [
         AuditRow(

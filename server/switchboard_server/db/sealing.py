@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from switchboard_server.db.database import Conn
-from switchboard_server.db.queries import sql
+from switchboard_server.db.queries import execute, execute_many, fetch_many, fetch_value
 
 
 @dataclass(frozen=True)
@@ -23,23 +23,23 @@ class Pending:
 
 async def lock(conn: Conn) -> None:
     """Serializes the pass across replicas (until the transaction ends)."""
-    await conn.execute(sql("sealing_lock"))
+    await execute(conn, "sealing_lock")
 
 
 async def checks(conn: Conn) -> list[tuple[bytes, bytes]]:
     """(key id, sealed check value) of each key a server encrypted under."""
-    return [(r["key_id"], r["sealed"]) for r in await conn.fetch(sql("sealing_checks"))]
+    return [(r["key_id"], r["sealed"]) for r in await fetch_many(conn, "sealing_checks")]
 
 
-async def keep_only_check(conn: Conn, key_id: bytes, sealed: bytes) -> None:
+async def keep_only_check(conn: Conn, *, key_id: bytes, sealed: bytes) -> None:
     """Records the check of key ``key_id`` and drops every other key's."""
-    await conn.execute(sql("sealing_check_add"), key_id, sealed)
-    await conn.execute(sql("sealing_checks_drop_others"), key_id)
+    await execute(conn, "sealing_check_add", key_id=key_id, sealed=sealed)
+    await execute(conn, "sealing_checks_drop_others", key_id=key_id)
 
 
 async def any_secret(conn: Conn) -> bool:
     """Whether any endpoint has a hook secret, sealed or in plaintext."""
-    return bool(await conn.fetchval(sql("sealing_any_secret")))
+    return bool(await fetch_value(conn, "sealing_any_secret"))
 
 
 async def pending(conn: Conn, key_id: bytes) -> list[Pending]:
@@ -52,25 +52,26 @@ async def pending(conn: Conn, key_id: bytes) -> list[Pending]:
             r["notify_secret_sealed"],
             r["notify_secret_previous_sealed"],
         )
-        for r in await conn.fetch(sql("sealing_pending"), key_id)
+        for r in await fetch_many(conn, "sealing_pending", key_id=key_id)
     ]
 
 
 async def store(conn: Conn, sealed: Sequence[tuple[Pending, bytes | None, bytes | None]]) -> None:
     """Writes each (endpoint as read, sealed secret, sealed previous secret) and
     clears the plaintext, where the endpoint's secrets are still as read."""
-    await conn.executemany(
-        sql("sealing_store"),
+    await execute_many(
+        conn,
+        "sealing_store",
         [
-            (
-                p.endpoint_id,
-                secret,
-                previous,
-                p.plaintext,
-                p.previous_plaintext,
-                p.sealed,
-                p.previous_sealed,
-            )
+            {
+                "endpoint_id": p.endpoint_id,
+                "secret": secret,
+                "previous": previous,
+                "read_plaintext": p.plaintext,
+                "read_previous_plaintext": p.previous_plaintext,
+                "read_sealed": p.sealed,
+                "read_previous_sealed": p.previous_sealed,
+            }
             for p, secret, previous in sealed
         ],
     )
@@ -79,8 +80,8 @@ async def store(conn: Conn, sealed: Sequence[tuple[Pending, bytes | None, bytes 
 async def compact(conn: Conn) -> None:
     """Rewrites ``endpoints`` without its dead row versions, waiting at most a
     second for the table's lock (``LockNotAvailable`` then); outside a transaction."""
-    await conn.execute(sql("sealing_lock_timeout_short"))
+    await execute(conn, "sealing_lock_timeout_short")
     try:
-        await conn.execute(sql("sealing_compact"))
+        await execute(conn, "sealing_compact")
     finally:
-        await conn.execute(sql("sealing_lock_timeout_reset"))
+        await execute(conn, "sealing_lock_timeout_reset")

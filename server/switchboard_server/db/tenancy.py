@@ -11,7 +11,7 @@ import asyncpg
 
 from switchboard_server import errors
 from switchboard_server.db.database import Conn
-from switchboard_server.db.queries import sql
+from switchboard_server.db.queries import execute, fetch_many, fetch_one, fetch_value
 from switchboard_server.model import (
     Credential,
     Endpoint,
@@ -40,7 +40,7 @@ def _credential(rec: Mapping[str, Any]) -> Credential:
 
 async def authenticate(conn: Conn, token_hash: bytes) -> Principal | None:
     """The principal of a live credential with this token hash, or ``None``."""
-    rec = await conn.fetchrow(sql("credential_authenticate"), token_hash)
+    rec = await fetch_one(conn, "credential_authenticate", token_hash=token_hash)
     if rec is None:
         return None
     return Principal(
@@ -57,7 +57,7 @@ async def authenticate(conn: Conn, token_hash: bytes) -> Principal | None:
 async def create_owner(conn: Conn, name: str) -> Owner:
     """Creates an owner; ``AlreadyExists`` when the name is taken."""
     try:
-        rec = await conn.fetchrow(sql("owner_create"), name)
+        rec = await fetch_one(conn, "owner_create", name=name)
     except asyncpg.UniqueViolationError as exc:
         raise errors.AlreadyExists(f"an owner named {name!r} already exists") from exc
     assert rec is not None
@@ -66,18 +66,18 @@ async def create_owner(conn: Conn, name: str) -> Owner:
 
 async def list_owners(conn: Conn) -> list[Owner]:
     """Every owner, oldest first."""
-    return [Owner(**dict(r)) for r in await conn.fetch(sql("owner_list"))]
+    return [Owner(**dict(r)) for r in await fetch_many(conn, "owner_list")]
 
 
 async def owner_exists(conn: Conn, owner_id: uuid.UUID) -> bool:
     """Whether the owner exists."""
-    return bool(await conn.fetchval(sql("owner_exists"), owner_id))
+    return bool(await fetch_value(conn, "owner_exists", owner_id=owner_id))
 
 
-async def create_human(conn: Conn, owner_id: uuid.UUID, name: str) -> Human:
+async def create_human(conn: Conn, *, owner_id: uuid.UUID, name: str) -> Human:
     """Creates a human of an owner; ``AlreadyExists`` when the name is taken there."""
     try:
-        rec = await conn.fetchrow(sql("human_create"), owner_id, name)
+        rec = await fetch_one(conn, "human_create", owner_id=owner_id, name=name)
     except asyncpg.UniqueViolationError as exc:
         raise errors.AlreadyExists(f"a human named {name!r} already exists") from exc
     assert rec is not None
@@ -86,13 +86,13 @@ async def create_human(conn: Conn, owner_id: uuid.UUID, name: str) -> Human:
 
 async def list_humans(conn: Conn, owner_id: uuid.UUID) -> list[Human]:
     """An owner's humans, by name."""
-    return [Human(**dict(r)) for r in await conn.fetch(sql("human_list"), owner_id)]
+    return [Human(**dict(r)) for r in await fetch_many(conn, "human_list", owner_id=owner_id)]
 
 
-async def create_endpoint(conn: Conn, owner_id: uuid.UUID, name: str) -> Endpoint:
+async def create_endpoint(conn: Conn, *, owner_id: uuid.UUID, name: str) -> Endpoint:
     """Creates an endpoint; ``AlreadyExists`` when the owner has one with that name."""
     try:
-        rec = await conn.fetchrow(sql("endpoint_create"), owner_id, name)
+        rec = await fetch_one(conn, "endpoint_create", owner_id=owner_id, name=name)
     except asyncpg.UniqueViolationError as exc:
         raise errors.AlreadyExists(f"an endpoint named {name!r} already exists") from exc
     assert rec is not None
@@ -101,12 +101,15 @@ async def create_endpoint(conn: Conn, owner_id: uuid.UUID, name: str) -> Endpoin
 
 async def list_endpoints(conn: Conn, owner_id: uuid.UUID) -> list[Endpoint]:
     """An owner's endpoints by name."""
-    return [Endpoint(**dict(r)) for r in await conn.fetch(sql("endpoint_list"), owner_id)]
+    return [Endpoint(**dict(r)) for r in await fetch_many(conn, "endpoint_list", owner_id=owner_id)]
 
 
 async def get_endpoint(conn: Conn, endpoint_id: uuid.UUID, owner_id: uuid.UUID) -> Endpoint | None:
-    """One endpoint of the owner, or ``None``."""
-    rec = await conn.fetchrow(sql("endpoint_get"), endpoint_id, owner_id)
+    """One endpoint of the owner, or ``None``.
+
+    (Not keyword-only yet: ``dispatch.py`` calls it positionally; it becomes
+    keyword-only with the ``db/todos.py`` step, see ``db/queries.py``.)"""
+    rec = await fetch_one(conn, "endpoint_get", endpoint_id=endpoint_id, owner_id=owner_id)
     return Endpoint(**dict(rec)) if rec is not None else None
 
 
@@ -123,39 +126,41 @@ async def create_credential(
     label: str = "",
 ) -> Credential:
     """Stores a credential by the hash of its secret."""
-    rec = await conn.fetchrow(
-        sql("credential_create"),
-        kind.value,
-        token_hash,
-        owner_id,
-        human_id,
-        endpoint_id,
-        vended_by_human_id,
-        sorted(g.value for g in grants),
-        label,
+    rec = await fetch_one(
+        conn,
+        "credential_create",
+        kind=kind.value,
+        token_hash=token_hash,
+        owner_id=owner_id,
+        human_id=human_id,
+        endpoint_id=endpoint_id,
+        vended_by_human_id=vended_by_human_id,
+        grants=sorted(g.value for g in grants),
+        label=label,
     )
     assert rec is not None
     return _credential(rec)
 
 
 async def list_credentials(
-    conn: Conn, owner_id: uuid.UUID, endpoint_id: uuid.UUID | None
+    conn: Conn, *, owner_id: uuid.UUID, endpoint_id: uuid.UUID | None
 ) -> list[Credential]:
     """An owner's credentials, optionally one endpoint's."""
-    rows = await conn.fetch(sql("credential_list"), owner_id, endpoint_id)
+    rows = await fetch_many(conn, "credential_list", owner_id=owner_id, endpoint_id=endpoint_id)
     return [_credential(r) for r in rows]
 
 
 async def revoke_credential(
-    conn: Conn, credential_id: uuid.UUID, owner_id: uuid.UUID | None
+    conn: Conn, *, credential_id: uuid.UUID, owner_id: uuid.UUID | None
 ) -> Credential | None:
     """Revokes a credential of the owner (any, for ``owner_id=None``); ``None`` if absent."""
-    rec = await conn.fetchrow(sql("credential_revoke"), credential_id, owner_id)
+    rec = await fetch_one(conn, "credential_revoke", credential_id=credential_id, owner_id=owner_id)
     return _credential(rec) if rec is not None else None
 
 
 async def set_endpoint_hook(
     conn: Conn,
+    *,
     endpoint_id: uuid.UUID,
     owner_id: uuid.UUID,
     url: str | None,
@@ -168,13 +173,21 @@ async def set_endpoint_hook(
     With ``grace`` the replaced secret stays valid that long (a rotation).
     Clearing drops the deliveries waiting to be sent: call it in a transaction.
     """
-    now = await conn.fetchval(sql("clock_now"))
+    now = await fetch_value(conn, "clock_now")
     until = now + grace if grace is not None else None
-    rec = await conn.fetchrow(
-        sql("endpoint_set_hook"), endpoint_id, owner_id, url, sealed_secret, grace, now, until
+    rec = await fetch_one(
+        conn,
+        "endpoint_set_hook",
+        endpoint_id=endpoint_id,
+        owner_id=owner_id,
+        url=url,
+        sealed_secret=sealed_secret,
+        grace=grace,
+        now=now,
+        until=until,
     )
     if rec is None:
         return None
     if url is None:
-        await conn.execute(sql("hook_outbox_clear"), endpoint_id)
+        await execute(conn, "hook_outbox_clear", endpoint_id=endpoint_id)
     return Endpoint(**dict(rec))

@@ -4,4 +4,4 @@ SELECT sb_now() AS now;
 
 -- name: clock_set_skew :exec
 -- Test-only: moves the shared clock. The server never calls it.
-UPDATE clock_skew SET skew = $1::interval;
+UPDATE clock_skew SET skew = :skew::interval;

@@ -20,7 +20,7 @@ SELECT citus_is_coordinator() AS coordinator,
 SELECT table_name::text AS name, citus_table_type AS kind, distribution_column AS column,
        colocation_id
   FROM citus_tables
- WHERE table_name::text = ANY ($1::text[]);
+ WHERE table_name::text = ANY (:tables::text[]);
 
 -- name: foreign_keys_of :many
 -- The foreign keys on the given tables: the statements that drop them and
@@ -30,7 +30,7 @@ SELECT format('ALTER TABLE %I DROP CONSTRAINT %I', c.conrelid::regclass::text, c
        format('ALTER TABLE %I ADD CONSTRAINT %I %s', c.conrelid::regclass::text, c.conname,
               pg_get_constraintdef(c.oid)) AS add_statement
   FROM pg_constraint c
- WHERE c.contype = 'f' AND c.conrelid::regclass::text = ANY ($1::text[])
+ WHERE c.contype = 'f' AND c.conrelid::regclass::text = ANY (:tables::text[])
  ORDER BY c.conrelid::regclass::text, c.conname;
 
 -- name: local_reference_keys_off :exec
@@ -64,24 +64,24 @@ DROP INDEX IF EXISTS window_counters_policy_window_key;
 SET LOCAL citus.multi_shard_modify_mode = 'sequential';
 
 -- name: reference_table_create :exec
-SELECT create_reference_table($1::regclass);
+SELECT create_reference_table(:table::regclass);
 
 -- name: distributed_table_create :exec
--- Distributes the first table of a co-location group by $2, in $3 shards
+-- Distributes the first table of a co-location group by :column, in :shard_count shards
 -- (the cluster's citus.shard_count when NULL).
 SELECT create_distributed_table(
-    $1::regclass, $2, colocate_with => 'none',
-    shard_count => coalesce($3::int, current_setting('citus.shard_count')::int));
+    :table::regclass, :column, colocate_with => 'none',
+    shard_count => coalesce(:shard_count::int, current_setting('citus.shard_count')::int));
 
 -- name: distributed_table_colocate :exec
--- Distributes a table by $2, co-located with the table $3 (same shards, same
--- nodes: a row and the rows of $3 with the same $2 are on one node).
-SELECT create_distributed_table($1::regclass, $2, colocate_with => $3);
+-- Distributes a table by :column, co-located with the table :colocate_with (same shards, same
+-- nodes: a row and the rows of :colocate_with with the same :column are on one node).
+SELECT create_distributed_table(:table::regclass, :column, colocate_with => :colocate_with);
 
 -- name: local_data_truncate :exec
 -- A table converted with rows in it keeps a copy of them in the
 -- coordinator's local table (invisible to queries, still on disk): removed.
-SELECT truncate_local_data_after_distributing_table($1::regclass);
+SELECT truncate_local_data_after_distributing_table(:table::regclass);
 
 -- name: schema_functions_all :many
 -- Every function of the schema (not of an extension), by signature, and
@@ -99,12 +99,12 @@ SELECT p.oid::regprocedure::text AS signature,
 
 -- name: function_propagate :exec
 -- Makes a function exist on every node (called inside a delegated call).
-SELECT create_distributed_function($1::regprocedure);
+SELECT create_distributed_function(:signature::regprocedure);
 
 -- name: function_delegate :exec
--- Delegates calls of a function to the node that holds its argument $2's
--- shard of the tables co-located with $3.
-SELECT create_distributed_function($1::regprocedure, $2, colocate_with => $3);
+-- Delegates calls of a function to the node that holds its argument :argument's
+-- shard of the tables co-located with :colocate_with.
+SELECT create_distributed_function(:signature::regprocedure, :argument, colocate_with => :colocate_with);
 
 -- name: citus_distributed :one
 -- (Only where Citus is installed: citus_version.) Whether the claim path is
@@ -131,9 +131,9 @@ SELECT nodename AS host, nodeport AS port
  ORDER BY nodeid;
 
 -- name: citus_shard_groups :many
--- (Only where Citus is installed.) The endpoints $1 grouped by the shard of
--- table $2 (and so of every table co-located with it) that holds them.
+-- (Only where Citus is installed.) The endpoints :endpoint_ids grouped by the shard of
+-- table :table (and so of every table co-located with it) that holds them.
 SELECT array_agg(e ORDER BY e) AS endpoint_ids
-  FROM unnest($1::uuid[]) AS e
- GROUP BY get_shard_id_for_distribution_column($2::regclass, e)
+  FROM unnest(:endpoint_ids::uuid[]) AS e
+ GROUP BY get_shard_id_for_distribution_column(:table::regclass, e)
  ORDER BY 1;

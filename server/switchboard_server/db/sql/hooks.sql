@@ -1,5 +1,5 @@
 -- name: hook_take :many
--- Leases up to $1 due deliveries for $2 (an interval) and returns them with
+-- Leases up to :batch due deliveries for :lease (an interval) and returns them with
 -- the endpoint's URL and sealed secrets (the previous one while it is still valid). Only the oldest row of each (endpoint,
 -- queue) is eligible, so a queue's notifications go out strictly in order;
 -- FOR UPDATE SKIP LOCKED plus the lease keep two replicas from sending the
@@ -25,11 +25,11 @@ WITH RECURSIVE heads AS (
      WHERE o.next_attempt_at <= sb_now()
        AND (o.lease_until IS NULL OR o.lease_until <= sb_now())
      ORDER BY o.next_attempt_at, o.id
-     LIMIT $1
+     LIMIT :batch
        FOR UPDATE OF o SKIP LOCKED
 )
 UPDATE hook_outbox o
-   SET lease_until = sb_now() + $2::interval
+   SET lease_until = sb_now() + :lease::interval
   FROM due, endpoints e
  WHERE o.id = due.id AND e.id = o.endpoint_id AND e.notify_url IS NOT NULL
 RETURNING o.id, o.endpoint_id, o.queue, o.cause, o.pending, o.rung_at, o.attempts,
@@ -38,49 +38,49 @@ RETURNING o.id, o.endpoint_id, o.queue, o.cause, o.pending, o.rung_at, o.attempt
                THEN e.notify_secret_previous_sealed END AS previous_secret_sealed;
 
 -- name: hook_delivered :exec
--- The receiver acknowledged delivery $1 (of endpoint $2): it is done.
-DELETE FROM hook_outbox WHERE id = $1 AND endpoint_id = $2;
+-- The receiver acknowledged delivery :delivery_id (of endpoint :endpoint_id): it is done.
+DELETE FROM hook_outbox WHERE id = :delivery_id AND endpoint_id = :endpoint_id;
 
 -- name: hook_failed :one
--- Delivery $1 (of endpoint $5) failed with error $2: try again after $3 (an
--- interval). Only while the lease $4 taken for it is still the row's (a
+-- Delivery :delivery_id (of endpoint :endpoint_id) failed with error :error: try again after :retry_in (an
+-- interval). Only while the lease :lease_until taken for it is still the row's (a
 -- replica that took it over after the lease lapsed owns it now); whether it
 -- was (a row: it was).
 UPDATE hook_outbox
-   SET attempts = attempts + 1, last_error = $2, next_attempt_at = sb_now() + $3::interval,
+   SET attempts = attempts + 1, last_error = :error, next_attempt_at = sb_now() + :retry_in::interval,
        lease_until = NULL
- WHERE id = $1 AND endpoint_id = $5 AND lease_until = $4
+ WHERE id = :delivery_id AND endpoint_id = :endpoint_id AND lease_until = :lease_until
 RETURNING true AS failed;
 
 -- name: hook_status_failed :exec
--- Endpoint $1's hook failed a delivery with error $2: its owner sees it.
+-- Endpoint :endpoint_id's hook failed a delivery with error :error: its owner sees it.
 -- (Its own statement, after the outbox row's: a statement never holds an
 -- outbox row while it waits for the endpoint row, or the other way round.)
 UPDATE endpoints
-   SET hook_last_error = $2, hook_last_error_at = sb_now(), hook_failures = hook_failures + 1
- WHERE id = $1 AND notify_url IS NOT NULL;
+   SET hook_last_error = :error, hook_last_error_at = sb_now(), hook_failures = hook_failures + 1
+ WHERE id = :endpoint_id AND notify_url IS NOT NULL;
 
 -- name: hook_status_delivered :exec
--- Endpoint $1's hook delivered: the failure streak ends.
+-- Endpoint :endpoint_id's hook delivered: the failure streak ends.
 UPDATE endpoints SET hook_last_success_at = sb_now(), hook_failures = 0
- WHERE id = $1 AND notify_url IS NOT NULL;
+ WHERE id = :endpoint_id AND notify_url IS NOT NULL;
 
 -- name: hook_release :exec
--- Hands delivery $1 (of endpoint $3) back unsent (the process is stopping),
--- if its lease $2 is still the row's, so that another replica need not wait
+-- Hands delivery :delivery_id (of endpoint :endpoint_id) back unsent (the process is stopping),
+-- if its lease :lease_until is still the row's, so that another replica need not wait
 -- for the lease to lapse.
-UPDATE hook_outbox SET lease_until = NULL WHERE id = $1 AND endpoint_id = $3 AND lease_until = $2;
+UPDATE hook_outbox SET lease_until = NULL WHERE id = :delivery_id AND endpoint_id = :endpoint_id AND lease_until = :lease_until;
 
 -- name: hook_over_cap :one
--- Whether the whole outbox holds more than $1 rows (reads at most $1 + 1):
+-- Whether the whole outbox holds more than :cap rows (reads at most :cap + 1):
 -- only then can an endpoint be over the cap, so hook_trim is skipped.
-SELECT EXISTS (SELECT 1 FROM hook_outbox OFFSET $1) AS over;
+SELECT EXISTS (SELECT 1 FROM hook_outbox OFFSET :cap) AS over;
 
 -- name: hook_trim :many
--- Bounds the outbox: deletes the oldest rows of each endpoint beyond $1
+-- Bounds the outbox: deletes the oldest rows of each endpoint beyond :cap
 -- undelivered ones; returns how many were dropped per endpoint.
 WITH over AS (
-    SELECT endpoint_id FROM hook_outbox GROUP BY endpoint_id HAVING count(*) > $1
+    SELECT endpoint_id FROM hook_outbox GROUP BY endpoint_id HAVING count(*) > :cap
 ), doomed AS (
     SELECT old.id
       FROM over
@@ -88,7 +88,7 @@ WITH over AS (
         SELECT o.id FROM hook_outbox o
          WHERE o.endpoint_id = over.endpoint_id
          ORDER BY o.id DESC
-        OFFSET $1
+        OFFSET :cap
      ) old
 ), dropped AS (
     DELETE FROM hook_outbox o USING doomed d
@@ -120,17 +120,17 @@ SELECT count(*) AS dropped FROM dropped;
 
 -- name: hook_due_endpoints :many
 -- (Delivery on a Citus cluster: a read of every shard, taking no lock.) The
--- endpoints with a delivery due at $1 (the shared clock's now) and a hook.
+-- endpoints with a delivery due at :now (the shared clock's now) and a hook.
 SELECT DISTINCT o.endpoint_id
   FROM hook_outbox o JOIN endpoints e ON e.id = o.endpoint_id AND e.notify_url IS NOT NULL
- WHERE o.next_attempt_at <= $1 AND (o.lease_until IS NULL OR o.lease_until <= $1);
+ WHERE o.next_attempt_at <= :now AND (o.lease_until IS NULL OR o.lease_until <= :now);
 
 -- name: hook_take_of :many
--- hook_take for the endpoints $2 of one shard group, delegated by $1 (one of
+-- hook_take for the endpoints :endpoint_ids of one shard group, delegated by :endpoint_id (one of
 -- them) to the group's node; see sb_hook_take.
 SELECT id, endpoint_id, queue, cause, pending, rung_at, attempts, lease_until, notify_url,
        notify_secret_sealed, previous_secret_sealed
-  FROM sb_hook_take($1, $2, $3, $4);
+  FROM sb_hook_take(:endpoint_id, :endpoint_ids, :batch, :lease);
 
 -- name: hook_cleared_endpoints :many
 -- (hook_drop_cleared on a Citus cluster, which plans no recursive query over
@@ -140,19 +140,19 @@ SELECT DISTINCT o.endpoint_id
   FROM hook_outbox o JOIN endpoints e ON e.id = o.endpoint_id AND e.notify_url IS NULL;
 
 -- name: hook_drop_cleared_endpoint :exec
--- Deletes endpoint $1's rows if its hook is (still) cleared: on its shard only.
+-- Deletes endpoint :endpoint_id's rows if its hook is (still) cleared: on its shard only.
 DELETE FROM hook_outbox o USING endpoints e
- WHERE o.endpoint_id = $1 AND e.id = $1 AND e.notify_url IS NULL;
+ WHERE o.endpoint_id = :endpoint_id AND e.id = :endpoint_id AND e.notify_url IS NULL;
 
 -- name: hook_over_cap_endpoints :many
 -- (hook_trim on a Citus cluster: a read of every shard, taking no lock.) The
--- endpoints with more than $1 undelivered rows.
-SELECT endpoint_id FROM hook_outbox GROUP BY endpoint_id HAVING count(*) > $1;
+-- endpoints with more than :cap undelivered rows.
+SELECT endpoint_id FROM hook_outbox GROUP BY endpoint_id HAVING count(*) > :cap;
 
 -- name: hook_trim_endpoint :many
--- hook_trim for endpoint $1 alone: deletes its oldest rows beyond $2.
+-- hook_trim for endpoint :endpoint_id alone: deletes its oldest rows beyond :cap.
 DELETE FROM hook_outbox o
- WHERE o.endpoint_id = $1
-   AND o.id IN (SELECT x.id FROM hook_outbox x WHERE x.endpoint_id = $1
-                 ORDER BY x.id DESC OFFSET $2)
+ WHERE o.endpoint_id = :endpoint_id
+   AND o.id IN (SELECT x.id FROM hook_outbox x WHERE x.endpoint_id = :endpoint_id
+                 ORDER BY x.id DESC OFFSET :cap)
 RETURNING o.id;

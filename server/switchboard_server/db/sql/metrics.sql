@@ -68,18 +68,18 @@ SELECT q.name AS queue, sum(c.n)::bigint AS todos
 
 -- name: metrics_eligible_pending :many
 -- Per queue name (summed over every owner's queues of that name), how long
--- its oldest claimable pending todo has waited at $1 (the shared clock's
+-- its oldest claimable pending todo has waited at :now (the shared clock's
 -- now, read first: on a Citus cluster this reads every shard): since its
 -- next_retry_at (its creation, its delay's end or its retry's), in seconds,
 -- among the queues whose gate does not say they are deferred. The todos are
 -- read from the pending partial index (queue_id, priority, next_retry_at),
 -- as metrics_live_todos reads them, before the gates and names are joined in.
 SELECT q.name AS queue,
-       extract(epoch FROM $1::timestamptz - min(c.oldest))::float8 AS waited
+       extract(epoch FROM :now::timestamptz - min(c.oldest))::float8 AS waited
   FROM (
       SELECT queue_id, endpoint_id, min(next_retry_at) AS oldest
         FROM todos
-       WHERE state = 'pending' AND next_retry_at <= $1::timestamptz
+       WHERE state = 'pending' AND next_retry_at <= :now::timestamptz
        GROUP BY queue_id, endpoint_id
   ) AS c
   JOIN queues q ON q.id = c.queue_id AND q.endpoint_id = c.endpoint_id
@@ -89,13 +89,13 @@ SELECT q.name AS queue,
 
 -- name: metrics_deferred_gates :many
 -- Per deferral reason and queue name, how far past its next check the most
--- overdue deferred gate is at $1 (the shared clock's now; seconds, negative
+-- overdue deferred gate is at :now (the shared clock's now; seconds, negative
 -- while the check is still ahead). The reopen sweep re-evaluates a gate once
 -- its next_check_at passes (a window's end, a lease's expiry), so a gate
 -- long past it is a reopen that did not happen. Reads the deferred gates'
 -- partial index (queue_gates_due_idx).
 SELECT q.name AS queue, g.reason,
-       extract(epoch FROM $1::timestamptz - min(g.next_check_at))::float8 AS overdue
+       extract(epoch FROM :now::timestamptz - min(g.next_check_at))::float8 AS overdue
   FROM queue_gates g
   JOIN queues q ON q.id = g.queue_id AND q.endpoint_id = g.endpoint_id
  WHERE g.deferred AND g.reason IS NOT NULL

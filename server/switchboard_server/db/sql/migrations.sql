@@ -16,7 +16,7 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 SELECT version, name FROM schema_migrations ORDER BY version;
 
 -- name: migration_record :exec
-INSERT INTO schema_migrations (version, name) VALUES ($1, $2);
+INSERT INTO schema_migrations (version, name) VALUES (:version, :name);
 
 -- name: function_table_create :exec
 -- The function files applied, by checksum of their text (functions/*.sql).
@@ -30,13 +30,13 @@ CREATE TABLE IF NOT EXISTS schema_functions (
 SELECT file, checksum FROM schema_functions ORDER BY file;
 
 -- name: function_record :exec
-INSERT INTO schema_functions (file, checksum) VALUES ($1, $2)
+INSERT INTO schema_functions (file, checksum) VALUES (:file, :checksum)
 ON CONFLICT (file) DO UPDATE SET checksum = EXCLUDED.checksum, applied_at = now();
 
 -- name: function_forget :exec
 -- A file no longer shipped (its functions moved to another file or were
 -- dropped by a migration).
-DELETE FROM schema_functions WHERE NOT (file = ANY ($1::text[]));
+DELETE FROM schema_functions WHERE NOT (file = ANY (:files::text[]));
 
 -- name: function_bodies_unchecked :exec
 -- Function files are applied without checking bodies, so that no order is

@@ -1,6 +1,6 @@
 -- name: queue_overview :many
--- Each queue of an owner ($1), optionally of one endpoint ($2) and one name
--- ($3), in one statement (no per-queue round-trips): pending, ready (pending
+-- Each queue of an owner (:owner_id), optionally of one endpoint (:endpoint_id) and one name
+-- (:name), in one statement (no per-queue round-trips): pending, ready (pending
 -- and past its retry time, so claimable but for a budget), claimed and dead
 -- (todos_dead_idx) counts, the active policy, the current window's bounds and units charged
 -- (also when paused), and the derived admission from sb_queue_admission
@@ -51,9 +51,9 @@ WITH clock AS MATERIALIZED (
       LEFT JOIN window_counters c
         ON c.endpoint_id = p.endpoint_id AND c.policy_id = p.id
        AND c.window_start = cw.started_at
-     WHERE e.owner_id = $1
-       AND ($2::uuid IS NULL OR e.id = $2)
-       AND ($3::text IS NULL OR q.name = $3)
+     WHERE e.owner_id = :owner_id
+       AND (:endpoint_id::uuid IS NULL OR e.id = :endpoint_id)
+       AND (:name::text IS NULL OR q.name = :name)
 )
 SELECT r.*, s.reason, (s.eval).window_end AS eval_window_end,
        (s.eval).earliest_expiry AS earliest_expiry
@@ -66,7 +66,7 @@ SELECT r.*, s.reason, (s.eval).window_end AS eval_window_end,
 
 -- name: shard_group_hold :exec
 -- (First in a transaction that reads a row under a lock and writes it
--- later.) On a Citus cluster, holds the endpoint's ($1) shard group where
+-- later.) On a Citus cluster, holds the endpoint's (:endpoint_id) shard group where
 -- it is until the transaction ends: a shard move waits for it, or it for
 -- the move (functions/shards.sql says why). Nothing on plain PostgreSQL.
-SELECT sb_hold_shard_groups(ARRAY[$1::uuid]);
+SELECT sb_hold_shard_groups(ARRAY[:endpoint_id::uuid]);

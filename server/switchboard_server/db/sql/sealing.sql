@@ -8,12 +8,12 @@ SELECT pg_advisory_xact_lock(hashtext('switchboard.sealing'));
 SELECT key_id, sealed FROM secret_key_checks ORDER BY created_at, key_id;
 
 -- name: sealing_check_add :exec
--- Records key $1's check value $2 (kept if the key has one already).
-INSERT INTO secret_key_checks (key_id, sealed) VALUES ($1, $2) ON CONFLICT (key_id) DO NOTHING;
+-- Records key :key_id's check value :sealed (kept if the key has one already).
+INSERT INTO secret_key_checks (key_id, sealed) VALUES (:key_id, :sealed) ON CONFLICT (key_id) DO NOTHING;
 
 -- name: sealing_checks_drop_others :exec
--- Drops the checks of every key but $1 (nothing is sealed under them any more).
-DELETE FROM secret_key_checks WHERE key_id <> $1;
+-- Drops the checks of every key but :key_id (nothing is sealed under them any more).
+DELETE FROM secret_key_checks WHERE key_id <> :key_id;
 
 -- name: sealing_any_secret :one
 -- Whether any endpoint has a hook secret, sealed or not.
@@ -24,7 +24,7 @@ SELECT EXISTS (
 ) AS found;
 
 -- name: sealing_pending :many
--- The endpoints whose hook secrets are not all sealed under key $1 (bytes 2
+-- The endpoints whose hook secrets are not all sealed under key :key_id (bytes 2
 -- to 9 of a sealed value are its key id): still in plaintext, or sealed
 -- under another key. (No row lock, which Citus would refuse on a reference
 -- table: sealing_store writes a row only if it is still as read here.)
@@ -32,23 +32,23 @@ SELECT id, notify_secret_plaintext, notify_secret_previous_plaintext,
        notify_secret_sealed, notify_secret_previous_sealed
   FROM endpoints
  WHERE notify_secret_plaintext IS NOT NULL OR notify_secret_previous_plaintext IS NOT NULL
-    OR substring(notify_secret_sealed FROM 2 FOR 8) <> $1
-    OR substring(notify_secret_previous_sealed FROM 2 FOR 8) <> $1
+    OR substring(notify_secret_sealed FROM 2 FOR 8) <> :key_id
+    OR substring(notify_secret_previous_sealed FROM 2 FOR 8) <> :key_id
  ORDER BY id;
 
 -- name: sealing_store :exec
--- Endpoint $1's secrets, sealed: $2 the current one, $3 the previous one
+-- Endpoint :endpoint_id's secrets, sealed: :secret the current one, :previous the previous one
 -- (NULL: none); no plaintext is kept. Only if its secrets are still as
--- sealing_pending read them ($4 to $7): a hook set meanwhile (by a running
+-- sealing_pending read them (:read_plaintext to :read_previous_sealed): a hook set meanwhile (by a running
 -- replica) is sealed already and stays as it is.
 UPDATE endpoints
-   SET notify_secret_sealed = $2, notify_secret_previous_sealed = $3,
+   SET notify_secret_sealed = :secret, notify_secret_previous_sealed = :previous,
        notify_secret_plaintext = NULL, notify_secret_previous_plaintext = NULL
- WHERE id = $1
-   AND notify_secret_plaintext IS NOT DISTINCT FROM $4::text
-   AND notify_secret_previous_plaintext IS NOT DISTINCT FROM $5::text
-   AND notify_secret_sealed IS NOT DISTINCT FROM $6::bytea
-   AND notify_secret_previous_sealed IS NOT DISTINCT FROM $7::bytea;
+ WHERE id = :endpoint_id
+   AND notify_secret_plaintext IS NOT DISTINCT FROM :read_plaintext::text
+   AND notify_secret_previous_plaintext IS NOT DISTINCT FROM :read_previous_plaintext::text
+   AND notify_secret_sealed IS NOT DISTINCT FROM :read_sealed::bytea
+   AND notify_secret_previous_sealed IS NOT DISTINCT FROM :read_previous_sealed::bytea;
 
 -- name: sealing_lock_timeout_short :exec
 -- For sealing_compact alone: while it waits for its lock, every statement on

@@ -1,0 +1,233 @@
+"""The named database boundary (db/queries.py): parameters are named in the
+.sql files, and every wrapper in db/*.py passes exactly its query's names,
+by keyword, to the runner the query's cardinality calls for.
+
+The check is static: each runner call in the db modules is read from the
+source and held to the loaded query, so a wrapper that passes a name its
+query lacks, or misses one, fails here without being run.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+from pathlib import Path
+
+import pytest
+from switchboard_server.db import queries
+from switchboard_server.db.queries import QUERIES, Query, arguments, bind_names, parse
+
+DB = Path(queries.__file__).parent
+
+#: The runners and the cardinalities they take.
+RUNNERS = {
+    "fetch_one": "one",
+    "fetch_value": "one",
+    "fetch_many": "many",
+    "execute": "exec",
+    "execute_many": "exec",
+}
+
+#: Still positional, the remaining step (db/queries.py): their wrappers and queries.
+POSITIONAL_MODULES = {"todos.py"}
+POSITIONAL_FILES = {"todos.sql"}
+
+#: Wrappers that still take their arguments by position, because code this
+#: change does not touch calls them so (dispatch.py, db/todos.py).
+POSITIONAL_WRAPPERS = {
+    ("tenancy.py", "get_endpoint"),
+    ("distribute.py", "endpoint_groups"),
+}
+
+#: Runner calls whose query is an argument of the wrapper: each call of that
+#: wrapper is checked instead (``endpoint_groups``: its query takes ``:now``).
+DYNAMIC = {("distribute.py", "candidates")}
+
+
+def test_a_name_becomes_a_numbered_parameter_once() -> None:
+    statement, names = bind_names("SELECT :a, :b_2 WHERE x = :a")
+    assert statement == "SELECT $1, $2 WHERE x = $1"
+    assert names == ("a", "b_2")
+
+
+def test_casts_strings_identifiers_and_comments_are_not_names() -> None:
+    text = (
+        "SELECT :id::uuid, x::text, '{a:b}', \"c:d\", arr[1:n], $$ :e $$ -- :f\n"
+        "FROM t WHERE y = (:g)::int"
+    )
+    statement, names = bind_names(text)
+    assert names == ("id", "g")
+    assert statement == (
+        "SELECT $1::uuid, x::text, '{a:b}', \"c:d\", arr[1:n], $$ :e $$ -- :f\n"
+        "FROM t WHERE y = ($2)::int"
+    )
+
+
+def test_a_positional_statement_keeps_its_numbers_and_has_no_names() -> None:
+    assert bind_names("SELECT $1, $2::int") == ("SELECT $1, $2::int", None)
+    assert bind_names("SELECT 1") == ("SELECT 1", ())
+
+
+def test_names_and_positional_numbers_do_not_mix() -> None:
+    with pytest.raises(ValueError, match="both"):
+        parse("-- name: q :one\nSELECT :a, $2;\n")
+
+
+def test_the_runner_takes_exactly_the_query_names() -> None:
+    query = Query("q", "one", "SELECT $1, $2", ("b", "a"))
+    assert arguments(query, {"a": 1, "b": 2}) == [2, 1]
+    with pytest.raises(TypeError, match=r"takes \['a', 'b'\], given \['a'\]"):
+        arguments(query, {"a": 1})
+    with pytest.raises(TypeError, match="given"):
+        arguments(query, {"a": 1, "b": 2, "c": 3})
+    with pytest.raises(TypeError, match="positional"):
+        arguments(Query("p", "one", "SELECT $1", None), {"a": 1})
+
+
+def test_only_the_unconverted_file_is_positional() -> None:
+    positional = {name for name, q in QUERIES.items() if q.names is None}
+    in_files = {
+        name
+        for path in DB.joinpath("sql").glob("*.sql")
+        if path.name in POSITIONAL_FILES
+        for name in parse(path.read_text(), path.name)
+    }
+    assert positional, "todos.sql is converted: drop POSITIONAL_FILES and this test's half"
+    assert positional <= in_files
+
+
+def _literal(node: ast.expr | None) -> str | None:
+    """The string a node spells literally, or ``None``."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    return None
+
+
+def _given(call: ast.Call, runner: str) -> list[str] | None:
+    """The parameter names a runner call passes (``None``: not all literal)."""
+    if runner == "execute_many":  # its rows: dicts with literal keys
+        rows = (
+            [d for d in ast.walk(call.args[2]) if isinstance(d, ast.Dict)] if call.args[2:] else []
+        )
+        keys = [_literal(k) for k in rows[0].keys] if rows else [None]
+        return [k for k in keys if k is not None] if None not in keys else None
+    names = [k.arg for k in call.keywords]
+    return [n for n in names if n is not None] if None not in names else None
+
+
+def runner_call_errors(source: str, queries: dict[str, Query], where: str) -> list[str]:
+    """What is wrong with each runner call in ``source``: a query name that is
+    not a literal or not a query, names splatted (``**``) or not exactly the
+    query's, or a runner the query's cardinality does not take."""
+    errors = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        at = f"{where}:{node.lineno}"
+        func = node.func
+        if isinstance(func, ast.Attribute | ast.Name) and (
+            (func.attr if isinstance(func, ast.Attribute) else func.id) == "endpoint_groups"
+        ):
+            # Runs its literal query with the shared clock's now (db/distribute.py).
+            name = _literal(node.args[1]) if node.args[1:] else None
+            query = queries.get(name or "")
+            if query is None or query.names not in {("now",), None}:
+                errors.append(f"{at}: endpoint_groups of {name}, which takes more than :now")
+            continue
+        # A runner is imported by name (``conn.execute`` is the driver's).
+        runner = func.id if isinstance(func, ast.Name) else ""
+        if runner not in RUNNERS or not node.args[1:]:
+            continue
+        if (where, ast.unparse(node.args[1])) in DYNAMIC:
+            continue
+        name = _literal(node.args[1])
+        if name is None:
+            errors.append(f"{at}: {runner} without a literal query name")
+            continue
+        query = queries.get(name)
+        if query is None:
+            errors.append(f"{at}: no query {name}")
+            continue
+        if RUNNERS[runner] != query.cardinality:
+            errors.append(f"{at}: {runner} on :{query.cardinality} query {name}")
+        given = _given(node, runner)
+        if given is None:
+            errors.append(f"{at}: {name}'s parameters are not all named literally (no **)")
+        elif query.names is None or sorted(given) != sorted(query.names):
+            errors.append(f"{at}: {name} takes {query.names}, given {sorted(given)}")
+    return errors
+
+
+def test_every_wrapper_passes_exactly_its_query_names() -> None:
+    errors = []
+    calls = 0
+    for path in sorted(DB.glob("*.py")):
+        if path.name in POSITIONAL_MODULES:
+            continue
+        source = path.read_text()
+        errors += runner_call_errors(source, QUERIES, path.name)
+        calls += source.count("await fetch_") + source.count("await execute")
+    assert errors == []
+    assert calls > 80  # the walk found the wrappers
+
+
+def test_the_check_finds_a_wrong_name_a_missing_one_and_a_wrong_runner() -> None:
+    known = {"q": Query("q", "one", "SELECT $1, $2", ("queue_id", "endpoint_id"))}
+    bad = """
+async def a(conn):
+    await fetch_one(conn, "q", queue_id=1, endpoint_id=2, owner_id=3)
+async def b(conn):
+    await fetch_value(conn, "q", queue_id=1)
+async def c(conn):
+    await fetch_many(conn, "q", queue_id=1, endpoint_id=2)
+async def d(conn, name):
+    await fetch_one(conn, name, queue_id=1, endpoint_id=2)
+async def e(conn, kw):
+    await fetch_one(conn, "q", **kw)
+async def f(conn):
+    await fetch_one(conn, "q", queue_id=1, endpoint_id=2)
+"""
+    errors = runner_call_errors(bad, known, "bad.py")
+    assert [e.split(":")[1] for e in errors] == ["3", "5", "7", "9", "11"]
+    assert "given ['endpoint_id', 'owner_id', 'queue_id']" in errors[0]
+    assert "given ['queue_id']" in errors[1]
+    assert "fetch_many on :one" in errors[2]
+
+
+def test_no_converted_module_runs_a_named_query_by_position() -> None:
+    found = []
+    for path in sorted(DB.glob("*.py")):
+        if path.name in POSITIONAL_MODULES or path.name == "queries.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                if node.func.id == "sql":
+                    found.append(f"{path.name}:{node.lineno}")
+    assert found == []
+
+
+def _wrappers() -> list[tuple[str, str, inspect.Signature]]:
+    found = []
+    for path in sorted(DB.glob("*.py")):
+        if path.name in POSITIONAL_MODULES or path.name in {"__init__.py", "queries.py"}:
+            continue
+        module = importlib.import_module(f"switchboard_server.db.{path.stem}")
+        for name, fn in inspect.getmembers(module, inspect.iscoroutinefunction):
+            if fn.__module__ == module.__name__ and not name.startswith("_"):
+                found.append((path.name, name, inspect.signature(fn)))
+    return found
+
+
+def test_wrappers_of_more_than_one_value_take_them_by_keyword() -> None:
+    positional = []
+    for file, name, signature in _wrappers():
+        params = list(signature.parameters.values())
+        if not params or params[0].name != "conn":
+            continue
+        values = [p for p in params[1:] if p.kind is not p.VAR_KEYWORD]
+        by_position = [p.name for p in values if p.kind is not p.KEYWORD_ONLY]
+        if len(values) > 1 and by_position and (file, name) not in POSITIONAL_WRAPPERS:
+            positional.append(f"{file}:{name}({', '.join(by_position)})")
+    assert positional == [], "make these keyword-only (conn, *, ...)"
+    assert len(_wrappers()) > 50
