@@ -50,8 +50,8 @@ async def make_tenant(db: Database, name: str = "acme") -> Tenant:
     """An owner named ``name``, its human ``ops`` and its endpoint ``agent``."""
     async with db.transaction() as conn:
         owner = await tenancy_queries.create_owner(conn, name)
-        human = await tenancy_queries.create_human(conn, owner.id, "ops")
-        endpoint = await tenancy_queries.create_endpoint(conn, owner.id, "agent")
+        human = await tenancy_queries.create_human(conn, owner_id=owner.id, name="ops")
+        endpoint = await tenancy_queries.create_endpoint(conn, owner_id=owner.id, name="agent")
     return Tenant(
         owner.id,
         endpoint.id,
