@@ -265,3 +265,14 @@ class Principal:
     endpoint_id: uuid.UUID | None
     vended_by_human_id: uuid.UUID | None
     grants: frozenset[Grant]
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who an audit entry records as having made a change (``access.actor_of``)."""
+
+    credential_id: uuid.UUID | None
+    #: The human: the caller itself, or the one who vended an agent's credential.
+    human_id: uuid.UUID | None
+    #: The agent's endpoint; ``None`` for a human.
+    endpoint_id: uuid.UUID | None
