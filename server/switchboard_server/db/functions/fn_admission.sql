@@ -1,7 +1,7 @@
 -- Admission control (ADR-0035): evaluating a queue's policy, the JSON the
 -- claim path reports (headroom, deferrals), and admitting and claiming under
 -- the policy lock, one todo or a batch (a batch is claimed before its policy
--- lock is taken, and charged under it; sb_admit_and_claim_batch). Lock order: the todo rows, then the
+-- lock is taken, and charged under it; sb_admit_batch). Lock order: the todo rows, then the
 -- policy; a refusal raises SB429 inside a subtransaction so that every lock
 -- is released before the next queue is tried.
 --
@@ -34,7 +34,7 @@ $$;
 
 -- sb_admission_eval, with in flight counting the queue's claimed todos but
 -- those in p_own: a batch claimed before its policy lock was taken
--- (sb_admit_and_claim_batch) sees its own uncommitted claims, and must not
+-- (sb_admit_batch) sees its own uncommitted claims, and must not
 -- count them against itself.
 CREATE OR REPLACE FUNCTION sb_admission_eval_except(
     p_policy admission_policies,
@@ -316,16 +316,26 @@ BEGIN
 END;
 $$;
 
--- The batch form of sb_admit_and_claim: claims the locked pending todos
--- p_ids (in claim order; the i-th for p_claimants[i], see sb_claim_pending)
--- of a queue with a policy, then locks the policy, evaluates it with fresh
--- reads and charges, or raises SB429 (refused; the reason is in the message)
--- so the caller's subtransaction releases every lock and undoes the claims.
--- A batch the budget cuts short raises SBCUT, which rolls the caller's
--- subtransaction back the same way; the caller then claims the admitted part
--- in the original form (sb_admit_then_claim_batch). Claims that spend the
--- budget mark the queue's gate. Lock order: the todo rows, then the policy.
--- Call it in the subtransaction that locked p_ids (see below).
+-- The batch form of sb_admit_and_claim: admits and claims the locked pending
+-- todos p_ids (in claim order; the i-th for p_claimants[i], see
+-- sb_claim_pending) of a queue with a policy, under the policy lock,
+-- evaluated with fresh reads, and charges; or raises SB429 (refused; the
+-- reason is in the message) so the caller's subtransaction releases every
+-- lock and undoes any claims. Claims that spend the budget mark the queue's
+-- gate. Call it in the subtransaction that locked p_ids (see below). Lock
+-- order either way: the todo rows, then the policy; one policy row lock per
+-- admission, and the in-flight count read under it. The work is ordered
+-- against the lock by p_claim_first:
+--  * true, claim first (the usual order): the todos are claimed, then the
+--    policy locked; a batch the budget cuts short raises SBCUT, which rolls
+--    the caller's subtransaction back the same way, and the caller then
+--    claims the admitted part with false.
+--  * false, lock first (the original form, for a batch the budget cut short:
+--    rare, once per window or per filling of the in-flight slots): the
+--    policy is locked and evaluated, and as many todos claimed as the
+--    window's units and the free in-flight slots allow, saying why (the same
+--    reason) in admission.deferred when that is fewer than p_ids; the others
+--    stay locked, untouched, until the transaction ends.
 --
 -- Claim first, lock second (issue 16). The claim's writes (the 100-row
 -- UPDATE and its attempts rows at B = 100, most of the time a batch spent
@@ -363,7 +373,7 @@ $$;
 -- each head probe and SKIP LOCKED scan walked them all (and looked up their
 -- members): 280 buffers a probe on a budgeted queue against 13 without a
 -- policy (docs/performance.md).
-CREATE OR REPLACE FUNCTION sb_admit_and_claim_batch(
+CREATE OR REPLACE FUNCTION sb_admit_batch(
     p_endpoint_id uuid,
     p_ids bigint[],
     p_queue text,
@@ -371,6 +381,7 @@ CREATE OR REPLACE FUNCTION sb_admit_and_claim_batch(
     p_claimants text[],
     p_lease interval,
     p_now timestamptz,
+    p_claim_first boolean,
     OUT claimed todos[],
     OUT admission jsonb
 )
@@ -381,7 +392,9 @@ DECLARE
     v_take integer;
     v_full text;
 BEGIN
-    claimed := sb_claim_pending(p_endpoint_id, p_ids, p_claimants, p_lease, p_now);
+    IF p_claim_first THEN
+        claimed := sb_claim_pending(p_endpoint_id, p_ids, p_claimants, p_lease, p_now);
+    END IF;
     -- Waits for the lock; the session's lock_timeout bounds the wait, and
     -- running out of it refuses the claim (admission_unavailable).
     SELECT * INTO v_policy FROM admission_policies p
@@ -389,9 +402,14 @@ BEGIN
        FOR UPDATE;
     IF NOT FOUND OR NOT v_policy.active THEN
         -- Cleared concurrently: no policy governs the queue any more.
+        IF NOT p_claim_first THEN
+            claimed := sb_claim_pending(p_endpoint_id, p_ids, p_claimants, p_lease, p_now);
+        END IF;
         RETURN;
     END IF;
-    v_eval := sb_admission_eval_except(v_policy, p_ids, p_now);
+    -- Claimed first, the batch's own claims are left out of in flight.
+    v_eval := sb_admission_eval_except(
+        v_policy, CASE WHEN p_claim_first THEN p_ids ELSE '{}' END, p_now);
     IF v_eval.reason IS NOT NULL THEN
         RAISE EXCEPTION '%', v_eval.reason USING ERRCODE = 'SB429',
             DETAIL = sb_deferral_json(p_queue, v_eval.reason, v_eval, NULL)::text;
@@ -400,10 +418,13 @@ BEGIN
         cardinality(p_ids),
         v_policy.max_claims_per_window - v_eval.used,
         v_policy.max_in_flight - v_eval.in_flight);
-    IF v_take < cardinality(p_ids) THEN
+    IF v_take < cardinality(p_ids) AND p_claim_first THEN
         -- Cut short: the caller undoes the claims (and every lock), then
         -- claims the admitted part under the lock.
         RAISE EXCEPTION 'cut short' USING ERRCODE = 'SBCUT';
+    END IF;
+    IF NOT p_claim_first THEN
+        claimed := sb_claim_pending(p_endpoint_id, p_ids[1:v_take], p_claimants, p_lease, p_now);
     END IF;
     PERFORM sb_charge(p_endpoint_id, v_policy.id, v_eval, v_take);
     admission := jsonb_build_object('headroom', sb_headroom_after(v_policy, v_eval, v_take));
@@ -411,60 +432,6 @@ BEGIN
     v_full := sb_full_after(v_policy, v_eval, v_take);
     IF v_full IS NOT NULL THEN
         PERFORM sb_gate_mark(p_endpoint_id, v_policy.queue_id, v_full,
-                             sb_gate_next_check(v_full, v_eval, p_now), p_now, true);
-    END IF;
-END;
-$$;
-
--- The original form of a budgeted batch, for one the budget cut short
--- (rare: once per window or per filling of the in-flight slots): with the
--- todos p_ids locked (in the caller's subtransaction), locks the policy,
--- evaluates it with fresh reads and claims under the lock as many as the
--- window's units and the free in-flight slots allow, saying why (the same
--- reason) in admission.deferred when that is fewer than p_ids; the others
--- stay locked, untouched, until the transaction ends. Raises SB429 when it
--- admits none. Lock order: the todo rows, then the policy.
-CREATE OR REPLACE FUNCTION sb_admit_then_claim_batch(
-    p_endpoint_id uuid,
-    p_ids bigint[],
-    p_queue text,
-    p_policy_id bigint,
-    p_claimants text[],
-    p_lease interval,
-    p_now timestamptz,
-    OUT claimed todos[],
-    OUT admission jsonb
-)
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_policy admission_policies;
-    v_eval admission_eval;
-    v_take integer;
-    v_full text;
-BEGIN
-    SELECT * INTO v_policy FROM admission_policies p
-     WHERE p.endpoint_id = p_endpoint_id AND p.id = p_policy_id
-       FOR UPDATE;
-    IF NOT FOUND OR NOT v_policy.active THEN
-        claimed := sb_claim_pending(p_endpoint_id, p_ids, p_claimants, p_lease, p_now);
-        RETURN;
-    END IF;
-    v_eval := sb_admission_eval(v_policy, NULL, p_now);
-    IF v_eval.reason IS NOT NULL THEN
-        RAISE EXCEPTION '%', v_eval.reason USING ERRCODE = 'SB429',
-            DETAIL = sb_deferral_json(p_queue, v_eval.reason, v_eval, NULL)::text;
-    END IF;
-    v_take := least(
-        cardinality(p_ids),
-        v_policy.max_claims_per_window - v_eval.used,
-        v_policy.max_in_flight - v_eval.in_flight);
-    claimed := sb_claim_pending(p_endpoint_id, p_ids[1:v_take], p_claimants, p_lease, p_now);
-    PERFORM sb_charge(p_endpoint_id, v_policy.id, v_eval, v_take);
-    admission := jsonb_build_object('headroom', sb_headroom_after(v_policy, v_eval, v_take));
-    PERFORM sb_release_before_flush();
-    v_full := sb_full_after(v_policy, v_eval, v_take);
-    IF v_full IS NOT NULL THEN
-        PERFORM sb_gate_mark(v_policy.endpoint_id, v_policy.queue_id, v_full,
                              sb_gate_next_check(v_full, v_eval, p_now), p_now, true);
     END IF;
     IF v_take < cardinality(p_ids) THEN

@@ -359,12 +359,13 @@ END;
 $$;
 
 -- The batch form of sb_try_budgeted_claim: inside a subtransaction, lock up
--- to p_limit of the queue's first due todos in claim order (SKIP LOCKED), then admit
--- and claim them (sb_admit_and_claim_batch). A refusal of the whole batch
--- rolls the subtransaction back, releasing the todo and policy locks. A batch
--- the budget cuts short is rolled back the same way and tried again in the
--- original form: its todos locked again, then the policy, and the admitted
--- part claimed under the lock (sb_admit_then_claim_batch).
+-- to p_limit of the queue's first due todos in claim order (SKIP LOCKED), then
+-- claim them and admit them (sb_admit_batch, claiming first). A refusal of
+-- the whole batch rolls the subtransaction back, releasing the todo and
+-- policy locks. A batch the budget cuts short is rolled back the same way
+-- and tried again in the original form: its todos locked again (from the
+-- queue's head, found afresh), then the policy, and the admitted part
+-- claimed under the lock (sb_admit_batch, locking first).
 -- p_head_*: the queue's head as sb_claim_next_for's probe found it (see
 -- sb_lock_pending; NULL: none known).
 -- outcome: claimed | none | deferred (admission is the deferral as JSON).
@@ -392,61 +393,43 @@ DECLARE
     v_ids bigint[];
     v_result record;
     v_detail text;
-    v_cut boolean := false;
+    v_claim_first boolean;
 BEGIN
-    BEGIN
-        v_ids := sb_lock_pending(p_endpoint_id, p_queue_id, p_limit, p_max_bytes, p_now,
-                                 p_head_priority, p_head_retry, p_head_id);
-        IF cardinality(v_ids) = 0 THEN
-            outcome := 'none';
+    FOREACH v_claim_first IN ARRAY ARRAY[true, false] LOOP
+        BEGIN
+            v_ids := sb_lock_pending(p_endpoint_id, p_queue_id, p_limit, p_max_bytes, p_now,
+                                     CASE WHEN v_claim_first THEN p_head_priority END,
+                                     CASE WHEN v_claim_first THEN p_head_retry END,
+                                     CASE WHEN v_claim_first THEN p_head_id END);
+            IF cardinality(v_ids) = 0 THEN
+                outcome := 'none';
+                RETURN;
+            END IF;
+            SELECT a.* INTO v_result FROM sb_admit_batch(
+                p_endpoint_id, v_ids, p_queue, p_policy_id, p_claimants, p_lease, p_now,
+                v_claim_first) a;
+            outcome := 'claimed';
+            claimed := v_result.claimed;
+            admission := v_result.admission;
             RETURN;
-        END IF;
-        SELECT a.* INTO v_result FROM sb_admit_and_claim_batch(
-            p_endpoint_id, v_ids, p_queue, p_policy_id, p_claimants, p_lease, p_now) a;
-        outcome := 'claimed';
-        claimed := v_result.claimed;
-        admission := v_result.admission;
-        RETURN;
-    EXCEPTION
-        WHEN SQLSTATE 'SBCUT' THEN
-            v_cut := true;
-        WHEN SQLSTATE 'SB429' THEN
-            GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
-            outcome := 'deferred';
-            admission := v_detail::jsonb;
-        -- The budget cannot be read now (its lock not taken in time, no
-        -- window schedule): refused, fail closed. Any other error
-        -- (a lost race, a bug) aborts the call.
-        WHEN lock_not_available OR SQLSTATE 'SB503' THEN
-            outcome := 'deferred';
-            admission := jsonb_build_object('queue', p_queue, 'reason', 'admission_unavailable');
-    END;
-    IF NOT v_cut THEN
-        RETURN;
-    END IF;
-    BEGIN
-        v_ids := sb_lock_pending(p_endpoint_id, p_queue_id, p_limit, p_max_bytes, p_now,
-                                 NULL, NULL, NULL);
-        IF cardinality(v_ids) = 0 THEN
-            outcome := 'none';
-            RETURN;
-        END IF;
-        SELECT a.* INTO v_result FROM sb_admit_then_claim_batch(
-            p_endpoint_id, v_ids, p_queue, p_policy_id, p_claimants, p_lease, p_now) a;
-        outcome := 'claimed';
-        claimed := v_result.claimed;
-        admission := v_result.admission;
-    EXCEPTION
-        WHEN SQLSTATE 'SB429' THEN
-            GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
-            outcome := 'deferred';
-            admission := v_detail::jsonb;
-        -- The budget cannot be read now (its lock not taken in time, no
-        -- window schedule): refused, fail closed. Any other error
-        -- (a lost race, a bug) aborts the call.
-        WHEN lock_not_available OR SQLSTATE 'SB503' THEN
-            outcome := 'deferred';
-            admission := jsonb_build_object('queue', p_queue, 'reason', 'admission_unavailable');
-    END;
+        EXCEPTION
+            -- Cut short (only when claiming first): the original form next.
+            WHEN SQLSTATE 'SBCUT' THEN
+                CONTINUE;
+            WHEN SQLSTATE 'SB429' THEN
+                GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
+                outcome := 'deferred';
+                admission := v_detail::jsonb;
+                RETURN;
+            -- The budget cannot be read now (its lock not taken in time, no
+            -- window schedule): refused, fail closed. Any other error
+            -- (a lost race, a bug) aborts the call.
+            WHEN lock_not_available OR SQLSTATE 'SB503' THEN
+                outcome := 'deferred';
+                admission := jsonb_build_object('queue', p_queue,
+                                                'reason', 'admission_unavailable');
+                RETURN;
+        END;
+    END LOOP;
 END;
 $$;

@@ -157,6 +157,45 @@ LANGUAGE sql AS $$
                          1, 1048576) AS c
 $$;
 
+-- sb_admit_batch claiming first, and locking first, under the names the
+-- previous release's sb_try_budgeted_batch calls (no server calls them: a
+-- claim running that body as the upgrade commits still may). Kept so that
+-- no migration of this release drops them. Dropped in 0.4.
+CREATE OR REPLACE FUNCTION sb_admit_and_claim_batch(
+    p_endpoint_id uuid,
+    p_ids bigint[],
+    p_queue text,
+    p_policy_id bigint,
+    p_claimants text[],
+    p_lease interval,
+    p_now timestamptz,
+    OUT claimed todos[],
+    OUT admission jsonb
+)
+LANGUAGE sql AS $$
+    SELECT a.claimed, a.admission
+      FROM sb_admit_batch(p_endpoint_id, p_ids, p_queue, p_policy_id, p_claimants, p_lease,
+                          p_now, true) AS a
+$$;
+
+-- Dropped in 0.4 (see sb_admit_and_claim_batch).
+CREATE OR REPLACE FUNCTION sb_admit_then_claim_batch(
+    p_endpoint_id uuid,
+    p_ids bigint[],
+    p_queue text,
+    p_policy_id bigint,
+    p_claimants text[],
+    p_lease interval,
+    p_now timestamptz,
+    OUT claimed todos[],
+    OUT admission jsonb
+)
+LANGUAGE sql AS $$
+    SELECT a.claimed, a.admission
+      FROM sb_admit_batch(p_endpoint_id, p_ids, p_queue, p_policy_id, p_claimants, p_lease,
+                          p_now, false) AS a
+$$;
+
 -- The form servers of earlier releases call (their reaper), during a
 -- rolling upgrade: each endpoint's queues in a call of their own.
 -- Dropped in 0.4.
