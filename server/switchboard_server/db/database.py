@@ -297,7 +297,7 @@ def session_settings(application_name: str, lock_timeout: timedelta) -> dict[str
     ``switchboard.release_before_flush``: the session waits for durability
     before it answers an admitted claim (``todos.claim``, ``todos.claim_next``
     call ``sb_wait_durable``), so the claim's transaction may release its
-    queue's policy lock before its WAL flush (``functions/admission.sql``).
+    queue's policy lock before its WAL flush (``functions/fn_admission.sql``).
 
     ``citus.show_shards_for_app_name_prefixes``: on a database with the
     citus extension, Citus rewrites every query that reads ``pg_class``,
