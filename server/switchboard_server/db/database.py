@@ -36,7 +36,7 @@ _ABORTED_STATES: dict[str, str] = {
     "55P03": "a lock was not taken within the lock timeout",
     "40001": "a serialization failure",
     "40P01": "a deadlock",
-    # functions/shards.sql: a write found its row no longer as its lock promised.
+    # functions/fn_shards.sql: a write found its row no longer as its lock promised.
     "SB409": "a write found its row changed since it was locked",
 }
 #: Those of them after which the other transaction went on: run again, the
