@@ -9,7 +9,7 @@ from switchboard_server import dispatch
 from switchboard_server.servicers import convert
 from switchboard_server.servicers.dispatch_part import Context, DispatchPart
 from switchboard_server.servicers.interceptor import current_principal
-from switchboard_server.servicers.sizes import MAX_ATTEMPTS_LISTED
+from switchboard_server.servicers.sizes import MAX_ATTEMPTS_LISTED, answer_page
 from switchboard_server.servicers.validate import (
     MAX_DEDUP_PART,
     MAX_ERROR_FILTER,
@@ -117,9 +117,7 @@ class ReadRpcs(DispatchPart):
         entries = await self._dispatcher.audit(
             current_principal(), endpoint_id, before, page_size + 1
         )
-        more = len(entries) > page_size
-        entries = entries[:page_size]
-        return dispatch_pb2.ListTodoAuditResponse(
-            entries=[convert.todo_audit_entry(e) for e in entries],
-            next_page_token=page_token_after(entries[-1].id) if more and entries else "",
+        page, token = answer_page(
+            entries, page_size, convert.todo_audit_entry, lambda e: e.id, budget=None
         )
+        return dispatch_pb2.ListTodoAuditResponse(entries=page, next_page_token=token)
