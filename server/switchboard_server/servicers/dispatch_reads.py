@@ -68,12 +68,7 @@ class ReadRpcs(DispatchPart):
         v = Violations()
         endpoint_id = v.parse_uuid("endpoint_id", request.endpoint_id, required=False)
         queues = v.queue_names("queues", request.queues)
-        states = []
-        for i, state in enumerate(request.states):
-            if state not in convert.TODO_STATE_FROM_PROTO:
-                v.add(f"states[{i}]", "must be a todo state")
-            else:
-                states.append(convert.TODO_STATE_FROM_PROTO[state])
+        states = v.members("states", request.states, convert.TODO_STATE_FROM_PROTO, "todo state")
         page_size = v.page_size("page_size", request.page_size)
         before = v.page_token("page_token", request.page_token)
         dedup = None
