@@ -20,7 +20,7 @@ from switchboard_server.admission import DeferralReason
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
 from switchboard_server.loops import LoopSignals
-from switchboard_server.metrics import POLICY_STATUSES
+from switchboard_server.metrics_scrape import POLICY_STATUSES
 from switchboard_server.model import AttemptOutcome
 
 from tests.grpc.test_hooks import passes

@@ -267,3 +267,23 @@ def test_pages_of_schedules_are_cut_by_bytes_within_the_send_limit() -> None:
     assert [s.id for s in page] == [str(n) for n in range(7)]
     assert sum(s.ByteSize() for s in page) <= sizes.PAGE_BYTES
     assert [s.id for s in sizes.fill_page([0], schedule, budget=10)] == ["0"]  # always one
+
+
+def test_a_page_read_one_item_beyond_its_size_names_the_next_page() -> None:
+    from switchboard_dispatch.v1 import schedule_pb2
+    from switchboard_server.servicers.validate import page_token_after
+
+    def schedule(n: int) -> schedule_pb2.Schedule:
+        return schedule_pb2.Schedule(id=str(n))
+
+    def ids(page: list[schedule_pb2.Schedule]) -> list[str]:
+        return [s.id for s in page]
+
+    # Read page_size + 1: the extra one only tells that another page follows.
+    page, token = sizes.answer_page([1, 2, 3], 2, schedule, int, budget=None)
+    assert (ids(page), token) == (["1", "2"], page_token_after(2))
+    assert sizes.answer_page([1, 2], 2, schedule, int, budget=None)[1] == ""
+    assert sizes.answer_page([], 2, schedule, int) == ([], "")
+    # Cut short by bytes: the next page goes on after the last item kept.
+    page, token = sizes.answer_page([1, 2, 3], 2, schedule, int, budget=1)
+    assert (ids(page), token) == (["1"], page_token_after(1))

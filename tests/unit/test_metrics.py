@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 from switchboard_server.config import Settings
-from switchboard_server.metrics import OTHER_QUEUE, Metrics, QueueLabels, fold_queues, top_queues
+from switchboard_server.metrics import Metrics, QueueLabels
+from switchboard_server.metrics_scrape import OTHER_QUEUE, fold_queues, top_queues
 from switchboard_server.model import TodoState
 
 

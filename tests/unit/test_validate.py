@@ -110,6 +110,17 @@ def test_queue_names_limit() -> None:
     assert fields(v) == ["queues"]
 
 
+def test_members_map_each_value_and_index_each_unknown_one() -> None:
+    v = Violations()
+    table = {1: "one", 2: "two"}
+    assert v.members("states", [2, 9, 1, 0], table, "todo state") == ["two", "one"]
+    assert fields(v) == ["states[1]", "states[3]"]
+    with pytest.raises(errors.InvalidArgument) as raised:
+        v.check()
+    assert [x.description for x in raised.value.violations] == ["must be a todo state"] * 2
+    assert Violations().members("grants", [], table, "grant") == []
+
+
 # --- uuids -------------------------------------------------------------------
 
 

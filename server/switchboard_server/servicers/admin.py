@@ -86,12 +86,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     ) -> admin_pb2.VendCredentialResponse:
         v = Violations()
         endpoint_id = v.parse_uuid("endpoint_id", request.endpoint_id, required=True)
-        grants = []
-        for i, grant in enumerate(request.grants):
-            if grant not in convert.GRANT_FROM_PROTO:
-                v.add(f"grants[{i}]", "must be a grant")
-            else:
-                grants.append(convert.GRANT_FROM_PROTO[grant])
+        grants = v.members("grants", request.grants, convert.GRANT_FROM_PROTO, "grant")
         basics = False
         for i, preset in enumerate(request.presets):
             if preset == admin_pb2.GRANT_PRESET_BASICS:

@@ -176,11 +176,8 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                     return response
                 except grpc.aio.AbortError:
                     raise
-                except errors.SwitchboardError as exc:
-                    await _abort(context, call, exc)
-                except Exception:
-                    log.exception("unexpected error", extra={"rpc": method})
-                    await _abort(context, call, None)
+                except Exception as exc:
+                    await _abort(context, call, method, exc)
 
         return wrapped
 
@@ -196,20 +193,19 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                     context.set_trailing_metadata(call.trailing_metadata)
                 except grpc.aio.AbortError:
                     raise
-                except errors.SwitchboardError as exc:
-                    await _abort(context, call, exc)
-                except Exception:
-                    log.exception("unexpected error", extra={"rpc": method})
-                    await _abort(context, call, None)
+                except Exception as exc:
+                    await _abort(context, call, method, exc)
 
         return wrapped
 
 
 async def _abort(
-    context: grpc.aio.ServicerContext[Any, Any], call: RpcCall, exc: errors.SwitchboardError | None
+    context: grpc.aio.ServicerContext[Any, Any], call: RpcCall, method: str, exc: Exception
 ) -> None:
-    """Ends the call with ``exc``'s status (INTERNAL when ``None``) and the request id."""
-    if exc is None:
+    """Ends the call with ``exc``'s status and the request id: a ``SwitchboardError``'s
+    own; anything else is unexpected: logged, and INTERNAL."""
+    if not isinstance(exc, errors.SwitchboardError):
+        log.error("unexpected error", exc_info=exc, extra={"rpc": method})
         call.code = grpc.StatusCode.INTERNAL
         await context.abort(call.code, "internal error", call.trailing_metadata)
     else:

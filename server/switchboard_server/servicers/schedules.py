@@ -21,7 +21,7 @@ from switchboard_server.recurrence import (
 from switchboard_server.schedules import AuditEntry, Schedule, Schedules
 from switchboard_server.servicers import convert
 from switchboard_server.servicers.interceptor import current_principal
-from switchboard_server.servicers.sizes import fill_page
+from switchboard_server.servicers.sizes import answer_page
 from switchboard_server.servicers.validate import (
     DEFAULT_MAX_ATTEMPTS,
     MAX_ATTEMPTS_LIMIT,
@@ -32,7 +32,6 @@ from switchboard_server.servicers.validate import (
     MAX_TODO_ID_DIGITS,
     MAX_ZONE,
     Violations,
-    page_token_after,
 )
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -235,12 +234,8 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServiceServicer):
         found = await self._schedules.list_page(
             current_principal(), endpoint_id, after, page_size + 1
         )
-        page = fill_page(found[:page_size], schedule)
-        more = len(found) > len(page)
-        return schedule_pb2.ListSchedulesResponse(
-            schedules=page,
-            next_page_token=page_token_after(found[len(page) - 1].row.id) if more else "",
-        )
+        page, token = answer_page(found, page_size, schedule, lambda s: s.row.id)
+        return schedule_pb2.ListSchedulesResponse(schedules=page, next_page_token=token)
 
     async def UpdateSchedule(
         self, request: schedule_pb2.UpdateScheduleRequest, context: Context
@@ -289,9 +284,5 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServiceServicer):
         before = v.page_token("page_token", request.page_token)
         v.check()
         entries = await self._schedules.audit(current_principal(), sid, before, page_size + 1)
-        page = fill_page(entries[:page_size], audit_entry)
-        more = len(entries) > len(page)
-        return schedule_pb2.ListScheduleAuditResponse(
-            entries=page,
-            next_page_token=page_token_after(entries[len(page) - 1].id) if more else "",
-        )
+        page, token = answer_page(entries, page_size, audit_entry, lambda e: e.id)
+        return schedule_pb2.ListScheduleAuditResponse(entries=page, next_page_token=token)

@@ -42,6 +42,7 @@ from switchboard_server.servicers.validate import (
     MAX_START,
     MAX_TODO_ID_DIGITS,
     MAX_ZONE,
+    page_token_after,
 )
 
 #: Bytes of UTF-8 per character, at most.
@@ -209,3 +210,20 @@ def fill_page(items: Sequence[T], build: Callable[[T], M], budget: int = PAGE_BY
             break
         page.append(message)
     return page
+
+
+def answer_page(
+    found: Sequence[T],
+    page_size: int,
+    build: Callable[[T], M],
+    item_id: Callable[[T], int],
+    budget: int | None = PAGE_BYTES,
+) -> tuple[list[M], str]:
+    """A page of ``found``, read with one item more than ``page_size`` to tell
+    whether another page follows: its messages (``fill_page`` within ``budget``;
+    ``None``: all of the first ``page_size``), and the token of the page after
+    it (empty when none follows)."""
+    kept = found[:page_size]
+    page = [build(i) for i in kept] if budget is None else fill_page(kept, build, budget)
+    more = len(found) > len(page)
+    return page, page_token_after(item_id(found[len(page) - 1])) if more and page else ""

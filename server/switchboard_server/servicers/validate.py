@@ -8,9 +8,9 @@ import binascii
 import re
 import urllib.parse
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
@@ -109,6 +109,10 @@ class LeaseRequest(Protocol):
     def HasField(self, field_name: Literal["lease_duration"]) -> bool: ...
 
 
+K = TypeVar("K")
+V = TypeVar("V")
+
+
 class Violations:
     """Collects field violations; ``check()`` raises them all at once."""
 
@@ -146,6 +150,17 @@ class Violations:
         for i, name in enumerate(names):
             self.queue_name(f"{field}[{i}]", name)
         return list(dict.fromkeys(names))
+
+    def members(self, field: str, values: Iterable[K], table: Mapping[K, V], what: str) -> list[V]:
+        """Each of ``values`` as ``table`` maps it (a proto enum's to the domain's);
+        each one it does not map is a violation at ``field[i]``: must be a ``what``."""
+        found: list[V] = []
+        for i, value in enumerate(values):
+            if value in table:
+                found.append(table[value])
+            else:
+                self.add(f"{field}[{i}]", f"must be a {what}")
+        return found
 
     def parse_uuid(self, field: str, value: str, *, required: bool) -> uuid.UUID | None:
         """A UUID field; empty is ``None`` unless required."""
