@@ -323,10 +323,17 @@ class AdmissionControl:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def get(self, principal: Principal, endpoint_id: uuid.UUID | None, queue: str) -> Policy:
+    async def get(
+        self,
+        principal: Principal,
+        endpoint_id: uuid.UUID | None,
+        queue: str,
+        *,
+        conn: Conn | None = None,
+    ) -> Policy:
         """The active policy of a queue."""
         scope, endpoint = policy_scope(principal, endpoint_id, None)
-        async with self._db.transaction() as conn:
+        async with self._db.transaction(within=conn) as conn:
             queue_id = await admission_queries.queue_find(
                 conn, endpoint_id=endpoint, owner_id=scope.owner_id, name=queue
             )
@@ -342,11 +349,16 @@ class AdmissionControl:
         return policy_of(row, endpoint, queue)
 
     async def get_with_use(
-        self, principal: Principal, endpoint_id: uuid.UUID | None, queue: str
+        self,
+        principal: Principal,
+        endpoint_id: uuid.UUID | None,
+        queue: str,
+        *,
+        conn: Conn | None = None,
     ) -> tuple[Policy, Headroom | None]:
         """The active policy of a queue and its use now (``None`` when nothing evaluates)."""
         scope, endpoint = policy_scope(principal, endpoint_id, None)
-        async with self._db.transaction() as conn:
+        async with self._db.transaction(within=conn) as conn:
             queue_id = await admission_queries.queue_find(
                 conn, endpoint_id=endpoint, owner_id=scope.owner_id, name=queue
             )
@@ -410,11 +422,16 @@ class AdmissionControl:
             return await _store(conn, principal, row, endpoint, queue, limits)
 
     async def resume_target(
-        self, principal: Principal, endpoint_id: uuid.UUID | None, queue: str
+        self,
+        principal: Principal,
+        endpoint_id: uuid.UUID | None,
+        queue: str,
+        *,
+        conn: Conn | None = None,
     ) -> Resume | None:
         """What ``resume`` would restore, when the queue is paused (see ``before_pause``)."""
         scope, endpoint = policy_scope(principal, endpoint_id, None)
-        async with self._db.transaction() as conn:
+        async with self._db.transaction(within=conn) as conn:
             queue_id = await admission_queries.queue_find(
                 conn, endpoint_id=endpoint, owner_id=scope.owner_id, name=queue
             )
@@ -492,10 +509,12 @@ class AdmissionControl:
         queue: str,
         before_id: int | None,
         limit: int,
+        *,
+        conn: Conn | None = None,
     ) -> list[AuditEntry]:
         """A page of a queue's policy changes, newest first."""
         scope, endpoint = policy_scope(principal, endpoint_id, None)
-        async with self._db.transaction() as conn:
+        async with self._db.transaction(within=conn) as conn:
             queue_id = await admission_queries.queue_find(
                 conn, endpoint_id=endpoint, owner_id=scope.owner_id, name=queue
             )

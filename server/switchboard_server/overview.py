@@ -22,9 +22,11 @@ from switchboard_server.admission import (
     paused,
 )
 from switchboard_server.db import Database
+from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import queues as queue_queries
 from switchboard_server.db import tenancy as tenancy_queries
 from switchboard_server.db.admission import QueueAdmission
+from switchboard_server.db.database import Conn
 from switchboard_server.db.queues import QueueOverviewRow
 from switchboard_server.model import Grant, Principal
 from switchboard_server.windows import Period, WindowSpec
@@ -146,7 +148,11 @@ class Overview:
         )
 
     async def queues(
-        self, principal: Principal, endpoint_id: uuid.UUID | None = None
+        self,
+        principal: Principal,
+        endpoint_id: uuid.UUID | None = None,
+        *,
+        conn: Conn | None = None,
     ) -> list[QueueSummary]:
         """Every queue the caller may read: a human's whole owner, an agent's own endpoint."""
         scope = require_tenant(principal, Grant.READ)
@@ -154,18 +160,20 @@ class Overview:
             if endpoint_id is not None and endpoint_id != scope.endpoint_id:
                 return []
             endpoint_id = scope.endpoint_id
-        async with self._db.transaction() as conn:
+        async with self._db.transaction(within=conn) as conn:
             rows = await queue_queries.overview(
                 conn, owner_id=scope.owner_id, endpoint_id=endpoint_id, name=None
             )
         return [self._summary(r) for r in rows]
 
-    async def queue(self, principal: Principal, endpoint_id: uuid.UUID, name: str) -> QueueSummary:
+    async def queue(
+        self, principal: Principal, endpoint_id: uuid.UUID, name: str, *, conn: Conn | None = None
+    ) -> QueueSummary:
         """One queue; ``NotFound`` when absent or another owner's."""
         scope = require_tenant(principal, Grant.READ)
         if scope.endpoint_id is not None and endpoint_id != scope.endpoint_id:
             raise errors.NotFound("queue not found")
-        async with self._db.transaction() as conn:
+        async with self._db.transaction(within=conn) as conn:
             rows = await queue_queries.overview(
                 conn, owner_id=scope.owner_id, endpoint_id=endpoint_id, name=name
             )
@@ -173,10 +181,24 @@ class Overview:
             raise errors.NotFound("queue not found")
         return self._summary(rows[0])
 
-    async def names(self, principal: Principal) -> Names:
+    async def require_queue(self, principal: Principal, endpoint_id: uuid.UUID, name: str) -> None:
+        """``NotFound`` unless the queue exists and is the caller's to read, as
+        ``queue`` answers it, in one statement: the check an action makes
+        before it acts, with no counts or admission evaluated."""
+        scope = require_tenant(principal, Grant.READ)
+        if scope.endpoint_id is not None and endpoint_id != scope.endpoint_id:
+            raise errors.NotFound("queue not found")
+        async with self._db.connection() as conn:
+            queue_id = await admission_queries.queue_find(
+                conn, endpoint_id=endpoint_id, owner_id=scope.owner_id, name=name
+            )
+        if queue_id is None:
+            raise errors.NotFound("queue not found")
+
+    async def names(self, principal: Principal, *, conn: Conn | None = None) -> Names:
         """The names of the human caller's owner's humans and endpoints."""
         owner_id = require_human(principal)
-        async with self._db.transaction() as conn:
+        async with self._db.transaction(within=conn) as conn:
             humans = await tenancy_queries.list_humans(conn, owner_id)
             endpoints = await tenancy_queries.list_endpoints(conn, owner_id)
         return Names({h.id: h.name for h in humans}, {e.id: e.name for e in endpoints})

@@ -229,11 +229,17 @@ class Schedules:
         return _schedule(row)
 
     async def list_page(
-        self, principal: Principal, endpoint_id: uuid.UUID | None, after: int | None, limit: int
+        self,
+        principal: Principal,
+        endpoint_id: uuid.UUID | None,
+        after: int | None,
+        limit: int,
+        *,
+        conn: Conn | None = None,
     ) -> list[Schedule]:
         """A page of the caller's schedules, oldest first."""
         owner_id, endpoint = schedule_scope(principal, endpoint_id, Grant.READ)
-        async with self._db.connection() as conn:
+        async with self._db.connection(within=conn) as conn:
             if endpoint is not None and not await tenancy_queries.get_endpoint(
                 conn, endpoint, owner_id
             ):

@@ -5,17 +5,24 @@ combiners, the metrics it counts) is the same whichever way a call arrives."""
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from switchboard_server.admission import AdmissionControl
 from switchboard_server.auth import Authenticator
 from switchboard_server.db import Database
+from switchboard_server.db.database import Conn
 from switchboard_server.dispatch import Dispatcher
 from switchboard_server.health import Readiness
 from switchboard_server.metrics import Metrics
 from switchboard_server.overview import Overview
 from switchboard_server.schedules import Schedules
 from switchboard_server.tenancy import Tenancy
+
+#: A connection inside one read-only snapshot (``Services.snapshot``); the
+#: services' reads take it as ``conn`` to read from it.
+Snapshot: TypeAlias = Conn
 
 
 @dataclass(frozen=True)
@@ -33,3 +40,8 @@ class Services:
     metrics: Metrics = field(default_factory=Metrics)
     #: Whether the process serves (its database answers); ``/healthz`` reports it.
     readiness: Readiness = field(default_factory=Readiness)
+
+    def snapshot(self) -> AbstractAsyncContextManager[Snapshot]:
+        """One REPEATABLE READ, READ ONLY transaction (``Database.snapshot``):
+        the reads of one page, from one snapshot, on one connection."""
+        return self.db.snapshot()

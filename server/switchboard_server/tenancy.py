@@ -187,10 +187,12 @@ class Tenancy:
             raise errors.NotFound("endpoint not found")
         return endpoint, secret
 
-    async def endpoint(self, principal: Principal, endpoint_id: uuid.UUID) -> Endpoint:
+    async def endpoint(
+        self, principal: Principal, endpoint_id: uuid.UUID, *, conn: Conn | None = None
+    ) -> Endpoint:
         """One of the caller's owner's endpoints, with its notify hook's status."""
         owner_id = require_human(principal)
-        async with self._db.connection() as conn:
+        async with self._db.connection(within=conn) as conn:
             endpoint = await tenancy_queries.get_endpoint(conn, endpoint_id, owner_id)
         if endpoint is None:
             raise errors.NotFound("endpoint not found")

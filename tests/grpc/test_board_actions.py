@@ -26,7 +26,7 @@ from switchboard_server.admission import AdmissionControl
 from switchboard_server.app import App
 from switchboard_server.auth import Authenticator
 from switchboard_server.db import Database
-from switchboard_server.web import board as board_module
+from switchboard_server.web import board_pages
 
 from tests.support.admission import ingest, set_policy
 from tests.support.board_http import Board, signed_in
@@ -180,7 +180,7 @@ async def test_pause_resume_and_counts_refresh_in_the_browser(
     browser: Browser,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(board_module, "REFRESH_SECONDS", 0.5)
+    monkeypatch.setattr(board_pages, "REFRESH_SECONDS", 0.5)
     await ingest(client, tenant.agent, QUEUE, 2)
     await set_policy(client, tenant.human, QUEUE, endpoint_id=tenant.endpoint_id, max_in_flight=5)
     await sign_in(browser, tenant.human_token)

@@ -6,7 +6,7 @@ import uuid
 from datetime import UTC, datetime, time, timedelta
 
 from switchboard_server.admission import Limits, Policy
-from switchboard_server.web.board import (
+from switchboard_server.web.board_forms import (
     acted_notice,
     dedup_candidates,
     form_field,

@@ -178,8 +178,16 @@ class Database:
         await self.pool.close()
 
     @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator[Conn]:
-        """A connection outside any explicit transaction (autocommit statements)."""
+    async def connection(self, within: Conn | None = None) -> AsyncIterator[Conn]:
+        """A connection outside any explicit transaction (autocommit statements).
+
+        ``within``: a connection the caller already holds (a ``snapshot``),
+        yielded as it is: the statements join the caller's transaction and
+        take nothing from the pool.
+        """
+        if within is not None:
+            yield within
+            return
         with translate_errors(self._observe):
             start = time.perf_counter()
             async with self.pool.acquire() as conn:
@@ -198,14 +206,38 @@ class Database:
             yield conn
 
     @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Conn]:
-        """A connection inside one transaction, committed when the block exits cleanly."""
+    async def transaction(self, within: Conn | None = None) -> AsyncIterator[Conn]:
+        """A connection inside one transaction, committed when the block exits cleanly.
+
+        ``within``: a connection already inside the caller's transaction (a
+        ``snapshot``), yielded as it is, so that a read joins it.
+        """
+        if within is not None:
+            yield within
+            return
         with translate_errors(self._observe):
             start = time.perf_counter()
             async with self.pool.acquire() as conn:
                 self._acquired(start)
                 with _discard_if_broken(conn):
                     async with conn.transaction():
+                        yield conn
+
+    @contextlib.asynccontextmanager
+    async def snapshot(self) -> AsyncIterator[Conn]:
+        """A connection inside one REPEATABLE READ, READ ONLY transaction.
+
+        Every statement in it sees the same snapshot of the database, so
+        reads that answer one page (counts, lists, the policy) agree with
+        each other; the services' reads take it as ``conn``. One checkout
+        from the pool however many reads join it.
+        """
+        with translate_errors(self._observe):
+            start = time.perf_counter()
+            async with self.pool.acquire() as conn:
+                self._acquired(start)
+                with _discard_if_broken(conn):
+                    async with conn.transaction(isolation="repeatable_read", readonly=True):
                         yield conn
 
     async def rerun_on_conflict(self, work: Callable[[], Awaitable[T]]) -> T:

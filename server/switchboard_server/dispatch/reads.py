@@ -90,10 +90,12 @@ class Reads:
         self._db = db
         self._settings = settings
 
-    async def get(self, principal: Principal, todo_id: int) -> tuple[TodoView, list[Attempt]]:
+    async def get(
+        self, principal: Principal, todo_id: int, *, conn: Conn | None = None
+    ) -> tuple[TodoView, list[Attempt]]:
         """One todo with its admission status, result and attempts."""
         scope = require_tenant(principal, Grant.READ)
-        async with self._db.transaction() as conn:
+        async with self._db.transaction(within=conn) as conn:
             todo = await todo_queries.get(
                 conn, todo_id=todo_id, owner_id=scope.owner_id, endpoint_id=scope.endpoint_id
             )
@@ -102,12 +104,17 @@ class Reads:
             return await self._full_view(conn, todo)
 
     async def get_by_dedup(
-        self, principal: Principal, endpoint_id: uuid.UUID | None, dedup: tuple[str, str]
+        self,
+        principal: Principal,
+        endpoint_id: uuid.UUID | None,
+        dedup: tuple[str, str],
+        *,
+        conn: Conn | None = None,
     ) -> tuple[TodoView, list[Attempt]]:
         """The todo an endpoint ingested with a dedup key, as ``get`` reads it."""
         scope = endpoint_scope(principal, Grant.READ, endpoint_id)
         assert scope.endpoint_id is not None
-        async with self._db.transaction() as conn:
+        async with self._db.transaction(within=conn) as conn:
             todo = await todo_queries.get_by_dedup(
                 conn,
                 endpoint_id=scope.endpoint_id,
@@ -151,6 +158,8 @@ class Reads:
         which: TodoFilter,
         page_size: int,
         before: int | None,
+        *,
+        conn: Conn | None = None,
     ) -> tuple[list[TodoView], int | None]:
         """A page of an endpoint's todos that pass ``which``, newest first, below
         ``before``, and the cursor of the next page (``None``: the last page).
@@ -162,7 +171,7 @@ class Reads:
         assert scope.endpoint_id is not None
         queues, states = list(which.queues) or None, list(which.states) or None
         after: int | None = None
-        async with self._db.transaction() as conn:
+        async with self._db.transaction(within=conn) as conn:
             await require_endpoint(conn, principal, scope)
             if which.dedup is not None:
                 rows = await todo_queries.list_by_dedup(
@@ -227,6 +236,8 @@ class Reads:
         endpoint_id: uuid.UUID | None,
         before: int | None,
         limit: int,
+        *,
+        conn: Conn | None = None,
     ) -> list[TodoAuditEntry]:
         """A page of the owner's cancels and requeues, newest first: of one
         endpoint (an endpoint credential: its own), or of all of a human's owner's."""
@@ -235,7 +246,7 @@ class Reads:
             scope = endpoint_scope(principal, Grant.READ, endpoint_id)
         elif endpoint_id is not None:
             scope = Scope(scope.owner_id, endpoint_id)
-        async with self._db.transaction() as conn:
+        async with self._db.transaction(within=conn) as conn:
             if scope.endpoint_id is not None:
                 await require_endpoint(conn, principal, scope)
             return await todo_queries.list_audit(
@@ -269,9 +280,11 @@ class Reads:
         states: Sequence[TodoState],
         page_size: int,
         before: int | None,
+        *,
+        conn: Conn | None = None,
     ) -> tuple[list[TodoView], bool]:
         """A page of an endpoint's todos, newest first, below ``before``; more to come?"""
         found, after = await self.find(
-            principal, endpoint_id, TodoFilter(queues, states), page_size, before
+            principal, endpoint_id, TodoFilter(queues, states), page_size, before, conn=conn
         )
         return found, after is not None
