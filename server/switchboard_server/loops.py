@@ -97,7 +97,7 @@ async def _reap_per_group(db: Database, metrics: Metrics | None) -> int:
         for group in await todo_queries.lapsed_endpoint_groups(conn):
             while True:
                 # Outside a transaction block: the call is delegated.
-                reaped = await todo_queries.reap_lapsed_of(conn, group, batch=BATCH)
+                reaped = await todo_queries.reap_lapsed_of(conn, endpoint_ids=group, batch=BATCH)
                 if metrics is not None:
                     metrics.attempts_ended(AttemptOutcome.LAPSED, len(reaped))
                 total += len(reaped)
@@ -112,7 +112,7 @@ async def _retain_per_group(db: Database, age: timedelta) -> int:
         for group in await todo_queries.finished_endpoint_groups(conn, older_than=age):
             while True:
                 deleted = await todo_queries.delete_finished_of(
-                    conn, group, older_than=age, batch=BATCH
+                    conn, endpoint_ids=group, older_than=age, batch=BATCH
                 )
                 total += deleted
                 if deleted < BATCH:

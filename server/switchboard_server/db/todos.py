@@ -16,7 +16,7 @@ import asyncpg
 from switchboard_server import errors
 from switchboard_server.db import distribute
 from switchboard_server.db.database import Conn
-from switchboard_server.db.queries import sql
+from switchboard_server.db.queries import Row, execute, fetch_many, fetch_one, fetch_value
 from switchboard_server.db.rows import record
 from switchboard_server.model import (
     Attempt,
@@ -187,30 +187,47 @@ async def ingest_todos(
     """Creates todos of one endpoint (see ``sb_ingest_todos``): per todo, in
     order, what became of it."""
     n = len(todos)
-    shared: tuple[Any, ...] = (todos.content_types, todos.max_attempts, todos.delays)
-    # Content types, attempts and delays that all todos share (the common
-    # case) are sent once each: an array costs asyncpg an isinstance check
-    # per element, and the database a decode per element.
-    if n > 1 and all(column.count(column[0]) == n for column in shared):
-        query = sql("todo_ingest_uniform")
-        shared = tuple(column[0] for column in shared)
-    else:
-        query = sql("todo_ingest")
+    shared: tuple[list[Any], ...] = (todos.content_types, todos.max_attempts, todos.delays)
     try:
-        rows = await conn.fetch(
-            query,
-            owner_id,
-            endpoint_id,
-            todos.queues,
-            todos.payloads,
-            *shared,
-            todos.webhook_ids,
-            todos.delivery_ids,
-            todos.idempotency_keys,
-            todos.idempotency_retentions,
-            todos.traceparents,
-            todos.priorities,
-        )
+        # Content types, attempts and delays that all todos share (the common
+        # case) are sent once each: an array costs asyncpg an isinstance check
+        # per element, and the database a decode per element.
+        if n > 1 and all(column.count(column[0]) == n for column in shared):
+            rows = await fetch_many(
+                conn,
+                "todo_ingest_uniform",
+                owner_id=owner_id,
+                endpoint_id=endpoint_id,
+                queues=todos.queues,
+                payloads=todos.payloads,
+                content_type=todos.content_types[0],
+                max_attempts=todos.max_attempts[0],
+                delay=todos.delays[0],
+                webhook_ids=todos.webhook_ids,
+                delivery_ids=todos.delivery_ids,
+                idempotency_keys=todos.idempotency_keys,
+                idempotency_retentions=todos.idempotency_retentions,
+                traceparents=todos.traceparents,
+                priorities=todos.priorities,
+            )
+        else:
+            rows = await fetch_many(
+                conn,
+                "todo_ingest",
+                owner_id=owner_id,
+                endpoint_id=endpoint_id,
+                queues=todos.queues,
+                payloads=todos.payloads,
+                content_types=todos.content_types,
+                max_attempts=todos.max_attempts,
+                delays=todos.delays,
+                webhook_ids=todos.webhook_ids,
+                delivery_ids=todos.delivery_ids,
+                idempotency_keys=todos.idempotency_keys,
+                idempotency_retentions=todos.idempotency_retentions,
+                traceparents=todos.traceparents,
+                priorities=todos.priorities,
+            )
     except asyncpg.PostgresError as exc:
         if _not_found(exc):
             raise errors.NotFound("endpoint not found") from exc
@@ -296,7 +313,7 @@ async def wait_durable(conn: Conn) -> None:
     commits them without waiting for the WAL flush, so that the queue's policy
     lock is held for the claim's work only, not for the flush too.
     """
-    await conn.execute(sql("todo_wait_durable"))
+    await execute(conn, "todo_wait_durable")
 
 
 async def claim(
@@ -316,7 +333,15 @@ async def claim(
         endpoint_id = (await endpoints_of(conn, ids=[todo_id], owner_id=owner_id)).get(todo_id)
         if endpoint_id is None:
             return ClaimOutcome("not_found", None, {})
-    rec = await conn.fetchrow(sql("todo_claim"), todo_id, owner_id, endpoint_id, claimant, lease)
+    rec = await fetch_one(
+        conn,
+        "todo_claim",
+        todo_id=todo_id,
+        owner_id=owner_id,
+        endpoint_id=endpoint_id,
+        claimant=claimant,
+        lease=lease,
+    )
     outcome = _claim_outcome(rec)
     if admitted(outcome.admission):
         await wait_durable(conn)
@@ -348,15 +373,16 @@ async def claim_next(
     or all for a single claimant. Returns once the claims are durable
     (``wait_durable``)."""
     try:
-        rec = await conn.fetchrow(
-            sql("todo_claim_next"),
-            owner_id,
-            endpoint_id,
-            list(queues) if queues is not None else None,
-            list(claimants),
-            lease,
-            max_todos,
-            max_bytes,
+        rec = await fetch_one(
+            conn,
+            "todo_claim_next",
+            owner_id=owner_id,
+            endpoint_id=endpoint_id,
+            queues=list(queues) if queues is not None else None,
+            claimants=list(claimants),
+            lease=lease,
+            max_todos=max_todos,
+            max_bytes=max_bytes,
         )
     except asyncpg.PostgresError as exc:
         if _not_found(exc):
@@ -384,7 +410,7 @@ async def endpoints_of(
     statement locking rows of several shards is refused there; see
     docs/scaling-out.md). A todo never changes endpoint.
     """
-    rows = await conn.fetch(sql("todo_endpoints"), list(ids), owner_id)
+    rows = await fetch_many(conn, "todo_endpoints", todo_ids=list(ids), owner_id=owner_id)
     return {int(r["id"]): r["endpoint_id"] for r in rows}
 
 
@@ -436,15 +462,23 @@ async def heartbeat_many(
 
         return await _per_endpoint(conn, ids, owner_id, (ItemOutcome.NOT_FOUND, None), extend)
     lease_ids = [lease_id for _, lease_id in leases]
-    rows = await conn.fetch(
-        sql("todo_heartbeat_many"), owner_id, endpoint_id, ids, lease_ids, lease
+    rows = await fetch_many(
+        conn,
+        "todo_heartbeat_many",
+        owner_id=owner_id,
+        endpoint_id=endpoint_id,
+        todo_ids=ids,
+        lease_ids=lease_ids,
+        lease=lease,
     )
     outcomes = [(ItemOutcome(r["outcome"]), r["lease_expires_at"]) for r in rows]
     refused = [i for i, (o, _) in zip(ids, outcomes, strict=True) if o is ItemOutcome.NOT_CLAIMED]
     if not refused:
         return outcomes
     # Rare: tell the cancelled apart (the function reports them as not claimed).
-    states = await conn.fetch(sql("todo_states"), refused, owner_id, endpoint_id)
+    states = await fetch_many(
+        conn, "todo_states", todo_ids=refused, owner_id=owner_id, endpoint_id=endpoint_id
+    )
     cancelled = {r["id"] for r in states if r["state"] == TodoState.CANCELLED.value}
     return [
         (ItemOutcome.CANCELLED, None) if i in cancelled else (o, at)
@@ -460,31 +494,61 @@ def _item_outcome(outcome: str, state: TodoState | None) -> ItemOutcome:
     return item
 
 
-def _settle_args(
+async def _settle_rows(
+    conn: Conn,
     settlements: Sequence[Settlement],
     owner_id: uuid.UUID,
     endpoint_id: uuid.UUID,
-    backoff_base: timedelta,
-    backoff_cap: timedelta,
-) -> list[Any]:
-    """The arguments of ``todo_settle`` and ``todo_settle_states``."""
+    backoff: tuple[timedelta, timedelta],
+    states: bool,
+) -> list[Row]:
+    """Runs ``todo_settle`` (with ``states``, ``todo_settle_states``: the same
+    call and parameters) for one endpoint's items."""
     with_results = any(s.result is not None for s in settlements)
-    return [
-        owner_id,
-        endpoint_id,
-        [s.todo_id for s in settlements],
-        [s.lease_id for s in settlements],
-        [s.action.value for s in settlements],
-        [s.error for s in settlements],
-        [s.permanent for s in settlements],
-        backoff_base.total_seconds(),
-        backoff_cap.total_seconds(),
-        # Without results (the common case) no result arrays are sent.
-        [s.result.data if s.result else None for s in settlements] if with_results else None,
-        [s.result.content_type if s.result else None for s in settlements]
-        if with_results
-        else None,
-    ]
+    todo_ids = [s.todo_id for s in settlements]
+    lease_ids = [s.lease_id for s in settlements]
+    actions = [s.action.value for s in settlements]
+    errors_ = [s.error for s in settlements]
+    permanent = [s.permanent for s in settlements]
+    backoff_base, backoff_cap = (b.total_seconds() for b in backoff)
+    # Without results (the common case) no result arrays are sent.
+    result_data = (
+        [s.result.data if s.result else None for s in settlements] if with_results else None
+    )
+    result_types = (
+        [s.result.content_type if s.result else None for s in settlements] if with_results else None
+    )
+    if states:
+        return await fetch_many(
+            conn,
+            "todo_settle_states",
+            owner_id=owner_id,
+            endpoint_id=endpoint_id,
+            todo_ids=todo_ids,
+            lease_ids=lease_ids,
+            actions=actions,
+            errors=errors_,
+            permanent=permanent,
+            backoff_base=backoff_base,
+            backoff_cap=backoff_cap,
+            result_data=result_data,
+            result_content_types=result_types,
+        )
+    return await fetch_many(
+        conn,
+        "todo_settle",
+        owner_id=owner_id,
+        endpoint_id=endpoint_id,
+        todo_ids=todo_ids,
+        lease_ids=lease_ids,
+        actions=actions,
+        errors=errors_,
+        permanent=permanent,
+        backoff_base=backoff_base,
+        backoff_cap=backoff_cap,
+        result_data=result_data,
+        result_content_types=result_types,
+    )
 
 
 async def settle(
@@ -505,7 +569,7 @@ async def settle(
         owner_id,
         endpoint_id,
         (backoff_base, backoff_cap),
-        "todo_settle",
+        False,
         _settled,
         Settled(ItemOutcome.NOT_FOUND, None),
     )
@@ -529,7 +593,7 @@ async def settle_states(
         owner_id,
         endpoint_id,
         (backoff_base, backoff_cap),
-        "todo_settle_states",
+        True,
         _settled_states,
         SettledState(ItemOutcome.NOT_FOUND, None, None),
     )
@@ -541,11 +605,11 @@ async def _settle_by_endpoint(
     owner_id: uuid.UUID,
     endpoint_id: uuid.UUID | None,
     backoff: tuple[timedelta, timedelta],
-    query: str,
-    answer: Callable[[Sequence[asyncpg.Record]], list[T]],
+    states: bool,
+    answer: Callable[[Sequence[Row]], list[T]],
     missing: T,
 ) -> list[T]:
-    """The settle call ``query`` for one endpoint's items, each row read by
+    """The settle call (see ``_settle_rows``) for one endpoint's items, each row read by
     ``answer``; for an owner-scoped caller, endpoint by endpoint (see
     ``_per_endpoint``: ``missing`` for an id not of the owner's todos)."""
     if endpoint_id is None:
@@ -553,16 +617,15 @@ async def _settle_by_endpoint(
         async def settle_of(endpoint: uuid.UUID, positions: list[int]) -> list[T]:
             mine = [settlements[p] for p in positions]
             return await _settle_by_endpoint(
-                conn, mine, owner_id, endpoint, backoff, query, answer, missing
+                conn, mine, owner_id, endpoint, backoff, states, answer, missing
             )
 
         ids = [s.todo_id for s in settlements]
         return await _per_endpoint(conn, ids, owner_id, missing, settle_of)
-    rows = await conn.fetch(sql(query), *_settle_args(settlements, owner_id, endpoint_id, *backoff))
-    return answer(rows)
+    return answer(await _settle_rows(conn, settlements, owner_id, endpoint_id, backoff, states))
 
 
-def _settled(rows: Sequence[asyncpg.Record]) -> list[Settled]:
+def _settled(rows: Sequence[Row]) -> list[Settled]:
     settled = []
     for r in rows:
         todo = todo_from_record(r["todo"]) if r["todo"] is not None else None
@@ -571,11 +634,14 @@ def _settled(rows: Sequence[asyncpg.Record]) -> list[Settled]:
     return settled
 
 
-def _settled_states(rows: Sequence[asyncpg.Record]) -> list[SettledState]:
+def _settled_states(rows: Sequence[Row]) -> list[SettledState]:
     settled = []
-    for outcome, stored, next_retry_at, queue in rows:
+    for r in rows:
+        stored = r["state"]
         state = _STATES[stored] if stored is not None else None
-        settled.append(SettledState(_item_outcome(outcome, state), state, next_retry_at, queue))
+        settled.append(
+            SettledState(_item_outcome(r["outcome"], state), state, r["next_retry_at"], r["queue"])
+        )
     return settled
 
 
@@ -606,7 +672,10 @@ async def cancel(
 ) -> list[Acted]:
     """Cancels pending and claimed todos, each on its own (see ``sb_cancel``):
     per item, in order. Ids must be distinct."""
-    return _acted(await conn.fetch(sql("todo_cancel"), owner_id, endpoint_id, list(ids)))
+    rows = await fetch_many(
+        conn, "todo_cancel", owner_id=owner_id, endpoint_id=endpoint_id, todo_ids=list(ids)
+    )
+    return _acted(rows)
 
 
 async def requeue(
@@ -620,8 +689,14 @@ async def requeue(
 ) -> list[Acted]:
     """Sends dead and cancelled todos back to pending, each on its own (see
     ``sb_requeue``): per item, in order. Ids must be distinct."""
-    rows = await conn.fetch(
-        sql("todo_requeue"), owner_id, endpoint_id, list(ids), delay, max_attempts
+    rows = await fetch_many(
+        conn,
+        "todo_requeue",
+        owner_id=owner_id,
+        endpoint_id=endpoint_id,
+        todo_ids=list(ids),
+        delay=delay,
+        max_attempts=max_attempts,
     )
     return _acted(rows)
 
@@ -643,7 +718,10 @@ async def cancel_tally(
     conn: Conn, *, ids: Sequence[int], owner_id: uuid.UUID, endpoint_id: uuid.UUID | None
 ) -> list[Tally]:
     """``cancel``, answered with counts instead of the todos (a bulk chunk's)."""
-    return _tallies(await conn.fetch(sql("todo_cancel_tally"), owner_id, endpoint_id, list(ids)))
+    rows = await fetch_many(
+        conn, "todo_cancel_tally", owner_id=owner_id, endpoint_id=endpoint_id, todo_ids=list(ids)
+    )
+    return _tallies(rows)
 
 
 async def requeue_tally(
@@ -656,8 +734,14 @@ async def requeue_tally(
     max_attempts: int | None,
 ) -> list[Tally]:
     """``requeue``, answered with counts instead of the todos (a bulk chunk's)."""
-    rows = await conn.fetch(
-        sql("todo_requeue_tally"), owner_id, endpoint_id, list(ids), delay, max_attempts
+    rows = await fetch_many(
+        conn,
+        "todo_requeue_tally",
+        owner_id=owner_id,
+        endpoint_id=endpoint_id,
+        todo_ids=list(ids),
+        delay=delay,
+        max_attempts=max_attempts,
     )
     return _tallies(rows)
 
@@ -692,19 +776,20 @@ async def bulk_chunk(
 ) -> Chunk:
     """Takes the next chunk of an endpoint's todos that pass a filter (locked
     with SKIP LOCKED unless ``lock`` is false)."""
-    rec = await conn.fetchrow(
-        sql("todo_bulk_chunk"),
-        owner_id,
-        endpoint_id,
-        list(queues) if queues else None,
-        [s.value for s in states],
-        created_before,
-        created_after,
-        error_contains,
-        after_id,
-        scan,
-        limit,
-        lock,
+    rec = await fetch_one(
+        conn,
+        "todo_bulk_chunk",
+        owner_id=owner_id,
+        endpoint_id=endpoint_id,
+        queues=list(queues) if queues else None,
+        states=[s.value for s in states],
+        created_before=created_before,
+        created_after=created_after,
+        error_contains=error_contains,
+        after_id=after_id,
+        scan=scan,
+        limit=limit,
+        lock=lock,
     )
     assert rec is not None
     return Chunk(list(rec["ids"]), rec["matched"], rec["skipped"], rec["next_after_id"])
@@ -722,22 +807,23 @@ async def open_audit(
     actor_endpoint_id: uuid.UUID | None,
 ) -> int:
     """Records a bulk call by filter with a count of 0; returns the entry's id."""
-    entry_id = await conn.fetchval(
-        sql("todo_audit_open"),
-        owner_id,
-        endpoint_id,
-        action,
-        filter_json,
-        actor_credential_id,
-        actor_human_id,
-        actor_endpoint_id,
+    entry_id = await fetch_value(
+        conn,
+        "todo_audit_open",
+        owner_id=owner_id,
+        endpoint_id=endpoint_id,
+        action=action,
+        filter_json=filter_json,
+        actor_credential_id=actor_credential_id,
+        actor_human_id=actor_human_id,
+        actor_endpoint_id=actor_endpoint_id,
     )
     return int(entry_id)
 
 
 async def add_to_audit(conn: Conn, *, entry_id: int, count: int) -> None:
     """Adds a chunk's changes to a bulk call's audit entry."""
-    await conn.execute(sql("todo_audit_add"), entry_id, count)
+    await execute(conn, "todo_audit_add", entry_id=entry_id, count=count)
 
 
 @dataclass(frozen=True)
@@ -773,17 +859,18 @@ async def insert_audit(
     actor_endpoint_id: uuid.UUID | None,
 ) -> None:
     """Records a cancel or requeue."""
-    await conn.execute(
-        sql("todo_audit_insert"),
-        owner_id,
-        endpoint_id,
-        action,
-        todo_id,
-        count,
-        filter_json,
-        actor_credential_id,
-        actor_human_id,
-        actor_endpoint_id,
+    await execute(
+        conn,
+        "todo_audit_insert",
+        owner_id=owner_id,
+        endpoint_id=endpoint_id,
+        action=action,
+        todo_id=todo_id,
+        count=count,
+        filter_json=filter_json,
+        actor_credential_id=actor_credential_id,
+        actor_human_id=actor_human_id,
+        actor_endpoint_id=actor_endpoint_id,
     )
 
 
@@ -796,7 +883,14 @@ async def list_audit(
     limit: int,
 ) -> list[TodoAuditRow]:
     """An owner's cancels and requeues (one endpoint's, when given), newest first."""
-    rows = await conn.fetch(sql("todo_audit_list"), owner_id, endpoint_id, before_id, limit)
+    rows = await fetch_many(
+        conn,
+        "todo_audit_list",
+        owner_id=owner_id,
+        endpoint_id=endpoint_id,
+        before_id=before_id,
+        limit=limit,
+    )
     return [_audit_row(dict(r)) for r in rows]
 
 
@@ -813,7 +907,7 @@ def _audit_row(values: dict[str, Any]) -> TodoAuditRow:
 
 async def result(conn: Conn, *, todo_id: int) -> TodoResult | None:
     """The result a todo's completion carried, if any."""
-    rec = await conn.fetchrow(sql("todo_result"), todo_id)
+    rec = await fetch_one(conn, "todo_result", todo_id=todo_id)
     return TodoResult(bytes(rec["data"]), rec["content_type"]) if rec is not None else None
 
 
@@ -826,8 +920,13 @@ async def get_by_dedup(
     delivery_id: str,
 ) -> Todo | None:
     """The todo an endpoint of the owner ingested with a dedup key, or ``None``."""
-    rec = await conn.fetchrow(
-        sql("todo_get_by_dedup"), endpoint_id, owner_id, webhook_id, delivery_id
+    rec = await fetch_one(
+        conn,
+        "todo_get_by_dedup",
+        endpoint_id=endpoint_id,
+        owner_id=owner_id,
+        webhook_id=webhook_id,
+        delivery_id=delivery_id,
     )
     return todo_from_record(rec) if rec is not None else None
 
@@ -836,7 +935,9 @@ async def get_by_key(
     conn: Conn, *, endpoint_id: uuid.UUID, owner_id: uuid.UUID, queue: str, key: str
 ) -> Todo | None:
     """The todo that holds an idempotency key in an endpoint's queue, or ``None``."""
-    rec = await conn.fetchrow(sql("todo_get_by_key"), endpoint_id, owner_id, queue, key)
+    rec = await fetch_one(
+        conn, "todo_get_by_key", endpoint_id=endpoint_id, owner_id=owner_id, queue=queue, key=key
+    )
     return todo_from_record(rec) if rec is not None else None
 
 
@@ -844,13 +945,15 @@ async def get(
     conn: Conn, *, todo_id: int, owner_id: uuid.UUID, endpoint_id: uuid.UUID | None
 ) -> Todo | None:
     """One todo in the caller's scope, or ``None``."""
-    rec = await conn.fetchrow(sql("todo_get"), todo_id, owner_id, endpoint_id)
+    rec = await fetch_one(
+        conn, "todo_get", todo_id=todo_id, owner_id=owner_id, endpoint_id=endpoint_id
+    )
     return todo_from_record(rec) if rec is not None else None
 
 
 async def attempts(conn: Conn, *, todo_id: int) -> list[Attempt]:
     """A todo's attempts, oldest first."""
-    rows = await conn.fetch(sql("todo_attempts"), todo_id)
+    rows = await fetch_many(conn, "todo_attempts", todo_id=todo_id)
     return [
         Attempt(
             number=r["number"],
@@ -875,14 +978,15 @@ async def list_page(
     before_id: int | None,
 ) -> list[Todo]:
     """A page of an endpoint's todos, newest first, without payloads."""
-    rows = await conn.fetch(
-        sql("todo_list"),
-        endpoint_id,
-        owner_id,
-        list(queues) if queues else None,
-        [s.value for s in states] if states else None,
-        limit,
-        before_id,
+    rows = await fetch_many(
+        conn,
+        "todo_list",
+        endpoint_id=endpoint_id,
+        owner_id=owner_id,
+        queues=list(queues) if queues else None,
+        states=[s.value for s in states] if states else None,
+        limit=limit,
+        before_id=before_id,
     )
     return [todo_from_record(r) for r in rows]
 
@@ -897,14 +1001,15 @@ async def list_by_dedup(
     dedup: tuple[str, str],
 ) -> list[Todo]:
     """The endpoint's todo with a dedup key, if it passes the filters (without payload)."""
-    rows = await conn.fetch(
-        sql("todo_list_dedup"),
-        endpoint_id,
-        owner_id,
-        list(queues) if queues else None,
-        [s.value for s in states] if states else None,
-        dedup[0],
-        dedup[1],
+    rows = await fetch_many(
+        conn,
+        "todo_list_dedup",
+        endpoint_id=endpoint_id,
+        owner_id=owner_id,
+        queues=list(queues) if queues else None,
+        states=[s.value for s in states] if states else None,
+        webhook_id=dedup[0],
+        delivery_id=dedup[1],
     )
     return [todo_from_record(r) for r in rows]
 
@@ -920,13 +1025,14 @@ async def list_by_key(
 ) -> list[Todo]:
     """The endpoint's todos that hold an idempotency key (one per queue at
     most), if they pass the filters, newest first (without payloads)."""
-    rows = await conn.fetch(
-        sql("todo_list_key"),
-        endpoint_id,
-        owner_id,
-        list(queues) if queues else None,
-        [s.value for s in states] if states else None,
-        key,
+    rows = await fetch_many(
+        conn,
+        "todo_list_key",
+        endpoint_id=endpoint_id,
+        owner_id=owner_id,
+        queues=list(queues) if queues else None,
+        states=[s.value for s in states] if states else None,
+        key=key,
     )
     return [todo_from_record(r) for r in rows]
 
@@ -956,16 +1062,17 @@ async def list_by_error(
     """Up to ``limit`` of an endpoint's todos below ``before_id`` whose last error
     contains ``contains`` (ignoring case), newest first, among at most ``scan``
     todos examined."""
-    rows = await conn.fetch(
-        sql("todo_list_error"),
-        endpoint_id,
-        owner_id,
-        list(queues) if queues else None,
-        [s.value for s in states] if states else None,
-        limit,
-        before_id,
-        contains,
-        scan,
+    rows = await fetch_many(
+        conn,
+        "todo_list_error",
+        endpoint_id=endpoint_id,
+        owner_id=owner_id,
+        queues=list(queues) if queues else None,
+        states=[s.value for s in states] if states else None,
+        limit=limit,
+        before_id=before_id,
+        contains=contains,
+        scan=scan,
     )
     first = rows[0]
     todos = [
@@ -978,13 +1085,13 @@ async def list_by_error(
 
 async def reap_lapsed(conn: Conn, *, batch: int) -> list[tuple[int, TodoState, int]]:
     """Returns up to ``batch`` lapsed leases to pending (or dead): (id, new state, queue id)."""
-    rows = await conn.fetch(sql("todo_reap_lapsed"), batch)
+    rows = await fetch_many(conn, "todo_reap_lapsed", batch=batch)
     return [(r["id"], TodoState(r["state"]), r["queue_id"]) for r in rows]
 
 
 async def delete_finished(conn: Conn, *, older_than: timedelta, batch: int) -> int:
     """Deletes up to ``batch`` done, dead or cancelled todos finished before ``older_than`` ago."""
-    rows = await conn.fetch(sql("todo_delete_finished"), older_than, batch)
+    rows = await fetch_many(conn, "todo_delete_finished", older_than=older_than, batch=batch)
     return len(rows)
 
 
@@ -994,26 +1101,39 @@ async def lapsed_endpoint_groups(conn: Conn) -> list[list[uuid.UUID]]:
 
 
 async def reap_lapsed_of(
-    conn: Conn, endpoint_ids: Sequence[uuid.UUID], *, batch: int
+    conn: Conn, *, endpoint_ids: Sequence[uuid.UUID], batch: int
 ) -> list[tuple[int, TodoState, int]]:
     """``reap_lapsed`` for endpoints of one shard group, in one call delegated
     to the group's node (outside any transaction block: a call inside one is
     not delegated)."""
-    rows = await conn.fetch(sql("todo_reap_lapsed_of"), endpoint_ids[0], endpoint_ids, batch)
+    rows = await fetch_many(
+        conn,
+        "todo_reap_lapsed_of",
+        endpoint_id=endpoint_ids[0],
+        endpoint_ids=endpoint_ids,
+        batch=batch,
+    )
     return [(r["id"], TodoState(r["state"]), r["queue_id"]) for r in rows]
 
 
 async def finished_endpoint_groups(conn: Conn, *, older_than: timedelta) -> list[list[uuid.UUID]]:
     """(A Citus cluster.) The endpoints with a todo finished before ``older_than``
     ago, by shard group."""
-    return await distribute.endpoint_groups(conn, "todo_finished_endpoints_before", older_than)
+    return await distribute.endpoint_groups(
+        conn, "todo_finished_endpoints_before", older_than=older_than
+    )
 
 
 async def delete_finished_of(
-    conn: Conn, endpoint_ids: Sequence[uuid.UUID], *, older_than: timedelta, batch: int
+    conn: Conn, *, endpoint_ids: Sequence[uuid.UUID], older_than: timedelta, batch: int
 ) -> int:
     """``delete_finished`` for endpoints of one shard group, in one delegated call."""
-    deleted = await conn.fetchval(
-        sql("todo_delete_finished_of"), endpoint_ids[0], endpoint_ids, older_than, batch
+    deleted = await fetch_value(
+        conn,
+        "todo_delete_finished_of",
+        endpoint_id=endpoint_ids[0],
+        endpoint_ids=endpoint_ids,
+        older_than=older_than,
+        batch=batch,
     )
     return int(deleted or 0)
