@@ -34,12 +34,8 @@ from switchboard_server.dispatch.ingest import (
     DEFAULT_IDEMPOTENCY_RETENTION,
     DEFAULT_PRIORITY,
     MAX_PRIORITY,
-    Ingested,
-    IngestedTodos,
     IngestRequest,
     Ingests,
-    NewTodo,
-    NewTodos,
 )
 from switchboard_server.dispatch.leases import (
     Claimed,
@@ -55,7 +51,7 @@ from switchboard_server.dispatch.reads import (
     TodoView,
 )
 from switchboard_server.metrics import Metrics
-from switchboard_server.model import Principal
+from switchboard_server.model import Ingested, IngestedTodos, NewTodo, NewTodos, Principal
 
 __all__ = [
     "DEFAULT_IDEMPOTENCY_RETENTION",

@@ -25,7 +25,7 @@ from switchboard_server.access import endpoint_scope, require_tenant
 from switchboard_server.admission import Deferral, Headroom, deferral_from_json, headroom_from_json
 from switchboard_server.combining import AGAIN, Again, Combiner
 from switchboard_server.db import Database
-from switchboard_server.db import todos as todo_queries
+from switchboard_server.db import claims as claim_queries
 from switchboard_server.db.database import Conn
 from switchboard_server.dispatch.common import Caller, DispatchSettings
 from switchboard_server.metrics import Metrics
@@ -46,7 +46,7 @@ from switchboard_server.model import (
 log = logging.getLogger(__name__)
 
 #: What a heartbeat did with one lease: the outcome, and the new expiry when applied.
-Extension = todo_queries.Extension
+Extension = claim_queries.Extension
 
 
 @dataclass(frozen=True)
@@ -119,12 +119,12 @@ class _SettleShape(Generic[_Answer]):
 
 #: The whole todo after each settlement: what Complete, Fail and Release answer.
 _WHOLE: _SettleShape[Settled] = _SettleShape(
-    todo_queries.settle,
+    claim_queries.settle,
     lambda r: (r.todo.queue, r.todo.state) if r.todo else (None, None),
 )
 #: Each todo's state after it: what a batch (SettleTodos) answers.
 _STATES: _SettleShape[SettledState] = _SettleShape(
-    todo_queries.settle_states, lambda r: (r.queue, r.state)
+    claim_queries.settle_states, lambda r: (r.queue, r.state)
 )
 
 
@@ -157,7 +157,7 @@ class Leases:
         scope = require_tenant(principal, Grant.CLAIM)
         with self._metrics.claim_transaction("claim") as observed:
             async with self._db.statement() as conn:
-                result = await todo_queries.claim(
+                result = await claim_queries.claim(
                     conn,
                     todo_id=todo_id,
                     owner_id=scope.owner_id,
@@ -230,7 +230,7 @@ class Leases:
         ``claimants[i]`` (all for a single claimant)."""
         with self._metrics.claim_transaction("claim_next") as observed:
             async with self._db.statement() as conn:
-                result = await todo_queries.claim_next(
+                result = await claim_queries.claim_next(
                     conn,
                     owner_id=key.owner_id,
                     endpoint_id=key.endpoint_id,
@@ -317,7 +317,7 @@ class Leases:
     ) -> list[Extension]:
         """Extends each live lease of (todo, lease) pairs, in one transaction:
         per item, the outcome and the new expiry. Todo ids must be distinct.
-        (A human's, of several endpoints: see ``todo_queries.endpoints_of``.)"""
+        (A human's, of several endpoints: see ``claim_queries.endpoints_of``.)"""
         scope = require_tenant(principal, Grant.CLAIM)
         key = _ExtendFor(scope.owner_id, scope.endpoint_id, lease or self._settings.default_lease)
         return await self._extend(key, leases)
@@ -326,7 +326,7 @@ class Leases:
         self, key: _ExtendFor, leases: Sequence[tuple[int, uuid.UUID]]
     ) -> list[Extension]:
         async with self._db.statement() as conn:
-            return await todo_queries.heartbeat_many(
+            return await claim_queries.heartbeat_many(
                 conn,
                 leases=leases,
                 owner_id=key.owner_id,
