@@ -84,7 +84,7 @@ async def test_a_populated_database_distributes_with_every_row_and_budget(
                 max_todos=1,
                 max_bytes=1 << 20,
             )
-            assert refused.todos == [] and refused.admission["deferred"][0]["reason"] == (
+            assert refused.todos == [] and refused.admission.deferred[0].reason == (
                 "window_exhausted"
             )
             # ... and the other queue claims on, in priority order.

@@ -4,16 +4,16 @@ path's statements (sql/claims.sql)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import asyncpg
 
 from switchboard_server import errors
+from switchboard_server.db.admission_report import NO_REPORT, AdmissionReport, admission_report
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import Row, execute, fetch_many, fetch_one
 from switchboard_server.db.todos import STATES, not_found, todo_from_record
@@ -44,22 +44,17 @@ class ClaimOutcome:
 
     outcome: str
     todo: Todo | None
-    admission: dict[str, Any]
+    admission: AdmissionReport
 
 
-def _claim_outcome(rec: Mapping[str, Any] | None) -> ClaimOutcome:
+def _claim_outcome(rec: Row | None) -> ClaimOutcome:
     assert rec is not None
     row = rec["todo"]
-    admission = json.loads(rec["admission"]) if rec["admission"] else {}
     return ClaimOutcome(
-        str(rec["outcome"]), todo_from_record(row) if row is not None else None, admission
+        str(rec["outcome"]),
+        todo_from_record(row) if row is not None else None,
+        admission_report(rec["admission"]),
     )
-
-
-def admitted(admission: Mapping[str, Any]) -> bool:
-    """Whether a claim was admitted under a policy lock (its admission carries a
-    headroom): its transaction may have committed before its WAL flush."""
-    return "headroom" in admission
 
 
 async def wait_durable(conn: Conn) -> None:
@@ -89,7 +84,7 @@ async def claim(
     if endpoint_id is None:  # owner scope: the todo's endpoint first (see endpoints_of)
         endpoint_id = (await endpoints_of(conn, ids=[todo_id], owner_id=owner_id)).get(todo_id)
         if endpoint_id is None:
-            return ClaimOutcome("not_found", None, {})
+            return ClaimOutcome("not_found", None, NO_REPORT)
     rec = await fetch_one(
         conn,
         "todo_claim",
@@ -100,7 +95,7 @@ async def claim(
         lease=lease,
     )
     outcome = _claim_outcome(rec)
-    if admitted(outcome.admission):
+    if outcome.admission.admitted:
         await wait_durable(conn)
     return outcome
 
@@ -108,10 +103,10 @@ async def claim(
 @dataclass(frozen=True)
 class BatchOutcome:
     """What ``sb_claim_next`` reported: the claimed todos (oldest first) and the
-    admission JSON (headroom of a budgeted batch, deferred queues)."""
+    admission report (headroom of a budgeted batch, deferred queues)."""
 
     todos: list[Todo]
-    admission: dict[str, Any]
+    admission: AdmissionReport
 
 
 async def claim_next(
@@ -148,9 +143,9 @@ async def claim_next(
     assert rec is not None
     outcome = BatchOutcome(
         [todo_from_record(row) for row in rec["todos"]],
-        json.loads(rec["admission"]) if rec["admission"] else {},
+        admission_report(rec["admission"]),
     )
-    if outcome.todos and admitted(outcome.admission):
+    if outcome.todos and outcome.admission.admitted:
         await wait_durable(conn)
     return outcome
 

@@ -15,17 +15,18 @@ import asyncio
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from switchboard_server import errors
 from switchboard_server.access import endpoint_scope, require_tenant
-from switchboard_server.admission import Deferral, Headroom, deferral_from_json, headroom_from_json
+from switchboard_server.admission import Deferral, Headroom, deferral_of, headroom_of
 from switchboard_server.combining import AGAIN, Again, Combiner
 from switchboard_server.db import Database
 from switchboard_server.db import claims as claim_queries
+from switchboard_server.db.admission_report import AdmissionReport
 from switchboard_server.db.database import Conn
 from switchboard_server.dispatch.common import Caller, DispatchSettings
 from switchboard_server.metrics import Metrics
@@ -287,10 +288,9 @@ class Leases:
         except Exception:
             log.warning("an orphaned claim was not released: its lease will lapse", exc_info=True)
 
-    def _deferrals(self, admission: Mapping[str, Any], endpoint_id: uuid.UUID) -> list[Deferral]:
+    def _deferrals(self, admission: AdmissionReport, endpoint_id: uuid.UUID) -> list[Deferral]:
         return [
-            deferral_from_json(d, endpoint_id, self._settings.reaper_interval)
-            for d in admission.get("deferred", [])
+            deferral_of(d, endpoint_id, self._settings.reaper_interval) for d in admission.deferred
         ]
 
     async def heartbeat(
@@ -452,12 +452,12 @@ def _nth_claim(claimed: Claimed, later: int) -> Claimed:
     )
 
 
-def _claims(todos: Sequence[Todo], admission: Mapping[str, Any]) -> list[Claimed]:
+def _claims(todos: Sequence[Todo], admission: AdmissionReport) -> list[Claimed]:
     """Todos one claim transaction claimed (all of one queue), each with the
     transaction's headroom, read once."""
-    data = admission.get("headroom")
+    reported = admission.headroom
     first = todos[0]
-    headroom = headroom_from_json(data, first.endpoint_id, first.queue) if data else None
+    headroom = headroom_of(reported, first.endpoint_id, first.queue) if reported else None
     return [Claimed(todo, _lease_of(todo), headroom) for todo in todos]
 
 
