@@ -378,3 +378,33 @@ class IngestedTodos:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+
+@dataclass(frozen=True)
+class Acted:
+    """What a cancel or requeue did with one todo: ``outcome`` (``applied``,
+    ``not_found``, or why it was refused), the todo after it (``None`` when not
+    found) and, when applied, the state it was cancelled or requeued from."""
+
+    outcome: str
+    todo: Todo | None
+    was: TodoState | None = None
+
+
+@dataclass(frozen=True)
+class TodoAuditEntry:
+    """One recorded cancel or requeue."""
+
+    id: int
+    endpoint_id: uuid.UUID
+    action: str
+    todo_id: int | None
+    count: int
+    #: The filter, as JSON, when todos were chosen by one.
+    filter: str | None
+    actor_credential_id: uuid.UUID | None
+    actor_human_id: uuid.UUID | None
+    actor_endpoint_id: uuid.UUID | None
+    at: datetime
+    #: The ids that changed, when todos were named by id.
+    todo_ids: tuple[str, ...] = ()

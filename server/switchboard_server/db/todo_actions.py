@@ -13,20 +13,9 @@ from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import execute, fetch_many, fetch_one, fetch_value
 from switchboard_server.db.todos import todo_from_record
 from switchboard_server.model import (
-    Todo,
+    Acted,
     TodoState,
 )
-
-
-@dataclass(frozen=True)
-class Acted:
-    """What a cancel or requeue did with one todo: ``outcome`` (``applied``,
-    ``not_found``, or why it was refused), the todo after it (``None`` when not
-    found) and, when applied, the state it was cancelled or requeued from."""
-
-    outcome: str
-    todo: Todo | None
-    was: TodoState | None = None
 
 
 def _acted(rows: Sequence[Mapping[str, Any]]) -> list[Acted]:

@@ -7,7 +7,6 @@ import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from switchboard_server.db.database import Conn
@@ -17,28 +16,10 @@ from switchboard_server.model import (
     Attempt,
     AttemptOutcome,
     Todo,
+    TodoAuditEntry,
     TodoResult,
     TodoState,
 )
-
-
-@dataclass(frozen=True)
-class TodoAuditRow:
-    """One recorded cancel or requeue."""
-
-    id: int
-    endpoint_id: uuid.UUID
-    action: str
-    todo_id: int | None
-    count: int
-    #: The filter, as JSON, when todos were chosen by one.
-    filter: str | None
-    actor_credential_id: uuid.UUID | None
-    actor_human_id: uuid.UUID | None
-    actor_endpoint_id: uuid.UUID | None
-    at: datetime
-    #: The ids that changed, when todos were named by id.
-    todo_ids: tuple[str, ...] = ()
 
 
 async def list_audit(
@@ -48,7 +29,7 @@ async def list_audit(
     endpoint_id: uuid.UUID | None,
     before_id: int | None,
     limit: int,
-) -> list[TodoAuditRow]:
+) -> list[TodoAuditEntry]:
     """An owner's cancels and requeues (one endpoint's, when given), newest first."""
     rows = await fetch_many(
         conn,
@@ -61,7 +42,7 @@ async def list_audit(
     return [_audit_row(dict(r)) for r in rows]
 
 
-def _audit_row(values: dict[str, Any]) -> TodoAuditRow:
+def _audit_row(values: dict[str, Any]) -> TodoAuditEntry:
     """A call by ids keeps its ids in the filter column, as ``{"todo_ids": [...]}``."""
     stored = values["filter"]
     if stored is not None and '"todo_ids"' in stored:
@@ -69,7 +50,7 @@ def _audit_row(values: dict[str, Any]) -> TodoAuditRow:
         if isinstance(ids, list):
             values["filter"] = None
             values["todo_ids"] = tuple(str(i) for i in ids)
-    return TodoAuditRow(**values)
+    return TodoAuditEntry(**values)
 
 
 async def result(conn: Conn, *, todo_id: int) -> TodoResult | None:

@@ -30,7 +30,7 @@ from switchboard_server.db.database import Conn, rerun_on_conflict
 from switchboard_server.dispatch.common import DispatchSettings, require_endpoint
 from switchboard_server.dispatch.reads import TodoView, views
 from switchboard_server.metrics import Metrics
-from switchboard_server.model import Grant, Principal, PrincipalKind, Todo, TodoState
+from switchboard_server.model import Acted, Grant, Principal, PrincipalKind, Todo, TodoState
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ BULK_SCAN = 10_000
 BULK_BUDGET = timedelta(seconds=5)
 
 #: What a bulk cancel or requeue did with one named todo.
-BulkItem = action_queries.Acted
+BulkItem = Acted
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from switchboard_server.model import (
     Principal,
     PrincipalKind,
     Todo,
+    TodoAuditEntry,
     TodoResult,
     TodoState,
 )
@@ -61,9 +62,6 @@ class TodoFilter:
 #: At most how many of an endpoint's todos one page filtered by error text
 #: examines (newest first, by the listing index): a page costs a bounded scan.
 ERROR_SCAN = 10_000
-
-#: The audit record of a cancel or requeue.
-TodoAuditEntry = read_queries.TodoAuditRow
 
 
 async def views(conn: Conn, todos: Sequence[Todo], reaper_interval: timedelta) -> list[TodoView]:
