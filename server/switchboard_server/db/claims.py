@@ -17,14 +17,7 @@ from switchboard_server.db.admission_report import NO_REPORT, AdmissionReport, a
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import Row, execute, fetch_many, fetch_one
 from switchboard_server.db.todos import STATES, not_found, todo_from_record
-from switchboard_server.model import (
-    ItemOutcome,
-    Settled,
-    SettledState,
-    Settlement,
-    Todo,
-    TodoState,
-)
+from switchboard_server.model import ItemOutcome, Settled, SettledState, Settlement, Todo, TodoState
 
 T = TypeVar("T")
 

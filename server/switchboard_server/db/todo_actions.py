@@ -12,10 +12,7 @@ from typing import Any
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import execute, fetch_many, fetch_one, fetch_value
 from switchboard_server.db.todos import todo_from_record
-from switchboard_server.model import (
-    Acted,
-    TodoState,
-)
+from switchboard_server.model import Acted, TodoState
 
 
 def _acted(rows: Sequence[Mapping[str, Any]]) -> list[Acted]:

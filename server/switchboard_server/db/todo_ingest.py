@@ -12,12 +12,7 @@ from switchboard_server import errors
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import fetch_many
 from switchboard_server.db.todos import not_found, todo_from_record
-from switchboard_server.model import (
-    Ingested,
-    IngestedTodos,
-    NewTodo,
-    NewTodos,
-)
+from switchboard_server.model import Ingested, IngestedTodos, NewTodo, NewTodos
 
 
 async def ingest_todos(

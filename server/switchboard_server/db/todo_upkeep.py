@@ -10,9 +10,7 @@ from datetime import timedelta
 from switchboard_server.db import distribute
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import fetch_many, fetch_value
-from switchboard_server.model import (
-    TodoState,
-)
+from switchboard_server.model import TodoState
 
 
 async def reap_lapsed(conn: Conn, *, batch: int) -> list[tuple[int, TodoState, int]]:

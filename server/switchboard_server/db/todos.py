@@ -15,13 +15,10 @@ from switchboard_server.model import Todo, TodoState
 
 _NOT_FOUND_SQLSTATE = "SB404"
 
-
 _TODO_FIELDS = frozenset(f.name for f in dataclasses.fields(Todo))
-
 
 #: A todo state by its stored value.
 STATES = {s.value: s for s in TodoState}
-
 
 _new_todo = object.__new__
 
