@@ -89,8 +89,12 @@ def test_a_positional_parameter_is_refused() -> None:
     with pytest.raises(ValueError, match=r"positional \$1"):
         bind_names("SELECT $1, $2::int")
     with pytest.raises(ValueError, match=r"positional \$2"):
-        parse("-- name: q :one\nSELECT :a, $2;\n")
+        parse("-- name: q :one\nSELECT :b, $2;\n", positional=False)
     assert bind_names("SELECT 1") == ("SELECT 1", ())
+    # An earlier release's file, as the upgrade tests read it: kept as written.
+    assert parse("-- name: q :one\nSELECT $1;\n")["q"].sql == "SELECT $1;"
+    with pytest.raises(ValueError, match="both"):
+        parse("-- name: q :one\nSELECT :a, $2;\n")
 
 
 def test_statements_issued_by_position_keep_their_order() -> None:

@@ -72,25 +72,38 @@ class Query:
     names: tuple[str, ...] = ()
 
 
-def bind_names(statement: str, source: str = "<string>") -> tuple[str, tuple[str, ...]]:
+def bind_names(
+    statement: str, source: str = "<string>", *, positional: bool = False
+) -> tuple[str, tuple[str, ...]]:
     """The statement with each ``:name`` rewritten to its ``$n``, and the
-    names in ``$n`` order; ``ValueError`` for a positional ``$n``."""
+    names in ``$n`` order; ``ValueError`` for a positional ``$n`` (unless
+    ``positional``: an earlier release's file, read by the upgrade tests, is
+    kept as written, with no names)."""
     names: dict[str, int] = {}
+    found = False
 
     def replace(match: re.Match[str]) -> str:
+        nonlocal found
         if match["positional"]:
-            raise ValueError(f"{source}: positional {match[0]}: name the parameter (:name)")
+            if not positional:
+                raise ValueError(f"{source}: positional {match[0]}: name the parameter (:name)")
+            found = True
+            return match[0]
         name = match["name"]
         if name is None:
             return match[0]
         number = names.setdefault(name, len(names) + 1)
         return f"${number}"
 
-    return _TOKEN.sub(replace, statement), tuple(names)
+    rewritten = _TOKEN.sub(replace, statement)
+    if found and names:
+        raise ValueError(f"{source}: both :names and positional $n in one statement")
+    return rewritten, tuple(names)
 
 
-def parse(text: str, source: str = "<string>") -> dict[str, Query]:
-    """Splits a file of named queries into ``Query`` objects by name."""
+def parse(text: str, source: str = "<string>", *, positional: bool = True) -> dict[str, Query]:
+    """Splits a file of named queries into ``Query`` objects by name (the
+    package's own, ``load_all``, without ``positional``: see ``bind_names``)."""
     queries: dict[str, Query] = {}
     name: str | None = None
     card: Cardinality = "exec"
@@ -102,7 +115,7 @@ def parse(text: str, source: str = "<string>") -> dict[str, Query]:
         body = "\n".join(line for line in lines if not line.lstrip().startswith("--")).strip()
         if not body:
             raise ValueError(f"{source}: query {name} has no statement")
-        statement, names = bind_names(body, f"{source}: query {name}")
+        statement, names = bind_names(body, f"{source}: query {name}", positional=positional)
         queries[name] = Query(name, card, statement, names)
 
     for line in text.splitlines():
@@ -129,7 +142,7 @@ def load_all() -> dict[str, Query]:
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if not entry.name.endswith(".sql"):
             continue
-        parsed = parse(entry.read_text(encoding="utf-8"), entry.name)
+        parsed = parse(entry.read_text(encoding="utf-8"), entry.name, positional=False)
         for name, query in parsed.items():
             if name in queries:
                 raise ValueError(f"{entry.name}: query {name} already defined elsewhere")
