@@ -237,7 +237,7 @@ async def next_multixact(conn: asyncpg.Connection[Any]) -> int:
     A row locked in one (sub)transaction and updated in another gets a
     MultiXact as its old version's xmax, and index scans never mark such a
     version's entry dead: a claim path that makes them leaves the queue's head
-    full of entries every later scan walks (see sb_admit_and_claim_batch).
+    full of entries every later scan walks (see sb_admit_batch).
     """
     return int(await conn.fetchval(sql.NEXT_MULTIXACT))
 

@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass
 
 from switchboard_server import errors
-from switchboard_server.model import Grant, Principal, PrincipalKind
+from switchboard_server.model import Actor, Grant, Principal, PrincipalKind
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,14 @@ def schedule_scope(
         principal, endpoint_id, grant, elsewhere=errors.NotFound("schedule not found"), field=None
     )
     return scope.owner_id, scope.endpoint_id
+
+
+def actor_of(principal: Principal) -> Actor:
+    """Who a change ``principal`` makes is recorded as: a human as itself; an
+    agent as its endpoint and the human who vended its credential."""
+    if principal.kind is PrincipalKind.ENDPOINT:
+        return Actor(principal.credential_id, principal.vended_by_human_id, principal.endpoint_id)
+    return Actor(principal.credential_id, principal.human_id, None)
 
 
 def require_human(principal: Principal) -> uuid.UUID:

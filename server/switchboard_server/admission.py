@@ -22,7 +22,7 @@ from datetime import datetime, time, timedelta
 from typing import Any
 
 from switchboard_server import errors
-from switchboard_server.access import policy_scope
+from switchboard_server.access import actor_of, policy_scope
 from switchboard_server.db import Database, clock
 from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import doorbells as doorbell_queries
@@ -688,16 +688,13 @@ async def _audit(
     before: Policy | None,
     after: Policy | None,
 ) -> None:
-    is_agent = principal.kind is PrincipalKind.ENDPOINT
     await admission_queries.insert_audit(
         conn,
         queue_id=row.queue_id,
         owner_id=row.owner_id,
         endpoint_id=row.endpoint_id,
         action=action,
-        actor_credential_id=principal.credential_id,
-        actor_human_id=principal.vended_by_human_id if is_agent else principal.human_id,
-        actor_endpoint_id=principal.endpoint_id if is_agent else None,
+        actor=actor_of(principal),
         before=policy_json(before) if before else None,
         after=policy_json(after) if after else None,
     )

@@ -18,7 +18,7 @@ def retry_delay(
     ``base * 2**(attempt-1)``, capped at ``cap``, then scaled by a uniform
     factor in [0.5, 1.0] ("equal jitter") so that a burst of failures does not
     come back as a burst of retries. The same formula runs in SQL for failed
-    todos (``sb_settle``, ``db/functions/dispatch.sql``); this one paces hook
+    todos (``sb_settle``, ``db/functions/fn_settle.sql``); this one paces hook
     deliveries.
     """
     if attempt < 1:

@@ -268,6 +268,17 @@ class Principal:
     grants: frozenset[Grant]
 
 
+@dataclass(frozen=True)
+class Actor:
+    """Who an audit entry records as having made a change (``access.actor_of``)."""
+
+    credential_id: uuid.UUID | None
+    #: The human: the caller itself, or the one who vended an agent's credential.
+    human_id: uuid.UUID | None
+    #: The agent's endpoint; ``None`` for a human.
+    endpoint_id: uuid.UUID | None
+
+
 class NewTodo(NamedTuple):
     """One todo to ingest: its queue (of the call's endpoint) and fields, and at
     most one key: a dedup key (``webhook_id`` and ``delivery_id``) or an

@@ -27,14 +27,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from switchboard_server import errors
-from switchboard_server.access import schedule_scope
+from switchboard_server.access import actor_of, schedule_scope
 from switchboard_server.db import Database, clock
 from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import schedules as schedule_queries
 from switchboard_server.db import tenancy as tenancy_queries
 from switchboard_server.db.database import Conn, rerun_on_conflict
 from switchboard_server.db.schedules import AuditRow, Definition, ScheduleRow
-from switchboard_server.model import Grant, Principal, PrincipalKind
+from switchboard_server.model import Grant, Principal
 from switchboard_server.recurrence import (
     CatchUp,
     Recurrence,
@@ -367,14 +367,11 @@ async def _audit(
     before: ScheduleRow | None,
     after: ScheduleRow | None,
 ) -> None:
-    is_agent = principal.kind is PrincipalKind.ENDPOINT
     await schedule_queries.insert_audit(
         conn,
         row=row,
         action=action,
-        actor_credential_id=principal.credential_id,
-        actor_human_id=principal.vended_by_human_id if is_agent else principal.human_id,
-        actor_endpoint_id=principal.endpoint_id if is_agent else None,
+        actor=actor_of(principal),
         before=schedule_json(before) if before else None,
         after=schedule_json(after) if after else None,
     )

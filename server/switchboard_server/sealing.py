@@ -22,6 +22,7 @@ wrong key fail at start even before any hook exists.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import contextlib
@@ -273,20 +274,54 @@ async def prepare(db: Database, keyring: Keyring) -> int:
         ]
         await sealing_queries.store(conn, resealed)
         await sealing_queries.keep_only_check(conn, key_id=first, sealed=keyring.check_value())
-    if resealed:
-        await _compact(db)
+        xid = await sealing_queries.current_xid(conn) if resealed else None
+    if xid is not None:
+        await compact(db, after=xid)
     return len(resealed)
 
 
-async def _compact(db: Database) -> None:
+async def compact(
+    db: Database, *, after: str | None = None, attempts: int = 10, horizon: float = 30.0
+) -> bool:
     """Rewrites ``endpoints`` without the row versions the pass replaced: they
-    held plaintext (or secrets under a key being retired) until vacuumed."""
-    try:
-        async with db.connection() as conn:
-            await sealing_queries.compact(conn)
-    except errors.Retryable as exc:  # (unavailable, or a lock not taken in time)
-        log.warning(
-            "could not rewrite endpoints without its replaced row versions (which hold "
-            "the secrets as they were); run VACUUM FULL endpoints",
-            extra={"error": exc.message[:300]},
-        )
+    held plaintext (or secrets under a key being retired) until vacuumed.
+
+    First waits (up to ``horizon`` seconds) until no session can still see
+    the versions transaction ``after`` replaced: VACUUM FULL copies a version
+    some snapshot may still read (a replica starting beside this one, say)
+    into the new file. Each try then waits at most a second for the table's
+    lock (a longer wait would hold up every read of the table queued behind
+    it); a try that does not get it is made again after a pause, up to
+    ``attempts`` tries. Whether it was rewritten with the old versions gone;
+    if not, a warning says what to run."""
+    stale = ""
+    if after is not None:
+        deadline = asyncio.get_running_loop().time() + horizon
+        while True:
+            async with db.connection() as conn:
+                if await sealing_queries.horizon_passed(conn, xid=after):
+                    break
+            if asyncio.get_running_loop().time() >= deadline:
+                stale = "a transaction older than the sealing still ran"
+                break
+            await asyncio.sleep(0.1)
+    problem = ""
+    for attempt in range(attempts):
+        try:
+            async with db.connection() as conn:
+                await sealing_queries.compact(conn)
+        except errors.Retryable as exc:  # (unavailable, or a lock not taken in time)
+            problem = exc.message
+        else:
+            if not stale:
+                return True
+            problem = stale  # rewritten, but with the versions that one could see
+            break
+        if attempt + 1 < attempts:
+            await asyncio.sleep(0.2 * (attempt + 1))
+    log.warning(
+        "could not rewrite endpoints without its replaced row versions (which hold "
+        "the secrets as they were); run VACUUM FULL endpoints",
+        extra={"error": problem[:300]},
+    )
+    return False

@@ -292,7 +292,7 @@ def _assert_one_delegated_call(
 async def test_a_delegated_call_does_not_see_the_servers_release_before_flush(
     cluster_dsn: str,
 ) -> None:
-    """Early lock release (functions/admission.sql) is safe only where the
+    """Early lock release (functions/fn_admission.sql) is safe only where the
     session that set ``switchboard.release_before_flush`` waits for its own
     commit (``sb_wait_durable``). A delegated claim commits on the worker, in
     a session of Citus' own, while the server's wait runs on the coordinator:

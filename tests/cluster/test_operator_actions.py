@@ -1,6 +1,6 @@
 """Cancel and requeue on a Citus cluster, for an endpoint on each worker. By
 filter (an endpoint's scope, in chunks: the bulk path reads todos by primary
-key behind an OFFSET 0 fence, named by endpoint, see functions/dispatch.sql)
+key behind an OFFSET 0 fence, named by endpoint, see functions/fn_actions.sql)
 the answers and the stored states are what one PostgreSQL gives.
 
 By ids, a human's call is owner-wide (no endpoint): the server reads the

@@ -5,7 +5,7 @@ exclusively, on every node, while it copies. This test holds that same lock
 on the worker that runs an endpoint's delegated claims (as the move does),
 then asks for a claim: the claim must wait *before* it locks a todo or the
 queue's policy row, since anything it locked and read now would be on the
-placement the move is leaving (functions/shards.sql). Before the claim path
+placement the move is leaving (functions/fn_shards.sql). Before the claim path
 held its shard group first, the claim locked its todos (and, on other paths,
 the policy row) on the old placement and only then waited, at its first
 write: this test saw those todos locked.

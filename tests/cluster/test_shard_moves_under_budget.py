@@ -11,7 +11,7 @@ move; a move that Citus cancels as a distributed deadlock run again).
 
 What must hold, whatever a move did to a claim under way (Citus lets a SELECT,
 ``FOR UPDATE`` included, read the old placement during a move, while writes
-wait and land on the new one; functions/shards.sql):
+wait and land on the new one; functions/fn_shards.sql):
 
 - no todo claimed twice: no two claim answers name one todo at one attempt;
 - every answered claim is an attempt: ended (in ``attempts``) or running (the

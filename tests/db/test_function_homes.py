@@ -12,6 +12,7 @@ import collections
 import pathlib
 import re
 import subprocess
+import tomllib
 from typing import Any
 
 import asyncpg
@@ -29,12 +30,17 @@ MIGRATIONS = "server/switchboard_server/db/migrations"
 RELEASED = "4bceebf"
 
 _DEFINITION = re.compile(
-    # (Indented: a trigger made inside a DO block, see admission.sql.)
+    # (Indented: a trigger made inside a DO block, see fn_maintenance.sql.)
     r"^[ \t]*CREATE\s+(?:OR\s+REPLACE\s+)?(?P<kind>FUNCTION|TRIGGER)\s+(?P<name>\w+)",
     re.IGNORECASE | re.MULTILINE,
 )
 # The one function a migration declares: table defaults need it (0001).
 BOOTSTRAP = {(1, "sb_now")}
+# The forms kept for servers of earlier releases (README.md, "Forms of
+# earlier releases"), each naming the release that drops it.
+COMPAT = "fn_compat.sql"
+_DROPPED = re.compile(r"\bDropped in (\d+)\.(\d+)\b")
+_FUNCTION = re.compile(r"^CREATE\s+OR\s+REPLACE\s+FUNCTION\s+(\w+)", re.IGNORECASE)
 
 
 def _git(*args: str) -> str:
@@ -130,7 +136,11 @@ async def test_every_function_has_exactly_one_home(pg_admin_dsn: str) -> None:
     defined: collections.Counter[str] = collections.Counter()
     for file in function_files():
         for kind, name in _definitions(file.sql):
-            homes[name].add(file.name)
+            # (A form of an earlier release shares its name with this
+            # release's function, in its area's file: its own home is
+            # fn_compat.sql. The count of overloads below holds each to one.)
+            if file.name != COMPAT:
+                homes[name].add(file.name)
             if kind == "FUNCTION":
                 defined[name] += 1
     assert {n: f for n, f in homes.items() if len(f) > 1} == {}, "one file per function"
@@ -181,7 +191,7 @@ async def test_a_changed_function_file_is_applied_again_and_an_unchanged_one_is_
             # The clock file changes: it alone is applied, and recorded.
             changed = [
                 FunctionFile(f.name, f.sql.replace("now() +", "now() + interval '1 day' +"))
-                if f.name == "clock.sql"
+                if f.name == "fn_clock.sql"
                 else f
                 for f in shipped
             ]
@@ -194,19 +204,19 @@ async def test_a_changed_function_file_is_applied_again_and_an_unchanged_one_is_
                 r["file"]: (r["checksum"], r["applied_at"])
                 for r in await conn.fetch("SELECT file, checksum, applied_at FROM schema_functions")
             }
-            clock = next(f for f in changed if f.name == "clock.sql")
-            assert after["clock.sql"][0] == clock.checksum
-            assert after["clock.sql"][1] > first["clock.sql"][1]
-            assert {k: v for k, v in after.items() if k != "clock.sql"} == {
-                k: v for k, v in first.items() if k != "clock.sql"
+            clock = next(f for f in changed if f.name == "fn_clock.sql")
+            assert after["fn_clock.sql"][0] == clock.checksum
+            assert after["fn_clock.sql"][1] > first["fn_clock.sql"][1]
+            assert {k: v for k, v in after.items() if k != "fn_clock.sql"} == {
+                k: v for k, v in first.items() if k != "fn_clock.sql"
             }
 
             # A file no longer shipped is forgotten (its functions moved or
             # were dropped by a migration).
-            fewer = [f for f in changed if f.name != "clock.sql"]
+            fewer = [f for f in changed if f.name != "fn_clock.sql"]
             monkeypatch.setattr(migrate_module, "function_files", lambda: fewer)
             await migrate(conn)
-            assert "clock.sql" not in {
+            assert "fn_clock.sql" not in {
                 r["file"] for r in await conn.fetch("SELECT file FROM schema_functions")
             }
         finally:
@@ -254,3 +264,60 @@ async def test_an_older_server_leaves_a_newer_releases_functions_alone(
             assert await conn.fetch("SELECT * FROM schema_functions ORDER BY file") == stamps
         finally:
             await conn.close()
+
+
+def _commented_functions(text: str) -> list[tuple[str, str]]:
+    """(name, the comment right above it) of each function a file defines."""
+    lines = text.splitlines()
+    found = []
+    for index, line in enumerate(lines):
+        match = _FUNCTION.match(line)
+        if match is None:
+            continue
+        start = index
+        while start > 0 and lines[start - 1].startswith("--"):
+            start -= 1
+        found.append((match[1], "\n".join(lines[start:index])))
+    return found
+
+
+def _release() -> tuple[int, int]:
+    """This package's release, (major, minor)."""
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+def test_every_form_of_an_earlier_release_names_the_coming_release_that_drops_it() -> None:
+    compat = next(f for f in function_files() if f.name == COMPAT)
+    functions = _commented_functions(compat.sql)
+    assert functions, f"{COMPAT} defines no function"
+    missing = [name for name, comment in functions if _DROPPED.search(comment) is None]
+    assert missing == [], f"no 'Dropped in X.Y.' in the comment of {missing}"
+    due = [
+        name
+        for name, comment in functions
+        if (match := _DROPPED.search(comment)) and (int(match[1]), int(match[2])) <= _release()
+    ]
+    assert due == [], f"release {_release()} drops {due} (a migration, then delete them)"
+
+
+def test_nothing_but_the_forms_of_earlier_releases_calls_them() -> None:
+    """A name defined only in fn_compat.sql is called from nowhere else: the
+    file can be dropped whole in the release it names."""
+    files = function_files()
+    compat = {name for f in files if f.name == COMPAT for _, name in _definitions(f.sql)}
+    elsewhere = {name for f in files if f.name != COMPAT for _, name in _definitions(f.sql)}
+    only_compat = compat - elsewhere
+    assert only_compat, f"{COMPAT} defines no name of its own"
+    queries = REPO / "server/switchboard_server/db/sql"
+    texts = {f.name: f.sql for f in files if f.name != COMPAT} | {
+        p.name: p.read_text() for p in sorted(queries.glob("*.sql"))
+    }
+    callers = sorted(
+        (name, file)
+        for name in only_compat
+        for file, text in texts.items()
+        if re.search(rf"\b{name}\s*\(", text)
+    )
+    assert callers == []

@@ -3,7 +3,7 @@
 On one PostgreSQL a row lock is where its row is, so these writes never find
 their row changed. On a Citus cluster a transaction could once lock and read
 on a shard's old placement during a move and write the new one
-(functions/shards.sql). Whatever the lock turned out to hold, a write acts
+(functions/fn_shards.sql). Whatever the lock turned out to hold, a write acts
 only on the row (or counter) it read: handed a row that is no longer so,
 each raises SB409 (``sb_lost_race``) and changes nothing, which the server
 answers ``ABORTED``. Each test hands a write a stale read, as a claim that

@@ -158,7 +158,7 @@ async def test_a_failing_migration_leaves_no_trace(
     files = migrate_module.function_files()
     changed = [
         migrate_module.FunctionFile(f.name, f.sql.replace("now() +", "now() + interval '1 day' +"))
-        if f.name == "clock.sql"
+        if f.name == "fn_clock.sql"
         else f
         for f in files
     ]

@@ -1,5 +1,5 @@
 """Every transaction that reads under a lock and writes later holds its
-shard groups first (functions/shards.sql, docs/scaling-out.md "Moving
+shard groups first (functions/fn_shards.sql, docs/scaling-out.md "Moving
 shards").
 
 Read from the code, not run: for each function the server calls (a named

@@ -3,7 +3,7 @@
 At B = 100 the policy row's lock was held about 33 ms a call for the claim's
 100-row ``UPDATE`` (and, before migration 0018, its attempts insert), so claimers of one budgeted
 queue queued behind each other's writes (``docs/performance.md``, "Claim
-first, lock second"). Now ``sb_admit_and_claim_batch`` makes those writes
+first, lock second"). Now ``sb_admit_batch`` (claiming first) makes those writes
 first (the rows are already locked by the claim, SKIP LOCKED), and under the
 policy lock only evaluates (leaving its own uncommitted claims out of the
 in-flight count), charges and commits. A refusal undoes the writes; a batch

@@ -107,6 +107,10 @@ async def test_a_listener_that_hangs_delays_an_attach_only_to_its_limit(
         proxy.release()
         await ingest(client, tenant.agent, "later")
         bell = await next_bell(bells)
+        if (bell.queue, bell.cause) == ("waiting", "created"):
+            # The first ingest's own ring, when the hold began before the
+            # listener had read it (a loaded machine): held, then heard.
+            bell = await next_bell(bells)
         assert (bell.queue, bell.cause) == ("later", "created"), bell
 
 

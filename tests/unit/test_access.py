@@ -9,12 +9,13 @@ import pytest
 from switchboard_server import errors
 from switchboard_server.access import (
     Scope,
+    actor_of,
     endpoint_scope,
     policy_scope,
     require_tenant,
     schedule_scope,
 )
-from switchboard_server.model import Grant, Principal, PrincipalKind
+from switchboard_server.model import Actor, Grant, Principal, PrincipalKind
 
 OWNER = uuid.uuid4()
 MINE = uuid.uuid4()
@@ -94,3 +95,12 @@ def test_a_human_holds_every_grant_and_names_the_endpoint_where_one_is_needed() 
     # Schedules and owner-wide reads: no endpoint means every endpoint of the owner.
     assert schedule_scope(HUMAN, None, Grant.READ) == (OWNER, None)
     assert require_tenant(HUMAN, Grant.READ) == Scope(OWNER, None)
+
+
+def test_an_agent_acts_as_its_endpoint_and_the_human_who_vended_its_credential() -> None:
+    vended_by = uuid.uuid4()
+    agent = Principal(
+        uuid.uuid4(), PrincipalKind.ENDPOINT, OWNER, None, MINE, vended_by, frozenset()
+    )
+    assert actor_of(agent) == Actor(agent.credential_id, vended_by, MINE)
+    assert actor_of(HUMAN) == Actor(HUMAN.credential_id, HUMAN.human_id, None)

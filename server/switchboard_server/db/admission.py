@@ -13,6 +13,7 @@ from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import execute, fetch_many, fetch_one, fetch_value
 from switchboard_server.db.queues import hold_shard_group
 from switchboard_server.db.rows import record
+from switchboard_server.model import Actor
 
 
 @dataclass(frozen=True)
@@ -258,9 +259,7 @@ async def insert_audit(
     owner_id: uuid.UUID,
     endpoint_id: uuid.UUID,
     action: str,
-    actor_credential_id: uuid.UUID | None,
-    actor_human_id: uuid.UUID | None,
-    actor_endpoint_id: uuid.UUID | None,
+    actor: Actor,
     before: Mapping[str, Any] | None,
     after: Mapping[str, Any] | None,
 ) -> None:
@@ -271,9 +270,9 @@ async def insert_audit(
         queue_id=queue_id,
         owner_id=owner_id,
         action=action,
-        actor_credential_id=actor_credential_id,
-        actor_human_id=actor_human_id,
-        actor_endpoint_id=actor_endpoint_id,
+        actor_credential_id=actor.credential_id,
+        actor_human_id=actor.human_id,
+        actor_endpoint_id=actor.endpoint_id,
         before=json.dumps(before) if before is not None else None,
         after=json.dumps(after) if after is not None else None,
         endpoint_id=endpoint_id,

@@ -36,7 +36,7 @@ _ABORTED_STATES: dict[str, str] = {
     "55P03": "a lock was not taken within the lock timeout",
     "40001": "a serialization failure",
     "40P01": "a deadlock",
-    # functions/shards.sql: a write found its row no longer as its lock promised.
+    # functions/fn_shards.sql: a write found its row no longer as its lock promised.
     "SB409": "a write found its row changed since it was locked",
 }
 #: Those of them after which the other transaction went on: run again, the
@@ -297,7 +297,7 @@ def session_settings(application_name: str, lock_timeout: timedelta) -> dict[str
     ``switchboard.release_before_flush``: the session waits for durability
     before it answers an admitted claim (``claims.claim``, ``claims.claim_next``
     call ``sb_wait_durable``), so the claim's transaction may release its
-    queue's policy lock before its WAL flush (``functions/admission.sql``).
+    queue's policy lock before its WAL flush (``functions/fn_admission.sql``).
 
     ``citus.show_shards_for_app_name_prefixes``: on a database with the
     citus extension, Citus rewrites every query that reads ``pg_class``,

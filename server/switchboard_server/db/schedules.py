@@ -16,7 +16,7 @@ from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import execute, fetch_many, fetch_one
 from switchboard_server.db.queues import hold_shard_group
 from switchboard_server.db.todos import todo_from_record
-from switchboard_server.model import Todo
+from switchboard_server.model import Actor, Todo
 
 
 @dataclass(frozen=True)
@@ -282,9 +282,7 @@ async def insert_audit(
     *,
     row: ScheduleRow,
     action: str,
-    actor_credential_id: uuid.UUID | None,
-    actor_human_id: uuid.UUID | None,
-    actor_endpoint_id: uuid.UUID | None,
+    actor: Actor,
     before: Mapping[str, Any] | None,
     after: Mapping[str, Any] | None,
 ) -> None:
@@ -296,9 +294,9 @@ async def insert_audit(
         owner_id=row.owner_id,
         endpoint_id=row.endpoint_id,
         action=action,
-        actor_credential_id=actor_credential_id,
-        actor_human_id=actor_human_id,
-        actor_endpoint_id=actor_endpoint_id,
+        actor_credential_id=actor.credential_id,
+        actor_human_id=actor.human_id,
+        actor_endpoint_id=actor.endpoint_id,
         before=json.dumps(before) if before is not None else None,
         after=json.dumps(after) if after is not None else None,
     )

@@ -77,6 +77,16 @@ async def store(conn: Conn, sealed: Sequence[tuple[Pending, bytes | None, bytes 
     )
 
 
+async def current_xid(conn: Conn) -> str:
+    """This transaction's id (it must have written)."""
+    return str(await fetch_value(conn, "sealing_xid"))
+
+
+async def horizon_passed(conn: Conn, *, xid: str) -> bool:
+    """Whether no other session can still see the row versions ``xid`` replaced."""
+    return bool(await fetch_value(conn, "sealing_horizon_passed", xid=xid))
+
+
 async def compact(conn: Conn) -> None:
     """Rewrites ``endpoints`` without its dead row versions, waiting at most a
     second for the table's lock (``LockNotAvailable`` then); outside a transaction."""

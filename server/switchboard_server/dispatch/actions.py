@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from switchboard_server import errors
-from switchboard_server.access import Scope, endpoint_scope, require_tenant
+from switchboard_server.access import Scope, actor_of, endpoint_scope, require_tenant
 from switchboard_server.db import Database
 from switchboard_server.db import claims as claim_queries
 from switchboard_server.db import todo_actions as action_queries
@@ -30,7 +30,7 @@ from switchboard_server.db.database import Conn, rerun_on_conflict
 from switchboard_server.dispatch.common import DispatchSettings, require_endpoint
 from switchboard_server.dispatch.reads import TodoView, views
 from switchboard_server.metrics import Metrics
-from switchboard_server.model import Acted, Grant, Principal, PrincipalKind, Todo, TodoState
+from switchboard_server.model import Acted, Grant, Principal, Todo, TodoState
 
 log = logging.getLogger(__name__)
 
@@ -479,7 +479,7 @@ async def _audit(
 ) -> None:
     """Records a cancel or requeue: who (a human, or an agent and the human who
     vended its credential), which endpoint, which todo or how many, the filter."""
-    is_agent = principal.kind is PrincipalKind.ENDPOINT
+    actor = actor_of(principal)
     assert principal.owner_id is not None
     await action_queries.insert_audit(
         conn,
@@ -489,9 +489,9 @@ async def _audit(
         todo_id=todo_id,
         count=count,
         filter_json=json.dumps(filter_, sort_keys=True) if filter_ is not None else None,
-        actor_credential_id=principal.credential_id,
-        actor_human_id=principal.vended_by_human_id if is_agent else principal.human_id,
-        actor_endpoint_id=principal.endpoint_id if is_agent else None,
+        actor_credential_id=actor.credential_id,
+        actor_human_id=actor.human_id,
+        actor_endpoint_id=actor.endpoint_id,
     )
 
 
@@ -504,7 +504,7 @@ async def _open_audit(
     after: int | None,
 ) -> int:
     """Records a bulk call by filter (count 0, each chunk adds its own)."""
-    is_agent = principal.kind is PrincipalKind.ENDPOINT
+    actor = actor_of(principal)
     assert principal.owner_id is not None
     filter_ = which.as_json(endpoint_id)
     if after:
@@ -515,7 +515,7 @@ async def _open_audit(
         endpoint_id=endpoint_id,
         action=action.label,
         filter_json=json.dumps(filter_, sort_keys=True),
-        actor_credential_id=principal.credential_id,
-        actor_human_id=principal.vended_by_human_id if is_agent else principal.human_id,
-        actor_endpoint_id=principal.endpoint_id if is_agent else None,
+        actor_credential_id=actor.credential_id,
+        actor_human_id=actor.human_id,
+        actor_endpoint_id=actor.endpoint_id,
     )

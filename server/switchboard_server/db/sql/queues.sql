@@ -68,5 +68,5 @@ SELECT r.*, s.reason, (s.eval).window_end AS eval_window_end,
 -- (First in a transaction that reads a row under a lock and writes it
 -- later.) On a Citus cluster, holds the endpoint's (:endpoint_id) shard group where
 -- it is until the transaction ends: a shard move waits for it, or it for
--- the move (functions/shards.sql says why). Nothing on plain PostgreSQL.
+-- the move (functions/fn_shards.sql says why). Nothing on plain PostgreSQL.
 SELECT sb_hold_shard_groups(ARRAY[:endpoint_id::uuid]);

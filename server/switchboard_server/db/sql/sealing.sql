@@ -63,3 +63,19 @@ VACUUM FULL endpoints;
 
 -- name: sealing_lock_timeout_reset :exec
 RESET lock_timeout;
+
+-- name: sealing_xid :one
+-- The sealing transaction's id (it has written), as text: the row versions it
+-- replaced can be vacuumed away once no session can still see them.
+SELECT pg_current_xact_id()::text;
+
+-- name: sealing_horizon_passed :one
+-- Whether no other session of this database can still see the row versions
+-- transaction :xid replaced (its snapshot, or its own transaction, is as old):
+-- until then VACUUM FULL copies them into the new file.
+SELECT NOT EXISTS (
+    SELECT 1 FROM pg_stat_activity a
+     WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+       AND (age(a.backend_xmin) >= age((:xid::text)::xid8::xid)
+            OR age(a.backend_xid) >= age((:xid::text)::xid8::xid))
+);

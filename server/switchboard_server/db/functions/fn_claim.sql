@@ -1,6 +1,9 @@
--- The claim entry points: one specific todo (sb_claim), ClaimNext
--- (sb_claim_next_for), and the ClaimNext forms of earlier releases, which
--- servers of those versions still call during a rolling upgrade.
+-- The claim entry points: one specific todo (sb_claim) and ClaimNext
+-- (sb_claim_next_for), and the tries of a budgeted queue inside a
+-- subtransaction (sb_try_budgeted_claim, sb_try_budgeted_batch), whose
+-- admission is in fn_admission.sql. Locking and claiming the rows
+-- themselves: fn_claim_rows.sql. The forms of earlier releases:
+-- fn_compat.sql.
 
 -- Claims one specific todo (FOR UPDATE: waits for a concurrent claimer).
 -- outcome: claimed | not_found | not_claimable | dead_lettered | deferred.
@@ -291,60 +294,142 @@ BEGIN
 END;
 $$;
 
--- Waits until this session's last commit is as durable as a commit with the
--- session's synchronous_commit makes it (flushed, and confirmed by
--- synchronous standbys when there are any), by committing a transaction of
--- its own after it: a one-statement transaction that writes one WAL record
--- (a transactional logical message, ignored by every decoder that does not
--- ask for messages). Call it on its own, outside any explicit transaction,
--- after a claim whose admission carries a headroom, before the claim is
--- answered (the server does: db/todos.py).
---
--- Why an admitted claim may release the policy lock before its flush
--- (sb_release_before_flush): a claim that reads a not yet durable admission
--- (its in-flight rows, its window counter) commits after it, so its own
--- commit record is later in the WAL; the WAL is replayed as a prefix, so no
--- crash can keep a later claim and lose the earlier one it was admitted
--- after. What a crash can lose is a suffix of claims whose callers had not
--- been answered yet (this wait had not returned), and their units with them:
--- nobody was dispatched on them. The policy lock, the fresh reads and the
--- charge under it are unchanged (SPEC 4.3).
-CREATE OR REPLACE FUNCTION sb_wait_durable() RETURNS void
+-- Tries one candidate of a budgeted queue inside a subtransaction: lock the
+-- row (the queue's first due pending todo in claim order, or the lapsed todo
+-- p_lapsed_id) with SKIP LOCKED, then admit and claim. A refusal rolls the
+-- subtransaction back, releasing the row and policy locks, so the caller
+-- can try its next queue without ever holding two policy locks.
+-- outcome: claimed | none (no unlocked candidate) | deferred (admission is
+-- the deferral as JSON).
+CREATE OR REPLACE FUNCTION sb_try_budgeted_claim(
+    p_endpoint_id uuid,
+    p_queue_id bigint,
+    p_queue text,
+    p_policy_id bigint,
+    p_lapsed_id bigint,
+    p_claimant text,
+    p_lease interval,
+    p_now timestamptz,
+    OUT outcome text,
+    OUT claimed todos,
+    OUT admission jsonb
+)
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_row todos;
+    v_result record;
+    v_detail text;
 BEGIN
-    PERFORM pg_logical_emit_message(true, 'switchboard', 'durable');
+    BEGIN
+        IF p_lapsed_id IS NULL THEN
+            SELECT * INTO v_row FROM todos t
+             WHERE t.endpoint_id = p_endpoint_id
+               AND t.queue_id = p_queue_id AND t.state = 'pending' AND t.next_retry_at <= p_now
+             ORDER BY t.priority, t.next_retry_at, t.id
+             LIMIT 1
+               FOR UPDATE SKIP LOCKED;
+        ELSE
+            SELECT * INTO v_row FROM todos t
+             WHERE t.endpoint_id = p_endpoint_id
+               AND t.id = p_lapsed_id AND t.state = 'claimed' AND t.lease_expires_at <= p_now
+               FOR UPDATE SKIP LOCKED;
+        END IF;
+        IF NOT FOUND THEN
+            outcome := 'none';
+            RETURN;
+        END IF;
+        SELECT a.* INTO v_result
+          FROM sb_admit_and_claim(v_row, p_policy_id, p_claimant, p_lease, p_now) a;
+        outcome := 'claimed';
+        claimed := v_result.claimed;
+        admission := v_result.admission;
+    EXCEPTION
+        WHEN SQLSTATE 'SB429' THEN
+            GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
+            outcome := 'deferred';
+            admission := v_detail::jsonb;
+        -- The budget cannot be read now (its lock not taken in time, no
+        -- window schedule): refused, fail closed. Any other error
+        -- (a lost race, a bug) aborts the call.
+        WHEN lock_not_available OR SQLSTATE 'SB503' THEN
+            outcome := 'deferred';
+            admission := jsonb_build_object('queue', p_queue, 'reason', 'admission_unavailable');
+    END;
 END;
 $$;
 
--- ClaimNext as released in 0005 (a batch, one claimant for all of it), for
--- servers of that version during a rolling upgrade: answered by
--- sb_claim_next_for, one claim path.
-CREATE OR REPLACE FUNCTION sb_claim_next(
-    p_owner_id uuid,
+-- The batch form of sb_try_budgeted_claim: inside a subtransaction, lock up
+-- to p_limit of the queue's first due todos in claim order (SKIP LOCKED), then
+-- claim them and admit them (sb_admit_batch, claiming first). A refusal of
+-- the whole batch rolls the subtransaction back, releasing the todo and
+-- policy locks. A batch the budget cuts short is rolled back the same way
+-- and tried again in the original form: its todos locked again (from the
+-- queue's head, found afresh), then the policy, and the admitted part
+-- claimed under the lock (sb_admit_batch, locking first).
+-- p_head_*: the queue's head as sb_claim_next_for's probe found it (see
+-- sb_lock_pending; NULL: none known).
+-- outcome: claimed | none | deferred (admission is the deferral as JSON).
+-- (No variable of the policy's row type here, as in sb_queue_admission: an
+-- unreadable policy table must fail inside the handler, closed.)
+CREATE OR REPLACE FUNCTION sb_try_budgeted_batch(
     p_endpoint_id uuid,
-    p_queue_names text[],
-    p_claimant text,
+    p_queue_id bigint,
+    p_queue text,
+    p_policy_id bigint,
+    p_limit integer,
+    p_max_bytes bigint,
+    p_claimants text[],
     p_lease interval,
-    p_max integer,
-    p_max_bytes bigint
-) RETURNS TABLE (outcome text, todos todos[], admission jsonb)
-LANGUAGE sql AS $$
-    SELECT c.outcome, c.todos, c.admission
-      FROM sb_claim_next_for(p_owner_id, p_endpoint_id, p_queue_names, ARRAY[p_claimant],
-                             p_lease, p_max, p_max_bytes) AS c
-$$;
-
--- ClaimNext as released in 0003 (one todo), for servers of that version
--- during a rolling upgrade: answered by the batch form above, one claim path.
-CREATE OR REPLACE FUNCTION sb_claim_next(
-    p_owner_id uuid,
-    p_endpoint_id uuid,
-    p_queue_names text[],
-    p_claimant text,
-    p_lease interval
-) RETURNS TABLE (outcome text, todo todos, admission jsonb)
-LANGUAGE sql AS $$
-    SELECT c.outcome, c.todos[1], c.admission
-      FROM sb_claim_next(p_owner_id, p_endpoint_id, p_queue_names, p_claimant, p_lease,
-                         1, 1048576) AS c
+    p_now timestamptz,
+    p_head_priority smallint,
+    p_head_retry timestamptz,
+    p_head_id bigint,
+    OUT outcome text,
+    OUT claimed todos[],
+    OUT admission jsonb
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ids bigint[];
+    v_result record;
+    v_detail text;
+    v_claim_first boolean;
+BEGIN
+    FOREACH v_claim_first IN ARRAY ARRAY[true, false] LOOP
+        BEGIN
+            v_ids := sb_lock_pending(p_endpoint_id, p_queue_id, p_limit, p_max_bytes, p_now,
+                                     CASE WHEN v_claim_first THEN p_head_priority END,
+                                     CASE WHEN v_claim_first THEN p_head_retry END,
+                                     CASE WHEN v_claim_first THEN p_head_id END);
+            IF cardinality(v_ids) = 0 THEN
+                outcome := 'none';
+                RETURN;
+            END IF;
+            SELECT a.* INTO v_result FROM sb_admit_batch(
+                p_endpoint_id, v_ids, p_queue, p_policy_id, p_claimants, p_lease, p_now,
+                v_claim_first) a;
+            outcome := 'claimed';
+            claimed := v_result.claimed;
+            admission := v_result.admission;
+            RETURN;
+        EXCEPTION
+            -- Cut short (only when claiming first): the original form next.
+            WHEN SQLSTATE 'SBCUT' THEN
+                CONTINUE;
+            WHEN SQLSTATE 'SB429' THEN
+                GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
+                outcome := 'deferred';
+                admission := v_detail::jsonb;
+                RETURN;
+            -- The budget cannot be read now (its lock not taken in time, no
+            -- window schedule): refused, fail closed. Any other error
+            -- (a lost race, a bug) aborts the call.
+            WHEN lock_not_available OR SQLSTATE 'SB503' THEN
+                outcome := 'deferred';
+                admission := jsonb_build_object('queue', p_queue,
+                                                'reason', 'admission_unavailable');
+                RETURN;
+        END;
+    END LOOP;
+END;
 $$;

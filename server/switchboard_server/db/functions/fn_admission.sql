@@ -1,7 +1,7 @@
 -- Admission control (ADR-0035): evaluating a queue's policy, the JSON the
 -- claim path reports (headroom, deferrals), and admitting and claiming under
 -- the policy lock, one todo or a batch (a batch is claimed before its policy
--- lock is taken, and charged under it). Lock order: the todo rows, then the
+-- lock is taken, and charged under it; sb_admit_batch). Lock order: the todo rows, then the
 -- policy; a refusal raises SB429 inside a subtransaction so that every lock
 -- is released before the next queue is tried.
 --
@@ -15,7 +15,8 @@
 -- whose admission carries a headroom); its admitted claims then commit
 -- without waiting for the flush (sb_release_before_flush), which releases
 -- the policy lock as soon as the commit is visible. See sb_wait_durable
--- (claim.sql) for why no admission guarantee depends on the flush.
+-- (at the end of this file) for why no admission guarantee depends on the
+-- flush.
 
 -- Evaluates a policy row. Each statement takes its own snapshot, so called
 -- after the policy row lock it sees every admission committed before it.
@@ -33,7 +34,7 @@ $$;
 
 -- sb_admission_eval, with in flight counting the queue's claimed todos but
 -- those in p_own: a batch claimed before its policy lock was taken
--- (sb_admit_and_claim_batch) sees its own uncommitted claims, and must not
+-- (sb_admit_batch) sees its own uncommitted claims, and must not
 -- count them against itself.
 CREATE OR REPLACE FUNCTION sb_admission_eval_except(
     p_policy admission_policies,
@@ -239,27 +240,11 @@ BEGIN
 END;
 $$;
 
--- An admitted claim's transaction commits without waiting for its WAL flush
--- (synchronous_commit off for the rest of the transaction: the policy lock is
--- released when the commit is visible, not when it is on disk) when the
--- session promised to wait for durability before answering
--- (switchboard.release_before_flush = 'on'; see the top of this file). Set
--- inside the claim's subtransaction, it is undone with it when the claim is
--- refused or fails.
-CREATE OR REPLACE FUNCTION sb_release_before_flush() RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF current_setting('switchboard.release_before_flush', true) = 'on' THEN
-        PERFORM set_config('synchronous_commit', 'off', true);
-    END IF;
-END;
-$$;
-
 -- Charges p_units to the window the evaluation v was made in (nothing
 -- without a window limit), re-checking that the counter still holds the
 -- units v read under the policy lock: raises SB409 (sb_lost_race) when
 -- another claim charged that window since, so that no unit is spent twice
--- on a stale read (shards.sql says when one could be).
+-- on a stale read (fn_shards.sql says when one could be).
 CREATE OR REPLACE FUNCTION sb_charge(
     p_endpoint_id uuid, p_policy_id bigint, v admission_eval, p_units integer
 ) RETURNS void
@@ -331,16 +316,26 @@ BEGIN
 END;
 $$;
 
--- The batch form of sb_admit_and_claim: claims the locked pending todos
--- p_ids (in claim order; the i-th for p_claimants[i], see sb_claim_pending)
--- of a queue with a policy, then locks the policy, evaluates it with fresh
--- reads and charges, or raises SB429 (refused; the reason is in the message)
--- so the caller's subtransaction releases every lock and undoes the claims.
--- A batch the budget cuts short raises SBCUT, which rolls the caller's
--- subtransaction back the same way; the caller then claims the admitted part
--- in the original form (sb_admit_then_claim_batch). Claims that spend the
--- budget mark the queue's gate. Lock order: the todo rows, then the policy.
--- Call it in the subtransaction that locked p_ids (see below).
+-- The batch form of sb_admit_and_claim: admits and claims the locked pending
+-- todos p_ids (in claim order; the i-th for p_claimants[i], see
+-- sb_claim_pending) of a queue with a policy, under the policy lock,
+-- evaluated with fresh reads, and charges; or raises SB429 (refused; the
+-- reason is in the message) so the caller's subtransaction releases every
+-- lock and undoes any claims. Claims that spend the budget mark the queue's
+-- gate. Call it in the subtransaction that locked p_ids (see below). Lock
+-- order either way: the todo rows, then the policy; one policy row lock per
+-- admission, and the in-flight count read under it. The work is ordered
+-- against the lock by p_claim_first:
+--  * true, claim first (the usual order): the todos are claimed, then the
+--    policy locked; a batch the budget cuts short raises SBCUT, which rolls
+--    the caller's subtransaction back the same way, and the caller then
+--    claims the admitted part with false.
+--  * false, lock first (the original form, for a batch the budget cut short:
+--    rare, once per window or per filling of the in-flight slots): the
+--    policy is locked and evaluated, and as many todos claimed as the
+--    window's units and the free in-flight slots allow, saying why (the same
+--    reason) in admission.deferred when that is fewer than p_ids; the others
+--    stay locked, untouched, until the transaction ends.
 --
 -- Claim first, lock second (issue 16). The claim's writes (the 100-row
 -- UPDATE and its attempts rows at B = 100, most of the time a batch spent
@@ -378,7 +373,7 @@ $$;
 -- each head probe and SKIP LOCKED scan walked them all (and looked up their
 -- members): 280 buffers a probe on a budgeted queue against 13 without a
 -- policy (docs/performance.md).
-CREATE OR REPLACE FUNCTION sb_admit_and_claim_batch(
+CREATE OR REPLACE FUNCTION sb_admit_batch(
     p_endpoint_id uuid,
     p_ids bigint[],
     p_queue text,
@@ -386,6 +381,7 @@ CREATE OR REPLACE FUNCTION sb_admit_and_claim_batch(
     p_claimants text[],
     p_lease interval,
     p_now timestamptz,
+    p_claim_first boolean,
     OUT claimed todos[],
     OUT admission jsonb
 )
@@ -396,7 +392,9 @@ DECLARE
     v_take integer;
     v_full text;
 BEGIN
-    claimed := sb_claim_pending(p_endpoint_id, p_ids, p_claimants, p_lease, p_now);
+    IF p_claim_first THEN
+        claimed := sb_claim_pending(p_endpoint_id, p_ids, p_claimants, p_lease, p_now);
+    END IF;
     -- Waits for the lock; the session's lock_timeout bounds the wait, and
     -- running out of it refuses the claim (admission_unavailable).
     SELECT * INTO v_policy FROM admission_policies p
@@ -404,9 +402,14 @@ BEGIN
        FOR UPDATE;
     IF NOT FOUND OR NOT v_policy.active THEN
         -- Cleared concurrently: no policy governs the queue any more.
+        IF NOT p_claim_first THEN
+            claimed := sb_claim_pending(p_endpoint_id, p_ids, p_claimants, p_lease, p_now);
+        END IF;
         RETURN;
     END IF;
-    v_eval := sb_admission_eval_except(v_policy, p_ids, p_now);
+    -- Claimed first, the batch's own claims are left out of in flight.
+    v_eval := sb_admission_eval_except(
+        v_policy, CASE WHEN p_claim_first THEN p_ids ELSE '{}' END, p_now);
     IF v_eval.reason IS NOT NULL THEN
         RAISE EXCEPTION '%', v_eval.reason USING ERRCODE = 'SB429',
             DETAIL = sb_deferral_json(p_queue, v_eval.reason, v_eval, NULL)::text;
@@ -415,10 +418,13 @@ BEGIN
         cardinality(p_ids),
         v_policy.max_claims_per_window - v_eval.used,
         v_policy.max_in_flight - v_eval.in_flight);
-    IF v_take < cardinality(p_ids) THEN
+    IF v_take < cardinality(p_ids) AND p_claim_first THEN
         -- Cut short: the caller undoes the claims (and every lock), then
         -- claims the admitted part under the lock.
         RAISE EXCEPTION 'cut short' USING ERRCODE = 'SBCUT';
+    END IF;
+    IF NOT p_claim_first THEN
+        claimed := sb_claim_pending(p_endpoint_id, p_ids[1:v_take], p_claimants, p_lease, p_now);
     END IF;
     PERFORM sb_charge(p_endpoint_id, v_policy.id, v_eval, v_take);
     admission := jsonb_build_object('headroom', sb_headroom_after(v_policy, v_eval, v_take));
@@ -426,60 +432,6 @@ BEGIN
     v_full := sb_full_after(v_policy, v_eval, v_take);
     IF v_full IS NOT NULL THEN
         PERFORM sb_gate_mark(p_endpoint_id, v_policy.queue_id, v_full,
-                             sb_gate_next_check(v_full, v_eval, p_now), p_now, true);
-    END IF;
-END;
-$$;
-
--- The original form of a budgeted batch, for one the budget cut short
--- (rare: once per window or per filling of the in-flight slots): with the
--- todos p_ids locked (in the caller's subtransaction), locks the policy,
--- evaluates it with fresh reads and claims under the lock as many as the
--- window's units and the free in-flight slots allow, saying why (the same
--- reason) in admission.deferred when that is fewer than p_ids; the others
--- stay locked, untouched, until the transaction ends. Raises SB429 when it
--- admits none. Lock order: the todo rows, then the policy.
-CREATE OR REPLACE FUNCTION sb_admit_then_claim_batch(
-    p_endpoint_id uuid,
-    p_ids bigint[],
-    p_queue text,
-    p_policy_id bigint,
-    p_claimants text[],
-    p_lease interval,
-    p_now timestamptz,
-    OUT claimed todos[],
-    OUT admission jsonb
-)
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_policy admission_policies;
-    v_eval admission_eval;
-    v_take integer;
-    v_full text;
-BEGIN
-    SELECT * INTO v_policy FROM admission_policies p
-     WHERE p.endpoint_id = p_endpoint_id AND p.id = p_policy_id
-       FOR UPDATE;
-    IF NOT FOUND OR NOT v_policy.active THEN
-        claimed := sb_claim_pending(p_endpoint_id, p_ids, p_claimants, p_lease, p_now);
-        RETURN;
-    END IF;
-    v_eval := sb_admission_eval(v_policy, NULL, p_now);
-    IF v_eval.reason IS NOT NULL THEN
-        RAISE EXCEPTION '%', v_eval.reason USING ERRCODE = 'SB429',
-            DETAIL = sb_deferral_json(p_queue, v_eval.reason, v_eval, NULL)::text;
-    END IF;
-    v_take := least(
-        cardinality(p_ids),
-        v_policy.max_claims_per_window - v_eval.used,
-        v_policy.max_in_flight - v_eval.in_flight);
-    claimed := sb_claim_pending(p_endpoint_id, p_ids[1:v_take], p_claimants, p_lease, p_now);
-    PERFORM sb_charge(p_endpoint_id, v_policy.id, v_eval, v_take);
-    admission := jsonb_build_object('headroom', sb_headroom_after(v_policy, v_eval, v_take));
-    PERFORM sb_release_before_flush();
-    v_full := sb_full_after(v_policy, v_eval, v_take);
-    IF v_full IS NOT NULL THEN
-        PERFORM sb_gate_mark(v_policy.endpoint_id, v_policy.queue_id, v_full,
                              sb_gate_next_check(v_full, v_eval, p_now), p_now, true);
     END IF;
     IF v_take < cardinality(p_ids) THEN
@@ -490,200 +442,43 @@ BEGIN
 END;
 $$;
 
--- Tries one candidate of a budgeted queue inside a subtransaction: lock the
--- row (the queue's first due pending todo in claim order, or the lapsed todo
--- p_lapsed_id) with SKIP LOCKED, then admit and claim. A refusal rolls the
--- subtransaction back, releasing the row and policy locks, so the caller
--- can try its next queue without ever holding two policy locks.
--- outcome: claimed | none (no unlocked candidate) | deferred (admission is
--- the deferral as JSON).
-CREATE OR REPLACE FUNCTION sb_try_budgeted_claim(
-    p_endpoint_id uuid,
-    p_queue_id bigint,
-    p_queue text,
-    p_policy_id bigint,
-    p_lapsed_id bigint,
-    p_claimant text,
-    p_lease interval,
-    p_now timestamptz,
-    OUT outcome text,
-    OUT claimed todos,
-    OUT admission jsonb
-)
+-- An admitted claim's transaction commits without waiting for its WAL flush
+-- (synchronous_commit off for the rest of the transaction: the policy lock is
+-- released when the commit is visible, not when it is on disk) when the
+-- session promised to wait for durability before answering
+-- (switchboard.release_before_flush = 'on'; see the top of this file). Set
+-- inside the claim's subtransaction, it is undone with it when the claim is
+-- refused or fails.
+CREATE OR REPLACE FUNCTION sb_release_before_flush() RETURNS void
 LANGUAGE plpgsql AS $$
-DECLARE
-    v_row todos;
-    v_result record;
-    v_detail text;
 BEGIN
-    BEGIN
-        IF p_lapsed_id IS NULL THEN
-            SELECT * INTO v_row FROM todos t
-             WHERE t.endpoint_id = p_endpoint_id
-               AND t.queue_id = p_queue_id AND t.state = 'pending' AND t.next_retry_at <= p_now
-             ORDER BY t.priority, t.next_retry_at, t.id
-             LIMIT 1
-               FOR UPDATE SKIP LOCKED;
-        ELSE
-            SELECT * INTO v_row FROM todos t
-             WHERE t.endpoint_id = p_endpoint_id
-               AND t.id = p_lapsed_id AND t.state = 'claimed' AND t.lease_expires_at <= p_now
-               FOR UPDATE SKIP LOCKED;
-        END IF;
-        IF NOT FOUND THEN
-            outcome := 'none';
-            RETURN;
-        END IF;
-        SELECT a.* INTO v_result
-          FROM sb_admit_and_claim(v_row, p_policy_id, p_claimant, p_lease, p_now) a;
-        outcome := 'claimed';
-        claimed := v_result.claimed;
-        admission := v_result.admission;
-    EXCEPTION
-        WHEN SQLSTATE 'SB429' THEN
-            GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
-            outcome := 'deferred';
-            admission := v_detail::jsonb;
-        -- The budget cannot be read now (its lock not taken in time, no
-        -- window schedule): refused, fail closed. Any other error
-        -- (a lost race, a bug) aborts the call.
-        WHEN lock_not_available OR SQLSTATE 'SB503' THEN
-            outcome := 'deferred';
-            admission := jsonb_build_object('queue', p_queue, 'reason', 'admission_unavailable');
-    END;
+    IF current_setting('switchboard.release_before_flush', true) = 'on' THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
 END;
 $$;
 
--- The batch form of sb_try_budgeted_claim: inside a subtransaction, lock up
--- to p_limit of the queue's first due todos in claim order (SKIP LOCKED), then admit
--- and claim them (sb_admit_and_claim_batch). A refusal of the whole batch
--- rolls the subtransaction back, releasing the todo and policy locks. A batch
--- the budget cuts short is rolled back the same way and tried again in the
--- original form: its todos locked again, then the policy, and the admitted
--- part claimed under the lock (sb_admit_then_claim_batch).
--- p_head_*: the queue's head as sb_claim_next_for's probe found it (see
--- sb_lock_pending; NULL: none known).
--- outcome: claimed | none | deferred (admission is the deferral as JSON).
--- (No variable of the policy's row type here, as in sb_queue_admission: an
--- unreadable policy table must fail inside the handler, closed.)
-CREATE OR REPLACE FUNCTION sb_try_budgeted_batch(
-    p_endpoint_id uuid,
-    p_queue_id bigint,
-    p_queue text,
-    p_policy_id bigint,
-    p_limit integer,
-    p_max_bytes bigint,
-    p_claimants text[],
-    p_lease interval,
-    p_now timestamptz,
-    p_head_priority smallint,
-    p_head_retry timestamptz,
-    p_head_id bigint,
-    OUT outcome text,
-    OUT claimed todos[],
-    OUT admission jsonb
-)
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_ids bigint[];
-    v_result record;
-    v_detail text;
-    v_cut boolean := false;
-BEGIN
-    BEGIN
-        v_ids := sb_lock_pending(p_endpoint_id, p_queue_id, p_limit, p_max_bytes, p_now,
-                                 p_head_priority, p_head_retry, p_head_id);
-        IF cardinality(v_ids) = 0 THEN
-            outcome := 'none';
-            RETURN;
-        END IF;
-        SELECT a.* INTO v_result FROM sb_admit_and_claim_batch(
-            p_endpoint_id, v_ids, p_queue, p_policy_id, p_claimants, p_lease, p_now) a;
-        outcome := 'claimed';
-        claimed := v_result.claimed;
-        admission := v_result.admission;
-        RETURN;
-    EXCEPTION
-        WHEN SQLSTATE 'SBCUT' THEN
-            v_cut := true;
-        WHEN SQLSTATE 'SB429' THEN
-            GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
-            outcome := 'deferred';
-            admission := v_detail::jsonb;
-        -- The budget cannot be read now (its lock not taken in time, no
-        -- window schedule): refused, fail closed. Any other error
-        -- (a lost race, a bug) aborts the call.
-        WHEN lock_not_available OR SQLSTATE 'SB503' THEN
-            outcome := 'deferred';
-            admission := jsonb_build_object('queue', p_queue, 'reason', 'admission_unavailable');
-    END;
-    IF NOT v_cut THEN
-        RETURN;
-    END IF;
-    BEGIN
-        v_ids := sb_lock_pending(p_endpoint_id, p_queue_id, p_limit, p_max_bytes, p_now,
-                                 NULL, NULL, NULL);
-        IF cardinality(v_ids) = 0 THEN
-            outcome := 'none';
-            RETURN;
-        END IF;
-        SELECT a.* INTO v_result FROM sb_admit_then_claim_batch(
-            p_endpoint_id, v_ids, p_queue, p_policy_id, p_claimants, p_lease, p_now) a;
-        outcome := 'claimed';
-        claimed := v_result.claimed;
-        admission := v_result.admission;
-    EXCEPTION
-        WHEN SQLSTATE 'SB429' THEN
-            GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
-            outcome := 'deferred';
-            admission := v_detail::jsonb;
-        -- The budget cannot be read now (its lock not taken in time, no
-        -- window schedule): refused, fail closed. Any other error
-        -- (a lost race, a bug) aborts the call.
-        WHEN lock_not_available OR SQLSTATE 'SB503' THEN
-            outcome := 'deferred';
-            admission := jsonb_build_object('queue', p_queue, 'reason', 'admission_unavailable');
-    END;
-END;
-$$;
-
--- Rolling upgrades over migration 0016: servers of the previous release
--- insert policies, their audit rows and window counters without endpoint_id
--- (SetPolicy, ClearPolicy, pause, resume). A row that comes without it gets
--- its queue's (by queue_id) or its policy's (window_counters, by policy_id).
--- Rows of this release name it, and the trigger's WHEN skips them without a
--- call. Not on a Citus cluster: `migrate --distribute` drops these triggers
--- (Citus distributes no table with triggers, and no server of a release
--- before 0016 runs against a cluster), and they are not made again there.
-CREATE OR REPLACE FUNCTION sb_fill_endpoint_id() RETURNS trigger
+-- Waits until this session's last commit is as durable as a commit with the
+-- session's synchronous_commit makes it (flushed, and confirmed by
+-- synchronous standbys when there are any), by committing a transaction of
+-- its own after it: a one-statement transaction that writes one WAL record
+-- (a transactional logical message, ignored by every decoder that does not
+-- ask for messages). Call it on its own, outside any explicit transaction,
+-- after a claim whose admission carries a headroom, before the claim is
+-- answered (the server does: db/todos.py).
+--
+-- Why an admitted claim may release the policy lock before its flush
+-- (sb_release_before_flush): a claim that reads a not yet durable admission
+-- (its in-flight rows, its window counter) commits after it, so its own
+-- commit record is later in the WAL; the WAL is replayed as a prefix, so no
+-- crash can keep a later claim and lose the earlier one it was admitted
+-- after. What a crash can lose is a suffix of claims whose callers had not
+-- been answered yet (this wait had not returned), and their units with them:
+-- nobody was dispatched on them. The policy lock, the fresh reads and the
+-- charge under it are unchanged (SPEC 4.3).
+CREATE OR REPLACE FUNCTION sb_wait_durable() RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF TG_TABLE_NAME = 'window_counters' THEN
-        SELECT p.endpoint_id INTO NEW.endpoint_id
-          FROM admission_policies p WHERE p.id = NEW.policy_id;
-    ELSE
-        SELECT q.endpoint_id INTO NEW.endpoint_id FROM queues q WHERE q.id = NEW.queue_id;
-    END IF;
-    RETURN NEW;
-END;
-$$;
-
-DO $$
-BEGIN
-    IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
-        IF EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition
-                    WHERE logicalrelid = 'admission_policies'::regclass) THEN
-            RETURN;
-        END IF;
-    END IF;
-    CREATE OR REPLACE TRIGGER admission_policies_fill_endpoint_id
-        BEFORE INSERT ON admission_policies
-        FOR EACH ROW WHEN (NEW.endpoint_id IS NULL) EXECUTE FUNCTION sb_fill_endpoint_id();
-    CREATE OR REPLACE TRIGGER policy_audit_fill_endpoint_id
-        BEFORE INSERT ON policy_audit
-        FOR EACH ROW WHEN (NEW.endpoint_id IS NULL) EXECUTE FUNCTION sb_fill_endpoint_id();
-    CREATE OR REPLACE TRIGGER window_counters_fill_endpoint_id
-        BEFORE INSERT ON window_counters
-        FOR EACH ROW WHEN (NEW.endpoint_id IS NULL) EXECUTE FUNCTION sb_fill_endpoint_id();
+    PERFORM pg_logical_emit_message(true, 'switchboard', 'durable');
 END;
 $$;

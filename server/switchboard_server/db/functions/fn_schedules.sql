@@ -48,17 +48,3 @@ BEGIN
     RETURN v_row;
 END;
 $$;
-
--- sb_schedule_fire as servers of the previous release call it (by the
--- schedule's id alone), during a rolling upgrade.
-CREATE OR REPLACE FUNCTION sb_schedule_fire(
-    p_id bigint,
-    p_slot timestamptz,
-    p_next_slot timestamptz
-) RETURNS todos
-LANGUAGE plpgsql AS $$
-BEGIN
-    RETURN sb_schedule_fire((SELECT endpoint_id FROM schedules WHERE id = p_id),
-                            p_id, p_slot, p_next_slot);
-END;
-$$;

@@ -16,8 +16,9 @@
 --    flips each back exactly once, ringing it in the same transaction, and
 --    writes a gate only when its state changes.
 --
--- Every statement on an endpoint's tables names the endpoint, as in
--- dispatch.sql (on a Citus cluster: one shard per statement).
+-- Every statement on an endpoint's tables names the endpoint (README.md: on
+-- a Citus cluster, one shard per statement). The reopen sweep itself is in
+-- fn_maintenance.sql, with the other background passes.
 
 -- Claimable pending todos of a queue, counted up to a cap (a doorbell's
 -- pending figure is a hint; counting a deep backlog on every ring is not).
@@ -38,179 +39,6 @@ BEGIN
                  ORDER BY t.queue_id, t.priority, t.next_retry_at, t.id
                  LIMIT 1000
             ) AS capped);
-END;
-$$;
-
--- Marks a queue's gate deferred as of p_now, due at p_next_check, or at once
--- when full on in-flight slots: settles do not take the policy lock, so one
--- may have freed a slot after the evaluation and read the gate before this
--- mark commits; the sweep confirms such a mark. A gate already deferred is
--- left alone. An unforced mark older than the gate's last change
--- (a refusal evaluated before a reopen that already committed) is ignored,
--- so a reopen is never rung twice; a forced one (made under the policy lock,
--- with fresh reads: a claim that spent the budget, a policy change) always
--- applies. Marking must work even when the policy cannot be read (that is
--- one reason to defer): the policy's update time is then left unknown.
-CREATE OR REPLACE FUNCTION sb_gate_mark(
-    p_endpoint_id uuid, p_queue_id bigint, p_reason text, p_next_check timestamptz, p_now timestamptz,
-    p_force boolean
-) RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_policy_at timestamptz;
-BEGIN
-    PERFORM 1 FROM queue_gates g
-     WHERE g.endpoint_id = p_endpoint_id AND g.queue_id = p_queue_id AND g.deferred;
-    IF FOUND THEN
-        RETURN;
-    END IF;
-    BEGIN
-        SELECT p.updated_at INTO v_policy_at
-          FROM queues q
-          JOIN admission_policies p ON p.endpoint_id = q.endpoint_id AND p.id = q.policy_id
-         WHERE q.endpoint_id = p_endpoint_id AND p.endpoint_id = p_endpoint_id
-           AND q.id = p_queue_id;
-    EXCEPTION WHEN lock_not_available THEN
-        v_policy_at := NULL;  -- unreadable now: left unknown (above)
-    END;
-    INSERT INTO queue_gates AS g (endpoint_id, queue_id, deferred, reason, policy_seen_at,
-                                  next_check_at, updated_at)
-    VALUES (p_endpoint_id, p_queue_id, true, p_reason, v_policy_at,
-            CASE WHEN p_reason = 'in_flight_full' THEN p_now
-                 ELSE coalesce(p_next_check, p_now) END,
-            p_now)
-    ON CONFLICT (queue_id, endpoint_id) DO UPDATE
-       SET deferred = true, reason = EXCLUDED.reason, policy_seen_at = EXCLUDED.policy_seen_at,
-           next_check_at = EXCLUDED.next_check_at,
-           updated_at = greatest(g.updated_at, EXCLUDED.updated_at)
-     WHERE p_force OR g.updated_at <= EXCLUDED.updated_at;
-END;
-$$;
-
--- The mark of everything that holds a ring back or refuses a claim (rings,
--- snapshots, refusals): unforced.
-CREATE OR REPLACE FUNCTION sb_gate_defer(
-    p_endpoint_id uuid, p_queue_id bigint, p_reason text, p_next_check timestamptz,
-    p_now timestamptz
-) RETURNS void
-LANGUAGE sql AS $$
-    SELECT sb_gate_mark(p_endpoint_id, p_queue_id, p_reason, p_next_check, p_now, false)
-$$;
-
--- When the sweep looks at a gate it found still deferred: an exhausted
--- window at its end (exact); a full queue at its earliest lease expiry (a
--- safety net only: settles, the reaper and policy changes make it due at
--- once; a lease already lapsed waits for the reaper); a pause an hour on
--- (a policy change makes it due at once); an unreadable policy soon.
-CREATE OR REPLACE FUNCTION sb_gate_next_check(
-    p_reason text, p_eval admission_eval, p_now timestamptz
-) RETURNS timestamptz
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE p_reason
-        WHEN 'window_exhausted' THEN coalesce(p_eval.window_end, p_now + interval '1 second')
-        WHEN 'in_flight_full' THEN
-            CASE WHEN p_eval.earliest_expiry > p_now THEN p_eval.earliest_expiry
-                 ELSE p_now + interval '1 minute' END
-        WHEN 'paused' THEN p_now + interval '1 hour'
-        ELSE p_now + interval '5 seconds'
-    END
-$$;
-
--- In-flight slots of these queues were freed: their gates deferred for
--- in-flight are due at once, and every replica's sweep is woken
--- (switchboard_reopen, sent at commit) rather than left to its next
--- interval, so SLOT_FREED rings within a sweep's pass. Each such gate is
--- locked, in queue order (settles of several queues at once never
--- deadlock), even when it is already due: a sweep evaluating it now (without
--- this transaction's freed slot) is waited for, and then the gate is made
--- due again; a sweep that comes later skips it (SKIP LOCKED) until this
--- transaction has committed, and then sees the slot free. The gate row is
--- written only when it was not due already. (PL/pgSQL: see
--- sb_known_deferral.)
-CREATE OR REPLACE FUNCTION sb_gates_slot_freed(
-    p_endpoint_id uuid, p_queue_ids bigint[], p_now timestamptz
-) RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM 1 FROM queue_gates l
-     WHERE l.endpoint_id = p_endpoint_id
-       AND l.queue_id = ANY (p_queue_ids) AND l.deferred AND l.reason = 'in_flight_full'
-     ORDER BY l.queue_id
-       FOR NO KEY UPDATE;
-    IF FOUND THEN
-        PERFORM pg_notify('switchboard_reopen', '');
-    END IF;
-    UPDATE queue_gates g SET next_check_at = p_now
-     WHERE g.endpoint_id = p_endpoint_id
-       AND g.queue_id = ANY (p_queue_ids) AND g.deferred AND g.reason = 'in_flight_full'
-       AND g.next_check_at > p_now;
-END;
-$$;
-
--- The form servers of earlier releases call (their reaper), during a
--- rolling upgrade: each endpoint's queues in a call of their own.
-CREATE OR REPLACE FUNCTION sb_gates_slot_freed(p_queue_ids bigint[], p_now timestamptz)
-RETURNS void
-LANGUAGE sql AS $$
-    SELECT count(sb_gates_slot_freed(f.endpoint_id, f.queue_ids, p_now))
-      FROM (SELECT q.endpoint_id, array_agg(q.id ORDER BY q.id) AS queue_ids
-              FROM queues q WHERE q.id = ANY (p_queue_ids)
-             GROUP BY q.endpoint_id ORDER BY q.endpoint_id) AS f;
-$$;
-
--- A queue's policy was set or cleared (in this transaction, under its lock):
--- a deferred gate is due at once (the sweep, woken, rings POLICY_CHANGED if
--- it now admits); a queue the new policy defers is marked, so that it rings
--- when it reopens.
-CREATE OR REPLACE FUNCTION sb_gate_policy_changed(p_endpoint_id uuid, p_queue_id bigint)
-RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_now timestamptz := sb_now();
-    v_status record;
-BEGIN
-    UPDATE queue_gates g SET next_check_at = v_now
-     WHERE g.endpoint_id = p_endpoint_id AND g.queue_id = p_queue_id AND g.deferred;
-    IF FOUND THEN
-        PERFORM pg_notify('switchboard_reopen', '');
-        RETURN;
-    END IF;
-    SELECT s.* INTO v_status FROM sb_queue_admission(p_endpoint_id, p_queue_id, v_now) s;
-    IF v_status.reason IS NOT NULL THEN
-        PERFORM sb_gate_mark(p_endpoint_id, p_queue_id, v_status.reason,
-            sb_gate_next_check(v_status.reason, v_status.eval, v_now), v_now, true);
-    END IF;
-END;
-$$;
-
--- The form servers of earlier releases call, during a rolling upgrade.
-CREATE OR REPLACE FUNCTION sb_gate_policy_changed(p_queue_id bigint) RETURNS void
-LANGUAGE sql AS $$
-    SELECT sb_gate_policy_changed(q.endpoint_id, q.id) FROM queues q WHERE q.id = p_queue_id
-$$;
-
--- Called when a claim leaves queues deferred (their ids and deferrals, in the
--- same order): marks their gates, so that the reopen sweep rings each once it
--- admits again.
-CREATE OR REPLACE FUNCTION sb_on_deferred(
-    p_endpoint_id uuid, p_queue_ids bigint[], p_deferred jsonb, p_now timestamptz
-) RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_i integer;
-    v_deferral jsonb;
-BEGIN
-    FOR v_i IN 1 .. coalesce(cardinality(p_queue_ids), 0) LOOP
-        v_deferral := p_deferred -> (v_i - 1);
-        PERFORM sb_gate_defer(
-            p_endpoint_id,
-            p_queue_ids[v_i],
-            v_deferral ->> 'reason',
-            CASE WHEN v_deferral ->> 'reason' = 'window_exhausted'
-                 THEN (v_deferral ->> 'window_end')::timestamptz
-                 ELSE sb_gate_next_check(v_deferral ->> 'reason', NULL, p_now) END,
-            p_now);
-    END LOOP;
 END;
 $$;
 
@@ -291,71 +119,159 @@ BEGIN
 END;
 $$;
 
--- The reopen sweep: re-evaluates up to p_batch due deferred gates (SKIP
--- LOCKED: safe on every replica) and reopens each gate whose queue admits
--- again, ringing it once in the same transaction (sb_gate_reevaluate).
--- Returns the reopens.
-CREATE OR REPLACE FUNCTION sb_reopen_sweep(p_batch integer)
-RETURNS TABLE (queue_id bigint, cause text, rang boolean)
+-- Marks a queue's gate deferred as of p_now, due at p_next_check, or at once
+-- when full on in-flight slots: settles do not take the policy lock, so one
+-- may have freed a slot after the evaluation and read the gate before this
+-- mark commits; the sweep confirms such a mark. A gate already deferred is
+-- left alone. An unforced mark older than the gate's last change
+-- (a refusal evaluated before a reopen that already committed) is ignored,
+-- so a reopen is never rung twice; a forced one (made under the policy lock,
+-- with fresh reads: a claim that spent the budget, a policy change) always
+-- applies. Marking must work even when the policy cannot be read (that is
+-- one reason to defer): the policy's update time is then left unknown.
+CREATE OR REPLACE FUNCTION sb_gate_mark(
+    p_endpoint_id uuid, p_queue_id bigint, p_reason text, p_next_check timestamptz, p_now timestamptz,
+    p_force boolean
+) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now timestamptz := sb_now();
-    v_gate queue_gates;
-    v_reopen record;
+    v_policy_at timestamptz;
 BEGIN
-    FOR v_gate IN
-        SELECT * FROM queue_gates g
-         WHERE g.deferred AND g.next_check_at <= v_now
-         ORDER BY g.next_check_at
-         LIMIT p_batch
-           FOR UPDATE SKIP LOCKED
-    LOOP
-        SELECT r.cause, r.rang INTO v_reopen FROM sb_gate_reevaluate(v_gate, v_now) r;
-        CONTINUE WHEN v_reopen.cause IS NULL;
-        queue_id := v_gate.queue_id;
-        cause := v_reopen.cause;
-        rang := v_reopen.rang;
-        RETURN NEXT;
+    PERFORM 1 FROM queue_gates g
+     WHERE g.endpoint_id = p_endpoint_id AND g.queue_id = p_queue_id AND g.deferred;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    BEGIN
+        SELECT p.updated_at INTO v_policy_at
+          FROM queues q
+          JOIN admission_policies p ON p.endpoint_id = q.endpoint_id AND p.id = q.policy_id
+         WHERE q.endpoint_id = p_endpoint_id AND p.endpoint_id = p_endpoint_id
+           AND q.id = p_queue_id;
+    EXCEPTION WHEN lock_not_available THEN
+        v_policy_at := NULL;  -- unreadable now: left unknown (above)
+    END;
+    INSERT INTO queue_gates AS g (endpoint_id, queue_id, deferred, reason, policy_seen_at,
+                                  next_check_at, updated_at)
+    VALUES (p_endpoint_id, p_queue_id, true, p_reason, v_policy_at,
+            CASE WHEN p_reason = 'in_flight_full' THEN p_now
+                 ELSE coalesce(p_next_check, p_now) END,
+            p_now)
+    ON CONFLICT (queue_id, endpoint_id) DO UPDATE
+       SET deferred = true, reason = EXCLUDED.reason, policy_seen_at = EXCLUDED.policy_seen_at,
+           next_check_at = EXCLUDED.next_check_at,
+           updated_at = greatest(g.updated_at, EXCLUDED.updated_at)
+     WHERE p_force OR g.updated_at <= EXCLUDED.updated_at;
+END;
+$$;
+
+-- The mark of everything that holds a ring back or refuses a claim (rings,
+-- snapshots, refusals): unforced.
+CREATE OR REPLACE FUNCTION sb_gate_defer(
+    p_endpoint_id uuid, p_queue_id bigint, p_reason text, p_next_check timestamptz,
+    p_now timestamptz
+) RETURNS void
+LANGUAGE sql AS $$
+    SELECT sb_gate_mark(p_endpoint_id, p_queue_id, p_reason, p_next_check, p_now, false)
+$$;
+
+-- When the sweep looks at a gate it found still deferred: an exhausted
+-- window at its end (exact); a full queue at its earliest lease expiry (a
+-- safety net only: settles, the reaper and policy changes make it due at
+-- once; a lease already lapsed waits for the reaper); a pause an hour on
+-- (a policy change makes it due at once); an unreadable policy soon.
+CREATE OR REPLACE FUNCTION sb_gate_next_check(
+    p_reason text, p_eval admission_eval, p_now timestamptz
+) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE p_reason
+        WHEN 'window_exhausted' THEN coalesce(p_eval.window_end, p_now + interval '1 second')
+        WHEN 'in_flight_full' THEN
+            CASE WHEN p_eval.earliest_expiry > p_now THEN p_eval.earliest_expiry
+                 ELSE p_now + interval '1 minute' END
+        WHEN 'paused' THEN p_now + interval '1 hour'
+        ELSE p_now + interval '5 seconds'
+    END
+$$;
+
+-- Called when a claim leaves queues deferred (their ids and deferrals, in the
+-- same order): marks their gates, so that the reopen sweep rings each once it
+-- admits again.
+CREATE OR REPLACE FUNCTION sb_on_deferred(
+    p_endpoint_id uuid, p_queue_ids bigint[], p_deferred jsonb, p_now timestamptz
+) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_i integer;
+    v_deferral jsonb;
+BEGIN
+    FOR v_i IN 1 .. coalesce(cardinality(p_queue_ids), 0) LOOP
+        v_deferral := p_deferred -> (v_i - 1);
+        PERFORM sb_gate_defer(
+            p_endpoint_id,
+            p_queue_ids[v_i],
+            v_deferral ->> 'reason',
+            CASE WHEN v_deferral ->> 'reason' = 'window_exhausted'
+                 THEN (v_deferral ->> 'window_end')::timestamptz
+                 ELSE sb_gate_next_check(v_deferral ->> 'reason', NULL, p_now) END,
+            p_now);
     END LOOP;
 END;
 $$;
 
--- The reopen sweep on a Citus cluster (doorbells.reopen_once, when the
--- schema is distributed): sb_reopen_sweep for the endpoints p_endpoint_ids,
--- all of one shard group, delegated by p_endpoint_id (one of them) to the
--- node that holds the group. Endpoint by endpoint, every statement naming
--- one, so that each stays on its shard there; up to p_batch gates in all.
--- The rings are notified on that node (its listeners: db/listener.py).
-CREATE OR REPLACE FUNCTION sb_reopen_sweep(
-    p_endpoint_id uuid, p_endpoint_ids uuid[], p_batch integer
-) RETURNS TABLE (queue_id bigint, cause text, rang boolean)
+-- In-flight slots of these queues were freed: their gates deferred for
+-- in-flight are due at once, and every replica's sweep is woken
+-- (switchboard_reopen, sent at commit) rather than left to its next
+-- interval, so SLOT_FREED rings within a sweep's pass. Each such gate is
+-- locked, in queue order (settles of several queues at once never
+-- deadlock), even when it is already due: a sweep evaluating it now (without
+-- this transaction's freed slot) is waited for, and then the gate is made
+-- due again; a sweep that comes later skips it (SKIP LOCKED) until this
+-- transaction has committed, and then sees the slot free. The gate row is
+-- written only when it was not due already. (PL/pgSQL: see
+-- sb_known_deferral.)
+CREATE OR REPLACE FUNCTION sb_gates_slot_freed(
+    p_endpoint_id uuid, p_queue_ids bigint[], p_now timestamptz
+) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM queue_gates l
+     WHERE l.endpoint_id = p_endpoint_id
+       AND l.queue_id = ANY (p_queue_ids) AND l.deferred AND l.reason = 'in_flight_full'
+     ORDER BY l.queue_id
+       FOR NO KEY UPDATE;
+    IF FOUND THEN
+        PERFORM pg_notify('switchboard_reopen', '');
+    END IF;
+    UPDATE queue_gates g SET next_check_at = p_now
+     WHERE g.endpoint_id = p_endpoint_id
+       AND g.queue_id = ANY (p_queue_ids) AND g.deferred AND g.reason = 'in_flight_full'
+       AND g.next_check_at > p_now;
+END;
+$$;
+
+-- A queue's policy was set or cleared (in this transaction, under its lock):
+-- a deferred gate is due at once (the sweep, woken, rings POLICY_CHANGED if
+-- it now admits); a queue the new policy defers is marked, so that it rings
+-- when it reopens.
+CREATE OR REPLACE FUNCTION sb_gate_policy_changed(p_endpoint_id uuid, p_queue_id bigint)
+RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_now timestamptz := sb_now();
-    v_endpoint uuid;
-    v_gate queue_gates;
-    v_reopen record;
-    v_left integer := p_batch;
+    v_status record;
 BEGIN
-    PERFORM sb_hold_shard_groups(p_endpoint_ids);
-    FOREACH v_endpoint IN ARRAY p_endpoint_ids LOOP
-        EXIT WHEN v_left <= 0;
-        FOR v_gate IN
-            SELECT * FROM queue_gates g
-             WHERE g.endpoint_id = v_endpoint AND g.deferred AND g.next_check_at <= v_now
-             ORDER BY g.next_check_at
-             LIMIT v_left
-               FOR UPDATE SKIP LOCKED
-        LOOP
-            v_left := v_left - 1;
-            SELECT r.cause, r.rang INTO v_reopen FROM sb_gate_reevaluate(v_gate, v_now) r;
-            CONTINUE WHEN v_reopen.cause IS NULL;
-            queue_id := v_gate.queue_id;
-            cause := v_reopen.cause;
-            rang := v_reopen.rang;
-            RETURN NEXT;
-        END LOOP;
-    END LOOP;
+    UPDATE queue_gates g SET next_check_at = v_now
+     WHERE g.endpoint_id = p_endpoint_id AND g.queue_id = p_queue_id AND g.deferred;
+    IF FOUND THEN
+        PERFORM pg_notify('switchboard_reopen', '');
+        RETURN;
+    END IF;
+    SELECT s.* INTO v_status FROM sb_queue_admission(p_endpoint_id, p_queue_id, v_now) s;
+    IF v_status.reason IS NOT NULL THEN
+        PERFORM sb_gate_mark(p_endpoint_id, p_queue_id, v_status.reason,
+            sb_gate_next_check(v_status.reason, v_status.eval, v_now), v_now, true);
+    END IF;
 END;
 $$;
 
