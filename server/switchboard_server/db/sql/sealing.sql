@@ -70,12 +70,14 @@ RESET lock_timeout;
 SELECT pg_current_xact_id()::text;
 
 -- name: sealing_horizon_passed :one
--- Whether no other session of this database can still see the row versions
--- transaction :xid replaced (its snapshot, or its own transaction, is as old):
--- until then VACUUM FULL copies them into the new file.
-SELECT NOT EXISTS (
-    SELECT 1 FROM pg_stat_activity a
-     WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
-       AND (age(a.backend_xmin) >= age((:xid::text)::xid8::xid)
-            OR age(a.backend_xid) >= age((:xid::text)::xid8::xid))
-);
+-- Whether no session can still see the row versions transaction :xid
+-- replaced, so that VACUUM FULL drops them: no transaction begun before it
+-- committed still runs (in any database: it would hold back the xmin of
+-- every snapshot taken here, VACUUM FULL's own too), and no session of this
+-- database holds a snapshot as old.
+SELECT pg_snapshot_xmin(pg_current_snapshot()) > (:xid::text)::xid8
+   AND NOT EXISTS (
+       SELECT 1 FROM pg_stat_activity a
+        WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+          AND age(a.backend_xmin) >= age((:xid::text)::xid8::xid)
+   );
