@@ -371,7 +371,7 @@ def db_claim_loop(
                         and rec["todos"]
                         and '"headroom"' in (rec["admission"] or "")
                     ):
-                        # Admitted under a policy: as the server (db/todos.py), wait for
+                        # Admitted under a policy: as the server (db/claims.py), wait for
                         # the claim to be durable before it counts as answered.
                         await conn.execute(sql.WAIT_DURABLE)
                 t1 = time.perf_counter()

@@ -27,6 +27,12 @@ from switchboard_server.db import Database, clock
 from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import doorbells as doorbell_queries
 from switchboard_server.db.admission import PolicyRow, QueueAdmission
+from switchboard_server.db.admission_report import (
+    ReportedDeferral,
+    ReportedHeadroom,
+    ReportedPolicy,
+    reported_policy,
+)
 from switchboard_server.db.database import Conn, rerun_on_conflict
 from switchboard_server.model import Grant, Principal, PrincipalKind
 from switchboard_server.windows import (
@@ -236,27 +242,26 @@ def policy_json(policy: Policy) -> dict[str, Any]:
 
 def policy_from_json(data: Mapping[str, Any], endpoint_id: uuid.UUID, queue: str) -> Policy:
     """The inverse of ``policy_json`` (also reads ``sb_policy_json``)."""
+    return reported_policy_of(reported_policy(data), endpoint_id, queue)
+
+
+def reported_policy_of(reported: ReportedPolicy, endpoint_id: uuid.UUID, queue: str) -> Policy:
+    """The domain policy of one a claim's report (or the audit) carries."""
     window = None
-    if data.get("window_period"):
-        hours, minutes = str(data["window_start"]).split(":")
+    if reported.window_period:
+        hours, minutes = str(reported.window_start).split(":")
         window = WindowSpec(
-            Period(data["window_period"]),
-            str(data["window_zone"]),
+            Period(reported.window_period),
+            str(reported.window_zone),
             time(int(hours), int(minutes)),
-            data.get("window_weekday"),
+            reported.window_weekday,
         )
     return Policy(
         endpoint_id,
         queue,
-        Limits(data.get("max_in_flight"), data.get("max_claims_per_window"), window),
-        _instant(data["updated_at"]),
+        Limits(reported.max_in_flight, reported.max_claims_per_window, window),
+        reported.updated_at,
     )
-
-
-def _instant(value: Any) -> datetime:
-    parsed = datetime.fromisoformat(str(value))
-    assert parsed.tzinfo is not None
-    return parsed
 
 
 def next_eligible(
@@ -277,22 +282,16 @@ def next_eligible(
     return None, False
 
 
-def deferral_from_json(
-    data: Mapping[str, Any], endpoint_id: uuid.UUID, reaper_interval: timedelta
+def deferral_of(
+    reported: ReportedDeferral, endpoint_id: uuid.UUID, reaper_interval: timedelta
 ) -> Deferral:
     """A deferral of one of the endpoint's queues, as reported by the claim functions."""
-    reason = DeferralReason(data["reason"])
-    window_end = _instant(data["window_end"]) if data.get("window_end") else None
-    expiry = _instant(data["earliest_expiry"]) if data.get("earliest_expiry") else None
-    next_at, exact = next_eligible(reason, window_end, expiry, reaper_interval)
+    reason = DeferralReason(reported.reason)
+    next_at, exact = next_eligible(
+        reason, reported.window_end, reported.earliest_expiry, reaper_interval
+    )
     return Deferral(
-        endpoint_id,
-        str(data["queue"]),
-        reason,
-        int(data.get("pending") or 0),
-        next_at,
-        exact,
-        _instant(data["now"]) if data.get("now") else None,
+        endpoint_id, reported.queue, reason, reported.pending, next_at, exact, reported.observed_at
     )
 
 
@@ -305,15 +304,15 @@ def admission_status(queue: QueueAdmission, reaper_interval: timedelta) -> Admis
     return AdmissionStatus(True, reason, next_at, exact)
 
 
-def headroom_from_json(data: Mapping[str, Any], endpoint_id: uuid.UUID, queue: str) -> Headroom:
+def headroom_of(reported: ReportedHeadroom, endpoint_id: uuid.UUID, queue: str) -> Headroom:
     """The headroom reported by a successful budgeted claim."""
     return Headroom(
-        window_used=data.get("window_used"),
-        window_limit=data.get("window_limit"),
-        resets_at=_instant(data["resets_at"]) if data.get("resets_at") else None,
-        in_flight_used=data.get("in_flight_used"),
-        in_flight_limit=data.get("in_flight_limit"),
-        policy=policy_from_json(data["policy"], endpoint_id, queue),
+        window_used=reported.window_used,
+        window_limit=reported.window_limit,
+        resets_at=reported.resets_at,
+        in_flight_used=reported.in_flight_used,
+        in_flight_limit=reported.in_flight_limit,
+        policy=reported_policy_of(reported.policy, endpoint_id, queue),
     )
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from switchboard_server import errors
 from switchboard_server.db import Database
-from switchboard_server.db import todos as todo_queries
+from switchboard_server.db import todo_upkeep as upkeep_queries
 from switchboard_server.metrics import Metrics
 from switchboard_server.model import AttemptOutcome
 
@@ -66,7 +66,7 @@ async def reap_once(
     total = 0
     while True:
         async with db.transaction() as conn:
-            reaped = await todo_queries.reap_lapsed(conn, batch=BATCH)
+            reaped = await upkeep_queries.reap_lapsed(conn, batch=BATCH)
         if metrics is not None:
             metrics.attempts_ended(AttemptOutcome.LAPSED, len(reaped))
         total += len(reaped)
@@ -85,7 +85,7 @@ async def retain_once(db: Database, age: timedelta, *, distributed: bool = False
     total = 0
     while True:
         async with db.transaction() as conn:
-            deleted = await todo_queries.delete_finished(conn, older_than=age, batch=BATCH)
+            deleted = await upkeep_queries.delete_finished(conn, older_than=age, batch=BATCH)
         total += deleted
         if deleted < BATCH:
             return total
@@ -94,10 +94,10 @@ async def retain_once(db: Database, age: timedelta, *, distributed: bool = False
 async def _reap_per_group(db: Database, metrics: Metrics | None) -> int:
     total = 0
     async with db.connection() as conn:
-        for group in await todo_queries.lapsed_endpoint_groups(conn):
+        for group in await upkeep_queries.lapsed_endpoint_groups(conn):
             while True:
                 # Outside a transaction block: the call is delegated.
-                reaped = await todo_queries.reap_lapsed_of(conn, group, batch=BATCH)
+                reaped = await upkeep_queries.reap_lapsed_of(conn, endpoint_ids=group, batch=BATCH)
                 if metrics is not None:
                     metrics.attempts_ended(AttemptOutcome.LAPSED, len(reaped))
                 total += len(reaped)
@@ -109,10 +109,10 @@ async def _reap_per_group(db: Database, metrics: Metrics | None) -> int:
 async def _retain_per_group(db: Database, age: timedelta) -> int:
     total = 0
     async with db.connection() as conn:
-        for group in await todo_queries.finished_endpoint_groups(conn, older_than=age):
+        for group in await upkeep_queries.finished_endpoint_groups(conn, older_than=age):
             while True:
-                deleted = await todo_queries.delete_finished_of(
-                    conn, group, older_than=age, batch=BATCH
+                deleted = await upkeep_queries.delete_finished_of(
+                    conn, endpoint_ids=group, older_than=age, batch=BATCH
                 )
                 total += deleted
                 if deleted < BATCH:

@@ -241,7 +241,7 @@ class Schedules:
         owner_id, endpoint = schedule_scope(principal, endpoint_id, Grant.READ)
         async with self._db.connection(within=conn) as conn:
             if endpoint is not None and not await tenancy_queries.get_endpoint(
-                conn, endpoint, owner_id
+                conn, endpoint_id=endpoint, owner_id=owner_id
             ):
                 raise errors.NotFound("endpoint not found")
             rows = await schedule_queries.list_page(

@@ -126,7 +126,10 @@ class Tenancy:
         if not grant_set:
             raise errors.InvalidArgument.field("grants", "name at least one grant or preset")
         async with self._db.transaction() as conn:
-            if await tenancy_queries.get_endpoint(conn, endpoint_id, owner_id) is None:
+            if (
+                await tenancy_queries.get_endpoint(conn, endpoint_id=endpoint_id, owner_id=owner_id)
+                is None
+            ):
                 raise errors.NotFound("endpoint not found")
             minted = await _mint(
                 conn,
@@ -163,7 +166,12 @@ class Tenancy:
         if url is not None:
             async with self._db.connection() as conn:
                 # Not the owner's endpoint: NOT_FOUND before anything about the URL.
-                if await tenancy_queries.get_endpoint(conn, endpoint_id, owner_id) is None:
+                if (
+                    await tenancy_queries.get_endpoint(
+                        conn, endpoint_id=endpoint_id, owner_id=owner_id
+                    )
+                    is None
+                ):
                     raise errors.NotFound("endpoint not found")
             try:
                 await self._hook_policy.check_url(url)
@@ -193,7 +201,9 @@ class Tenancy:
         """One of the caller's owner's endpoints, with its notify hook's status."""
         owner_id = require_human(principal)
         async with self._db.connection(within=conn) as conn:
-            endpoint = await tenancy_queries.get_endpoint(conn, endpoint_id, owner_id)
+            endpoint = await tenancy_queries.get_endpoint(
+                conn, endpoint_id=endpoint_id, owner_id=owner_id
+            )
         if endpoint is None:
             raise errors.NotFound("endpoint not found")
         return endpoint
@@ -209,7 +219,10 @@ class Tenancy:
         async with self._db.connection() as conn:
             if (
                 endpoint_id is not None
-                and await tenancy_queries.get_endpoint(conn, endpoint_id, owner_id) is None
+                and await tenancy_queries.get_endpoint(
+                    conn, endpoint_id=endpoint_id, owner_id=owner_id
+                )
+                is None
             ):
                 raise errors.NotFound("endpoint not found")
             return await tenancy_queries.list_credentials(

@@ -20,8 +20,11 @@ from datetime import timedelta
 
 import asyncpg
 import pytest
-from switchboard_server.db import Database, todos
+from switchboard_server.db import Database
+from switchboard_server.db import claims as claim_queries
+from switchboard_server.db import todo_ingest as ingest_queries
 from switchboard_server.db.database import Conn
+from switchboard_server.model import NewTodo
 
 #: Refused by Citus while it plans the subquery (the shape of the reaper's pass).
 REFUSED = (
@@ -39,7 +42,7 @@ async def _claim_is_delegated(
     log.clear()
     # Whether it claims a todo (the shared cluster's clock may have been
     # moved by another test) does not matter: the call is what is sent.
-    await todos.claim_next(
+    await claim_queries.claim_next(
         conn,
         owner_id=owner,
         endpoint_id=endpoint,
@@ -62,11 +65,11 @@ async def test_claims_stay_delegated_after_a_refused_query_on_the_session(
         endpoint = await conn.fetchval(
             "INSERT INTO endpoints (owner_id, name) VALUES ($1, 'agent') RETURNING id", owner
         )
-        await todos.ingest_many(
+        await ingest_queries.ingest_many(
             conn,
             owner_id=owner,
             endpoint_id=endpoint,
-            items=[todos.NewTodo("q", b"x", "text/plain", 5, timedelta(0)) for _ in range(2)],
+            items=[NewTodo("q", b"x", "text/plain", 5, timedelta(0)) for _ in range(2)],
         )
     finally:
         await conn.close()

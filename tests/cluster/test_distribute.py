@@ -17,9 +17,11 @@ from typing import Any
 
 import asyncpg
 import pytest
-from switchboard_server.db import distribute, todos
+from switchboard_server.db import claims as claim_queries
+from switchboard_server.db import distribute
+from switchboard_server.db import todo_ingest as ingest_queries
 from switchboard_server.db.database import session_settings
-from switchboard_server.model import SettleAction, Settlement, TodoState
+from switchboard_server.model import NewTodo, SettleAction, Settlement, TodoState
 
 from tests.cluster.conftest import SHARD_COUNT, migrate_cli
 from tests.cluster.placing import SHARD, CommandLog, shards_of
@@ -146,13 +148,13 @@ async def test_ingest_claim_heartbeat_and_settle_are_each_one_call_on_the_endpoi
         await conn.execute("SET citus.log_remote_commands = on")
         await conn.execute("SET client_min_messages = log")
 
-        made = await todos.ingest_many(
+        made = await ingest_queries.ingest_many(
             conn,
             owner_id=owner,
             endpoint_id=endpoint,
             items=[
-                todos.NewTodo("q", b"y", "text/plain", 5, timedelta(0), priority=3),
-                todos.NewTodo(
+                NewTodo("q", b"y", "text/plain", 5, timedelta(0), priority=3),
+                NewTodo(
                     "q2",
                     b"z",
                     "application/json",  # not shared: the arrays (todo_ingest)
@@ -168,12 +170,12 @@ async def test_ingest_claim_heartbeat_and_settle_are_each_one_call_on_the_endpoi
 
         # A key a todo holds: the item is answered with that todo (the
         # holders' lookup), one shard too.
-        again = await todos.ingest_many(
+        again = await ingest_queries.ingest_many(
             conn,
             owner_id=owner,
             endpoint_id=endpoint,
             items=[
-                todos.NewTodo(
+                NewTodo(
                     "q2",
                     b"z",
                     "text/plain",
@@ -189,16 +191,16 @@ async def test_ingest_claim_heartbeat_and_settle_are_each_one_call_on_the_endpoi
 
         # Without keys: the plain INSERT (IngestTodos' hot path), one shard
         # too; and the fields the todos share sent once (todo_ingest_uniform).
-        plain = await todos.ingest_many(
+        plain = await ingest_queries.ingest_many(
             conn,
             owner_id=owner,
             endpoint_id=endpoint,
-            items=[todos.NewTodo("q3", b"w", "text/plain", 5, timedelta(hours=1))] * 3,
+            items=[NewTodo("q3", b"w", "text/plain", 5, timedelta(hours=1))] * 3,
         )
         assert [i.deduplicated for i in plain] == [False, False, False]
         _assert_one_delegated_call(log.take(), "sb_ingest_todos", port, allowed)
 
-        batch = await todos.claim_next(
+        batch = await claim_queries.claim_next(
             conn,
             owner_id=owner,
             endpoint_id=endpoint,
@@ -211,7 +213,7 @@ async def test_ingest_claim_heartbeat_and_settle_are_each_one_call_on_the_endpoi
         assert len(batch.todos) == 2
         _assert_one_delegated_call(log.take(), "sb_claim_next_for", port, allowed)
 
-        beats = await todos.heartbeat_many(
+        beats = await claim_queries.heartbeat_many(
             conn,
             leases=[(t.id, t.lease_id) for t in batch.todos if t.lease_id is not None],
             owner_id=owner,
@@ -221,7 +223,7 @@ async def test_ingest_claim_heartbeat_and_settle_are_each_one_call_on_the_endpoi
         assert [o.value for o, _ in beats] == ["applied", "applied"]
         _assert_one_delegated_call(log.take(), "sb_heartbeat", port, allowed)
 
-        settled = await todos.settle(
+        settled = await claim_queries.settle(
             conn,
             settlements=[
                 Settlement(t.id, t.lease_id, SettleAction.COMPLETE)
@@ -240,7 +242,7 @@ async def test_ingest_claim_heartbeat_and_settle_are_each_one_call_on_the_endpoi
             "SELECT id FROM todos WHERE endpoint_id = $1 AND state = 'pending'", endpoint
         )
         log.take()
-        one = await todos.claim(
+        one = await claim_queries.claim(
             conn,
             todo_id=pending,
             owner_id=owner,
@@ -253,7 +255,7 @@ async def test_ingest_claim_heartbeat_and_settle_are_each_one_call_on_the_endpoi
 
         # SettleTodos' form, answered with the todos' states: one call too.
         assert one.todo is not None and one.todo.lease_id is not None
-        states = await todos.settle_states(
+        states = await claim_queries.settle_states(
             conn,
             settlements=[Settlement(one.todo.id, one.todo.lease_id, SettleAction.FAIL, "x")],
             owner_id=owner,

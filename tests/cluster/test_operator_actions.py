@@ -17,7 +17,7 @@ from datetime import timedelta
 import asyncpg
 import grpc
 from switchboard_dispatch.v1 import dispatch_pb2, queue_pb2, todo_pb2
-from switchboard_server.db import todos
+from switchboard_server.db import todo_actions as action_queries
 
 from tests.cluster.placing import (
     assert_on_one_worker,
@@ -289,13 +289,15 @@ async def test_an_endpoints_cancel_and_requeue_by_ids_run_on_its_worker_only(
             owner, endpoint = uuid.UUID(tenant.owner_id), uuid.UUID(tenant.endpoint_id)
             async with remote_commands(conn) as log:
                 async with conn.transaction():
-                    acted = await todos.cancel(conn, ids=ids, owner_id=owner, endpoint_id=endpoint)
+                    acted = await action_queries.cancel(
+                        conn, ids=ids, owner_id=owner, endpoint_id=endpoint
+                    )
                     await _audited(conn, owner, endpoint, "cancel")
                 assert [a.outcome for a in acted] == ["applied"] * 3
                 assert {a.was.value for a in acted if a.was} == {"pending", "claimed"}
                 assert_on_one_worker(log.take(), port, allowed)
                 async with conn.transaction():
-                    back = await todos.requeue(
+                    back = await action_queries.requeue(
                         conn,
                         ids=ids,
                         owner_id=owner,
@@ -314,7 +316,7 @@ async def test_an_endpoints_cancel_and_requeue_by_ids_run_on_its_worker_only(
 async def _audited(
     conn: asyncpg.Connection[asyncpg.Record], owner: uuid.UUID, endpoint: uuid.UUID, action: str
 ) -> None:
-    await todos.insert_audit(
+    await action_queries.insert_audit(
         conn,
         owner_id=owner,
         endpoint_id=endpoint,

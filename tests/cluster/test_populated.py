@@ -21,8 +21,9 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, queue_pb2
 from switchboard_server.db import admission as admission_queries
-from switchboard_server.db import todos
-from switchboard_server.model import SettleAction, Settlement
+from switchboard_server.db import claims as claim_queries
+from switchboard_server.db import todo_ingest as ingest_queries
+from switchboard_server.model import NewTodo, SettleAction, Settlement
 
 from tests.cluster.conftest import SHARD_COUNT, migrate_cli
 from tests.support.admission import set_policy, window
@@ -73,7 +74,7 @@ async def test_a_populated_database_distributes_with_every_row_and_budget(
         )
         for owner, endpoint in endpoints:
             # The window spent on one PostgreSQL still binds on the cluster ...
-            refused = await todos.claim_next(
+            refused = await claim_queries.claim_next(
                 conn,
                 owner_id=owner,
                 endpoint_id=endpoint,
@@ -83,11 +84,11 @@ async def test_a_populated_database_distributes_with_every_row_and_budget(
                 max_todos=1,
                 max_bytes=1 << 20,
             )
-            assert refused.todos == [] and refused.admission["deferred"][0]["reason"] == (
+            assert refused.todos == [] and refused.admission.deferred[0].reason == (
                 "window_exhausted"
             )
             # ... and the other queue claims on, in priority order.
-            free = await todos.claim_next(
+            free = await claim_queries.claim_next(
                 conn,
                 owner_id=owner,
                 endpoint_id=endpoint,
@@ -112,12 +113,12 @@ async def _fill(conn: asyncpg.Connection[asyncpg.Record]) -> list[tuple[uuid.UUI
         endpoint = await conn.fetchval(
             "INSERT INTO endpoints (owner_id, name) VALUES ($1, 'agent') RETURNING id", owner
         )
-        await todos.ingest_many(
+        await ingest_queries.ingest_many(
             conn,
             owner_id=owner,
             endpoint_id=endpoint,
             items=[
-                todos.NewTodo(q, b"x", "text/plain", 5, timedelta(0), priority=i % 3)
+                NewTodo(q, b"x", "text/plain", 5, timedelta(0), priority=i % 3)
                 for q in ("budgeted", "free")
                 for i in range(10)
             ],
@@ -142,7 +143,7 @@ async def _fill(conn: asyncpg.Connection[asyncpg.Record]) -> list[tuple[uuid.UUI
             window_bounds=[now - timedelta(hours=1), now + timedelta(days=1)],
             schedule_refresh_at=now + timedelta(hours=12),
         )
-        batch = await todos.claim_next(
+        batch = await claim_queries.claim_next(
             conn,
             owner_id=owner,
             endpoint_id=endpoint,
@@ -153,7 +154,7 @@ async def _fill(conn: asyncpg.Connection[asyncpg.Record]) -> list[tuple[uuid.UUI
             max_bytes=1 << 20,
         )
         assert len(batch.todos) == WINDOW
-        await todos.settle(
+        await claim_queries.settle(
             conn,
             settlements=[
                 Settlement(t.id, t.lease_id, SettleAction.COMPLETE)

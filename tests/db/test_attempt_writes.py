@@ -17,7 +17,7 @@ from datetime import timedelta
 
 import asyncpg
 from switchboard_server.db import Database
-from switchboard_server.db import todos as todo_queries
+from switchboard_server.db import todo_upkeep as upkeep_queries
 
 from tests.support.databases import endpoint_with_todos
 
@@ -136,7 +136,7 @@ async def test_deleted_todos_take_their_attempts(db: Database, dsn: str) -> None
         # Citus cluster has none). The claimed todos and their attempts stay.
         await conn.execute("ALTER TABLE todos DISABLE TRIGGER todos_delete_attempts")
         try:
-            gone = await todo_queries.delete_finished(conn, older_than=timedelta(0), batch=1000)
+            gone = await upkeep_queries.delete_finished(conn, older_than=timedelta(0), batch=1000)
         finally:
             await conn.execute("ALTER TABLE todos ENABLE TRIGGER todos_delete_attempts")
         assert gone == 10
@@ -209,7 +209,7 @@ async def test_each_way_out_of_claimed_writes_the_attempt_once_as_it_was_claimed
             "UPDATE todos SET lease_expires_at = sb_now() + interval '1 hour' WHERE id = $1",
             lapsed[1],
         )
-        reaped = await todo_queries.reap_lapsed(conn, batch=100)
+        reaped = await upkeep_queries.reap_lapsed(conn, batch=100)
         assert [r[0] for r in reaped] == [lapsed[0]]
         await conn.execute(
             "UPDATE todos SET lease_expires_at = sb_now() - interval '1 second' WHERE id = $1",

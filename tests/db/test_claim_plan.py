@@ -11,7 +11,8 @@ from datetime import timedelta
 import asyncpg
 from switchboard_server.db import Database
 from switchboard_server.db import tenancy as tenancy_queries
-from switchboard_server.db import todos as todo_queries
+from switchboard_server.db import todo_ingest as ingest_queries
+from switchboard_server.model import NewTodo
 
 
 async def _blocks(conn: asyncpg.Connection) -> int:
@@ -40,15 +41,11 @@ async def test_not_yet_due_urgent_todos_are_not_walked(db: Database, dsn: str) -
         endpoint = await tenancy_queries.create_endpoint(conn, owner_id=owner.id, name="agent")
         due = [
             (
-                await todo_queries.ingest_many(
+                await ingest_queries.ingest_many(
                     conn,
                     owner_id=owner.id,
                     endpoint_id=endpoint.id,
-                    items=[
-                        todo_queries.NewTodo(
-                            "work", b"p", "text/plain", 5, timedelta(0), priority=p
-                        )
-                    ],
+                    items=[NewTodo("work", b"p", "text/plain", 5, timedelta(0), priority=p)],
                 )
             )[0].id
             for p in (3, 3, 5, 5, 5)
@@ -92,11 +89,11 @@ async def test_a_claim_walks_the_dead_head_of_its_queue_once(db: Database, dsn: 
         owner = await tenancy_queries.create_owner(conn, "claim-walk")
         endpoint = await tenancy_queries.create_endpoint(conn, owner_id=owner.id, name="agent")
         first = (
-            await todo_queries.ingest_many(
+            await ingest_queries.ingest_many(
                 conn,
                 owner_id=owner.id,
                 endpoint_id=endpoint.id,
-                items=[todo_queries.NewTodo("work", b"p", "text/plain", 5, timedelta(0))],
+                items=[NewTodo("work", b"p", "text/plain", 5, timedelta(0))],
             )
         )[0].id
     conn = await asyncpg.connect(dsn)

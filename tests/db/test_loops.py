@@ -14,10 +14,11 @@ from google.protobuf import duration_pb2
 from switchboard_dispatch.v1 import dispatch_pb2, queue_pb2, todo_pb2
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
+from switchboard_server.db import claims as claim_queries
 from switchboard_server.db import tenancy as tenancy_queries
-from switchboard_server.db import todos as todo_queries
+from switchboard_server.db import todo_ingest as ingest_queries
 from switchboard_server.loops import BATCH, LoopSignals, reap_once, retain_once
-from switchboard_server.model import ItemOutcome, SettleAction, Settlement, Todo
+from switchboard_server.model import Ingested, ItemOutcome, NewTodo, SettleAction, Settlement, Todo
 
 from tests.support.client import Client, Tenant
 from tests.support.databases import move_clock
@@ -47,14 +48,14 @@ async def ingest(
     queue: str = "work",
     max_attempts: int = 5,
     dedup: tuple[str, str] | None = None,
-) -> todo_queries.Ingested:
+) -> Ingested:
     async with db.transaction() as conn:
-        (result,) = await todo_queries.ingest_many(
+        (result,) = await ingest_queries.ingest_many(
             conn,
             owner_id=scope.owner_id,
             endpoint_id=scope.endpoint_id,
             items=[
-                todo_queries.NewTodo(
+                NewTodo(
                     queue,
                     b"p",
                     "text/plain",
@@ -68,11 +69,9 @@ async def ingest(
     return result
 
 
-async def claim(
-    db: Database, scope: Scope, todo: Todo | todo_queries.Ingested, lease: timedelta
-) -> Todo:
+async def claim(db: Database, scope: Scope, todo: Todo | Ingested, lease: timedelta) -> Todo:
     async with db.transaction() as conn:
-        result = await todo_queries.claim(
+        result = await claim_queries.claim(
             conn,
             todo_id=todo.id,
             owner_id=scope.owner_id,
@@ -86,7 +85,7 @@ async def claim(
 
 async def settle(db: Database, scope: Scope, settlement: Settlement) -> None:
     async with db.transaction() as conn:
-        (settled,) = await todo_queries.settle(
+        (settled,) = await claim_queries.settle(
             conn,
             settlements=[settlement],
             owner_id=scope.owner_id,
@@ -149,7 +148,7 @@ async def bulk_done(db: Database, scope: Scope, n: int, *, queue: str) -> list[i
     ids = await bulk_claimed(db, scope, n, queue=queue, max_attempts=5, lease=timedelta(hours=1))
     async with db.transaction() as conn:
         leases = await conn.fetch("SELECT id, lease_id FROM todos WHERE id = ANY ($1)", ids)
-        await todo_queries.settle(
+        await claim_queries.settle(
             conn,
             settlements=[Settlement(r["id"], r["lease_id"], SettleAction.COMPLETE) for r in leases],
             owner_id=scope.owner_id,

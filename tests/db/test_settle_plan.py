@@ -16,8 +16,8 @@ from datetime import timedelta
 import asyncpg
 from switchboard_server.db import Database
 from switchboard_server.db import tenancy as tenancy_queries
-from switchboard_server.db import todos as todo_queries
-from switchboard_server.model import Endpoint, Owner
+from switchboard_server.db import todo_ingest as ingest_queries
+from switchboard_server.model import Endpoint, Ingested, NewTodo, Owner
 
 # The claimed-only index (one since migration 0013; there was also todos_lease_expiry_idx).
 CLAIMED_ONLY = ("todos_claimed_idx",)
@@ -35,18 +35,16 @@ async def _tuples_read(conn: asyncpg.Connection, names: tuple[str, ...]) -> int:
     return int(value or 0)
 
 
-async def _tenant_with_a_todo(
-    db: Database, name: str
-) -> tuple[Owner, Endpoint, todo_queries.Ingested]:
+async def _tenant_with_a_todo(db: Database, name: str) -> tuple[Owner, Endpoint, Ingested]:
     """A new owner and endpoint (named ``name``) with one pending todo in queue "work"."""
     async with db.transaction() as conn:
         owner = await tenancy_queries.create_owner(conn, name)
         endpoint = await tenancy_queries.create_endpoint(conn, owner_id=owner.id, name="agent")
-        (todo,) = await todo_queries.ingest_many(
+        (todo,) = await ingest_queries.ingest_many(
             conn,
             owner_id=owner.id,
             endpoint_id=endpoint.id,
-            items=[todo_queries.NewTodo("work", b"p", "text/plain", 5, timedelta(0))],
+            items=[NewTodo("work", b"p", "text/plain", 5, timedelta(0))],
         )
     return owner, endpoint, todo
 

@@ -169,7 +169,7 @@ _RUNNERS = {"fetch_one", "fetch_value", "fetch_many", "execute", "execute_many"}
 
 
 def _query_named(call: ast.Call) -> str | None:
-    """The query a call runs: ``sql("name")`` (db/todos.py) or a runner's
+    """The query a call runs: ``sql("name")`` or a runner's
     ``fetch_one(conn, "name", ...)`` (db/queries.py)."""
     if not isinstance(call.func, ast.Name):
         return None

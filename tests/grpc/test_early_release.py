@@ -19,7 +19,7 @@ from datetime import timedelta
 
 import asyncpg
 import pytest
-from switchboard_server.db import todos as todo_queries
+from switchboard_server.db import claims as claim_queries
 from switchboard_server.db.database import session_settings
 
 from tests.support.admission import ingest, set_policy
@@ -114,7 +114,7 @@ async def test_the_claim_queries_wait_for_durability_after_an_admitted_claim(
         waits = await _durable_waits(conn)
 
         async def claim_next(queue: str) -> int:
-            result = await todo_queries.claim_next(
+            result = await claim_queries.claim_next(
                 conn,
                 owner_id=owner,
                 endpoint_id=endpoint,
@@ -134,7 +134,7 @@ async def test_the_claim_queries_wait_for_durability_after_an_admitted_claim(
         assert await _durable_waits(conn) == waits + 1
         async with conn.transaction():
             await conn.execute("UPDATE admission_policies SET max_in_flight = 2")
-        claimed = await todo_queries.claim(
+        claimed = await claim_queries.claim(
             conn,
             todo_id=int(queues[1]),
             owner_id=owner,

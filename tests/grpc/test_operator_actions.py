@@ -23,7 +23,7 @@ from switchboard_dispatch.worker import Todo, Worker
 from switchboard_server import app as server_app
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
-from switchboard_server.db import todos as todo_queries
+from switchboard_server.db import todo_upkeep as upkeep_queries
 from switchboard_server.dispatch import reads
 
 from tests.grpc.test_metrics import scrape, value
@@ -757,7 +757,7 @@ async def test_retention_deletes_old_cancelled_todos_and_results_but_keeps_the_a
     )
     await move_clock(db, timedelta(days=8))
     async with db.connection() as conn:
-        deleted = await todo_queries.delete_finished(conn, older_than=timedelta(days=7), batch=10)
+        deleted = await upkeep_queries.delete_finished(conn, older_than=timedelta(days=7), batch=10)
     assert deleted == 2
     assert await row_counts(db, ["todos", "attempts", "todo_results", "todo_audit"]) == {
         "todos": 0,

@@ -18,8 +18,9 @@ from datetime import datetime, timedelta
 import asyncpg
 from switchboard_server.db import Database, clock
 from switchboard_server.db import tenancy as tenancy_queries
-from switchboard_server.db import todos as todo_queries
+from switchboard_server.db import todo_ingest as ingest_queries
 from switchboard_server.db.migrate import migrate
+from switchboard_server.model import NewTodo
 
 _counter = itertools.count()
 
@@ -108,10 +109,10 @@ async def endpoint_with_todos(db: Database, name: str, n: int) -> tuple[uuid.UUI
     async with db.transaction() as conn:
         owner = await tenancy_queries.create_owner(conn, name)
         endpoint = await tenancy_queries.create_endpoint(conn, owner_id=owner.id, name="agent")
-        await todo_queries.ingest_many(
+        await ingest_queries.ingest_many(
             conn,
             owner_id=owner.id,
             endpoint_id=endpoint.id,
-            items=[todo_queries.NewTodo("work", b"p", "text/plain", 5, timedelta(0))] * n,
+            items=[NewTodo("work", b"p", "text/plain", 5, timedelta(0))] * n,
         )
     return owner.id, endpoint.id

@@ -6,6 +6,7 @@ import itertools
 import json
 import uuid
 from datetime import UTC, datetime, time, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -15,17 +16,20 @@ from switchboard_server.admission import (
     MAX_IN_FLIGHT_LIMIT,
     REFRESH_INDEX,
     SCHEDULE_LENGTH,
+    Deferral,
     DeferralReason,
+    Headroom,
     Limits,
     Policy,
     current_window_start,
-    deferral_from_json,
-    headroom_from_json,
+    deferral_of,
+    headroom_of,
     next_eligible,
     policy_from_json,
     policy_json,
     schedule,
 )
+from switchboard_server.db.admission_report import AdmissionReport, admission_report
 from switchboard_server.windows import Period, UnknownZoneError, WindowSpec, window_at
 
 H = timedelta(hours=1)
@@ -136,6 +140,21 @@ def test_next_eligible() -> None:
 ENDPOINT = uuid.UUID(int=7)
 
 
+def deferral_from_json(
+    data: dict[str, Any], endpoint_id: uuid.UUID, reaper_interval: timedelta
+) -> Deferral:
+    """A deferral as a claim function reports it: decoded in db/, then the domain's."""
+    (reported,) = admission_report(json.dumps({"deferred": [data]})).deferred
+    return deferral_of(reported, endpoint_id, reaper_interval)
+
+
+def headroom_from_json(data: dict[str, Any], endpoint_id: uuid.UUID, queue: str) -> Headroom:
+    """A claim's headroom as reported: decoded in db/, then the domain's."""
+    reported = admission_report(json.dumps({"headroom": data})).headroom
+    assert reported is not None
+    return headroom_of(reported, endpoint_id, queue)
+
+
 def test_deferral_from_json() -> None:
     interval = timedelta(seconds=5)
     d = deferral_from_json(
@@ -145,13 +164,14 @@ def test_deferral_from_json() -> None:
             "window_end": None,
             "earliest_expiry": "2026-05-31T10:05:00.5+00:00",
             "pending": 3,
+            "now": "2026-05-31T10:04:00+00:00",
         },
         ENDPOINT,
         interval,
     )
     assert d.queue == "work" and d.reason is DeferralReason.IN_FLIGHT_FULL and d.pending == 3
     assert d.next_eligible_at == datetime(2026, 5, 31, 10, 5, 5, 500000, tzinfo=UTC)
-    assert not d.exact
+    assert not d.exact and d.observed_at == datetime(2026, 5, 31, 10, 4, tzinfo=UTC)
     w = deferral_from_json(
         {"queue": "q", "reason": "window_exhausted", "window_end": "2026-06-01T07:00:00+00:00"},
         ENDPOINT,
@@ -291,6 +311,9 @@ def test_headroom_from_json() -> None:
         ENDPOINT,
         "work",
     )
+    assert admission_report(json.dumps({"headroom": None})) == AdmissionReport(admitted=True)
+    assert admission_report(None) == admission_report("") == AdmissionReport()
+    assert not admission_report(json.dumps({"deferred": []})).admitted
     assert (h.window_used, h.window_limit, h.in_flight_used) == (4, 10, None)
     assert h.resets_at == datetime(2026, 6, 1, 7, tzinfo=UTC)
     assert h.policy == POLICIES[0]

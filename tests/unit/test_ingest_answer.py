@@ -8,8 +8,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 from switchboard_dispatch.v1 import dispatch_pb2, queue_pb2, todo_pb2
-from switchboard_server.db.todos import IngestedTodos, NewTodos
-from switchboard_server.model import Todo, TodoState
+from switchboard_server.model import IngestedTodos, NewTodos, Todo, TodoState
 from switchboard_server.servicers import convert
 
 ENDPOINT = uuid.UUID("6f1c1b1e-3f5b-4c1a-9a8e-0d2b7c9e4f11")

@@ -29,20 +29,41 @@ RUNNERS = {
     "execute_many": "exec",
 }
 
-#: Still positional, the remaining step (db/queries.py): their wrappers and queries.
-POSITIONAL_MODULES = {"todos.py"}
-POSITIONAL_FILES = {"todos.sql"}
-
-#: Wrappers that still take their arguments by position, because code this
-#: change does not touch calls them so (dispatch.py, db/todos.py).
-POSITIONAL_WRAPPERS = {
-    ("tenancy.py", "get_endpoint"),
-    ("distribute.py", "endpoint_groups"),
-}
-
 #: Runner calls whose query is an argument of the wrapper: each call of that
-#: wrapper is checked instead (``endpoint_groups``: its query takes ``:now``).
+#: wrapper is checked instead (``endpoint_groups``: its query takes ``:now``
+#: and the call's keywords).
 DYNAMIC = {("distribute.py", "candidates")}
+
+#: Statements issued outside the runners, by position (``sql(name)``): the
+#: benchmark's DB ceiling (bench/sql.py, bench/load.py) and tests. Their
+#: parameters, in the order those callers pass them.
+ISSUED_BY_POSITION = {
+    "todo_claim_next": (
+        "owner_id",
+        "endpoint_id",
+        "queues",
+        "claimants",
+        "lease",
+        "max_todos",
+        "max_bytes",
+    ),
+    "todo_wait_durable": (),
+    "todo_settle": (
+        "owner_id",
+        "endpoint_id",
+        "todo_ids",
+        "lease_ids",
+        "actions",
+        "errors",
+        "permanent",
+        "backoff_base",
+        "backoff_cap",
+        "result_data",
+        "result_content_types",
+    ),
+    "migration_record": ("version", "name"),
+}
+ISSUED_BY_POSITION["todo_settle_states"] = ISSUED_BY_POSITION["todo_settle"]
 
 
 def test_a_name_becomes_a_numbered_parameter_once() -> None:
@@ -64,14 +85,21 @@ def test_casts_strings_identifiers_and_comments_are_not_names() -> None:
     )
 
 
-def test_a_positional_statement_keeps_its_numbers_and_has_no_names() -> None:
-    assert bind_names("SELECT $1, $2::int") == ("SELECT $1, $2::int", None)
+def test_a_positional_parameter_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"positional \$1"):
+        bind_names("SELECT $1, $2::int")
+    with pytest.raises(ValueError, match=r"positional \$2"):
+        parse("-- name: q :one\nSELECT :b, $2;\n", positional=False)
     assert bind_names("SELECT 1") == ("SELECT 1", ())
-
-
-def test_names_and_positional_numbers_do_not_mix() -> None:
+    # An earlier release's file, as the upgrade tests read it: kept as written.
+    assert parse("-- name: q :one\nSELECT $1;\n")["q"].sql == "SELECT $1;"
     with pytest.raises(ValueError, match="both"):
         parse("-- name: q :one\nSELECT :a, $2;\n")
+
+
+def test_statements_issued_by_position_keep_their_order() -> None:
+    for name, names in ISSUED_BY_POSITION.items():
+        assert QUERIES[name].names == names, name
 
 
 def test_the_runner_takes_exactly_the_query_names() -> None:
@@ -81,20 +109,6 @@ def test_the_runner_takes_exactly_the_query_names() -> None:
         arguments(query, {"a": 1})
     with pytest.raises(TypeError, match="given"):
         arguments(query, {"a": 1, "b": 2, "c": 3})
-    with pytest.raises(TypeError, match="positional"):
-        arguments(Query("p", "one", "SELECT $1", None), {"a": 1})
-
-
-def test_only_the_unconverted_file_is_positional() -> None:
-    positional = {name for name, q in QUERIES.items() if q.names is None}
-    in_files = {
-        name
-        for path in DB.joinpath("sql").glob("*.sql")
-        if path.name in POSITIONAL_FILES
-        for name in parse(path.read_text(), path.name)
-    }
-    assert positional, "todos.sql is converted: drop POSITIONAL_FILES and this test's half"
-    assert positional <= in_files
 
 
 def _literal(node: ast.expr | None) -> str | None:
@@ -129,11 +143,13 @@ def runner_call_errors(source: str, queries: dict[str, Query], where: str) -> li
         if isinstance(func, ast.Attribute | ast.Name) and (
             (func.attr if isinstance(func, ast.Attribute) else func.id) == "endpoint_groups"
         ):
-            # Runs its literal query with the shared clock's now (db/distribute.py).
+            # Runs its literal query with the shared clock's now and the
+            # call's keywords (db/distribute.py).
             name = _literal(node.args[1]) if node.args[1:] else None
             query = queries.get(name or "")
-            if query is None or query.names not in {("now",), None}:
-                errors.append(f"{at}: endpoint_groups of {name}, which takes more than :now")
+            given = _given(node, "endpoint_groups")
+            if query is None or given is None or sorted(query.names) != sorted(["now", *given]):
+                errors.append(f"{at}: endpoint_groups of {name}, which takes :now and {given}")
             continue
         # A runner is imported by name (``conn.execute`` is the driver's).
         runner = func.id if isinstance(func, ast.Name) else ""
@@ -154,7 +170,7 @@ def runner_call_errors(source: str, queries: dict[str, Query], where: str) -> li
         given = _given(node, runner)
         if given is None:
             errors.append(f"{at}: {name}'s parameters are not all named literally (no **)")
-        elif query.names is None or sorted(given) != sorted(query.names):
+        elif sorted(given) != sorted(query.names):
             errors.append(f"{at}: {name} takes {query.names}, given {sorted(given)}")
     return errors
 
@@ -163,8 +179,6 @@ def test_every_wrapper_passes_exactly_its_query_names() -> None:
     errors = []
     calls = 0
     for path in sorted(DB.glob("*.py")):
-        if path.name in POSITIONAL_MODULES:
-            continue
         source = path.read_text()
         errors += runner_call_errors(source, QUERIES, path.name)
         calls += source.count("await fetch_") + source.count("await execute")
@@ -198,7 +212,7 @@ async def f(conn):
 def test_no_converted_module_runs_a_named_query_by_position() -> None:
     found = []
     for path in sorted(DB.glob("*.py")):
-        if path.name in POSITIONAL_MODULES or path.name == "queries.py":
+        if path.name == "queries.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
@@ -210,7 +224,7 @@ def test_no_converted_module_runs_a_named_query_by_position() -> None:
 def _wrappers() -> list[tuple[str, str, inspect.Signature]]:
     found = []
     for path in sorted(DB.glob("*.py")):
-        if path.name in POSITIONAL_MODULES or path.name in {"__init__.py", "queries.py"}:
+        if path.name in {"__init__.py", "queries.py"}:
             continue
         module = importlib.import_module(f"switchboard_server.db.{path.stem}")
         for name, fn in inspect.getmembers(module, inspect.iscoroutinefunction):
@@ -227,7 +241,7 @@ def test_wrappers_of_more_than_one_value_take_them_by_keyword() -> None:
             continue
         values = [p for p in params[1:] if p.kind is not p.VAR_KEYWORD]
         by_position = [p.name for p in values if p.kind is not p.KEYWORD_ONLY]
-        if len(values) > 1 and by_position and (file, name) not in POSITIONAL_WRAPPERS:
+        if len(values) > 1 and by_position:
             positional.append(f"{file}:{name}({', '.join(by_position)})")
     assert positional == [], "make these keyword-only (conn, *, ...)"
     assert len(_wrappers()) > 50

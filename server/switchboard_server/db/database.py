@@ -327,7 +327,7 @@ def session_settings(application_name: str, lock_timeout: timedelta) -> dict[str
     """The settings of the server's pooled sessions (the bench's DB ceilings use them too).
 
     ``switchboard.release_before_flush``: the session waits for durability
-    before it answers an admitted claim (``todos.claim``, ``todos.claim_next``
+    before it answers an admitted claim (``claims.claim``, ``claims.claim_next``
     call ``sb_wait_durable``), so the claim's transaction may release its
     queue's policy lock before its WAL flush (``functions/fn_admission.sql``).
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from switchboard_server.db.database import Conn
-from switchboard_server.db.queries import QUERIES, execute, fetch_many, fetch_one, fetch_value
+from switchboard_server.db.queries import execute, fetch_many, fetch_one, fetch_value
 
 log = logging.getLogger(__name__)
 
@@ -198,20 +198,16 @@ async def is_distributed(conn: Conn) -> bool:
     return bool(await fetch_value(conn, "citus_distributed"))
 
 
-async def endpoint_groups(conn: Conn, candidates: str, *args: object) -> list[list[uuid.UUID]]:
+async def endpoint_groups(
+    conn: Conn, candidates: str, /, **params: object
+) -> list[list[uuid.UUID]]:
     """The endpoints that the named read-only query ``candidates`` finds (it
-    takes ``:now``, the shared clock's now), grouped by the shard
-    group that holds them: a background pass on a cluster makes one delegated
-    call per group, with its first endpoint as the one Citus places it by.
-
-    (``args``: for a positional query of ``sql/todos.sql``, its ``$1`` the
-    now and then ``args``, until that file names its parameters.)"""
+    takes ``:now``, the shared clock's now, and ``params``), grouped by the
+    shard group that holds them: a background pass on a cluster makes one
+    delegated call per group, with its first endpoint as the one Citus places
+    it by."""
     now = await fetch_value(conn, "clock_now")
-    query = QUERIES[candidates]
-    if query.names is None:
-        rows = await conn.fetch(query.sql, now, *args)
-    else:
-        rows = await fetch_many(conn, candidates, now=now)
+    rows = await fetch_many(conn, candidates, now=now, **params)
     found = [r["endpoint_id"] for r in rows]
     if not found:
         return []

@@ -22,11 +22,7 @@ column) for ``:one``, ``fetch_many`` for ``:many``, ``execute`` (or
 rather than one ``run`` returning any of a row, rows or a status, which
 every caller would have to narrow; a runner that does not match the header
 is refused too (tests/unit/test_query_names.py checks every call statically).
-
-The remaining step: ``sql/todos.sql`` still uses positional ``$n``
-(its wrappers in ``db/todos.py`` call ``conn`` with ``sql(name)``). Its
-queries have ``names = None``; a file must not mix the two styles, and the
-runners take named queries only.
+A positional ``$n`` in a query file is refused at load.
 """
 
 from __future__ import annotations
@@ -72,21 +68,26 @@ class Query:
     cardinality: Cardinality
     #: The statement, with ``$n`` for its parameters.
     sql: str
-    #: The parameter names, ``$1`` first; ``None`` for a statement written
-    #: with positional ``$n`` (``sql/todos.sql``, not yet converted).
-    names: tuple[str, ...] | None = ()
+    #: The parameter names, ``$1`` first.
+    names: tuple[str, ...] = ()
 
 
-def bind_names(statement: str, source: str = "<string>") -> tuple[str, tuple[str, ...] | None]:
+def bind_names(
+    statement: str, source: str = "<string>", *, positional: bool = False
+) -> tuple[str, tuple[str, ...]]:
     """The statement with each ``:name`` rewritten to its ``$n``, and the
-    names in ``$n`` order (``None`` when it uses positional ``$n``)."""
+    names in ``$n`` order; ``ValueError`` for a positional ``$n`` (unless
+    ``positional``: an earlier release's file, read by the upgrade tests, is
+    kept as written, with no names)."""
     names: dict[str, int] = {}
-    positional = False
+    found = False
 
     def replace(match: re.Match[str]) -> str:
-        nonlocal positional
+        nonlocal found
         if match["positional"]:
-            positional = True
+            if not positional:
+                raise ValueError(f"{source}: positional {match[0]}: name the parameter (:name)")
+            found = True
             return match[0]
         name = match["name"]
         if name is None:
@@ -95,13 +96,14 @@ def bind_names(statement: str, source: str = "<string>") -> tuple[str, tuple[str
         return f"${number}"
 
     rewritten = _TOKEN.sub(replace, statement)
-    if positional and names:
+    if found and names:
         raise ValueError(f"{source}: both :names and positional $n in one statement")
-    return rewritten, (None if positional else tuple(names))
+    return rewritten, tuple(names)
 
 
-def parse(text: str, source: str = "<string>") -> dict[str, Query]:
-    """Splits a file of named queries into ``Query`` objects by name."""
+def parse(text: str, source: str = "<string>", *, positional: bool = True) -> dict[str, Query]:
+    """Splits a file of named queries into ``Query`` objects by name (the
+    package's own, ``load_all``, without ``positional``: see ``bind_names``)."""
     queries: dict[str, Query] = {}
     name: str | None = None
     card: Cardinality = "exec"
@@ -113,7 +115,7 @@ def parse(text: str, source: str = "<string>") -> dict[str, Query]:
         body = "\n".join(line for line in lines if not line.lstrip().startswith("--")).strip()
         if not body:
             raise ValueError(f"{source}: query {name} has no statement")
-        statement, names = bind_names(body, f"{source}: query {name}")
+        statement, names = bind_names(body, f"{source}: query {name}", positional=positional)
         queries[name] = Query(name, card, statement, names)
 
     for line in text.splitlines():
@@ -140,10 +142,7 @@ def load_all() -> dict[str, Query]:
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if not entry.name.endswith(".sql"):
             continue
-        parsed = parse(entry.read_text(encoding="utf-8"), entry.name)
-        styles = {q.names is None for q in parsed.values() if q.names != ()}
-        if len(styles) > 1:
-            raise ValueError(f"{entry.name}: both :names and positional $n in one file")
+        parsed = parse(entry.read_text(encoding="utf-8"), entry.name, positional=False)
         for name, query in parsed.items():
             if name in queries:
                 raise ValueError(f"{entry.name}: query {name} already defined elsewhere")
@@ -155,8 +154,9 @@ QUERIES = load_all()
 
 
 def sql(name: str) -> str:
-    """The statement of a named query (with ``$n``; for ``sql/todos.sql``'s
-    positional queries and statements run outside the runners)."""
+    """The statement of a named query, with ``$n`` in the order of its
+    ``names``: for code that issues the server's statements outside the
+    runners (the benchmark's DB ceiling, some tests)."""
     return QUERIES[name].sql
 
 
@@ -164,8 +164,6 @@ def arguments(query: Query, params: Mapping[str, Any]) -> list[Any]:
     """``params`` in the order of the query's ``$n``; ``TypeError`` when a name
     is missing or is not the query's."""
     names = query.names
-    if names is None:
-        raise TypeError(f"query {query.name} takes positional arguments (see db/queries.py)")
     if len(params) != len(names) or not all(n in params for n in names):
         raise TypeError(f"query {query.name} takes {sorted(names)}, given {sorted(params)}")
     return [params[n] for n in names]

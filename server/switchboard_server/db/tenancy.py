@@ -104,11 +104,10 @@ async def list_endpoints(conn: Conn, owner_id: uuid.UUID) -> list[Endpoint]:
     return [Endpoint(**dict(r)) for r in await fetch_many(conn, "endpoint_list", owner_id=owner_id)]
 
 
-async def get_endpoint(conn: Conn, endpoint_id: uuid.UUID, owner_id: uuid.UUID) -> Endpoint | None:
-    """One endpoint of the owner, or ``None``.
-
-    (Not keyword-only yet: ``dispatch.py`` calls it positionally; it becomes
-    keyword-only with the ``db/todos.py`` step, see ``db/queries.py``.)"""
+async def get_endpoint(
+    conn: Conn, *, endpoint_id: uuid.UUID, owner_id: uuid.UUID
+) -> Endpoint | None:
+    """One endpoint of the owner, or ``None``."""
     rec = await fetch_one(conn, "endpoint_get", endpoint_id=endpoint_id, owner_id=owner_id)
     return Endpoint(**dict(rec)) if rec is not None else None
 

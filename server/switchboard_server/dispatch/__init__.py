@@ -34,12 +34,8 @@ from switchboard_server.dispatch.ingest import (
     DEFAULT_IDEMPOTENCY_RETENTION,
     DEFAULT_PRIORITY,
     MAX_PRIORITY,
-    Ingested,
-    IngestedTodos,
     IngestRequest,
     Ingests,
-    NewTodo,
-    NewTodos,
 )
 from switchboard_server.dispatch.leases import (
     Claimed,
@@ -50,12 +46,18 @@ from switchboard_server.dispatch.leases import (
 )
 from switchboard_server.dispatch.reads import (
     Reads,
-    TodoAuditEntry,
     TodoFilter,
     TodoView,
 )
 from switchboard_server.metrics import Metrics
-from switchboard_server.model import Principal
+from switchboard_server.model import (
+    Ingested,
+    IngestedTodos,
+    NewTodo,
+    NewTodos,
+    Principal,
+    TodoAuditEntry,
+)
 
 __all__ = [
     "DEFAULT_IDEMPOTENCY_RETENTION",

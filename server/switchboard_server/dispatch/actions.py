@@ -24,12 +24,13 @@ from typing import Any, TypeVar
 from switchboard_server import errors
 from switchboard_server.access import Scope, actor_of, endpoint_scope, require_tenant
 from switchboard_server.db import Database
-from switchboard_server.db import todos as todo_queries
+from switchboard_server.db import claims as claim_queries
+from switchboard_server.db import todo_actions as action_queries
 from switchboard_server.db.database import Conn, rerun_on_conflict
 from switchboard_server.dispatch.common import DispatchSettings, require_endpoint
 from switchboard_server.dispatch.reads import TodoView, views
 from switchboard_server.metrics import Metrics
-from switchboard_server.model import Grant, Principal, Todo, TodoState
+from switchboard_server.model import Acted, Grant, Principal, Todo, TodoState
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ BULK_SCAN = 10_000
 BULK_BUDGET = timedelta(seconds=5)
 
 #: What a bulk cancel or requeue did with one named todo.
-BulkItem = todo_queries.Acted
+BulkItem = Acted
 
 
 @dataclass(frozen=True)
@@ -66,13 +67,13 @@ _Statement = Callable[[Conn, Sequence[int], Scope, Redo], Awaitable[list[_Row]]]
 
 
 async def _cancel(conn: Conn, ids: Sequence[int], scope: Scope, _redo: Redo) -> list[BulkItem]:
-    return await todo_queries.cancel(
+    return await action_queries.cancel(
         conn, ids=ids, owner_id=scope.owner_id, endpoint_id=scope.endpoint_id
     )
 
 
 async def _requeue(conn: Conn, ids: Sequence[int], scope: Scope, redo: Redo) -> list[BulkItem]:
-    return await todo_queries.requeue(
+    return await action_queries.requeue(
         conn,
         ids=ids,
         owner_id=scope.owner_id,
@@ -84,16 +85,16 @@ async def _requeue(conn: Conn, ids: Sequence[int], scope: Scope, redo: Redo) -> 
 
 async def _cancel_tally(
     conn: Conn, ids: Sequence[int], scope: Scope, _redo: Redo
-) -> list[todo_queries.Tally]:
-    return await todo_queries.cancel_tally(
+) -> list[action_queries.Tally]:
+    return await action_queries.cancel_tally(
         conn, ids=ids, owner_id=scope.owner_id, endpoint_id=scope.endpoint_id
     )
 
 
 async def _requeue_tally(
     conn: Conn, ids: Sequence[int], scope: Scope, redo: Redo
-) -> list[todo_queries.Tally]:
-    return await todo_queries.requeue_tally(
+) -> list[action_queries.Tally]:
+    return await action_queries.requeue_tally(
         conn,
         ids=ids,
         owner_id=scope.owner_id,
@@ -115,7 +116,7 @@ class _Rule:
     allowed: tuple[TodoState, ...]
     done: str
     acts: _Statement[BulkItem]
-    tallies: _Statement[todo_queries.Tally]
+    tallies: _Statement[action_queries.Tally]
     counts: Callable[[Metrics, Iterable[tuple[str, TodoState]]], None]
     done_hint: str = ""
 
@@ -287,12 +288,12 @@ class OperatorActions:
     async def _by_endpoint(self, scope: Scope, ids: Sequence[int]) -> dict[uuid.UUID, list[int]]:
         """``ids`` by endpoint: all the caller's own endpoint's, or for a caller
         scoped to an owner (a human) each todo's, read first
-        (``todo_queries.endpoints_of``), in endpoint order; ids that are not
+        (``claim_queries.endpoints_of``), in endpoint order; ids that are not
         the owner's todos are left out."""
         if scope.endpoint_id is not None:
             return {scope.endpoint_id: list(ids)}
         async with self._db.connection() as conn:
-            found = await todo_queries.endpoints_of(conn, ids=ids, owner_id=scope.owner_id)
+            found = await claim_queries.endpoints_of(conn, ids=ids, owner_id=scope.owner_id)
         grouped: dict[uuid.UUID, list[int]] = {}
         for todo_id in ids:
             if todo_id in found:
@@ -393,9 +394,9 @@ class OperatorActions:
         entry_id: int | None = None
         while cursor is not None:
             chunk_started = loop.time()
-            tallies: list[todo_queries.Tally] = []
+            tallies: list[action_queries.Tally] = []
             async with self._db.transaction() as conn:
-                chunk = await todo_queries.bulk_chunk(
+                chunk = await action_queries.bulk_chunk(
                     conn,
                     owner_id=scope.owner_id,
                     endpoint_id=endpoint_id,
@@ -422,7 +423,7 @@ class OperatorActions:
                             conn, principal, endpoint_id, action, which, after
                         )
                     if applied:
-                        await todo_queries.add_to_audit(conn, entry_id=entry_id, count=applied)
+                        await action_queries.add_to_audit(conn, entry_id=entry_id, count=applied)
                     count += applied
             chunks += 1
             if tallies:
@@ -480,7 +481,7 @@ async def _audit(
     vended its credential), which endpoint, which todo or how many, the filter."""
     actor = actor_of(principal)
     assert principal.owner_id is not None
-    await todo_queries.insert_audit(
+    await action_queries.insert_audit(
         conn,
         owner_id=principal.owner_id,
         endpoint_id=endpoint_id,
@@ -508,7 +509,7 @@ async def _open_audit(
     filter_ = which.as_json(endpoint_id)
     if after:
         filter_["resumed_after_id"] = str(after)
-    return await todo_queries.open_audit(
+    return await action_queries.open_audit(
         conn,
         owner_id=principal.owner_id,
         endpoint_id=endpoint_id,

@@ -52,5 +52,10 @@ async def require_endpoint(
     if principal.endpoint_id is not None:
         return  # an endpoint credential's own endpoint exists
     assert scope.endpoint_id is not None
-    if await tenancy_queries.get_endpoint(conn, scope.endpoint_id, scope.owner_id) is None:
+    if (
+        await tenancy_queries.get_endpoint(
+            conn, endpoint_id=scope.endpoint_id, owner_id=scope.owner_id
+        )
+        is None
+    ):
         raise errors.NotFound("endpoint not found", field=field)

@@ -16,9 +16,9 @@ from switchboard_server import errors
 from switchboard_server.access import endpoint_scope
 from switchboard_server.combining import Again, Combiner
 from switchboard_server.db import Database
-from switchboard_server.db import todos as todo_queries
+from switchboard_server.db import todo_ingest as ingest_queries
 from switchboard_server.dispatch.common import Caller, DispatchSettings
-from switchboard_server.model import Grant, Principal
+from switchboard_server.model import Grant, Ingested, IngestedTodos, NewTodo, NewTodos, Principal
 
 #: How long after its todo finished an idempotency key still deduplicates,
 #: unless the ingest says otherwise.
@@ -30,14 +30,6 @@ DEFAULT_IDEMPOTENCY_RETENTION = timedelta(hours=24)
 DEFAULT_PRIORITY = 0
 MAX_PRIORITY = 9
 
-#: One todo to ingest, and what ingest did with it: the todo created, or the
-#: existing one a key matched.
-NewTodo = todo_queries.NewTodo
-Ingested = todo_queries.Ingested
-#: Todos to ingest as columns, and what ingest did with each.
-NewTodos = todo_queries.NewTodos
-IngestedTodos = todo_queries.IngestedTodos
-
 
 class IngestRequest(NamedTuple):
     """A validated ingest: the endpoint it names (``None``: the caller's) and the
@@ -46,9 +38,9 @@ class IngestRequest(NamedTuple):
     otherwise)."""
 
     endpoint_id: uuid.UUID | None
-    todo: todo_queries.NewTodo
+    todo: NewTodo
 
-    def new_todo(self, traceparent: str | None) -> todo_queries.NewTodo:
+    def new_todo(self, traceparent: str | None) -> NewTodo:
         """The todo to insert, with the producer's trace context."""
         if traceparent is None:
             return self.todo
@@ -61,7 +53,7 @@ class Ingests:
     def __init__(self, db: Database, settings: DispatchSettings) -> None:
         self._db = db
         self._settings = settings
-        self._combined: Combiner[Caller, todo_queries.NewTodo, Ingested] = Combiner(
+        self._combined: Combiner[Caller, NewTodo, Ingested] = Combiner(
             self._ingest_each, max_batch=settings.combine_max
         )
 
@@ -98,22 +90,18 @@ class Ingests:
         assert scope.endpoint_id is not None
         try:
             async with self._db.statement() as conn:
-                return await todo_queries.ingest_todos(
+                return await ingest_queries.ingest_todos(
                     conn, owner_id=scope.owner_id, endpoint_id=scope.endpoint_id, todos=todos
                 )
         except errors.NotFound as exc:
             raise errors.NotFound(exc.message, field=endpoint_field) from None
 
-    async def _ingest(
-        self, caller: Caller, items: Sequence[todo_queries.NewTodo]
-    ) -> list[Ingested]:
+    async def _ingest(self, caller: Caller, items: Sequence[NewTodo]) -> list[Ingested]:
         assert caller.endpoint_id is not None
         async with self._db.statement() as conn:
-            return await todo_queries.ingest_many(
+            return await ingest_queries.ingest_many(
                 conn, owner_id=caller.owner_id, endpoint_id=caller.endpoint_id, items=items
             )
 
-    async def _ingest_each(
-        self, caller: Caller, items: list[todo_queries.NewTodo]
-    ) -> list[Ingested | Again]:
+    async def _ingest_each(self, caller: Caller, items: list[NewTodo]) -> list[Ingested | Again]:
         return list(await self._ingest(caller, items))

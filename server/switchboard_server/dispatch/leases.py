@@ -15,17 +15,18 @@ import asyncio
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from switchboard_server import errors
 from switchboard_server.access import endpoint_scope, require_tenant
-from switchboard_server.admission import Deferral, Headroom, deferral_from_json, headroom_from_json
+from switchboard_server.admission import Deferral, Headroom, deferral_of, headroom_of
 from switchboard_server.combining import AGAIN, Again, Combiner
 from switchboard_server.db import Database
-from switchboard_server.db import todos as todo_queries
+from switchboard_server.db import claims as claim_queries
+from switchboard_server.db.admission_report import AdmissionReport
 from switchboard_server.db.database import Conn
 from switchboard_server.dispatch.common import Caller, DispatchSettings
 from switchboard_server.metrics import Metrics
@@ -46,7 +47,7 @@ from switchboard_server.model import (
 log = logging.getLogger(__name__)
 
 #: What a heartbeat did with one lease: the outcome, and the new expiry when applied.
-Extension = todo_queries.Extension
+Extension = claim_queries.Extension
 
 
 @dataclass(frozen=True)
@@ -119,12 +120,12 @@ class _SettleShape(Generic[_Answer]):
 
 #: The whole todo after each settlement: what Complete, Fail and Release answer.
 _WHOLE: _SettleShape[Settled] = _SettleShape(
-    todo_queries.settle,
+    claim_queries.settle,
     lambda r: (r.todo.queue, r.todo.state) if r.todo else (None, None),
 )
 #: Each todo's state after it: what a batch (SettleTodos) answers.
 _STATES: _SettleShape[SettledState] = _SettleShape(
-    todo_queries.settle_states, lambda r: (r.queue, r.state)
+    claim_queries.settle_states, lambda r: (r.queue, r.state)
 )
 
 
@@ -157,7 +158,7 @@ class Leases:
         scope = require_tenant(principal, Grant.CLAIM)
         with self._metrics.claim_transaction("claim") as observed:
             async with self._db.statement() as conn:
-                result = await todo_queries.claim(
+                result = await claim_queries.claim(
                     conn,
                     todo_id=todo_id,
                     owner_id=scope.owner_id,
@@ -230,7 +231,7 @@ class Leases:
         ``claimants[i]`` (all for a single claimant)."""
         with self._metrics.claim_transaction("claim_next") as observed:
             async with self._db.statement() as conn:
-                result = await todo_queries.claim_next(
+                result = await claim_queries.claim_next(
                     conn,
                     owner_id=key.owner_id,
                     endpoint_id=key.endpoint_id,
@@ -287,10 +288,9 @@ class Leases:
         except Exception:
             log.warning("an orphaned claim was not released: its lease will lapse", exc_info=True)
 
-    def _deferrals(self, admission: Mapping[str, Any], endpoint_id: uuid.UUID) -> list[Deferral]:
+    def _deferrals(self, admission: AdmissionReport, endpoint_id: uuid.UUID) -> list[Deferral]:
         return [
-            deferral_from_json(d, endpoint_id, self._settings.reaper_interval)
-            for d in admission.get("deferred", [])
+            deferral_of(d, endpoint_id, self._settings.reaper_interval) for d in admission.deferred
         ]
 
     async def heartbeat(
@@ -317,7 +317,7 @@ class Leases:
     ) -> list[Extension]:
         """Extends each live lease of (todo, lease) pairs, in one transaction:
         per item, the outcome and the new expiry. Todo ids must be distinct.
-        (A human's, of several endpoints: see ``todo_queries.endpoints_of``.)"""
+        (A human's, of several endpoints: see ``claim_queries.endpoints_of``.)"""
         scope = require_tenant(principal, Grant.CLAIM)
         key = _ExtendFor(scope.owner_id, scope.endpoint_id, lease or self._settings.default_lease)
         return await self._extend(key, leases)
@@ -326,7 +326,7 @@ class Leases:
         self, key: _ExtendFor, leases: Sequence[tuple[int, uuid.UUID]]
     ) -> list[Extension]:
         async with self._db.statement() as conn:
-            return await todo_queries.heartbeat_many(
+            return await claim_queries.heartbeat_many(
                 conn,
                 leases=leases,
                 owner_id=key.owner_id,
@@ -452,12 +452,12 @@ def _nth_claim(claimed: Claimed, later: int) -> Claimed:
     )
 
 
-def _claims(todos: Sequence[Todo], admission: Mapping[str, Any]) -> list[Claimed]:
+def _claims(todos: Sequence[Todo], admission: AdmissionReport) -> list[Claimed]:
     """Todos one claim transaction claimed (all of one queue), each with the
     transaction's headroom, read once."""
-    data = admission.get("headroom")
+    reported = admission.headroom
     first = todos[0]
-    headroom = headroom_from_json(data, first.endpoint_id, first.queue) if data else None
+    headroom = headroom_of(reported, first.endpoint_id, first.queue) if reported else None
     return [Claimed(todo, _lease_of(todo), headroom) for todo in todos]
 
 

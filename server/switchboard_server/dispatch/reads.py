@@ -19,7 +19,7 @@ from switchboard_server.access import Scope, endpoint_scope, require_tenant
 from switchboard_server.admission import AdmissionStatus, admission_status
 from switchboard_server.db import Database
 from switchboard_server.db import admission as admission_queries
-from switchboard_server.db import todos as todo_queries
+from switchboard_server.db import todo_reads as read_queries
 from switchboard_server.db.database import Conn
 from switchboard_server.dispatch.common import DispatchSettings, require_endpoint
 from switchboard_server.model import (
@@ -28,6 +28,7 @@ from switchboard_server.model import (
     Principal,
     PrincipalKind,
     Todo,
+    TodoAuditEntry,
     TodoResult,
     TodoState,
 )
@@ -62,9 +63,6 @@ class TodoFilter:
 #: examines (newest first, by the listing index): a page costs a bounded scan.
 ERROR_SCAN = 10_000
 
-#: The audit record of a cancel or requeue.
-TodoAuditEntry = todo_queries.TodoAuditRow
-
 
 async def views(conn: Conn, todos: Sequence[Todo], reaper_interval: timedelta) -> list[TodoView]:
     """Todos with the derived admission status of the pending ones in budgeted
@@ -96,7 +94,7 @@ class Reads:
         """One todo with its admission status, result and attempts."""
         scope = require_tenant(principal, Grant.READ)
         async with self._db.transaction(within=conn) as conn:
-            todo = await todo_queries.get(
+            todo = await read_queries.get(
                 conn, todo_id=todo_id, owner_id=scope.owner_id, endpoint_id=scope.endpoint_id
             )
             if todo is None:
@@ -115,7 +113,7 @@ class Reads:
         scope = endpoint_scope(principal, Grant.READ, endpoint_id)
         assert scope.endpoint_id is not None
         async with self._db.transaction(within=conn) as conn:
-            todo = await todo_queries.get_by_dedup(
+            todo = await read_queries.get_by_dedup(
                 conn,
                 endpoint_id=scope.endpoint_id,
                 owner_id=scope.owner_id,
@@ -134,7 +132,7 @@ class Reads:
         scope = endpoint_scope(principal, Grant.READ, endpoint_id)
         assert scope.endpoint_id is not None
         async with self._db.transaction() as conn:
-            todo = await todo_queries.get_by_key(
+            todo = await read_queries.get_by_key(
                 conn, endpoint_id=scope.endpoint_id, owner_id=scope.owner_id, queue=queue, key=key
             )
             if todo is None:
@@ -142,9 +140,9 @@ class Reads:
             return await self._full_view(conn, todo)
 
     async def _full_view(self, conn: Conn, todo: Todo) -> tuple[TodoView, list[Attempt]]:
-        attempts = await todo_queries.attempts(conn, todo_id=todo.id)
+        attempts = await read_queries.attempts(conn, todo_id=todo.id)
         result = (
-            await todo_queries.result(conn, todo_id=todo.id)
+            await read_queries.result(conn, todo_id=todo.id)
             if todo.state is TodoState.DONE
             else None
         )
@@ -174,7 +172,7 @@ class Reads:
         async with self._db.transaction(within=conn) as conn:
             await require_endpoint(conn, principal, scope)
             if which.dedup is not None:
-                rows = await todo_queries.list_by_dedup(
+                rows = await read_queries.list_by_dedup(
                     conn,
                     endpoint_id=scope.endpoint_id,
                     owner_id=scope.owner_id,
@@ -185,7 +183,7 @@ class Reads:
                 if before is not None:
                     rows = [t for t in rows if t.id < before]
             elif which.idempotency_key is not None:
-                rows = await todo_queries.list_by_key(
+                rows = await read_queries.list_by_key(
                     conn,
                     endpoint_id=scope.endpoint_id,
                     owner_id=scope.owner_id,
@@ -198,7 +196,7 @@ class Reads:
                     rows = rows[:page_size]
                     after = rows[-1].id
             elif which.error_contains is not None:
-                page = await todo_queries.list_by_error(
+                page = await read_queries.list_by_error(
                     conn,
                     endpoint_id=scope.endpoint_id,
                     owner_id=scope.owner_id,
@@ -215,7 +213,7 @@ class Reads:
                 elif page.examined == ERROR_SCAN:
                     after = page.examined_to
             else:
-                rows = await todo_queries.list_page(
+                rows = await read_queries.list_page(
                     conn,
                     endpoint_id=scope.endpoint_id,
                     owner_id=scope.owner_id,
@@ -249,7 +247,7 @@ class Reads:
         async with self._db.transaction(within=conn) as conn:
             if scope.endpoint_id is not None:
                 await require_endpoint(conn, principal, scope)
-            return await todo_queries.list_audit(
+            return await read_queries.list_audit(
                 conn,
                 owner_id=scope.owner_id,
                 endpoint_id=scope.endpoint_id,

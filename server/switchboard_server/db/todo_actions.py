@@ -1,0 +1,214 @@
+"""The operator's cancels and requeues, one by one or in bulk chunks, and
+their audit entries (sql/todo_actions.sql)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from switchboard_server.db.database import Conn
+from switchboard_server.db.queries import execute, fetch_many, fetch_one, fetch_value
+from switchboard_server.db.todos import todo_from_record
+from switchboard_server.model import Acted, TodoState
+
+
+def _acted(rows: Sequence[Mapping[str, Any]]) -> list[Acted]:
+    return [
+        Acted(
+            str(r["outcome"]),
+            todo_from_record(r["todo"]) if r["todo"] is not None else None,
+            TodoState(r["was"]) if r.get("was") is not None else None,
+        )
+        for r in rows
+    ]
+
+
+async def cancel(
+    conn: Conn, *, ids: Sequence[int], owner_id: uuid.UUID, endpoint_id: uuid.UUID | None
+) -> list[Acted]:
+    """Cancels pending and claimed todos, each on its own (see ``sb_cancel``):
+    per item, in order. Ids must be distinct."""
+    rows = await fetch_many(
+        conn, "todo_cancel", owner_id=owner_id, endpoint_id=endpoint_id, todo_ids=list(ids)
+    )
+    return _acted(rows)
+
+
+async def requeue(
+    conn: Conn,
+    *,
+    ids: Sequence[int],
+    owner_id: uuid.UUID,
+    endpoint_id: uuid.UUID | None,
+    delay: timedelta,
+    max_attempts: int | None,
+) -> list[Acted]:
+    """Sends dead and cancelled todos back to pending, each on its own (see
+    ``sb_requeue``): per item, in order. Ids must be distinct."""
+    rows = await fetch_many(
+        conn,
+        "todo_requeue",
+        owner_id=owner_id,
+        endpoint_id=endpoint_id,
+        todo_ids=list(ids),
+        delay=delay,
+        max_attempts=max_attempts,
+    )
+    return _acted(rows)
+
+
+@dataclass(frozen=True)
+class Tally:
+    """What a bulk chunk's cancel or requeue changed in one queue, from one state."""
+
+    queue: str
+    was: TodoState
+    count: int
+
+
+def _tallies(rows: Sequence[Mapping[str, Any]]) -> list[Tally]:
+    return [Tally(str(r["queue"]), TodoState(r["was"]), int(r["n"])) for r in rows]
+
+
+async def cancel_tally(
+    conn: Conn, *, ids: Sequence[int], owner_id: uuid.UUID, endpoint_id: uuid.UUID | None
+) -> list[Tally]:
+    """``cancel``, answered with counts instead of the todos (a bulk chunk's)."""
+    rows = await fetch_many(
+        conn, "todo_cancel_tally", owner_id=owner_id, endpoint_id=endpoint_id, todo_ids=list(ids)
+    )
+    return _tallies(rows)
+
+
+async def requeue_tally(
+    conn: Conn,
+    *,
+    ids: Sequence[int],
+    owner_id: uuid.UUID,
+    endpoint_id: uuid.UUID | None,
+    delay: timedelta,
+    max_attempts: int | None,
+) -> list[Tally]:
+    """``requeue``, answered with counts instead of the todos (a bulk chunk's)."""
+    rows = await fetch_many(
+        conn,
+        "todo_requeue_tally",
+        owner_id=owner_id,
+        endpoint_id=endpoint_id,
+        todo_ids=list(ids),
+        delay=delay,
+        max_attempts=max_attempts,
+    )
+    return _tallies(rows)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One chunk of a bulk action by filter (see ``sb_bulk_chunk``): the ids
+    taken and locked, how many passed the filter, how many of those a
+    concurrent transaction held, and the id the next chunk goes on after
+    (``None``: the filter is done)."""
+
+    ids: list[int]
+    matched: int
+    skipped: int
+    next_after_id: int | None
+
+
+async def bulk_chunk(
+    conn: Conn,
+    *,
+    owner_id: uuid.UUID,
+    endpoint_id: uuid.UUID,
+    queues: Sequence[str] | None,
+    states: Sequence[TodoState],
+    created_before: datetime | None,
+    created_after: datetime | None,
+    error_contains: str | None,
+    after_id: int,
+    scan: int,
+    limit: int,
+    lock: bool,
+) -> Chunk:
+    """Takes the next chunk of an endpoint's todos that pass a filter (locked
+    with SKIP LOCKED unless ``lock`` is false)."""
+    rec = await fetch_one(
+        conn,
+        "todo_bulk_chunk",
+        owner_id=owner_id,
+        endpoint_id=endpoint_id,
+        queues=list(queues) if queues else None,
+        states=[s.value for s in states],
+        created_before=created_before,
+        created_after=created_after,
+        error_contains=error_contains,
+        after_id=after_id,
+        scan=scan,
+        limit=limit,
+        lock=lock,
+    )
+    assert rec is not None
+    return Chunk(list(rec["ids"]), rec["matched"], rec["skipped"], rec["next_after_id"])
+
+
+async def open_audit(
+    conn: Conn,
+    *,
+    owner_id: uuid.UUID,
+    endpoint_id: uuid.UUID,
+    action: str,
+    filter_json: str,
+    actor_credential_id: uuid.UUID | None,
+    actor_human_id: uuid.UUID | None,
+    actor_endpoint_id: uuid.UUID | None,
+) -> int:
+    """Records a bulk call by filter with a count of 0; returns the entry's id."""
+    entry_id = await fetch_value(
+        conn,
+        "todo_audit_open",
+        owner_id=owner_id,
+        endpoint_id=endpoint_id,
+        action=action,
+        filter_json=filter_json,
+        actor_credential_id=actor_credential_id,
+        actor_human_id=actor_human_id,
+        actor_endpoint_id=actor_endpoint_id,
+    )
+    return int(entry_id)
+
+
+async def add_to_audit(conn: Conn, *, entry_id: int, count: int) -> None:
+    """Adds a chunk's changes to a bulk call's audit entry."""
+    await execute(conn, "todo_audit_add", entry_id=entry_id, count=count)
+
+
+async def insert_audit(
+    conn: Conn,
+    *,
+    owner_id: uuid.UUID,
+    endpoint_id: uuid.UUID,
+    action: str,
+    todo_id: int | None,
+    count: int,
+    filter_json: str | None,
+    actor_credential_id: uuid.UUID | None,
+    actor_human_id: uuid.UUID | None,
+    actor_endpoint_id: uuid.UUID | None,
+) -> None:
+    """Records a cancel or requeue."""
+    await execute(
+        conn,
+        "todo_audit_insert",
+        owner_id=owner_id,
+        endpoint_id=endpoint_id,
+        action=action,
+        todo_id=todo_id,
+        count=count,
+        filter_json=filter_json,
+        actor_credential_id=actor_credential_id,
+        actor_human_id=actor_human_id,
+        actor_endpoint_id=actor_endpoint_id,
+    )

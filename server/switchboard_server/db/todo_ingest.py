@@ -1,0 +1,110 @@
+"""New todos: ``sb_ingest_todos`` (sql/todo_ingest.sql)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+
+from switchboard_server import errors
+from switchboard_server.db.database import Conn
+from switchboard_server.db.queries import fetch_many
+from switchboard_server.db.todos import not_found, todo_from_record
+from switchboard_server.model import Ingested, IngestedTodos, NewTodo, NewTodos
+
+
+async def ingest_todos(
+    conn: Conn, *, owner_id: uuid.UUID, endpoint_id: uuid.UUID, todos: NewTodos
+) -> IngestedTodos:
+    """Creates todos of one endpoint (see ``sb_ingest_todos``): per todo, in
+    order, what became of it."""
+    n = len(todos)
+    shared: tuple[list[Any], ...] = (todos.content_types, todos.max_attempts, todos.delays)
+    try:
+        # Content types, attempts and delays that all todos share (the common
+        # case) are sent once each: an array costs asyncpg an isinstance check
+        # per element, and the database a decode per element.
+        if n > 1 and all(column.count(column[0]) == n for column in shared):
+            rows = await fetch_many(
+                conn,
+                "todo_ingest_uniform",
+                owner_id=owner_id,
+                endpoint_id=endpoint_id,
+                queues=todos.queues,
+                payloads=todos.payloads,
+                content_type=todos.content_types[0],
+                max_attempts=todos.max_attempts[0],
+                delay=todos.delays[0],
+                webhook_ids=todos.webhook_ids,
+                delivery_ids=todos.delivery_ids,
+                idempotency_keys=todos.idempotency_keys,
+                idempotency_retentions=todos.idempotency_retentions,
+                traceparents=todos.traceparents,
+                priorities=todos.priorities,
+            )
+        else:
+            rows = await fetch_many(
+                conn,
+                "todo_ingest",
+                owner_id=owner_id,
+                endpoint_id=endpoint_id,
+                queues=todos.queues,
+                payloads=todos.payloads,
+                content_types=todos.content_types,
+                max_attempts=todos.max_attempts,
+                delays=todos.delays,
+                webhook_ids=todos.webhook_ids,
+                delivery_ids=todos.delivery_ids,
+                idempotency_keys=todos.idempotency_keys,
+                idempotency_retentions=todos.idempotency_retentions,
+                traceparents=todos.traceparents,
+                priorities=todos.priorities,
+            )
+    except asyncpg.PostgresError as exc:
+        if not_found(exc):
+            raise errors.NotFound("endpoint not found") from exc
+        raise
+    if len(rows) != len(todos):
+        raise RuntimeError(f"sb_ingest_todos answered {len(rows)} rows for {len(todos)} todos")
+    if not rows:
+        return IngestedTodos(endpoint_id, todos, (), (), ())
+    # One pass in C over the rows, one tuple per column.
+    ids, created_at, next_retry_at, existing = zip(*rows, strict=True)
+    if existing.count(None) == len(existing):
+        return IngestedTodos(endpoint_id, todos, ids, created_at, next_retry_at)
+    # A key matched: the existing todo's id and instants.
+    matched = [None if row is None else todo_from_record(row) for row in existing]
+    return IngestedTodos(
+        endpoint_id,
+        todos,
+        [t.id if t is not None else i for t, i in zip(matched, ids, strict=True)],
+        [t.created_at if t is not None else c for t, c in zip(matched, created_at, strict=True)],
+        [
+            t.next_retry_at if t is not None else n
+            for t, n in zip(matched, next_retry_at, strict=True)
+        ],
+        matched,
+    )
+
+
+async def ingest_many(
+    conn: Conn,
+    *,
+    owner_id: uuid.UUID,
+    endpoint_id: uuid.UUID,
+    items: Sequence[NewTodo],
+) -> list[Ingested]:
+    """``ingest_todos`` of todos given one by one: per item, in order, what
+    became of it."""
+    done = await ingest_todos(
+        conn, owner_id=owner_id, endpoint_id=endpoint_id, todos=NewTodos.of(items)
+    )
+    existing = done.existing or [None] * len(items)
+    return [
+        Ingested(endpoint_id, item, todo_id, created_at, next_retry_at, todo)
+        for item, todo_id, created_at, next_retry_at, todo in zip(
+            items, done.ids, done.created_at, done.next_retry_at, existing, strict=True
+        )
+    ]

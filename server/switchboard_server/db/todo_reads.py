@@ -1,0 +1,231 @@
+"""Reads of todos: one todo, its attempts and result, pages of an endpoint's
+todos, and the audit of cancels and requeues (sql/todo_reads.sql)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from switchboard_server.db.database import Conn
+from switchboard_server.db.queries import fetch_many, fetch_one
+from switchboard_server.db.todos import todo_from_record
+from switchboard_server.model import (
+    Attempt,
+    AttemptOutcome,
+    Todo,
+    TodoAuditEntry,
+    TodoResult,
+    TodoState,
+)
+
+
+async def list_audit(
+    conn: Conn,
+    *,
+    owner_id: uuid.UUID,
+    endpoint_id: uuid.UUID | None,
+    before_id: int | None,
+    limit: int,
+) -> list[TodoAuditEntry]:
+    """An owner's cancels and requeues (one endpoint's, when given), newest first."""
+    rows = await fetch_many(
+        conn,
+        "todo_audit_list",
+        owner_id=owner_id,
+        endpoint_id=endpoint_id,
+        before_id=before_id,
+        limit=limit,
+    )
+    return [_audit_row(dict(r)) for r in rows]
+
+
+def _audit_row(values: dict[str, Any]) -> TodoAuditEntry:
+    """A call by ids keeps its ids in the filter column, as ``{"todo_ids": [...]}``."""
+    stored = values["filter"]
+    if stored is not None and '"todo_ids"' in stored:
+        ids = json.loads(stored).get("todo_ids")
+        if isinstance(ids, list):
+            values["filter"] = None
+            values["todo_ids"] = tuple(str(i) for i in ids)
+    return TodoAuditEntry(**values)
+
+
+async def result(conn: Conn, *, todo_id: int) -> TodoResult | None:
+    """The result a todo's completion carried, if any."""
+    rec = await fetch_one(conn, "todo_result", todo_id=todo_id)
+    return TodoResult(bytes(rec["data"]), rec["content_type"]) if rec is not None else None
+
+
+async def get_by_dedup(
+    conn: Conn,
+    *,
+    endpoint_id: uuid.UUID,
+    owner_id: uuid.UUID,
+    webhook_id: str,
+    delivery_id: str,
+) -> Todo | None:
+    """The todo an endpoint of the owner ingested with a dedup key, or ``None``."""
+    rec = await fetch_one(
+        conn,
+        "todo_get_by_dedup",
+        endpoint_id=endpoint_id,
+        owner_id=owner_id,
+        webhook_id=webhook_id,
+        delivery_id=delivery_id,
+    )
+    return todo_from_record(rec) if rec is not None else None
+
+
+async def get_by_key(
+    conn: Conn, *, endpoint_id: uuid.UUID, owner_id: uuid.UUID, queue: str, key: str
+) -> Todo | None:
+    """The todo that holds an idempotency key in an endpoint's queue, or ``None``."""
+    rec = await fetch_one(
+        conn, "todo_get_by_key", endpoint_id=endpoint_id, owner_id=owner_id, queue=queue, key=key
+    )
+    return todo_from_record(rec) if rec is not None else None
+
+
+async def get(
+    conn: Conn, *, todo_id: int, owner_id: uuid.UUID, endpoint_id: uuid.UUID | None
+) -> Todo | None:
+    """One todo in the caller's scope, or ``None``."""
+    rec = await fetch_one(
+        conn, "todo_get", todo_id=todo_id, owner_id=owner_id, endpoint_id=endpoint_id
+    )
+    return todo_from_record(rec) if rec is not None else None
+
+
+async def attempts(conn: Conn, *, todo_id: int) -> list[Attempt]:
+    """A todo's attempts, oldest first."""
+    rows = await fetch_many(conn, "todo_attempts", todo_id=todo_id)
+    return [
+        Attempt(
+            number=r["number"],
+            claimant=r["claimant"],
+            claimed_at=r["claimed_at"],
+            outcome=AttemptOutcome(r["outcome"]),
+            finished_at=r["finished_at"],
+            error=r["error"],
+        )
+        for r in rows
+    ]
+
+
+async def list_page(
+    conn: Conn,
+    *,
+    endpoint_id: uuid.UUID,
+    owner_id: uuid.UUID,
+    queues: Sequence[str] | None,
+    states: Sequence[TodoState] | None,
+    limit: int,
+    before_id: int | None,
+) -> list[Todo]:
+    """A page of an endpoint's todos, newest first, without payloads."""
+    rows = await fetch_many(
+        conn,
+        "todo_list",
+        endpoint_id=endpoint_id,
+        owner_id=owner_id,
+        queues=list(queues) if queues else None,
+        states=[s.value for s in states] if states else None,
+        limit=limit,
+        before_id=before_id,
+    )
+    return [todo_from_record(r) for r in rows]
+
+
+async def list_by_dedup(
+    conn: Conn,
+    *,
+    endpoint_id: uuid.UUID,
+    owner_id: uuid.UUID,
+    queues: Sequence[str] | None,
+    states: Sequence[TodoState] | None,
+    dedup: tuple[str, str],
+) -> list[Todo]:
+    """The endpoint's todo with a dedup key, if it passes the filters (without payload)."""
+    rows = await fetch_many(
+        conn,
+        "todo_list_dedup",
+        endpoint_id=endpoint_id,
+        owner_id=owner_id,
+        queues=list(queues) if queues else None,
+        states=[s.value for s in states] if states else None,
+        webhook_id=dedup[0],
+        delivery_id=dedup[1],
+    )
+    return [todo_from_record(r) for r in rows]
+
+
+async def list_by_key(
+    conn: Conn,
+    *,
+    endpoint_id: uuid.UUID,
+    owner_id: uuid.UUID,
+    queues: Sequence[str] | None,
+    states: Sequence[TodoState] | None,
+    key: str,
+) -> list[Todo]:
+    """The endpoint's todos that hold an idempotency key (one per queue at
+    most), if they pass the filters, newest first (without payloads)."""
+    rows = await fetch_many(
+        conn,
+        "todo_list_key",
+        endpoint_id=endpoint_id,
+        owner_id=owner_id,
+        queues=list(queues) if queues else None,
+        states=[s.value for s in states] if states else None,
+        key=key,
+    )
+    return [todo_from_record(r) for r in rows]
+
+
+@dataclass(frozen=True)
+class ErrorPage:
+    """Todos whose last error matched, and how far the bounded scan went: the
+    number of todos examined and the lowest id examined (``None``: none)."""
+
+    todos: list[Todo]
+    examined: int
+    examined_to: int | None
+
+
+async def list_by_error(
+    conn: Conn,
+    *,
+    endpoint_id: uuid.UUID,
+    owner_id: uuid.UUID,
+    queues: Sequence[str] | None,
+    states: Sequence[TodoState] | None,
+    contains: str,
+    limit: int,
+    before_id: int | None,
+    scan: int,
+) -> ErrorPage:
+    """Up to ``limit`` of an endpoint's todos below ``before_id`` whose last error
+    contains ``contains`` (ignoring case), newest first, among at most ``scan``
+    todos examined."""
+    rows = await fetch_many(
+        conn,
+        "todo_list_error",
+        endpoint_id=endpoint_id,
+        owner_id=owner_id,
+        queues=list(queues) if queues else None,
+        states=[s.value for s in states] if states else None,
+        limit=limit,
+        before_id=before_id,
+        contains=contains,
+        scan=scan,
+    )
+    first = rows[0]
+    todos = [
+        todo_from_record({k: v for k, v in r.items() if k not in ("examined", "examined_to")})
+        for r in rows
+        if r["id"] is not None
+    ]
+    return ErrorPage(todos, int(first["examined"]), first["examined_to"])
