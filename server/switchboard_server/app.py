@@ -33,7 +33,7 @@ from switchboard_dispatch.v1 import (
 )
 
 from switchboard_server import errors, sealing, tls, tracing
-from switchboard_server.admission import AdmissionControl, refresh_schedules
+from switchboard_server.admission import AdmissionControl
 from switchboard_server.auth import Authenticator
 from switchboard_server.config import Settings
 from switchboard_server.db import Database, distribute
@@ -54,6 +54,7 @@ from switchboard_server.hooks import deliver_once, open_client
 from switchboard_server.loops import LoopSignals, Supervisor, reap_once, retain_once
 from switchboard_server.metrics import Metrics
 from switchboard_server.overview import Overview
+from switchboard_server.policy_windows import refresh_schedules
 from switchboard_server.schedules import Schedules, fire_due
 from switchboard_server.servicers import reflection
 from switchboard_server.servicers.admin import AdminServicer

@@ -36,10 +36,10 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from switchboard_server import tracing
-from switchboard_server.admission import Deferral
 from switchboard_server.db import Database
 from switchboard_server.metrics_scrape import OTHER_QUEUE, PER_PROCESS, scrape_families
 from switchboard_server.model import AttemptOutcome, TodoState
+from switchboard_server.policies import Deferral
 
 #: What ``switchboard_todos_settled`` calls a settled todo, by its state after.
 _SETTLED_AS = {

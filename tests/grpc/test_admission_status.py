@@ -16,9 +16,9 @@ import grpc
 import pytest
 from google.protobuf import timestamp_pb2
 from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
-from switchboard_server.admission import refresh_schedules
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
+from switchboard_server.policy_windows import refresh_schedules
 
 from tests.support.admission import ingest, set_policy, window
 from tests.support.client import Client, Tenant

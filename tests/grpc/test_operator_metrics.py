@@ -16,12 +16,12 @@ import pytest
 from prometheus_client.metrics_core import Metric
 from switchboard_dispatch.v1 import admin_pb2
 from switchboard_server import app as server_app
-from switchboard_server.admission import DeferralReason
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
 from switchboard_server.loops import LoopSignals
 from switchboard_server.metrics_scrape import POLICY_STATUSES
 from switchboard_server.model import AttemptOutcome
+from switchboard_server.policies import DeferralReason
 
 from tests.grpc.test_hooks import passes
 from tests.grpc.test_metrics import (

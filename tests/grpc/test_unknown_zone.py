@@ -102,7 +102,7 @@ async def test_a_zone_known_again_is_admitted_again_with_its_count_kept_and_told
     # The bundled zone database stops knowing the zone (as after a tzdata update).
     known = windows._zone_keys()
     monkeypatch.setattr(windows, "_zone_keys", lambda: known - {"Europe/Berlin"})
-    with caplog.at_level(logging.WARNING, logger="switchboard_server.admission"):
+    with caplog.at_level(logging.WARNING, logger="switchboard_server.policy_windows"):
         await next_full_pass(loop_signals)
         refused = await claim_next(client, tenant.agent, "A")
         assert [d.reason for d in refused.deferred] == [UNAVAILABLE]

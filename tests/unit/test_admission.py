@@ -1,4 +1,5 @@
-"""Pure tests of switchboard_server.admission: schedules, windows, hints, limits, JSON forms."""
+"""Pure tests of switchboard_server.policies and policy_windows: schedules, windows,
+hints, limits, JSON forms."""
 
 from __future__ import annotations
 
@@ -11,25 +12,27 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from switchboard_server import errors
-from switchboard_server.admission import (
+from switchboard_server.db.admission_report import AdmissionReport, admission_report
+from switchboard_server.policies import (
     MAX_CLAIMS_LIMIT,
     MAX_IN_FLIGHT_LIMIT,
-    REFRESH_INDEX,
-    SCHEDULE_LENGTH,
     Deferral,
     DeferralReason,
     Headroom,
     Limits,
     Policy,
-    current_window_start,
     deferral_of,
     headroom_of,
     next_eligible,
     policy_from_json,
     policy_json,
+)
+from switchboard_server.policy_windows import (
+    REFRESH_INDEX,
+    SCHEDULE_LENGTH,
+    current_window_start,
     schedule,
 )
-from switchboard_server.db.admission_report import AdmissionReport, admission_report
 from switchboard_server.windows import Period, UnknownZoneError, WindowSpec, window_at
 
 H = timedelta(hours=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, time, timedelta
 
-from switchboard_server.admission import Limits, Policy
+from switchboard_server.policies import Limits, Policy
 from switchboard_server.web.board_forms import (
     acted_notice,
     dedup_candidates,

@@ -22,7 +22,6 @@ from typing import Generic, Protocol, TypeVar
 
 from switchboard_server import errors
 from switchboard_server.access import endpoint_scope, require_tenant
-from switchboard_server.admission import Deferral, Headroom, deferral_of, headroom_of
 from switchboard_server.combining import AGAIN, Again, Combiner
 from switchboard_server.db import Database
 from switchboard_server.db import claims as claim_queries
@@ -43,6 +42,7 @@ from switchboard_server.model import (
     TodoResult,
     TodoState,
 )
+from switchboard_server.policies import Deferral, Headroom, deferral_of, headroom_of
 
 log = logging.getLogger(__name__)
 

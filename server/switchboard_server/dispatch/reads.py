@@ -16,7 +16,6 @@ from datetime import timedelta
 
 from switchboard_server import errors
 from switchboard_server.access import Scope, endpoint_scope, require_tenant
-from switchboard_server.admission import AdmissionStatus, admission_status
 from switchboard_server.db import Database
 from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import todo_reads as read_queries
@@ -32,6 +31,7 @@ from switchboard_server.model import (
     TodoResult,
     TodoState,
 )
+from switchboard_server.policies import AdmissionStatus, admission_status
 
 
 @dataclass(frozen=True)

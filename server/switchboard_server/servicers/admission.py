@@ -7,7 +7,8 @@ from typing import Any
 import grpc
 from switchboard_dispatch.v1 import admission_pb2, admission_pb2_grpc, queue_pb2
 
-from switchboard_server.admission import AdmissionControl, Limits
+from switchboard_server.admission import AdmissionControl
+from switchboard_server.policies import Limits
 from switchboard_server.servicers import convert
 from switchboard_server.servicers.interceptor import current_principal
 from switchboard_server.servicers.validate import (

@@ -10,14 +10,6 @@ from typing import Any
 from google.protobuf import timestamp_pb2
 from switchboard_dispatch.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
 
-from switchboard_server.admission import (
-    AdmissionStatus,
-    AuditEntry,
-    Deferral,
-    DeferralReason,
-    Headroom,
-    Policy,
-)
 from switchboard_server.dispatch import (
     Action,
     Ingested,
@@ -41,6 +33,14 @@ from switchboard_server.model import (
     Todo,
     TodoResult,
     TodoState,
+)
+from switchboard_server.policies import (
+    AdmissionStatus,
+    AuditEntry,
+    Deferral,
+    DeferralReason,
+    Headroom,
+    Policy,
 )
 
 TODO_STATE_TO_PROTO = {

@@ -25,10 +25,10 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from switchboard_server import errors
-from switchboard_server.admission import Deferral
 from switchboard_server.auth import Authenticator
 from switchboard_server.metrics import Metrics
 from switchboard_server.model import Principal
+from switchboard_server.policies import Deferral
 from switchboard_server.servicers import convert
 from switchboard_server.servicers.codes import grpc_code
 from switchboard_server.servicers.telemetry import RpcCall, observe_rpc

@@ -18,10 +18,10 @@ from aiohttp import web
 from multidict import MultiDictProxy
 
 from switchboard_server import errors
-from switchboard_server.admission import AuditEntry, Limits, Policy
 from switchboard_server.dispatch import Action, TodoAuditEntry
 from switchboard_server.model import TodoState
 from switchboard_server.overview import Names
+from switchboard_server.policies import AuditEntry, Limits, Policy
 from switchboard_server.windows import WindowSpec, WindowSpecError
 
 #: Payload bytes shown on a todo's page.

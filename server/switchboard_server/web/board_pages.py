@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from switchboard_server import errors
-from switchboard_server.admission import DeferralReason
 from switchboard_server.model import Principal, Todo, TodoState
+from switchboard_server.policies import DeferralReason
 from switchboard_server.web.board_forms import (
     EVERY,
     LABELS,

@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 import jinja2
 
-from switchboard_server.admission import Policy
+from switchboard_server.policies import Policy
 from switchboard_server.windows import UnknownZoneError, load_zone
 
 WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
