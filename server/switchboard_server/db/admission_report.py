@@ -1,6 +1,6 @@
 """A claim's admission report: the ``admission`` JSON that ``sb_claim`` and
-``sb_claim_next_for`` answer (``db/functions/claim.sql``, ``admission.sql``),
-decoded once, here, into typed values. ``admission.py`` turns them into the
+``sb_claim_next_for`` answer (``db/functions/fn_claim.sql``, ``fn_admission.sql``),
+decoded once, here, into typed values. ``policies.py`` turns them into the
 domain's ``Headroom`` and ``Deferral``.
 
 The JSON is ``{"headroom": ..., "deferred": [...]}``, each key optional: the
