@@ -30,26 +30,27 @@ def tenant_scope(
     endpoint_id: uuid.UUID | None,
     grant: Grant | None,
     *,
-    elsewhere: errors.NotFound,
+    elsewhere: str,
+    elsewhere_field: str | None = None,
     field: str | None,
     grant_use: str = "",
 ) -> Scope:
     """The one rule of who may act where: the scope of a call on tenant data.
 
     The operator acts on none (``PermissionDenied``). An endpoint credential
-    acts on its own endpoint only: naming another is ``elsewhere`` (a
-    ``NotFound``, whatever its grants: another owner's endpoint and an absent
-    one look alike); there it needs ``grant`` (none: reading; ``grant_use``
-    ends the refusal's message). A
-    human holds every grant of its owner; when ``field`` (the request's field
-    that names the endpoint) is given it must name one (the database checks
+    acts on its own endpoint only: naming another is a ``NotFound`` saying
+    ``elsewhere`` (naming ``elsewhere_field``), whatever its grants: another
+    owner's endpoint and an absent one look alike; there it needs ``grant``
+    (none: reading; ``grant_use`` ends the refusal's message). A human holds
+    every grant of its owner; when ``field`` (the request's field that names
+    the endpoint) is given it must name one (the database checks
     it is the owner's), else leaving it out means every endpoint of the owner.
     """
     if principal.kind is PrincipalKind.OPERATOR or principal.owner_id is None:
         raise errors.PermissionDenied("the operator credential does not act on tenant data")
     if principal.kind is PrincipalKind.ENDPOINT:
         if endpoint_id is not None and endpoint_id != principal.endpoint_id:
-            raise elsewhere
+            raise errors.NotFound(elsewhere, field=elsewhere_field)
         if grant is not None and grant not in principal.grants:
             raise errors.PermissionDenied(
                 f"this credential lacks the '{grant.value}' grant{grant_use}"
@@ -63,9 +64,7 @@ def tenant_scope(
 def require_tenant(principal: Principal, grant: Grant) -> Scope:
     """The caller's own scope (a human's: every endpoint of its owner), after
     checking it holds ``grant``."""
-    return tenant_scope(
-        principal, None, grant, elsewhere=errors.NotFound("endpoint not found"), field=None
-    )
+    return tenant_scope(principal, None, grant, elsewhere="endpoint not found", field=None)
 
 
 def endpoint_scope(
@@ -77,7 +76,8 @@ def endpoint_scope(
         principal,
         endpoint_id,
         grant,
-        elsewhere=errors.NotFound("endpoint not found", field=field),
+        elsewhere="endpoint not found",
+        elsewhere_field=field,
         field=field,
     )
 
@@ -95,7 +95,7 @@ def policy_scope(
         principal,
         endpoint_id,
         grant,
-        elsewhere=errors.NotFound("queue not found"),
+        elsewhere="queue not found",
         field=field,
         grant_use=", which lets an agent change its own budget",
     )
@@ -108,9 +108,7 @@ def schedule_scope(
 ) -> tuple[uuid.UUID, uuid.UUID | None]:
     """The owner and endpoint a schedule call acts in (``tenant_scope``): a human
     may leave the endpoint out (every endpoint of the owner)."""
-    scope = tenant_scope(
-        principal, endpoint_id, grant, elsewhere=errors.NotFound("schedule not found"), field=None
-    )
+    scope = tenant_scope(principal, endpoint_id, grant, elsewhere="schedule not found", field=None)
     return scope.owner_id, scope.endpoint_id
 
 
