@@ -19,10 +19,10 @@ import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import cast
+from typing import TypeVar, cast
 
 import grpc
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 from google.rpc import error_details_pb2, status_pb2
 from switchboard_dispatch import connect
 from switchboard_dispatch.v1 import (
@@ -44,6 +44,9 @@ _TLS_KEYS = ("cacert", "cert", "key")
 EXIT_OK, EXIT_SERVER, EXIT_USAGE, EXIT_AUTH, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
 
 _DETAILS_KEY = "grpc-status-details-bin"
+
+Req = TypeVar("Req", bound=Message)
+Resp = TypeVar("Resp", bound=Message)
 
 
 class UsageError(Exception):
@@ -111,28 +114,25 @@ def resolve(
     those names (without dashes).
     """
     file, path = read_config(env)
-    server, server_from = DEFAULT_SERVER, "default"
-    token: str | None = None
-    token_from: str | None = None
-    for value, origin in (
-        (file.get("server"), str(path)),
-        (env.get("SWITCHBOARD_SERVER"), "SWITCHBOARD_SERVER"),
-        (flag_server, "--server"),
-    ):
-        if value:
-            server, server_from = value, origin
-    for value, origin in (
-        (file.get("token"), str(path)),
-        (env.get("SWITCHBOARD_TOKEN"), "SWITCHBOARD_TOKEN"),
-        (flag_token, "--token"),
-    ):
-        if value:
-            token, token_from = value, origin
+    flags = {**(flag_tls or {}), "server": flag_server, "token": flag_token}
+
+    def setting(key: str) -> tuple[str, str] | None:
+        """The first of flag, environment and config file that gives ``key``, and where."""
+        variable = f"SWITCHBOARD_{key.upper()}"
+        for value, origin in (
+            (flags.get(key), f"--{key}"),
+            (env.get(variable), variable),
+            (file.get(key), str(path)),
+        ):
+            if value:
+                return value, origin
+        return None
+
+    server, server_from = setting("server") or (DEFAULT_SERVER, "default")
+    token, token_from = setting("token") or (None, None)
     tls: dict[str, str | None] = {}
     for key in _TLS_KEYS:
-        tls[key] = (
-            (flag_tls or {}).get(key) or env.get(f"SWITCHBOARD_{key.upper()}") or file.get(key)
-        )
+        tls[key], _ = setting(key) or (None, None)
     return Target(server, token, server_from, token_from, **tls)
 
 
@@ -161,6 +161,10 @@ class Connection:
         self.schedules: schedule_pb2_grpc.ScheduleServiceAsyncStub = (
             schedule_pb2_grpc.ScheduleServiceStub(self.channel)
         )
+
+    async def call(self, rpc: grpc.aio.UnaryUnaryMultiCallable[Req, Resp], request: Req) -> Resp:
+        """One unary call of one of the stubs, with the caller's token and the timeout."""
+        return await rpc(request, metadata=self.metadata, timeout=self.timeout)
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
