@@ -100,7 +100,23 @@ def admission_text(todo: todo_pb2.Todo) -> str:
     )
 
 
-_WEEKDAYS = ("", "mon", "tue", "wed", "thu", "fri", "sat", "sun")
+#: Window and recurrence periods by their flag and display names.
+PERIODS = {
+    "hour": admission_pb2.WINDOW_PERIOD_HOUR,
+    "day": admission_pb2.WINDOW_PERIOD_DAY,
+    "week": admission_pb2.WINDOW_PERIOD_WEEK,
+}
+#: Weekdays by their flag and display names.
+WEEKDAYS = {
+    "mon": admission_pb2.WEEKDAY_MONDAY,
+    "tue": admission_pb2.WEEKDAY_TUESDAY,
+    "wed": admission_pb2.WEEKDAY_WEDNESDAY,
+    "thu": admission_pb2.WEEKDAY_THURSDAY,
+    "fri": admission_pb2.WEEKDAY_FRIDAY,
+    "sat": admission_pb2.WEEKDAY_SATURDAY,
+    "sun": admission_pb2.WEEKDAY_SUNDAY,
+}
+WEEKDAY_NAMES = {value: name for name, value in WEEKDAYS.items()}
 
 
 def window_text(window: admission_pb2.Window) -> str:
@@ -108,7 +124,7 @@ def window_text(window: admission_pb2.Window) -> str:
     period = short(admission_pb2.WindowPeriod.Name(window.period), "WINDOW_PERIOD_")
     if window.period == admission_pb2.WINDOW_PERIOD_HOUR:
         return f"hour from :{window.start[-2:]} {window.time_zone}"
-    day = f"{_WEEKDAYS[window.weekday]} " if window.weekday else ""
+    day = f"{WEEKDAY_NAMES[window.weekday]} " if window.weekday else ""
     return f"{period} from {day}{window.start} {window.time_zone}"
 
 
