@@ -2,8 +2,11 @@
 
 - ``entry``: the parser and ``main``, which dispatches to the modules below
 - ``server_commands``: ``serve``, ``migrate``, ``admin bootstrap`` (the database directly)
-- ``common``: what the gRPC commands share: global options, parsers with examples, ``run``
-- ``admin``, ``policy``, ``todos``, ``queues``: the gRPC commands, one module per group
+- ``common``: what the gRPC commands share: global options, command tables, one-call
+  handlers, paged listings, ``run``
+- ``admin``, ``policy``, ``todos``, ``queues``, ``schedules``: the gRPC commands, one module
+  per group
+- ``audit``: audit-trail commands (paged in, printed as a table or JSON)
 - ``connect``: server and token precedence, config file, channel, error details
 - ``output``: tables, JSON, error rendering
 """

@@ -9,8 +9,16 @@ from typing import TYPE_CHECKING
 
 from switchboard_dispatch.v1 import admin_pb2
 
-from switchboard_server.cli.common import endpoint_flag, leaf
-from switchboard_server.cli.connect import EXIT_OK, Connection
+from switchboard_server.cli.common import (
+    Command,
+    answer,
+    endpoint_flag,
+    flag,
+    group,
+    leaf,
+    unary,
+)
+from switchboard_server.cli.connect import Connection
 from switchboard_server.cli.output import (
     NONE,
     Output,
@@ -41,137 +49,22 @@ def _grant(value: str) -> str:
     return value.strip().lower().replace("-", "_")
 
 
-async def whoami(conn: Connection, args: argparse.Namespace, out: Output) -> int:
-    """Who the token is."""
-    got = await conn.admin.WhoAmI(
-        admin_pb2.WhoAmIRequest(), metadata=conn.metadata, timeout=conn.timeout
-    )
-    if out.as_json:
-        out.message(got)
-        return EXIT_OK
+def _credential_fields(got: admin_pb2.WhoAmIResponse) -> str:
     c = got.credential
-    out.line(
-        fields(
-            [
-                ("credential", c.id or NONE),
-                ("kind", kind_name(c.kind)),
-                ("owner", c.owner_id or NONE),
-                ("human", c.human_id or NONE),
-                ("endpoint", c.endpoint_id or NONE),
-                ("vended by", c.vended_by_human_id or NONE),
-                ("grants", ", ".join(grant_name(g) for g in c.grants) or NONE),
-            ]
-        )
+    return fields(
+        [
+            ("credential", c.id or NONE),
+            ("kind", kind_name(c.kind)),
+            ("owner", c.owner_id or NONE),
+            ("human", c.human_id or NONE),
+            ("endpoint", c.endpoint_id or NONE),
+            ("vended by", c.vended_by_human_id or NONE),
+            ("grants", ", ".join(grant_name(g) for g in c.grants) or NONE),
+        ]
     )
-    return EXIT_OK
 
 
-async def owners_create(conn: Connection, args: argparse.Namespace, out: Output) -> int:
-    """Creates an owner (operator token)."""
-    got = await conn.admin.CreateOwner(
-        admin_pb2.CreateOwnerRequest(name=args.name), metadata=conn.metadata, timeout=conn.timeout
-    )
-    if out.as_json:
-        out.message(got)
-    else:
-        out.line(f"owner {got.owner.id} {got.owner.name}")
-    return EXIT_OK
-
-
-async def owners_list(conn: Connection, args: argparse.Namespace, out: Output) -> int:
-    """Lists owners (operator token)."""
-    got = await conn.admin.ListOwners(
-        admin_pb2.ListOwnersRequest(), metadata=conn.metadata, timeout=conn.timeout
-    )
-    if out.as_json:
-        out.message(got)
-    else:
-        rows = [[o.id, o.name, when(o.created_at)] for o in got.owners]
-        out.line(table(["ID", "NAME", "CREATED"], rows))
-    return EXIT_OK
-
-
-async def humans_create(conn: Connection, args: argparse.Namespace, out: Output) -> int:
-    """Creates a human and prints its token once."""
-    got = await conn.admin.CreateHuman(
-        admin_pb2.CreateHumanRequest(owner_id=args.owner or "", name=args.name),
-        metadata=conn.metadata,
-        timeout=conn.timeout,
-    )
-    if out.as_json:
-        out.message(got)
-    else:
-        out.line(
-            f"human {got.human.id} ({got.human.name}) of owner {got.human.owner_id}; "
-            "the token is shown once:"
-        )
-        out.line(got.token)
-    return EXIT_OK
-
-
-async def endpoints_create(conn: Connection, args: argparse.Namespace, out: Output) -> int:
-    """Creates an endpoint of the caller's owner."""
-    got = await conn.admin.CreateEndpoint(
-        admin_pb2.CreateEndpointRequest(name=args.name),
-        metadata=conn.metadata,
-        timeout=conn.timeout,
-    )
-    if out.as_json:
-        out.message(got)
-    else:
-        out.line(f"endpoint {got.endpoint.id} {got.endpoint.name}")
-    return EXIT_OK
-
-
-async def endpoints_list(conn: Connection, args: argparse.Namespace, out: Output) -> int:
-    """Lists the caller's owner's endpoints."""
-    got = await conn.admin.ListEndpoints(
-        admin_pb2.ListEndpointsRequest(), metadata=conn.metadata, timeout=conn.timeout
-    )
-    if out.as_json:
-        out.message(got)
-    else:
-        rows = [[e.id, e.name, e.notify_url or NONE, when(e.created_at)] for e in got.endpoints]
-        out.line(table(["ID", "NAME", "NOTIFY HOOK", "CREATED"], rows))
-    return EXIT_OK
-
-
-async def credentials_vend(conn: Connection, args: argparse.Namespace, out: Output) -> int:
-    """Vends an endpoint credential; prints its token once and any budget warning."""
-    got = await conn.admin.VendCredential(
-        admin_pb2.VendCredentialRequest(
-            endpoint_id=args.endpoint,
-            grants=[GRANTS[g] for g in args.grant or []],
-            presets=[PRESETS[p] for p in args.preset or []],
-            label=args.label or "",
-        ),
-        metadata=conn.metadata,
-        timeout=conn.timeout,
-    )
-    for warning in got.warnings:
-        out.warn(warning)
-    if out.as_json:
-        out.message(got)
-        return EXIT_OK
-    grants = ", ".join(grant_name(g) for g in got.credential.grants)
-    out.line(
-        f"credential {got.credential.id} for endpoint {got.credential.endpoint_id} "
-        f"(grants: {grants}); the token is shown once:"
-    )
-    out.line(got.token)
-    return EXIT_OK
-
-
-async def credentials_list(conn: Connection, args: argparse.Namespace, out: Output) -> int:
-    """Lists credentials (never their secrets)."""
-    got = await conn.admin.ListCredentials(
-        admin_pb2.ListCredentialsRequest(endpoint_id=args.endpoint or ""),
-        metadata=conn.metadata,
-        timeout=conn.timeout,
-    )
-    if out.as_json:
-        out.message(got)
-        return EXIT_OK
+def _credentials_table(got: admin_pb2.ListCredentialsResponse) -> str:
     rows = [
         [
             c.id,
@@ -184,134 +77,163 @@ async def credentials_list(conn: Connection, args: argparse.Namespace, out: Outp
         ]
         for c in got.credentials
     ]
-    out.line(table(["ID", "KIND", "FOR", "GRANTS", "LABEL", "CREATED", "REVOKED"], rows))
-    return EXIT_OK
+    return table(["ID", "KIND", "FOR", "GRANTS", "LABEL", "CREATED", "REVOKED"], rows)
 
 
-async def credentials_revoke(conn: Connection, args: argparse.Namespace, out: Output) -> int:
-    """Revokes a credential."""
-    got = await conn.admin.RevokeCredential(
-        admin_pb2.RevokeCredentialRequest(credential_id=args.credential_id),
-        metadata=conn.metadata,
-        timeout=conn.timeout,
-    )
-    if out.as_json:
-        out.message(got)
-    else:
-        out.line(f"credential {got.credential.id} revoked at {when(got.credential.revoked_at)}")
-    return EXIT_OK
+def _once(result: str, what: str, secret: str) -> str:
+    """A result, then a secret that no call shows again."""
+    return f"{result}; the {what} is shown once:\n{secret}"
 
 
-async def hooks_set(conn: Connection, args: argparse.Namespace, out: Output) -> int:
-    """Sets an endpoint's notify hook; prints the signing secret once."""
-    got = await conn.admin.SetNotifyHook(
-        admin_pb2.SetNotifyHookRequest(
-            endpoint_id=args.endpoint, url=args.url, rotate_secret=args.rotate_secret
+#: Who the token is.
+whoami = unary(lambda c: c.admin.WhoAmI, lambda _: admin_pb2.WhoAmIRequest(), _credential_fields)
+
+#: Creates an owner (operator token).
+owners_create = unary(
+    lambda c: c.admin.CreateOwner,
+    lambda args: admin_pb2.CreateOwnerRequest(name=args.name),
+    lambda got: f"owner {got.owner.id} {got.owner.name}",
+)
+
+#: Lists owners (operator token).
+owners_list = unary(
+    lambda c: c.admin.ListOwners,
+    lambda _: admin_pb2.ListOwnersRequest(),
+    lambda got: table(
+        ["ID", "NAME", "CREATED"], [[o.id, o.name, when(o.created_at)] for o in got.owners]
+    ),
+)
+
+#: Creates a human and prints its token once.
+humans_create = unary(
+    lambda c: c.admin.CreateHuman,
+    lambda args: admin_pb2.CreateHumanRequest(owner_id=args.owner or "", name=args.name),
+    lambda got: _once(
+        f"human {got.human.id} ({got.human.name}) of owner {got.human.owner_id}", "token", got.token
+    ),
+)
+
+#: Creates an endpoint of the caller's owner.
+endpoints_create = unary(
+    lambda c: c.admin.CreateEndpoint,
+    lambda args: admin_pb2.CreateEndpointRequest(name=args.name),
+    lambda got: f"endpoint {got.endpoint.id} {got.endpoint.name}",
+)
+
+#: Lists the caller's owner's endpoints.
+endpoints_list = unary(
+    lambda c: c.admin.ListEndpoints,
+    lambda _: admin_pb2.ListEndpointsRequest(),
+    lambda got: table(
+        ["ID", "NAME", "NOTIFY HOOK", "CREATED"],
+        [[e.id, e.name, e.notify_url or NONE, when(e.created_at)] for e in got.endpoints],
+    ),
+)
+
+
+async def credentials_vend(conn: Connection, args: argparse.Namespace, out: Output) -> int:
+    """Vends an endpoint credential; prints its token once and any budget warning."""
+    got = await conn.call(
+        conn.admin.VendCredential,
+        admin_pb2.VendCredentialRequest(
+            endpoint_id=args.endpoint,
+            grants=[GRANTS[g] for g in args.grant or []],
+            presets=[PRESETS[p] for p in args.preset or []],
+            label=args.label or "",
         ),
-        metadata=conn.metadata,
-        timeout=conn.timeout,
     )
-    if out.as_json:
-        out.message(got)
-    else:
-        out.line(
-            f"endpoint {got.endpoint.id} now notifies {got.endpoint.notify_url}; "
-            "the signing secret is shown once:"
-        )
-        out.line(got.secret)
-    return EXIT_OK
-
-
-async def hooks_clear(conn: Connection, args: argparse.Namespace, out: Output) -> int:
-    """Removes an endpoint's notify hook."""
-    got = await conn.admin.ClearNotifyHook(
-        admin_pb2.ClearNotifyHookRequest(endpoint_id=args.endpoint),
-        metadata=conn.metadata,
-        timeout=conn.timeout,
+    for warning in got.warnings:
+        out.warn(warning)
+    return answer(
+        out,
+        got,
+        lambda got: _once(
+            f"credential {got.credential.id} for endpoint {got.credential.endpoint_id} "
+            f"(grants: {', '.join(grant_name(g) for g in got.credential.grants)})",
+            "token",
+            got.token,
+        ),
     )
-    if out.as_json:
-        out.message(got)
-    else:
-        out.line(f"endpoint {got.endpoint.id} has no notify hook")
-    return EXIT_OK
 
 
-def _section(admin: Subparsers, name: str, help_text: str, examples: str) -> Subparsers:
-    p = admin.add_parser(
-        name,
-        help=help_text,
-        description=help_text[:1].upper() + help_text[1:] + ".",
-        epilog="examples:\n" + examples,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    return p.add_subparsers(dest=f"{name}_command", required=True, metavar="COMMAND")
+#: Lists credentials (never their secrets).
+credentials_list = unary(
+    lambda c: c.admin.ListCredentials,
+    lambda args: admin_pb2.ListCredentialsRequest(endpoint_id=args.endpoint or ""),
+    _credentials_table,
+)
+
+#: Revokes a credential.
+credentials_revoke = unary(
+    lambda c: c.admin.RevokeCredential,
+    lambda args: admin_pb2.RevokeCredentialRequest(credential_id=args.credential_id),
+    lambda got: f"credential {got.credential.id} revoked at {when(got.credential.revoked_at)}",
+)
+
+#: Sets an endpoint's notify hook; prints the signing secret once.
+hooks_set = unary(
+    lambda c: c.admin.SetNotifyHook,
+    lambda args: admin_pb2.SetNotifyHookRequest(
+        endpoint_id=args.endpoint, url=args.url, rotate_secret=args.rotate_secret
+    ),
+    lambda got: _once(
+        f"endpoint {got.endpoint.id} now notifies {got.endpoint.notify_url}",
+        "signing secret",
+        got.secret,
+    ),
+)
+
+#: Removes an endpoint's notify hook.
+hooks_clear = unary(
+    lambda c: c.admin.ClearNotifyHook,
+    lambda args: admin_pb2.ClearNotifyHookRequest(endpoint_id=args.endpoint),
+    lambda got: f"endpoint {got.endpoint.id} has no notify hook",
+)
+
+_NAME = "1-100 characters, unique within the owner"
 
 
-def add_admin_commands(admin: Subparsers) -> None:
-    """Registers the gRPC ``admin`` subcommands next to ``admin bootstrap``."""
-    leaf(admin, "whoami", "show who the token is", "  switchboard admin whoami\n", whoami)
-
-    owners = _section(
-        admin,
-        "owners",
-        "owners (tenants); operator token",
-        "  switchboard admin owners create acme\n  switchboard admin owners list --json\n",
-    )
-    p = leaf(
-        owners,
+_OWNERS = (
+    Command(
         "create",
         "create an owner",
         "  switchboard admin owners create acme\n",
         owners_create,
-    )
-    p.add_argument("name", help="1-100 characters, unique")
-    leaf(owners, "list", "list owners", "  switchboard admin owners list\n", owners_list)
+        [flag("name", help="1-100 characters, unique")],
+    ),
+    Command("list", "list owners", "  switchboard admin owners list\n", owners_list),
+)
 
-    humans = _section(
-        admin,
-        "humans",
-        "humans of an owner",
-        "  switchboard admin humans create ada --owner $OWNER\n",
-    )
-    p = leaf(
-        humans,
+
+_HUMANS = (
+    Command(
         "create",
         "create a human and print its token once",
         "  switchboard admin humans create ada --owner $OWNER   # operator token\n"
         "  switchboard admin humans create grace                # a human token: its own owner\n",
         humans_create,
-    )
-    p.add_argument("name", help="1-100 characters, unique within the owner")
-    p.add_argument("--owner", metavar="ID", help="owner id (required with the operator token)")
+        [
+            flag("name", help=_NAME),
+            flag("--owner", metavar="ID", help="owner id (required with the operator token)"),
+        ],
+    ),
+)
 
-    endpoints = _section(
-        admin,
-        "endpoints",
-        "endpoints (agents' mailboxes); human token",
-        "  switchboard admin endpoints create triage-bot\n  switchboard admin endpoints list\n",
-    )
-    p = leaf(
-        endpoints,
+
+_ENDPOINTS = (
+    Command(
         "create",
         "create an endpoint",
         "  EP=$(switchboard admin endpoints create triage-bot --json | jq -r .endpoint.id)\n",
         endpoints_create,
-    )
-    p.add_argument("name", help="1-100 characters, unique within the owner")
-    leaf(
-        endpoints, "list", "list endpoints", "  switchboard admin endpoints list\n", endpoints_list
-    )
+        [flag("name", help=_NAME)],
+    ),
+    Command("list", "list endpoints", "  switchboard admin endpoints list\n", endpoints_list),
+)
 
-    creds = _section(
-        admin,
-        "credentials",
-        "endpoint credentials; human token",
-        "  switchboard admin credentials vend --endpoint $EP --preset basics\n"
-        "  switchboard admin credentials list --endpoint $EP\n"
-        "  switchboard admin credentials revoke $CREDENTIAL\n",
-    )
-    p = leaf(
-        creds,
+
+_CREDENTIALS = (
+    Command(
         "vend",
         "vend a credential for an endpoint and print its token once",
         "  switchboard admin credentials vend --endpoint $EP --preset basics --label worker-1\n"
@@ -320,64 +242,113 @@ def add_admin_commands(admin: Subparsers) -> None:
         "  switchboard admin credentials vend --endpoint $EP --preset basics \\\n"
         "      --grant set_admission_policy --grant clear_admission_policy\n",
         credentials_vend,
-    )
-    endpoint_flag(p, required=True)
-    p.add_argument(
-        "--grant",
-        action="append",
-        type=_grant,
-        choices=list(GRANTS),
-        help="a grant (repeatable)",
-    )
-    p.add_argument(
-        "--preset", action="append", choices=list(PRESETS), help="basics: ingest, claim, read"
-    )
-    p.add_argument("--label", help="a note for humans (at most 200 characters)")
-    p = leaf(
-        creds,
+        [
+            endpoint_flag(required=True),
+            flag(
+                "--grant",
+                action="append",
+                type=_grant,
+                choices=list(GRANTS),
+                help="a grant (repeatable)",
+            ),
+            flag(
+                "--preset",
+                action="append",
+                choices=list(PRESETS),
+                help="basics: ingest, claim, read",
+            ),
+            flag("--label", help="a note for humans (at most 200 characters)"),
+        ],
+    ),
+    Command(
         "list",
         "list credentials (never their secrets)",
         "  switchboard admin credentials list\n"
         "  switchboard admin credentials list --endpoint $EP\n",
         credentials_list,
-    )
-    p.add_argument("--endpoint", metavar="ID", help="only this endpoint's")
-    p = leaf(
-        creds,
+        [flag("--endpoint", metavar="ID", help="only this endpoint's")],
+    ),
+    Command(
         "revoke",
         "revoke a credential; it stops working at once",
         "  switchboard admin credentials revoke $CREDENTIAL\n",
         credentials_revoke,
-    )
-    p.add_argument("credential_id", metavar="ID", help="credential id")
+        [flag("credential_id", metavar="ID", help="credential id")],
+    ),
+)
 
-    hooks = _section(
-        admin,
-        "hooks",
-        "endpoints' notify hooks; human token",
-        "  switchboard admin hooks set https://example.org/sb --endpoint $EP\n"
-        "  switchboard admin hooks clear --endpoint $EP\n",
-    )
-    p = leaf(
-        hooks,
+
+_HOOKS = (
+    Command(
         "set",
         "POST the endpoint's doorbells to a URL; prints the signing secret once",
         "  switchboard admin hooks set https://example.org/sb --endpoint $EP\n"
         "  switchboard admin hooks set https://example.org/sb --endpoint $EP --rotate-secret\n",
         hooks_set,
-    )
-    p.add_argument("url", help="https:// URL (http:// only where the server's hook policy allows)")
-    endpoint_flag(p, required=True)
-    p.add_argument(
-        "--rotate-secret",
-        action="store_true",
-        help="keep the current secret signing deliveries for the grace period (24 h by default)",
-    )
-    p = leaf(
-        hooks,
+        [
+            flag("url", help="https:// URL (http:// only where the server's hook policy allows)"),
+            endpoint_flag(required=True),
+            flag(
+                "--rotate-secret",
+                action="store_true",
+                help="keep the current secret signing deliveries for the grace period "
+                "(24 h by default)",
+            ),
+        ],
+    ),
+    Command(
         "clear",
         "remove the endpoint's notify hook",
         "  switchboard admin hooks clear --endpoint $EP\n",
         hooks_clear,
+        [endpoint_flag(required=True)],
+    ),
+)
+
+
+def add_admin_commands(admin: Subparsers) -> None:
+    """Registers the gRPC ``admin`` subcommands next to ``admin bootstrap``."""
+    leaf(admin, Command("whoami", "show who the token is", "  switchboard admin whoami\n", whoami))
+    group(
+        admin,
+        "owners",
+        "owners (tenants); operator token",
+        "  switchboard admin owners create acme\n  switchboard admin owners list --json\n",
+        "owners_command",
+        _OWNERS,
     )
-    endpoint_flag(p, required=True)
+    group(
+        admin,
+        "humans",
+        "humans of an owner",
+        "  switchboard admin humans create ada --owner $OWNER\n",
+        "humans_command",
+        _HUMANS,
+    )
+    group(
+        admin,
+        "endpoints",
+        "endpoints (agents' mailboxes); human token",
+        "  switchboard admin endpoints create triage-bot\n  switchboard admin endpoints list\n",
+        "endpoints_command",
+        _ENDPOINTS,
+    )
+    group(
+        admin,
+        "credentials",
+        "endpoint credentials; human token",
+        "  switchboard admin credentials vend --endpoint $EP --preset basics\n"
+        "  switchboard admin credentials list --endpoint $EP\n"
+        "  switchboard admin credentials revoke $CREDENTIAL\n",
+        "credentials_command",
+        _CREDENTIALS,
+    )
+    group(
+        admin,
+        "hooks",
+        "endpoints' notify hooks; human token",
+        "  switchboard admin hooks set https://example.org/sb --endpoint $EP\n"
+        "  switchboard admin hooks clear --endpoint $EP\n",
+        "hooks_command",
+        _HOOKS,
+    )

@@ -1,12 +1,16 @@
-"""An audit trail for the CLI: paging it in and printing it (policy and schedule changes;
-``todos audit`` prints its own columns)."""
+"""Audit trails for the CLI: paging them in and printing them (``policy audit``,
+``schedules audit``, ``todos audit``)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import argparse
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from switchboard_server.cli.connect import EXIT_OK, UsageError
+import grpc
+
+from switchboard_server.cli.common import Handler, check_limit, read_pages
+from switchboard_server.cli.connect import EXIT_OK, Connection, Req, Resp
 from switchboard_server.cli.output import NONE, Output, table, to_dict, when
 
 #: One page of a List...Audit call: (page size, page token) -> its response,
@@ -14,48 +18,52 @@ from switchboard_server.cli.output import NONE, Output, table, to_dict, when
 FetchPage = Callable[[int, str], Awaitable[Any]]
 
 
-async def print_audit(
-    out: Output,
+def audit_command(
     command: str,
-    limit: int,
-    fetch: FetchPage,
+    rpc: Callable[[Connection], grpc.aio.UnaryUnaryMultiCallable[Req, Resp]],
+    request: Callable[[argparse.Namespace, int, str], Req],
     action: Callable[[Any], str],
-    summary: Callable[[Any], str],
-) -> int:
-    """Reads up to ``limit`` entries, newest first, and prints them (a table or JSON).
+    headers: Sequence[str],
+    cells: Callable[[Any], list[str]],
+) -> Handler:
+    """A command that lists an audit trail: up to ``--limit`` entries, newest first,
+    as JSON or a table of when, ``action`` (names an entry's action), by whom, then
+    ``headers`` with the ``cells`` of each entry.
 
-    ``action`` names an entry's action; ``summary`` describes its before and after.
+    ``request`` makes the request of one page: (the flags, page size, page token).
     """
-    entries = await read_audit(command, limit, fetch)
-    if out.as_json:
-        out.json({"entries": [to_dict(e) for e in entries]})
+
+    async def handler(conn: Connection, args: argparse.Namespace, out: Output) -> int:
+        async def page(size: int, token: str) -> Resp:
+            return await conn.call(rpc(conn), request(args, size, token))
+
+        entries = await read_audit(command, args.limit, page)
+        if out.as_json:
+            out.json({"entries": [to_dict(e) for e in entries]})
+            return EXIT_OK
+        rows = [[when(e.at), action(e.action), actor(e), *cells(e)] for e in entries]
+        out.line(table(["AT", "ACTION", "BY", *headers], rows))
         return EXIT_OK
-    rows = [
-        [
-            when(e.at),
-            action(e.action),
-            actor(e),
-            summary(e.before) if e.HasField("before") else NONE,
-            summary(e.after) if e.HasField("after") else NONE,
+
+    return handler
+
+
+def changes(summary: Callable[[Any], str]) -> Callable[[Any], list[str]]:
+    """The BEFORE and AFTER cells of an entry that records a change, as ``summary`` says them."""
+
+    def cells(entry: Any) -> list[str]:
+        return [
+            summary(entry.before) if entry.HasField("before") else NONE,
+            summary(entry.after) if entry.HasField("after") else NONE,
         ]
-        for e in entries
-    ]
-    out.line(table(["AT", "ACTION", "BY", "BEFORE", "AFTER"], rows))
-    return EXIT_OK
+
+    return cells
 
 
 async def read_audit(command: str, limit: int, fetch: FetchPage) -> list[Any]:
     """Up to ``limit`` entries, newest first, page by page."""
-    if limit < 1:
-        raise UsageError(f"{command}: --limit must be at least 1")
-    entries: list[Any] = []
-    token = ""
-    while len(entries) < limit:
-        page = await fetch(min(limit - len(entries), 500), token)
-        entries += page.entries
-        token = page.next_page_token
-        if not token:
-            break
+    check_limit(command, limit)
+    entries, _ = await read_pages(fetch, lambda page: page.entries, limit)
     return entries
 
 

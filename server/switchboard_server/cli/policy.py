@@ -8,10 +8,20 @@ from typing import TYPE_CHECKING
 
 from switchboard_dispatch.v1 import admission_pb2, queue_pb2
 
-from switchboard_server.cli.audit import print_audit
-from switchboard_server.cli.common import endpoint_flag, group, leaf
-from switchboard_server.cli.connect import EXIT_OK, Connection, UsageError
+from switchboard_server.cli.audit import audit_command, changes
+from switchboard_server.cli.common import (
+    Command,
+    answer,
+    endpoint_flag,
+    flag,
+    group,
+    limit_flag,
+    unary,
+)
+from switchboard_server.cli.connect import Connection, UsageError
 from switchboard_server.cli.output import (
+    PERIODS,
+    WEEKDAYS,
     Output,
     fields,
     policy_summary,
@@ -21,22 +31,6 @@ from switchboard_server.cli.output import (
 
 if TYPE_CHECKING:
     from switchboard_server.cli.common import Subparsers
-
-
-_PERIODS = {
-    "hour": admission_pb2.WINDOW_PERIOD_HOUR,
-    "day": admission_pb2.WINDOW_PERIOD_DAY,
-    "week": admission_pb2.WINDOW_PERIOD_WEEK,
-}
-_WEEKDAYS = {
-    "mon": admission_pb2.WEEKDAY_MONDAY,
-    "tue": admission_pb2.WEEKDAY_TUESDAY,
-    "wed": admission_pb2.WEEKDAY_WEDNESDAY,
-    "thu": admission_pb2.WEEKDAY_THURSDAY,
-    "fri": admission_pb2.WEEKDAY_FRIDAY,
-    "sat": admission_pb2.WEEKDAY_SATURDAY,
-    "sun": admission_pb2.WEEKDAY_SUNDAY,
-}
 
 
 def _queue(args: argparse.Namespace) -> queue_pb2.QueueRef:
@@ -65,18 +59,12 @@ def _policy_fields(
     return fields(pairs)
 
 
-async def policy_get(conn: Connection, args: argparse.Namespace, out: Output) -> int:
-    """Shows a queue's policy and its use now."""
-    got = await conn.admission.GetPolicy(
-        admission_pb2.GetPolicyRequest(queue=_queue(args)),
-        metadata=conn.metadata,
-        timeout=conn.timeout,
-    )
-    if out.as_json:
-        out.message(got)
-    else:
-        out.line(_policy_fields(got.policy, got.headroom if got.HasField("headroom") else None))
-    return EXIT_OK
+#: Shows a queue's policy and its use now.
+policy_get = unary(
+    lambda c: c.admission.GetPolicy,
+    lambda args: admission_pb2.GetPolicyRequest(queue=_queue(args)),
+    lambda got: _policy_fields(got.policy, got.headroom if got.HasField("headroom") else None),
+)
 
 
 def policy_request(args: argparse.Namespace) -> admission_pb2.AdmissionPolicy:
@@ -95,10 +83,10 @@ def policy_request(args: argparse.Namespace) -> admission_pb2.AdmissionPolicy:
         policy.max_claims_per_window = args.max_claims_per_window
         policy.window.CopyFrom(
             admission_pb2.Window(
-                period=_PERIODS[args.window or "day"],
+                period=PERIODS[args.window or "day"],
                 time_zone=args.zone or "UTC",
                 start=args.start or "00:00",
-                weekday=_WEEKDAYS[args.weekday]
+                weekday=WEEKDAYS[args.weekday]
                 if args.weekday
                 else admission_pb2.WEEKDAY_UNSPECIFIED,
             )
@@ -106,51 +94,37 @@ def policy_request(args: argparse.Namespace) -> admission_pb2.AdmissionPolicy:
     return policy
 
 
-async def policy_set(conn: Connection, args: argparse.Namespace, out: Output) -> int:
-    """Creates or replaces a queue's policy."""
-    request = admission_pb2.SetPolicyRequest(policy=policy_request(args))
-    got = await conn.admission.SetPolicy(request, metadata=conn.metadata, timeout=conn.timeout)
-    if out.as_json:
-        out.message(got)
-    else:
-        out.line(_policy_fields(got.policy, None))
-    return EXIT_OK
+#: Creates or replaces a queue's policy.
+policy_set = unary(
+    lambda c: c.admission.SetPolicy,
+    lambda args: admission_pb2.SetPolicyRequest(policy=policy_request(args)),
+    lambda got: _policy_fields(got.policy, None),
+)
 
 
 async def policy_clear(conn: Connection, args: argparse.Namespace, out: Output) -> int:
     """Removes a queue's policy."""
-    got = await conn.admission.ClearPolicy(
-        admission_pb2.ClearPolicyRequest(queue=_queue(args)),
-        metadata=conn.metadata,
-        timeout=conn.timeout,
+    got = await conn.call(
+        conn.admission.ClearPolicy, admission_pb2.ClearPolicyRequest(queue=_queue(args))
     )
-    if out.as_json:
-        out.message(got)
-    else:
-        out.line(f"cleared the policy of queue {args.queue} (was: {policy_summary(got.policy)})")
-    return EXIT_OK
-
-
-async def policy_audit(conn: Connection, args: argparse.Namespace, out: Output) -> int:
-    """Lists a queue's policy changes, newest first."""
-
-    async def page(size: int, token: str) -> admission_pb2.ListPolicyAuditResponse:
-        return await conn.admission.ListPolicyAudit(
-            admission_pb2.ListPolicyAuditRequest(
-                queue=_queue(args), page_size=size, page_token=token
-            ),
-            metadata=conn.metadata,
-            timeout=conn.timeout,
-        )
-
-    return await print_audit(
+    return answer(
         out,
-        "policy audit",
-        args.limit,
-        page,
-        lambda a: short(admission_pb2.PolicyAction.Name(a), "POLICY_ACTION_"),
-        policy_summary,
+        got,
+        lambda got: f"cleared the policy of queue {args.queue} (was: {policy_summary(got.policy)})",
     )
+
+
+#: Lists a queue's policy changes, newest first.
+policy_audit = audit_command(
+    "policy audit",
+    lambda c: c.admission.ListPolicyAudit,
+    lambda args, size, token: admission_pb2.ListPolicyAuditRequest(
+        queue=_queue(args), page_size=size, page_token=token
+    ),
+    lambda a: short(admission_pb2.PolicyAction.Name(a), "POLICY_ACTION_"),
+    ["BEFORE", "AFTER"],
+    changes(policy_summary),
+)
 
 
 POLICY_EXAMPLES = """\
@@ -164,31 +138,18 @@ POLICY_EXAMPLES = """\
 """
 
 
-def add_commands(sub: Subparsers) -> None:
-    """Registers ``policy`` and its subcommands."""
-    policy = group(
-        sub,
-        "policy",
-        "read and change queues' admission policies",
-        POLICY_EXAMPLES,
-        "policy_command",
-    )
+_QUEUE = (flag("queue", help="queue name"), endpoint_flag())
 
-    def queue_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("queue", help="queue name")
-        endpoint_flag(p)
 
-    queue_args(
-        leaf(
-            policy,
-            "get",
-            "show a queue's policy and its use now (window used, resets at, in flight)",
-            "  switchboard policy get investigations --endpoint $EP\n",
-            policy_get,
-        )
-    )
-    set_ = leaf(
-        policy,
+_COMMANDS = (
+    Command(
+        "get",
+        "show a queue's policy and its use now (window used, resets at, in flight)",
+        "  switchboard policy get investigations --endpoint $EP\n",
+        policy_get,
+        _QUEUE,
+    ),
+    Command(
         "set",
         "create or replace a queue's policy (the flags describe the whole policy)",
         "  switchboard policy set investigations --endpoint $EP --max-claims-per-window 100 \\\n"
@@ -197,33 +158,45 @@ def add_commands(sub: Subparsers) -> None:
         "      --window week --weekday mon --start 09:00 --zone Europe/Paris\n"
         "  switchboard policy set investigations --endpoint $EP --max-in-flight 0   # pause\n",
         policy_set,
-    )
-    queue_args(set_)
-    set_.add_argument("--max-in-flight", type=int, metavar="N", help="most todos claimed at once")
-    set_.add_argument(
-        "--max-claims-per-window", type=int, metavar="N", help="most claims per window (0 pauses)"
-    )
-    set_.add_argument("--window", choices=sorted(_PERIODS), help="window length (default day)")
-    set_.add_argument("--zone", metavar="IANA", help="time zone of the window (default UTC)")
-    set_.add_argument("--start", metavar="HH:MM", help="local start of the window (default 00:00)")
-    set_.add_argument("--weekday", choices=list(_WEEKDAYS), help="first day of a week window")
-    queue_args(
-        leaf(
-            policy,
-            "clear",
-            "remove a queue's policy (audited; counters are kept)",
-            "  switchboard policy clear investigations --endpoint $EP\n",
-            policy_clear,
-        )
-    )
-    audit = leaf(
-        policy,
+        [
+            *_QUEUE,
+            flag("--max-in-flight", type=int, metavar="N", help="most todos claimed at once"),
+            flag(
+                "--max-claims-per-window",
+                type=int,
+                metavar="N",
+                help="most claims per window (0 pauses)",
+            ),
+            flag("--window", choices=sorted(PERIODS), help="window length (default day)"),
+            flag("--zone", metavar="IANA", help="time zone of the window (default UTC)"),
+            flag("--start", metavar="HH:MM", help="local start of the window (default 00:00)"),
+            flag("--weekday", choices=list(WEEKDAYS), help="first day of a week window"),
+        ],
+    ),
+    Command(
+        "clear",
+        "remove a queue's policy (audited; counters are kept)",
+        "  switchboard policy clear investigations --endpoint $EP\n",
+        policy_clear,
+        _QUEUE,
+    ),
+    Command(
         "audit",
         "list a queue's policy changes, newest first: who, when, before, after",
         "  switchboard policy audit investigations --endpoint $EP --limit 10\n",
         policy_audit,
-    )
-    queue_args(audit)
-    audit.add_argument(
-        "--limit", type=int, default=50, metavar="N", help="most entries (default 50)"
+        [*_QUEUE, limit_flag("entries")],
+    ),
+)
+
+
+def add_commands(sub: Subparsers) -> None:
+    """Registers ``policy`` and its subcommands."""
+    group(
+        sub,
+        "policy",
+        "read and change queues' admission policies",
+        POLICY_EXAMPLES,
+        "policy_command",
+        _COMMANDS,
     )

@@ -28,7 +28,7 @@ import grpc
 from google.protobuf import timestamp_pb2
 from switchboard_dispatch.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
 
-from switchboard_server.cli.common import endpoint_flag, leaf
+from switchboard_server.cli.common import Command, endpoint_flag, flag, leaf, read_pages
 from switchboard_server.cli.connect import EXIT_OK, Connection
 from switchboard_server.cli.output import (
     NONE,
@@ -42,8 +42,6 @@ from switchboard_server.cli.output import (
 
 if TYPE_CHECKING:
     from switchboard_server.cli.common import Subparsers
-
-PAGE_SIZE = 500
 
 
 @dataclass
@@ -135,15 +133,30 @@ async def endpoints(conn: Connection, endpoint: str | None) -> list[tuple[str, s
     """(id, name) of the endpoints to show."""
     if endpoint:
         return [(endpoint, "")]
-    me = await conn.admin.WhoAmI(
-        admin_pb2.WhoAmIRequest(), metadata=conn.metadata, timeout=conn.timeout
-    )
+    me = await conn.call(conn.admin.WhoAmI, admin_pb2.WhoAmIRequest())
     if me.credential.kind == admin_pb2.PRINCIPAL_KIND_ENDPOINT:
         return [(me.credential.endpoint_id, "")]
-    listed = await conn.admin.ListEndpoints(
-        admin_pb2.ListEndpointsRequest(), metadata=conn.metadata, timeout=conn.timeout
-    )
+    listed = await conn.call(conn.admin.ListEndpoints, admin_pb2.ListEndpointsRequest())
     return [(e.id, e.name) for e in listed.endpoints]
+
+
+async def _open_todos(conn: Connection, endpoint_id: str, queues: list[str]) -> list[todo_pb2.Todo]:
+    """Every pending and claimed todo of the endpoint (in ``queues``, when any are named)."""
+
+    async def page(size: int, token: str) -> dispatch_pb2.ListTodosResponse:
+        return await conn.call(
+            conn.dispatch.ListTodos,
+            dispatch_pb2.ListTodosRequest(
+                endpoint_id=endpoint_id,
+                queues=queues,
+                states=[todo_pb2.TODO_STATE_PENDING, todo_pb2.TODO_STATE_CLAIMED],
+                page_size=size,
+                page_token=token,
+            ),
+        )
+
+    todos, _ = await read_pages(page, lambda page: page.todos)
+    return todos
 
 
 async def collect(conn: Connection, endpoint: str | None, queues: list[str]) -> list[QueueView]:
@@ -151,25 +164,9 @@ async def collect(conn: Connection, endpoint: str | None, queues: list[str]) -> 
     views: list[QueueView] = []
     for endpoint_id, endpoint_name in await endpoints(conn, endpoint):
         found = {q: QueueView(endpoint_id, endpoint_name, q) for q in queues}
-        token = ""
-        while True:
-            page = await conn.dispatch.ListTodos(
-                dispatch_pb2.ListTodosRequest(
-                    endpoint_id=endpoint_id,
-                    queues=queues,
-                    states=[todo_pb2.TODO_STATE_PENDING, todo_pb2.TODO_STATE_CLAIMED],
-                    page_size=PAGE_SIZE,
-                    page_token=token,
-                ),
-                metadata=conn.metadata,
-                timeout=conn.timeout,
-            )
-            for todo in page.todos:
-                name = todo.queue.name
-                found.setdefault(name, QueueView(endpoint_id, endpoint_name, name)).count(todo)
-            token = page.next_page_token
-            if not token:
-                break
+        for todo in await _open_todos(conn, endpoint_id, queues):
+            name = todo.queue.name
+            found.setdefault(name, QueueView(endpoint_id, endpoint_name, name)).count(todo)
         for view in sorted(found.values(), key=lambda v: v.queue):
             await _add_policy(conn, view)
             views.append(view)
@@ -178,12 +175,11 @@ async def collect(conn: Connection, endpoint: str | None, queues: list[str]) -> 
 
 async def _add_policy(conn: Connection, view: QueueView) -> None:
     try:
-        got = await conn.admission.GetPolicy(
+        got = await conn.call(
+            conn.admission.GetPolicy,
             admission_pb2.GetPolicyRequest(
                 queue=queue_pb2.QueueRef(endpoint_id=view.endpoint_id, name=view.queue)
             ),
-            metadata=conn.metadata,
-            timeout=conn.timeout,
         )
     except grpc.aio.AioRpcError as err:
         if err.code() is grpc.StatusCode.NOT_FOUND:
@@ -244,17 +240,21 @@ named with --queue.
 
 def add_command(sub: Subparsers) -> None:
     """Registers ``queues``."""
-    view = leaf(
+    leaf(
         sub,
-        "queues",
-        "each queue's pending and claimed work, budget use, reset time and deferrals",
-        QUEUES_EXAMPLES,
-        queues,
-    )
-    endpoint_flag(view)
-    view.add_argument(
-        "--queue",
-        action="append",
-        metavar="Q",
-        help="only this queue, shown even when idle (repeatable)",
+        Command(
+            "queues",
+            "each queue's pending and claimed work, budget use, reset time and deferrals",
+            QUEUES_EXAMPLES,
+            queues,
+            [
+                endpoint_flag(),
+                flag(
+                    "--queue",
+                    action="append",
+                    metavar="Q",
+                    help="only this queue, shown even when idle (repeatable)",
+                ),
+            ],
+        ),
     )

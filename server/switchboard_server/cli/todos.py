@@ -13,8 +13,18 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf import duration_pb2, json_format, timestamp_pb2
 from switchboard_dispatch.v1 import dispatch_pb2, todo_pb2
 
-from switchboard_server.cli.audit import actor, read_audit
-from switchboard_server.cli.common import endpoint_flag, group, leaf
+from switchboard_server.cli.audit import audit_command
+from switchboard_server.cli.common import (
+    Command,
+    Flag,
+    check_limit,
+    endpoint_flag,
+    flag,
+    group,
+    limit_flag,
+    read_pages,
+    unary,
+)
 from switchboard_server.cli.connect import EXIT_OK, Connection, UsageError
 from switchboard_server.cli.output import (
     NONE,
@@ -47,26 +57,23 @@ _IDS_PER_CALL = 500
 
 async def todos_list(conn: Connection, args: argparse.Namespace, out: Output) -> int:
     """Lists todos, newest first."""
-    if args.limit < 1:
-        raise UsageError("todos list: --limit must be at least 1")
-    todos: list[todo_pb2.Todo] = []
-    token = args.page_token or ""
-    while len(todos) < args.limit:
-        page = await conn.dispatch.ListTodos(
+    check_limit("todos list", args.limit)
+
+    async def page(size: int, token: str) -> dispatch_pb2.ListTodosResponse:
+        return await conn.call(
+            conn.dispatch.ListTodos,
             dispatch_pb2.ListTodosRequest(
                 endpoint_id=args.endpoint or "",
                 queues=args.queue or [],
                 states=[_STATES[s] for s in args.state or []],
-                page_size=min(args.limit - len(todos), 500),
+                page_size=size,
                 page_token=token,
             ),
-            metadata=conn.metadata,
-            timeout=conn.timeout,
         )
-        todos += page.todos
-        token = page.next_page_token
-        if not token:
-            break
+
+    todos, token = await read_pages(
+        page, lambda page: page.todos, args.limit, args.page_token or ""
+    )
     if out.as_json:
         body: dict[str, object] = {"todos": [to_dict(t) for t in todos]}
         if token:
@@ -147,12 +154,11 @@ async def todos_ingest(conn: Connection, args: argparse.Namespace, out: Output) 
     for start in range(0, len(items), args.batch):
         chunk = items[start : start + args.batch]
         try:
-            response = await conn.dispatch.IngestTodos(
+            response = await conn.call(
+                conn.dispatch.IngestTodos,
                 dispatch_pb2.IngestTodosRequest(
                     endpoint_id=args.endpoint or "", todos=[request for _, request in chunk]
                 ),
-                metadata=conn.metadata,
-                timeout=conn.timeout,
             )
         except Exception:
             if start:
@@ -194,58 +200,56 @@ def _payload(todo: todo_pb2.Todo) -> str:
     return f"{size}: {text[:200]!r}" + ("..." if len(text) > 200 else "")
 
 
-async def todos_show(conn: Connection, args: argparse.Namespace, out: Output) -> int:
-    """Shows one todo with its attempts and admission status."""
-    got = await conn.dispatch.GetTodo(
-        dispatch_pb2.GetTodoRequest(todo_id=args.todo_id),
-        metadata=conn.metadata,
-        timeout=conn.timeout,
-    )
-    if out.as_json:
-        out.message(got)
-        return EXIT_OK
+def _todo_text(got: dispatch_pb2.GetTodoResponse) -> str:
+    """A todo's fields, then its attempts (when it has any)."""
     t = got.todo
     dedup = f"{t.dedup.webhook_id}/{t.dedup.delivery_id}" if t.HasField("dedup") else NONE
-    out.line(
-        fields(
-            [
-                ("todo", t.id),
-                ("queue", t.queue.name),
-                ("endpoint", t.queue.endpoint_id),
-                ("state", state_name(t.state)),
-                ("priority", f"{t.priority} (0 most urgent, 9 least)"),
-                ("admission", admission_text(t)),
-                ("attempts", f"{t.attempt} of {t.max_attempts}"),
-                ("next retry at", when(t.next_retry_at)),
-                ("lease expires", when(t.lease_expires_at)),
-                ("claimant", t.claimant or NONE),
-                ("last error", t.last_error or NONE),
-                ("dedup key", dedup),
-                ("idempotency key", t.idempotency_key or NONE),
-                ("traceparent", t.traceparent or NONE),
-                ("content type", t.content_type or NONE),
-                ("payload", _payload(t)),
-                ("created at", when(t.created_at)),
-                ("updated at", when(t.updated_at)),
-                ("finished at", when(t.finished_at)),
-            ]
-        )
-    )
-    if got.attempts:
-        out.line()
-        rows = [
-            [
-                str(a.number),
-                when(a.claimed_at),
-                a.claimant or NONE,
-                short(todo_pb2.AttemptOutcome.Name(a.outcome), "ATTEMPT_OUTCOME_"),
-                when(a.finished_at),
-                a.error or NONE,
-            ]
-            for a in got.attempts
+    text = fields(
+        [
+            ("todo", t.id),
+            ("queue", t.queue.name),
+            ("endpoint", t.queue.endpoint_id),
+            ("state", state_name(t.state)),
+            ("priority", f"{t.priority} (0 most urgent, 9 least)"),
+            ("admission", admission_text(t)),
+            ("attempts", f"{t.attempt} of {t.max_attempts}"),
+            ("next retry at", when(t.next_retry_at)),
+            ("lease expires", when(t.lease_expires_at)),
+            ("claimant", t.claimant or NONE),
+            ("last error", t.last_error or NONE),
+            ("dedup key", dedup),
+            ("idempotency key", t.idempotency_key or NONE),
+            ("traceparent", t.traceparent or NONE),
+            ("content type", t.content_type or NONE),
+            ("payload", _payload(t)),
+            ("created at", when(t.created_at)),
+            ("updated at", when(t.updated_at)),
+            ("finished at", when(t.finished_at)),
         ]
-        out.line(table(["#", "CLAIMED AT", "CLAIMANT", "OUTCOME", "FINISHED AT", "ERROR"], rows))
-    return EXIT_OK
+    )
+    if not got.attempts:
+        return text
+    rows = [
+        [
+            str(a.number),
+            when(a.claimed_at),
+            a.claimant or NONE,
+            short(todo_pb2.AttemptOutcome.Name(a.outcome), "ATTEMPT_OUTCOME_"),
+            when(a.finished_at),
+            a.error or NONE,
+        ]
+        for a in got.attempts
+    ]
+    attempts = table(["#", "CLAIMED AT", "CLAIMANT", "OUTCOME", "FINISHED AT", "ERROR"], rows)
+    return f"{text}\n\n{attempts}"
+
+
+#: Shows one todo with its attempts and admission status.
+todos_show = unary(
+    lambda c: c.dispatch.GetTodo,
+    lambda args: dispatch_pb2.GetTodoRequest(todo_id=args.todo_id),
+    _todo_text,
+)
 
 
 def _instant(flag: str, value: str | None) -> timestamp_pb2.Timestamp | None:
@@ -303,25 +307,24 @@ async def _call(
     request: dispatch_pb2.CancelTodosRequest | dispatch_pb2.RequeueTodosRequest,
 ) -> dispatch_pb2.CancelTodosResponse | dispatch_pb2.RequeueTodosResponse:
     if isinstance(request, dispatch_pb2.CancelTodosRequest):
-        return await conn.dispatch.CancelTodos(
-            request, metadata=conn.metadata, timeout=conn.timeout
-        )
-    return await conn.dispatch.RequeueTodos(request, metadata=conn.metadata, timeout=conn.timeout)
+        return await conn.call(conn.dispatch.CancelTodos, request)
+    return await conn.call(conn.dispatch.RequeueTodos, request)
 
 
 async def _by_filter(conn: Connection, args: argparse.Namespace, dry_run: bool) -> tuple[int, int]:
     """Runs a bulk call by filter to its end, page token after page token:
     (todos changed, or matched with ``dry_run``; todos skipped)."""
     which = _filter(args)
-    count = skipped = 0
-    token = ""
-    while True:
-        request = _bulk_request(args, filter=which, dry_run=dry_run, page_token=token)
-        response = await _call(conn, request)
-        count, skipped = count + response.count, skipped + response.skipped
-        token = response.next_page_token
-        if not token:
-            return count, skipped
+
+    async def page(
+        _: int, token: str
+    ) -> dispatch_pb2.CancelTodosResponse | dispatch_pb2.RequeueTodosResponse:
+        return await _call(
+            conn, _bulk_request(args, filter=which, dry_run=dry_run, page_token=token)
+        )
+
+    responses, _ = await read_pages(page, lambda response: [response])
+    return sum(r.count for r in responses), sum(r.skipped for r in responses)
 
 
 _DONE = {"cancel": "cancelled", "requeue": "requeued"}
@@ -424,37 +427,6 @@ required (on a terminal the command asks instead; elsewhere it refuses, exit 2).
 """
 
 
-async def todos_audit(conn: Connection, args: argparse.Namespace, out: Output) -> int:
-    """Lists cancels and requeues, newest first: one endpoint's, or every endpoint's."""
-
-    async def page(size: int, token: str) -> dispatch_pb2.ListTodoAuditResponse:
-        return await conn.dispatch.ListTodoAudit(
-            dispatch_pb2.ListTodoAuditRequest(
-                endpoint_id=args.endpoint or "", page_size=size, page_token=token
-            ),
-            metadata=conn.metadata,
-            timeout=conn.timeout,
-        )
-
-    entries = await read_audit("todos audit", args.limit, page)
-    if out.as_json:
-        out.json({"entries": [to_dict(e) for e in entries]})
-        return EXIT_OK
-    rows = [
-        [
-            when(e.at),
-            short(dispatch_pb2.TodoAction.Name(e.action), "TODO_ACTION_"),
-            actor(e),
-            e.endpoint_id,
-            _audited_todos(e),
-            str(e.count),
-        ]
-        for e in entries
-    ]
-    out.line(table(["AT", "ACTION", "BY", "ENDPOINT", "TODOS", "CHANGED"], rows))
-    return EXIT_OK
-
-
 def _audited_todos(entry: dispatch_pb2.TodoAuditEntry) -> str:
     """Which todos an audited call named: one id, ids, or a filter."""
     if entry.todo_id:
@@ -466,30 +438,62 @@ def _audited_todos(entry: dispatch_pb2.TodoAuditEntry) -> str:
     return NONE
 
 
-def add_commands(sub: Subparsers) -> None:
-    """Registers ``todos`` and its subcommands."""
-    todos = group(sub, "todos", "list and inspect todos", TODOS_EXAMPLES, "todos_command")
-    listing = leaf(
-        todos,
+#: Lists cancels and requeues, newest first: one endpoint's, or every endpoint's.
+todos_audit = audit_command(
+    "todos audit",
+    lambda c: c.dispatch.ListTodoAudit,
+    lambda args, size, token: dispatch_pb2.ListTodoAuditRequest(
+        endpoint_id=args.endpoint or "", page_size=size, page_token=token
+    ),
+    lambda a: short(dispatch_pb2.TodoAction.Name(a), "TODO_ACTION_"),
+    ["ENDPOINT", "TODOS", "CHANGED"],
+    lambda e: [e.endpoint_id, _audited_todos(e), str(e.count)],
+)
+
+
+_QUEUES = flag("--queue", action="append", metavar="Q", help="only this queue (repeatable)")
+
+
+def _bulk_flags(action: str) -> list[Flag]:
+    return [
+        flag("todo_ids", nargs="*", metavar="ID", help="todo ids (or use a filter)"),
+        endpoint_flag(),
+        _QUEUES,
+        flag(
+            "--state",
+            action="append",
+            choices=_ACTION_STATES[action],
+            help="only this state (repeatable; required with a filter)",
+        ),
+        flag("--created-before", metavar="TIME", help="only todos created before (ISO 8601)"),
+        flag("--created-after", metavar="TIME", help="only todos created at or after (ISO 8601)"),
+        flag("--error-contains", metavar="TEXT", help="only todos whose last error contains TEXT"),
+        flag("--dry-run", action="store_true", help="print how many match; change nothing"),
+        flag("--yes", action="store_true", help="act on a filter without asking"),
+    ]
+
+
+_COMMANDS = (
+    Command(
         "list",
         "list an endpoint's todos, newest first, with each pending todo's admission status",
         "  switchboard todos list --endpoint $EP --queue investigations --state pending\n"
         "  switchboard todos list --endpoint $EP --state claimed --state pending --limit 500\n",
         todos_list,
-    )
-    endpoint_flag(listing)
-    listing.add_argument(
-        "--queue", action="append", metavar="Q", help="only this queue (repeatable)"
-    )
-    listing.add_argument(
-        "--state", action="append", choices=list(_STATES), help="only this state (repeatable)"
-    )
-    listing.add_argument(
-        "--limit", type=int, default=50, metavar="N", help="most todos (default 50)"
-    )
-    listing.add_argument("--page-token", metavar="TOKEN", help="continue a previous listing")
-    ingest = leaf(
-        todos,
+        [
+            endpoint_flag(),
+            _QUEUES,
+            flag(
+                "--state",
+                action="append",
+                choices=list(_STATES),
+                help="only this state (repeatable)",
+            ),
+            limit_flag("todos"),
+            flag("--page-token", metavar="TOKEN", help="continue a previous listing"),
+        ],
+    ),
+    Command(
         "ingest",
         "ingest todos from a JSON lines file, in IngestTodos batches",
         "  switchboard todos ingest todos.jsonl --queue investigations --priority 2\n"
@@ -501,33 +505,33 @@ def add_commands(sub: Subparsers) -> None:
         "item refuses its whole batch (INVALID_ARGUMENT names todos[i], i counted\n"
         "from the batch's first line); earlier batches stay.\n",
         todos_ingest,
-    )
-    ingest.add_argument("file", metavar="FILE", help="JSON lines, or - for stdin")
-    endpoint_flag(ingest)
-    ingest.add_argument("--queue", metavar="Q", help="the queue of lines that name none")
-    ingest.add_argument(
-        "--priority",
-        type=int,
-        metavar="P",
-        help="the priority of lines that name none: 0 (most urgent, the default) to 9",
-    )
-    ingest.add_argument(
-        "--batch",
-        type=int,
-        default=_INGEST_BATCH,
-        metavar="N",
-        help=f"todos per call (1 to 500, default {_INGEST_BATCH})",
-    )
-    show = leaf(
-        todos,
+        [
+            flag("file", metavar="FILE", help="JSON lines, or - for stdin"),
+            endpoint_flag(),
+            flag("--queue", metavar="Q", help="the queue of lines that name none"),
+            flag(
+                "--priority",
+                type=int,
+                metavar="P",
+                help="the priority of lines that name none: 0 (most urgent, the default) to 9",
+            ),
+            flag(
+                "--batch",
+                type=int,
+                default=_INGEST_BATCH,
+                metavar="N",
+                help=f"todos per call (1 to 500, default {_INGEST_BATCH})",
+            ),
+        ],
+    ),
+    Command(
         "show",
         "show one todo with its attempts and admission status",
         "  switchboard todos show 42\n  switchboard todos show 42 --json\n",
         todos_show,
-    )
-    show.add_argument("todo_id", metavar="ID", help="todo id")
-    cancel = leaf(
-        todos,
+        [flag("todo_id", metavar="ID", help="todo id")],
+    ),
+    Command(
         "cancel",
         "cancel pending and claimed todos, by id or by filter",
         "  switchboard todos cancel 41 42 43\n"
@@ -535,10 +539,9 @@ def add_commands(sub: Subparsers) -> None:
         "  switchboard todos cancel --endpoint $EP --state pending --state claimed \\\n"
         "    --created-before 2026-12-01T00:00:00Z --yes\n\n" + _FILTER_HELP,
         todos_act,
-    )
-    _bulk_flags(cancel, "cancel")
-    requeue = leaf(
-        todos,
+        _bulk_flags("cancel"),
+    ),
+    Command(
         "requeue",
         "send dead and cancelled todos back to pending, by id or by filter",
         "  switchboard todos requeue 41 42 --delay 60\n"
@@ -546,50 +549,34 @@ def add_commands(sub: Subparsers) -> None:
         "  switchboard todos requeue --endpoint $EP --state dead --error-contains timeout \\\n"
         "    --max-attempts 10 --yes --json\n\n" + _FILTER_HELP,
         todos_act,
-    )
-    _bulk_flags(requeue, "requeue")
-    audit = leaf(
-        todos,
+        [
+            *_bulk_flags("requeue"),
+            flag("--delay", type=int, metavar="SECONDS", help="not claimable before this delay"),
+            flag(
+                "--max-attempts",
+                type=int,
+                metavar="N",
+                help="each todo's new max attempts (default: raised to allow one more)",
+            ),
+        ],
+    ),
+    Command(
         "audit",
         "list cancels and requeues, newest first: who, when, which todos, how many changed",
         "  switchboard todos audit --endpoint $EP --limit 10\n  switchboard todos audit --json\n",
         todos_audit,
-    )
-    audit.add_argument(
-        "--endpoint",
-        metavar="ID",
-        help="only this endpoint's (a human: default every endpoint of its owner)",
-    )
-    audit.add_argument(
-        "--limit", type=int, default=50, metavar="N", help="most entries (default 50)"
-    )
-    requeue.add_argument(
-        "--delay", type=int, metavar="SECONDS", help="not claimable before this delay"
-    )
-    requeue.add_argument(
-        "--max-attempts",
-        type=int,
-        metavar="N",
-        help="each todo's new max attempts (default: raised to allow one more)",
-    )
+        [
+            flag(
+                "--endpoint",
+                metavar="ID",
+                help="only this endpoint's (a human: default every endpoint of its owner)",
+            ),
+            limit_flag("entries"),
+        ],
+    ),
+)
 
 
-def _bulk_flags(p: argparse.ArgumentParser, action: str) -> None:
-    p.add_argument("todo_ids", nargs="*", metavar="ID", help="todo ids (or use a filter)")
-    endpoint_flag(p)
-    p.add_argument("--queue", action="append", metavar="Q", help="only this queue (repeatable)")
-    p.add_argument(
-        "--state",
-        action="append",
-        choices=_ACTION_STATES[action],
-        help="only this state (repeatable; required with a filter)",
-    )
-    p.add_argument("--created-before", metavar="TIME", help="only todos created before (ISO 8601)")
-    p.add_argument(
-        "--created-after", metavar="TIME", help="only todos created at or after (ISO 8601)"
-    )
-    p.add_argument(
-        "--error-contains", metavar="TEXT", help="only todos whose last error contains TEXT"
-    )
-    p.add_argument("--dry-run", action="store_true", help="print how many match; change nothing")
-    p.add_argument("--yes", action="store_true", help="act on a filter without asking")
+def add_commands(sub: Subparsers) -> None:
+    """Registers ``todos`` and its subcommands."""
+    group(sub, "todos", "list and inspect todos", TODOS_EXAMPLES, "todos_command", _COMMANDS)
