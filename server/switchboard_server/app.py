@@ -40,12 +40,14 @@ from switchboard_server.db import Database, distribute
 from switchboard_server.db.listener import (
     AUTH_CHANNEL,
     DOORBELL_CHANNEL,
+    DUE_CHANNEL,
     REOPEN_CHANNEL,
     Listener,
     NodeListeners,
 )
 from switchboard_server.db.migrate import migrate
 from switchboard_server.dispatch import Dispatcher, DispatchSettings
+from switchboard_server.dispatch.waiting import ClaimWaits
 from switchboard_server.doorbells import DoorbellHub, reopen_once
 from switchboard_server.extras import install_hint
 from switchboard_server.health import DatabaseHealth, Readiness
@@ -210,6 +212,8 @@ class App:
     http_port: int = 0
     #: The gRPC listener's certificates (``None``: plaintext).
     certificates: tls.CertificateReloader | None = None
+    #: The calls held in ClaimNext (ended first on stop).
+    waits: ClaimWaits = field(default_factory=ClaimWaits)
 
     def reload(self) -> None:
         """What ``SIGHUP`` does: loads the TLS certificates again, the gRPC
@@ -252,6 +256,7 @@ class App:
         self.readiness.shutdown()
         await self.health.enter_graceful_shutdown()
         self.hub.close()  # ends WatchReopen streams, so draining does not wait on them
+        self.waits.close()  # and held ClaimNext calls answer what they have
         await self.server.stop(grace)
         if self.web is not None:
             await self.web.cleanup()
@@ -274,18 +279,21 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
         await run_migrations(db)
         keyring = await open_keyring(db, settings)
         hub = DoorbellHub(db, settings.doorbell_heartbeat)
+        waits = ClaimWaits(settings.combine_max)
         authenticator = Authenticator(db, settings.operator_token)
         #: Set when a gate was made due (a freed slot, a policy change) on any replica.
         reopen_due = asyncio.Event()
 
         async def on_reconnect() -> None:
             authenticator.forget()  # revocations may have been missed
-            await hub.rering()  # and rings
+            waits.wake_all()  # and rings and due times
+            await hub.rering()
 
         listener = Listener(
             db.dsn,
             {
-                DOORBELL_CHANNEL: hub.on_payload,
+                DOORBELL_CHANNEL: functools.partial(_ring, hub, waits),
+                DUE_CHANNEL: waits.on_due,
                 AUTH_CHANNEL: lambda payload, _source: authenticator.forget_payload(payload),
                 REOPEN_CHANNEL: lambda _payload, _source: reopen_due.set(),
             },
@@ -303,7 +311,8 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
                 db.dsn,
                 functools.partial(_worker_nodes, db),
                 {
-                    DOORBELL_CHANNEL: hub.on_payload,
+                    DOORBELL_CHANNEL: functools.partial(_ring, hub, waits),
+                    DUE_CHANNEL: waits.on_due,
                     REOPEN_CHANNEL: lambda _payload, _source: reopen_due.set(),
                 },
                 on_reconnect,
@@ -313,6 +322,7 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
             hub.sources = lambda: (listener, *nodes.listeners)
         metrics = Metrics(settings.metrics_queue_labels)
         metrics.count_subscriptions(lambda: hub.subscribers)
+        metrics.count_held_claims(lambda: waits.waiting)
         readiness = Readiness()
         metrics.read_serving(lambda: readiness.serving)
         dispatcher = Dispatcher(
@@ -325,6 +335,7 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
                 combine_max=settings.combine_max,
             ),
             metrics,
+            waits=waits,
         )
         services = Services(
             db=db,
@@ -393,6 +404,7 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
         web=runner,
         http_port=runner.port,
         certificates=reloader,
+        waits=waits,
     )
     mode = "off" if reloader is None else "mutual" if reloader.mutual else "on"
     log.info(
@@ -433,6 +445,12 @@ class GenericHandlersOnly:
         self, service_name: str, method_handlers: dict[str, grpc.RpcMethodHandler[Any, Any]]
     ) -> None:
         """Left out: the same handlers came as a generic handler (see the class)."""
+
+
+def _ring(hub: DoorbellHub, waits: ClaimWaits, payload: str, source: object) -> None:
+    """A ring heard: to the WatchReopen streams and the held ClaimNext calls."""
+    hub.on_payload(payload, source)
+    waits.on_ring(payload, source)
 
 
 def _grpc_server(services: Services, hub: DoorbellHub) -> tuple[grpc.aio.Server, HealthServicer]:

@@ -5,7 +5,8 @@ servers may share a Python process in tests). This module owns what the
 process counts: counters and histograms of what it did (claims, refusals,
 units charged, attempts, settles, cancels and requeues, claim transactions,
 RPCs, hook deliveries), per process: sum them over replicas; and the
-process's own state read at scrape time (doorbell subscriptions, serving).
+process's own state read at scrape time (doorbell subscriptions, held
+claims, serving).
 What a scrape reads besides (the database's gauges, the same on every
 replica, and the connection pool) is ``metrics_scrape.py``.
 
@@ -161,6 +162,12 @@ class Metrics:
             f"doorbells, the ones still attaching included). {PER_PROCESS}",
             registry=r,
         )
+        self.held_claims = Gauge(
+            "switchboard_held_claims",
+            "ClaimNext calls held in this process, waiting (their ``wait``) for something "
+            f"claimable. {PER_PROCESS}",
+            registry=r,
+        )
         self.todos_settled = Counter(
             "switchboard_todos_settled",
             "Todos a worker settled (Complete, Fail, Release, SettleTodos), by queue and by "
@@ -187,6 +194,10 @@ class Metrics:
     def count_subscriptions(self, count: Callable[[], int]) -> None:
         """Reads the open-subscriptions gauge from ``count`` at each scrape."""
         self.doorbell_subscriptions.set_function(count)
+
+    def count_held_claims(self, count: Callable[[], int]) -> None:
+        """Reads the held-claims gauge from ``count`` at each scrape."""
+        self.held_claims.set_function(count)
 
     def read_serving(self, serving: Callable[[], bool]) -> None:
         """Reads the serving gauge from ``serving`` at each scrape."""

@@ -5,7 +5,9 @@ Channels: ``switchboard_doorbell`` carries rings (``sb_ring``);
 so every replica drops them from its authentication cache at once;
 ``switchboard_reopen`` says a queue's gate was made due (a freed slot, a
 policy change), so every replica's reopen sweep runs at once rather than at
-its next interval. ``switchboard_sync`` carries each process's own markers
+its next interval; ``switchboard_due`` says when a queue's pending todos
+come due without a ring (``sb_announce_due``), for held ClaimNext calls.
+``switchboard_sync`` carries each process's own markers
 (``Listener.barrier``): a new ``WatchReopen`` subscriber starts hearing rings
 exactly where the attach snapshot's view of the database begins.
 
@@ -34,6 +36,7 @@ log = logging.getLogger(__name__)
 DOORBELL_CHANNEL = "switchboard_doorbell"
 AUTH_CHANNEL = "switchboard_auth"
 REOPEN_CHANNEL = "switchboard_reopen"
+DUE_CHANNEL = "switchboard_due"
 SYNC_CHANNEL = "switchboard_sync"
 
 #: What gets a channel's payloads, and the listener that heard each.

@@ -8,6 +8,8 @@ transaction. Its parts, by how they run:
 - ``leases``: the hot path (Claim, ClaimNext, Heartbeat, Complete, Fail,
   Release, the batches), a statement per call, concurrent single-todo calls
   of one endpoint combined into one (``combining.Combiner``);
+- ``waiting``: ClaimNext held until something is claimable, woken by the
+  listener's rings and due times, never by polling;
 - ``ingest``: new todos, a statement per call, single ingests combined too;
 - ``reads``: one todo, pages of todos, the audit, in one snapshot each;
 - ``actions``: the operator's cancels and requeues (``Action``), audited;
@@ -49,6 +51,7 @@ from switchboard_server.dispatch.reads import (
     TodoFilter,
     TodoView,
 )
+from switchboard_server.dispatch.waiting import ClaimWaits, HeldClaims
 from switchboard_server.metrics import Metrics
 from switchboard_server.model import (
     Ingested,
@@ -94,11 +97,18 @@ class Dispatcher:
     """
 
     def __init__(
-        self, db: Database, settings: DispatchSettings, metrics: Metrics | None = None
+        self,
+        db: Database,
+        settings: DispatchSettings,
+        metrics: Metrics | None = None,
+        *,
+        waits: ClaimWaits | None = None,
     ) -> None:
         metrics = metrics or Metrics()
         self._settings = settings
         self.leases = Leases(db, settings, metrics)
+        #: The calls held in ClaimNext: the listener's rings and due times wake them.
+        self.held = HeldClaims(self.leases, waits or ClaimWaits(settings.combine_max))
         self.ingests = Ingests(db, settings)
         self.reads = Reads(db, settings)
         self.actions = OperatorActions(db, settings, metrics)
@@ -107,7 +117,7 @@ class Dispatcher:
         self.ingest_many = self.ingests.ingest_many
 
         self.claim = self.leases.claim
-        self.claim_next = self.leases.claim_next
+        self.claim_next = self.held.claim_next
         self.heartbeat = self.leases.heartbeat
         self.heartbeat_many = self.leases.heartbeat_many
         self.complete = self.leases.complete

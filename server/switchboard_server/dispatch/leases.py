@@ -267,6 +267,19 @@ class Leases:
 
     def _release_orphan(self, key: _ClaimFor, claimant: str, result: ClaimNextResult) -> None:
         """Gives back at once a todo claimed for a caller that went away."""
+        self._give_back(key.owner_id, result, claimant)
+
+    def give_back(self, claim: asyncio.Future[ClaimNextResult]) -> None:
+        """Gives back at once what a finished claim (``claim_next``) claimed for
+        a caller that went away while it was being made."""
+        if claim.cancelled() or claim.exception() is not None:
+            return
+        result = claim.result()
+        if result.claimed:
+            todo = result.claimed[0].todo
+            self._give_back(todo.owner_id, result, todo.claimant)
+
+    def _give_back(self, owner_id: uuid.UUID, result: ClaimNextResult, claimant: str) -> None:
         settlements = [
             Settlement(c.todo.id, c.lease.lease_id, SettleAction.RELEASE) for c in result.claimed
         ]
@@ -276,9 +289,8 @@ class Leases:
             "claim released: its caller went away",
             extra={"todo_id": settlements[0].todo_id, "claimant": claimant},
         )
-        task = asyncio.create_task(
-            self._release(Caller(key.owner_id, key.endpoint_id), settlements)
-        )
+        endpoint_id = result.claimed[0].todo.endpoint_id
+        task = asyncio.create_task(self._release(Caller(owner_id, endpoint_id), settlements))
         self._releasing.add(task)
         task.add_done_callback(self._releasing.discard)
 

@@ -4,9 +4,12 @@ SettleTodos (the domain side: ``dispatch/leases.py``)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from switchboard_dispatch.v1 import dispatch_pb2, todo_pb2
 
 from switchboard_server import dispatch, tracing
+from switchboard_server.dispatch.waiting import MAX_WAIT
 from switchboard_server.model import ItemOutcome, Lease, SettleAction, Settlement, TodoState
 from switchboard_server.servicers import convert
 from switchboard_server.servicers.dispatch_part import Context, DispatchPart
@@ -45,9 +48,18 @@ class LeaseRpcs(DispatchPart):
         claimant = v.text("claimant", request.claimant, maximum=MAX_CLAIMANT)
         lease = v.lease(request)
         max_todos = v.batch_size("max_todos", request.max_todos)
+        wait = v.duration(
+            "wait", request.wait, request.HasField("wait"), minimum=timedelta(0), maximum=MAX_WAIT
+        )
         v.check()
         result = await self._dispatcher.claim_next(
-            current_principal(), endpoint_id, queues, claimant, lease, max_todos
+            current_principal(),
+            endpoint_id,
+            queues,
+            claimant,
+            lease,
+            max_todos,
+            wait=_before_deadline(wait, context.time_remaining()),
         )
         tracing.record_waits(c.todo for c in result.claimed)
         deferred = [convert.deferred_queue(d) for d in result.deferred[:MAX_DEFERRED_REPORTED]]
@@ -189,3 +201,15 @@ class LeaseRpcs(DispatchPart):
                 for s, r in zip(settlements, results, strict=True)
             ]
         )
+
+
+def _before_deadline(wait: timedelta | None, remaining: float | None) -> timedelta:
+    """How long a ClaimNext may be held: its ``wait``, ended shortly before the
+    call's deadline (a tenth of what is left, at most a second), so that the
+    caller hears ``empty`` rather than DEADLINE_EXCEEDED."""
+    if wait is None:
+        return timedelta(0)
+    if remaining is None:
+        return wait
+    margin = min(1.0, remaining / 10)
+    return max(timedelta(0), min(wait, timedelta(seconds=remaining - margin)))

@@ -398,6 +398,7 @@ class ClaimNextRequest(_message.Message):
     CLAIMANT_FIELD_NUMBER: _builtins.int
     LEASE_DURATION_FIELD_NUMBER: _builtins.int
     MAX_TODOS_FIELD_NUMBER: _builtins.int
+    WAIT_FIELD_NUMBER: _builtins.int
     endpoint_id: _builtins.str
     """The endpoint whose queues to draw from. An endpoint credential may leave
     it empty to mean its own endpoint.
@@ -417,6 +418,20 @@ class ClaimNextRequest(_message.Message):
 
     @_builtins.property
     def lease_duration(self) -> _duration_pb2.Duration: ...
+    @_builtins.property
+    def wait(self) -> _duration_pb2.Duration:
+        """How long to hold the call when nothing is claimable: 0 (or unset)
+        answers at once; at most 60 s. A held call claims as soon as something
+        becomes claimable for it (a todo created, retried, released or come due;
+        a queue reopening at its window boundary, a slot freeing, a policy raised,
+        cleared or resumed), admitted exactly as any claim, and answers as an
+        immediate call would. When the wait ends first it answers `empty` with the
+        deferred queues as they were last seen. A call with a deadline ends its
+        wait shortly before the deadline, answering `empty`, rather than letting
+        the deadline pass. Waiting costs the database nothing: held calls are
+        woken by the events that ring doorbells, not by polling.
+        """
+
     def __init__(
         self,
         *,
@@ -425,10 +440,11 @@ class ClaimNextRequest(_message.Message):
         claimant: _builtins.str = ...,
         lease_duration: _duration_pb2.Duration | None = ...,
         max_todos: _builtins.int = ...,
+        wait: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["lease_duration", b"lease_duration"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease_duration", b"lease_duration", "wait", b"wait"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["claimant", b"claimant", "endpoint_id", b"endpoint_id", "lease_duration", b"lease_duration", "max_todos", b"max_todos", "queues", b"queues"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claimant", b"claimant", "endpoint_id", b"endpoint_id", "lease_duration", b"lease_duration", "max_todos", b"max_todos", "queues", b"queues", "wait", b"wait"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -319,3 +319,27 @@ BEGIN
     rang := sb_ring(p_gate.endpoint_id, p_gate.queue_id, cause, p_now);
 END;
 $$;
+
+-- Pending todos of an endpoint's queues come due at the times given (one
+-- entry a todo: p_queue_ids[i] at p_due[i]) without a ring: released or
+-- reaped (due now), failed with a backoff, created or requeued with a
+-- delay. NOTIFY every replica (the earliest time of each queue), so that
+-- the calls held in ClaimNext for those queues try again then, rather than
+-- polling (dispatch/waiting.py). The database's now goes with it: a replica
+-- turns the time into its own delay, whatever its clock says.
+CREATE OR REPLACE FUNCTION sb_announce_due(
+    p_endpoint_id uuid, p_queue_ids bigint[], p_due timestamptz[], p_now timestamptz
+) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('switchboard_due', json_build_object(
+                'endpoint_id', q.endpoint_id, 'queue', q.name, 'at', d.at,
+                'now', p_now)::text)
+       FROM (SELECT i.queue_id, min(i.at) AS at
+               FROM unnest(p_queue_ids, p_due) AS i (queue_id, at)
+              WHERE i.at IS NOT NULL
+              GROUP BY i.queue_id) AS d
+       JOIN queues q ON q.endpoint_id = p_endpoint_id AND q.id = d.queue_id
+      ORDER BY d.queue_id;
+END;
+$$;

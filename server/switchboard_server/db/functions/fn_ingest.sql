@@ -215,6 +215,13 @@ BEGIN
               WHERE v_now + i.delay <= v_now
                 AND i.ord NOT IN (SELECT unnest(v_dup_ords))
               ORDER BY i.queue_id) AS r;
+    -- Delayed ones ring nothing now; held claims hear when they come due.
+    PERFORM sb_announce_due(p_endpoint_id, array_agg(i.queue_id), array_agg(v_now + i.delay),
+                            v_now)
+       FROM unnest(v_queue_ids, p_delays) WITH ORDINALITY AS i (queue_id, delay, ord)
+      WHERE v_now + i.delay > v_now
+        AND i.ord NOT IN (SELECT unnest(v_dup_ords))
+     HAVING count(*) > 0;
     RETURN QUERY
     SELECT i.ord::integer,
            CASE WHEN d.ord IS NULL THEN i.id ELSE (d.row).id END,
@@ -230,12 +237,16 @@ END;
 $$;
 
 -- Called when ingest creates a todo: rings the queue's doorbell (held back
--- while admission defers it).
+-- while admission defers it); a todo due later is announced to held claims
+-- (sb_announce_due) instead.
 CREATE OR REPLACE FUNCTION sb_on_created(p_todo todos, p_now timestamptz) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     IF p_todo.next_retry_at <= p_now THEN
         PERFORM sb_ring(p_todo.endpoint_id, p_todo.queue_id, 'created', p_now);
+    ELSE
+        PERFORM sb_announce_due(p_todo.endpoint_id, ARRAY[p_todo.queue_id],
+                                ARRAY[p_todo.next_retry_at], p_now);
     END IF;
 END;
 $$;

@@ -59,6 +59,12 @@ BEGIN
           FROM todos t WHERE t.endpoint_id = v_endpoint AND t.id = ANY (v_ids);
         -- The reaped todos' in-flight slots are free: their gates ring SLOT_FREED.
         PERFORM sb_gates_slot_freed(v_endpoint, v_queue_ids, v_now);
+        -- Pending again at once: held claims hear it.
+        PERFORM sb_announce_due(v_endpoint, array_agg(t.queue_id), array_agg(t.next_retry_at),
+                                v_now)
+           FROM todos t
+          WHERE t.endpoint_id = v_endpoint AND t.id = ANY (v_ids) AND t.state = 'pending'
+         HAVING count(*) > 0;
         RETURN QUERY
             SELECT t.id, t.state, t.queue_id FROM todos t
              WHERE t.endpoint_id = v_endpoint AND t.id = ANY (v_ids);

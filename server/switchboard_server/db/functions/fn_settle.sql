@@ -149,6 +149,15 @@ BEGIN
                    FROM unnest(v_endpoints, v_queues) AS q (endpoint_id, queue_id)
                   GROUP BY q.endpoint_id ORDER BY q.endpoint_id) AS f;
     END IF;
+    -- Failed with a retry or released: pending again, due then (held claims hear it).
+    IF 'fail' = ANY (v_actions) OR 'release' = ANY (v_actions) THEN
+        PERFORM sb_announce_due(f.endpoint_id, f.queue_ids, f.due, v_now)
+           FROM (SELECT r.endpoint_id, array_agg(r.queue_id) AS queue_ids,
+                        array_agg(r.next_retry_at) AS due
+                   FROM unnest(v_rows) AS r
+                  WHERE r.state = 'pending'
+                  GROUP BY r.endpoint_id ORDER BY r.endpoint_id) AS f;
+    END IF;
     -- (Set-returning calls side by side step together; unnest(v_rows) in FROM
     -- would spread each todo into its columns.)
     RETURN QUERY SELECT unnest(v_ords), 'applied'::text, unnest(v_rows);
