@@ -17,7 +17,15 @@ from switchboard_server.db.admission_report import NO_REPORT, AdmissionReport, a
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import Row, execute, fetch_many, fetch_one
 from switchboard_server.db.todos import STATES, not_found, todo_from_record
-from switchboard_server.model import ItemOutcome, Settled, SettledState, Settlement, Todo, TodoState
+from switchboard_server.model import (
+    ClaimOutcome,
+    ItemOutcome,
+    Settled,
+    SettledState,
+    Settlement,
+    Todo,
+    TodoState,
+)
 
 T = TypeVar("T")
 
@@ -27,24 +35,21 @@ Extension = tuple[ItemOutcome, datetime | None]
 
 
 @dataclass(frozen=True)
-class ClaimOutcome:
-    """What ``sb_claim`` reported.
+class ClaimResult:
+    """What ``sb_claim`` reported: the outcome, the todo (``None`` when not
+    found) and, in ``admission``, the headroom of a budgeted claim or the
+    deferral."""
 
-    ``outcome`` is ``claimed``, ``deferred``, ``not_found``, ``not_claimable``
-    or ``dead_lettered``; ``admission`` carries the headroom of a budgeted
-    claim or the deferral.
-    """
-
-    outcome: str
+    outcome: ClaimOutcome
     todo: Todo | None
     admission: AdmissionReport
 
 
-def _claim_outcome(rec: Row | None) -> ClaimOutcome:
+def _claim_result(rec: Row | None) -> ClaimResult:
     assert rec is not None
     row = rec["todo"]
-    return ClaimOutcome(
-        str(rec["outcome"]),
+    return ClaimResult(
+        ClaimOutcome(rec["outcome"]),
         todo_from_record(row) if row is not None else None,
         admission_report(rec["admission"]),
     )
@@ -69,7 +74,7 @@ async def claim(
     endpoint_id: uuid.UUID | None,
     claimant: str,
     lease: timedelta,
-) -> ClaimOutcome:
+) -> ClaimResult:
     """Claims one todo (see ``sb_claim``), enforcing its queue's admission policy.
 
     Returns once the claim is durable (``wait_durable``).
@@ -77,7 +82,7 @@ async def claim(
     if endpoint_id is None:  # owner scope: the todo's endpoint first (see endpoints_of)
         endpoint_id = (await endpoints_of(conn, ids=[todo_id], owner_id=owner_id)).get(todo_id)
         if endpoint_id is None:
-            return ClaimOutcome("not_found", None, NO_REPORT)
+            return ClaimResult(ClaimOutcome.NOT_FOUND, None, NO_REPORT)
     rec = await fetch_one(
         conn,
         "todo_claim",
@@ -87,10 +92,10 @@ async def claim(
         claimant=claimant,
         lease=lease,
     )
-    outcome = _claim_outcome(rec)
-    if outcome.admission.admitted:
+    result = _claim_result(rec)
+    if result.admission.admitted:
         await wait_durable(conn)
-    return outcome
+    return result
 
 
 @dataclass(frozen=True)
