@@ -16,7 +16,7 @@ from switchboard_server import errors
 from switchboard_server.db.admission_report import NO_REPORT, AdmissionReport, admission_report
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import Row, execute, fetch_many, fetch_one
-from switchboard_server.db.todos import STATES, not_found, todo_from_record
+from switchboard_server.db.todos import STATES, not_found, todo_from_record, todo_or_none
 from switchboard_server.model import (
     ClaimOutcome,
     ItemOutcome,
@@ -47,10 +47,9 @@ class ClaimResult:
 
 def _claim_result(rec: Row | None) -> ClaimResult:
     assert rec is not None
-    row = rec["todo"]
     return ClaimResult(
         ClaimOutcome(rec["outcome"]),
-        todo_from_record(row) if row is not None else None,
+        todo_or_none(rec["todo"]),
         admission_report(rec["admission"]),
     )
 
@@ -378,7 +377,7 @@ async def _settle_by_endpoint(
 def _settled(rows: Sequence[Row]) -> list[Settled]:
     settled = []
     for r in rows:
-        todo = todo_from_record(r["todo"]) if r["todo"] is not None else None
+        todo = todo_or_none(r["todo"])
         state = todo.state if todo is not None else None
         settled.append(Settled(_item_outcome(r["outcome"], state), todo))
     return settled

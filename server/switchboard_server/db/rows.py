@@ -1,4 +1,5 @@
-"""Rows to records, ignoring the columns a record does not know.
+"""Rows to records, ignoring the columns a record does not know, and the
+JSON columns of an audit row both ways.
 
 A later release may add a column to a table that this release reads with
 ``SELECT *`` (or as a composite value, such as the ``todos`` rows that the
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
+import json
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
@@ -31,3 +33,32 @@ def record(cls: type[R], columns: Mapping[str, Any]) -> R:
     """``cls(**columns)``, leaving out the columns ``cls`` has no field for."""
     names = _field_names(cls)
     return cls(**{k: v for k, v in columns.items() if k in names})
+
+
+def records(cls: type[R], rows: Iterable[Mapping[str, Any]]) -> list[R]:
+    """``record`` of each of ``rows``, in order."""
+    return [record(cls, r) for r in rows]
+
+
+def json_object(value: Any) -> dict[str, Any] | None:
+    """A ``json`` column that holds an object (the driver's text, or already
+    decoded), or ``None``."""
+    if value is None:
+        return None
+    loaded = json.loads(value) if isinstance(value, str) else value
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def json_text(value: Mapping[str, Any] | None) -> str | None:
+    """A mapping as the text of a ``json`` parameter, or ``None``."""
+    return json.dumps(value) if value is not None else None
+
+
+def audit_record(cls: type[R], columns: Mapping[str, Any]) -> R:
+    """``record`` of an audit row: its ``before`` and ``after`` (the object
+    before and after the change, ``json``) decoded."""
+    fields = dict(columns)
+    fields["before"] = json_object(fields["before"])
+    fields["after"] = json_object(fields["after"])
+    return record(cls, fields)

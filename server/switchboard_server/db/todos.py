@@ -45,6 +45,11 @@ def todo_from_record(rec: Mapping[str, Any]) -> Todo:
     return todo
 
 
+def todo_or_none(rec: Mapping[str, Any] | None) -> Todo | None:
+    """``todo_from_record``, or ``None`` for no row (or a NULL composite)."""
+    return todo_from_record(rec) if rec is not None else None
+
+
 def not_found(exc: asyncpg.PostgresError) -> bool:
     """Whether the database refused a call for a missing endpoint (``SB404``)."""
     return getattr(exc, "sqlstate", None) == _NOT_FOUND_SQLSTATE
