@@ -10,13 +10,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TypeVar
 
-import asyncpg
-
-from switchboard_server import errors
 from switchboard_server.db.admission_report import NO_REPORT, AdmissionReport, admission_report
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import Row, execute, fetch_many, fetch_one
-from switchboard_server.db.todos import STATES, not_found, todo_from_record, todo_or_none
+from switchboard_server.db.todos import STATES, endpoint_found, todo_from_record, todo_or_none
 from switchboard_server.model import (
     ClaimOutcome,
     ItemOutcome,
@@ -121,7 +118,7 @@ async def claim_next(
     endpoint's (given) queues, within its budget: the i-th for ``claimants[i]``,
     or all for a single claimant. Returns once the claims are durable
     (``wait_durable``)."""
-    try:
+    with endpoint_found():
         rec = await fetch_one(
             conn,
             "todo_claim_next",
@@ -133,10 +130,6 @@ async def claim_next(
             max_todos=max_todos,
             max_bytes=max_bytes,
         )
-    except asyncpg.PostgresError as exc:
-        if not_found(exc):
-            raise errors.NotFound("endpoint not found") from exc
-        raise
     assert rec is not None
     outcome = BatchOutcome(
         [todo_from_record(row) for row in rec["todos"]],
