@@ -181,15 +181,16 @@ class ItemOutcome(enum.Enum):
 
 
 class ClaimOutcome(enum.StrEnum):
-    """What a claim of one todo by id did, as ``sb_claim`` reports it (a
-    ``str``: the claim's metric label and span attribute are its value)."""
+    """What a claim of one todo by id did, as ``sb_claim`` reports it. A
+    ``StrEnum``, as ``ActionOutcome``: a member equals the SQL string it was
+    decoded from, and a string that is no member fails to decode."""
 
     CLAIMED = "claimed"
     #: The queue's admission policy deferred the todo.
     DEFERRED = "deferred"
     #: No such todo in the caller's scope.
     NOT_FOUND = "not_found"
-    #: The todo is not pending, or not before its next retry.
+    #: The todo is neither pending and due nor claimed under a lapsed lease.
     NOT_CLAIMABLE = "not_claimable"
     #: The todo's lease lapsed on its last attempt: it is dead now.
     DEAD_LETTERED = "dead_lettered"
