@@ -12,7 +12,7 @@ from switchboard_server.db.admission_report import PolicyLimitColumns
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import execute, fetch_many, fetch_one, fetch_value
 from switchboard_server.db.queues import hold_shard_group
-from switchboard_server.db.rows import audit_record, json_text, record
+from switchboard_server.db.rows import AuditColumns, audit_record, json_text, record
 from switchboard_server.model import Actor
 
 
@@ -33,17 +33,8 @@ class PolicyRow(PolicyLimitColumns):
 
 
 @dataclass(frozen=True)
-class AuditRow:
+class AuditRow(AuditColumns):
     """One stored policy change."""
-
-    id: int
-    action: str
-    actor_credential_id: uuid.UUID | None
-    actor_human_id: uuid.UUID | None
-    actor_endpoint_id: uuid.UUID | None
-    at: datetime
-    before: dict[str, Any] | None
-    after: dict[str, Any] | None
 
 
 @dataclass(frozen=True)

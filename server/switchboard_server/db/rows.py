@@ -13,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import uuid
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
@@ -55,9 +57,26 @@ def json_text(value: Mapping[str, Any] | None) -> str | None:
     return json.dumps(value) if value is not None else None
 
 
-def audit_record(cls: type[R], columns: Mapping[str, Any]) -> R:
-    """``record`` of an audit row: its ``before`` and ``after`` (the object
-    before and after the change, ``json``) decoded."""
+@dataclasses.dataclass(frozen=True)
+class AuditColumns:
+    """What a stored change of the policy and schedule audits holds: who made
+    it, when, and the object before and after it (``None``: created, deleted)."""
+
+    id: int
+    action: str
+    actor_credential_id: uuid.UUID | None
+    actor_human_id: uuid.UUID | None
+    actor_endpoint_id: uuid.UUID | None
+    at: datetime
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+
+
+A = TypeVar("A", bound=AuditColumns)
+
+
+def audit_record(cls: type[A], columns: Mapping[str, Any]) -> A:
+    """``record`` of an audit row: its ``before`` and ``after`` (``json``) decoded."""
     fields = dict(columns)
     fields["before"] = json_object(fields["before"])
     fields["after"] = json_object(fields["after"])

@@ -12,7 +12,7 @@ from typing import Any
 from switchboard_server.db.database import Conn, name_taken
 from switchboard_server.db.queries import execute, fetch_many, fetch_one
 from switchboard_server.db.queues import hold_shard_group
-from switchboard_server.db.rows import audit_record, json_text
+from switchboard_server.db.rows import AuditColumns, audit_record, json_text
 from switchboard_server.db.todos import todo_or_none
 from switchboard_server.model import Actor, Todo
 
@@ -62,19 +62,11 @@ class Definition:
 
 
 @dataclass(frozen=True)
-class AuditRow:
+class AuditRow(AuditColumns):
     """One stored schedule change."""
 
-    id: int
     schedule_id: int
     endpoint_id: uuid.UUID
-    action: str
-    actor_credential_id: uuid.UUID | None
-    actor_human_id: uuid.UUID | None
-    actor_endpoint_id: uuid.UUID | None
-    at: datetime
-    before: dict[str, Any] | None
-    after: dict[str, Any] | None
 
 
 def _row(rec: Mapping[str, Any]) -> ScheduleRow:
