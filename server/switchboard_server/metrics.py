@@ -39,7 +39,7 @@ from prometheus_client.registry import Collector
 from switchboard_server import tracing
 from switchboard_server.db import Database
 from switchboard_server.metrics_scrape import OTHER_QUEUE, PER_PROCESS, scrape_families
-from switchboard_server.model import AttemptOutcome, TodoState
+from switchboard_server.model import AttemptOutcome, ClaimOutcome, TodoState
 from switchboard_server.policies import Deferral
 
 #: What ``switchboard_todos_settled`` calls a settled todo, by its state after.
@@ -342,10 +342,10 @@ class ClaimObservation:
             self.queue = deferrals[0].queue
         self.metrics.refused(deferrals, callers)
 
-    def finished(self, outcome: str, queue: str | None = None) -> None:
+    def finished(self, outcome: ClaimOutcome, queue: str | None = None) -> None:
         """Any other outcome (``not_found``, ``not_claimable``, ``dead_lettered``)."""
-        self.outcome, self.queue = outcome, queue
-        if outcome == "dead_lettered":
+        self.outcome, self.queue = outcome.value, queue
+        if outcome is ClaimOutcome.DEAD_LETTERED:
             self.metrics.attempts_ended(AttemptOutcome.LAPSED)
 
 

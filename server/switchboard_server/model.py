@@ -180,6 +180,37 @@ class ItemOutcome(enum.Enum):
     CANCELLED = "cancelled"
 
 
+class ClaimOutcome(enum.StrEnum):
+    """What a claim of one todo by id did, as ``sb_claim`` reports it. A
+    ``StrEnum``, as ``ActionOutcome``: a member equals the SQL string it was
+    decoded from, and a string that is no member fails to decode."""
+
+    CLAIMED = "claimed"
+    #: The queue's admission policy deferred the todo.
+    DEFERRED = "deferred"
+    #: No such todo in the caller's scope.
+    NOT_FOUND = "not_found"
+    #: The todo is neither pending and due nor claimed under a lapsed lease.
+    NOT_CLAIMABLE = "not_claimable"
+    #: The todo's lease lapsed on its last attempt: it is dead now.
+    DEAD_LETTERED = "dead_lettered"
+
+
+class ActionOutcome(enum.StrEnum):
+    """What a cancel or requeue did with one todo, as ``sb_cancel`` and
+    ``sb_requeue`` report it."""
+
+    APPLIED = "applied"
+    #: No such todo in the caller's scope.
+    NOT_FOUND = "not_found"
+    #: A cancel of a todo that is neither pending nor claimed.
+    NOT_CANCELLABLE = "not_cancellable"
+    #: A requeue of a todo that is neither dead nor cancelled.
+    NOT_REQUEUEABLE = "not_requeueable"
+    #: A requeue whose ``max_attempts`` is not above the todo's attempts.
+    MAX_ATTEMPTS_TOO_LOW = "max_attempts_too_low"
+
+
 @dataclass(frozen=True)
 class Settled:
     """The outcome of one settlement and the todo after it (``None`` when not found)."""
@@ -393,11 +424,11 @@ class IngestedTodos:
 
 @dataclass(frozen=True)
 class Acted:
-    """What a cancel or requeue did with one todo: ``outcome`` (``applied``,
-    ``not_found``, or why it was refused), the todo after it (``None`` when not
-    found) and, when applied, the state it was cancelled or requeued from."""
+    """What a cancel or requeue did with one todo: ``outcome`` (applied, not
+    found, or why it was refused), the todo after it (``None`` when not found)
+    and, when applied, the state it was cancelled or requeued from."""
 
-    outcome: str
+    outcome: ActionOutcome
     todo: Todo | None
     was: TodoState | None = None
 

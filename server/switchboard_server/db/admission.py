@@ -2,34 +2,28 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from switchboard_server.db.admission_report import PolicyLimitColumns
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import execute, fetch_many, fetch_one, fetch_value
 from switchboard_server.db.queues import hold_shard_group
-from switchboard_server.db.rows import record
+from switchboard_server.db.rows import AuditColumns, audit_record, json_text, record
 from switchboard_server.model import Actor
 
 
 @dataclass(frozen=True)
-class PolicyRow:
+class PolicyRow(PolicyLimitColumns):
     """A stored policy row (active or cleared)."""
 
     id: int
     queue_id: int
     owner_id: uuid.UUID
     active: bool
-    max_in_flight: int | None
-    max_claims_per_window: int | None
-    window_period: str | None
-    window_zone: str | None
-    window_start: str | None
-    window_weekday: int | None
     window_bounds: tuple[datetime, ...]
     schedule_refresh_at: datetime | None
     created_at: datetime
@@ -39,17 +33,8 @@ class PolicyRow:
 
 
 @dataclass(frozen=True)
-class AuditRow:
+class AuditRow(AuditColumns):
     """One stored policy change."""
-
-    id: int
-    action: str
-    actor_credential_id: uuid.UUID | None
-    actor_human_id: uuid.UUID | None
-    actor_endpoint_id: uuid.UUID | None
-    at: datetime
-    before: dict[str, Any] | None
-    after: dict[str, Any] | None
 
 
 @dataclass(frozen=True)
@@ -68,14 +53,6 @@ def _policy(rec: Mapping[str, Any]) -> PolicyRow:
     fields = dict(rec)
     fields["window_bounds"] = tuple(fields["window_bounds"] or ())
     return record(PolicyRow, fields)  # a later release's columns left out
-
-
-def _json(value: Any) -> dict[str, Any] | None:
-    if value is None:
-        return None
-    loaded = json.loads(value) if isinstance(value, str) else value
-    assert isinstance(loaded, dict)
-    return loaded
 
 
 async def queue_upsert(
@@ -273,8 +250,8 @@ async def insert_audit(
         actor_credential_id=actor.credential_id,
         actor_human_id=actor.human_id,
         actor_endpoint_id=actor.endpoint_id,
-        before=json.dumps(before) if before is not None else None,
-        after=json.dumps(after) if after is not None else None,
+        before=json_text(before),
+        after=json_text(after),
         endpoint_id=endpoint_id,
     )
 
@@ -298,19 +275,7 @@ async def list_audit(
         limit=limit,
         endpoint_id=endpoint_id,
     )
-    return [
-        AuditRow(
-            id=r["id"],
-            action=r["action"],
-            actor_credential_id=r["actor_credential_id"],
-            actor_human_id=r["actor_human_id"],
-            actor_endpoint_id=r["actor_endpoint_id"],
-            at=r["at"],
-            before=_json(r["before"]),
-            after=_json(r["after"]),
-        )
-        for r in rows
-    ]
+    return [audit_record(AuditRow, r) for r in rows]
 
 
 async def queue_admission(

@@ -19,8 +19,10 @@ from typing import Any
 
 
 @dataclass(frozen=True)
-class ReportedPolicy:
-    """The policy a claim was admitted under, as ``sb_policy_json`` writes it."""
+class PolicyLimitColumns:
+    """A policy's limits as stored (``admission_policies``): what a policy row,
+    ``sb_policy_json`` and the queue overview each carry (``None``: no such
+    limit, or no window)."""
 
     max_in_flight: int | None
     max_claims_per_window: int | None
@@ -29,6 +31,12 @@ class ReportedPolicy:
     #: ``HH:MM``.
     window_start: str | None
     window_weekday: int | None
+
+
+@dataclass(frozen=True)
+class ReportedPolicy(PolicyLimitColumns):
+    """The policy a claim was admitted under, as ``sb_policy_json`` writes it."""
+
     updated_at: datetime
 
 

@@ -10,14 +10,19 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TypeVar
 
-import asyncpg
-
-from switchboard_server import errors
 from switchboard_server.db.admission_report import NO_REPORT, AdmissionReport, admission_report
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import Row, execute, fetch_many, fetch_one
-from switchboard_server.db.todos import STATES, not_found, todo_from_record
-from switchboard_server.model import ItemOutcome, Settled, SettledState, Settlement, Todo, TodoState
+from switchboard_server.db.todos import STATES, endpoint_found, todo_from_record, todo_or_none
+from switchboard_server.model import (
+    ClaimOutcome,
+    ItemOutcome,
+    Settled,
+    SettledState,
+    Settlement,
+    Todo,
+    TodoState,
+)
 
 T = TypeVar("T")
 
@@ -27,25 +32,21 @@ Extension = tuple[ItemOutcome, datetime | None]
 
 
 @dataclass(frozen=True)
-class ClaimOutcome:
-    """What ``sb_claim`` reported.
+class ClaimResult:
+    """What ``sb_claim`` reported: the outcome, the todo (``None`` when not
+    found) and, in ``admission``, the headroom of a budgeted claim or the
+    deferral."""
 
-    ``outcome`` is ``claimed``, ``deferred``, ``not_found``, ``not_claimable``
-    or ``dead_lettered``; ``admission`` carries the headroom of a budgeted
-    claim or the deferral.
-    """
-
-    outcome: str
+    outcome: ClaimOutcome
     todo: Todo | None
     admission: AdmissionReport
 
 
-def _claim_outcome(rec: Row | None) -> ClaimOutcome:
+def _claim_result(rec: Row | None) -> ClaimResult:
     assert rec is not None
-    row = rec["todo"]
-    return ClaimOutcome(
-        str(rec["outcome"]),
-        todo_from_record(row) if row is not None else None,
+    return ClaimResult(
+        ClaimOutcome(rec["outcome"]),
+        todo_or_none(rec["todo"]),
         admission_report(rec["admission"]),
     )
 
@@ -69,7 +70,7 @@ async def claim(
     endpoint_id: uuid.UUID | None,
     claimant: str,
     lease: timedelta,
-) -> ClaimOutcome:
+) -> ClaimResult:
     """Claims one todo (see ``sb_claim``), enforcing its queue's admission policy.
 
     Returns once the claim is durable (``wait_durable``).
@@ -77,7 +78,7 @@ async def claim(
     if endpoint_id is None:  # owner scope: the todo's endpoint first (see endpoints_of)
         endpoint_id = (await endpoints_of(conn, ids=[todo_id], owner_id=owner_id)).get(todo_id)
         if endpoint_id is None:
-            return ClaimOutcome("not_found", None, NO_REPORT)
+            return ClaimResult(ClaimOutcome.NOT_FOUND, None, NO_REPORT)
     rec = await fetch_one(
         conn,
         "todo_claim",
@@ -87,10 +88,10 @@ async def claim(
         claimant=claimant,
         lease=lease,
     )
-    outcome = _claim_outcome(rec)
-    if outcome.admission.admitted:
+    result = _claim_result(rec)
+    if result.admission.admitted:
         await wait_durable(conn)
-    return outcome
+    return result
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ async def claim_next(
     endpoint's (given) queues, within its budget: the i-th for ``claimants[i]``,
     or all for a single claimant. Returns once the claims are durable
     (``wait_durable``)."""
-    try:
+    with endpoint_found():
         rec = await fetch_one(
             conn,
             "todo_claim_next",
@@ -129,10 +130,6 @@ async def claim_next(
             max_todos=max_todos,
             max_bytes=max_bytes,
         )
-    except asyncpg.PostgresError as exc:
-        if not_found(exc):
-            raise errors.NotFound("endpoint not found") from exc
-        raise
     assert rec is not None
     outcome = BatchOutcome(
         [todo_from_record(row) for row in rec["todos"]],
@@ -373,7 +370,7 @@ async def _settle_by_endpoint(
 def _settled(rows: Sequence[Row]) -> list[Settled]:
     settled = []
     for r in rows:
-        todo = todo_from_record(r["todo"]) if r["todo"] is not None else None
+        todo = todo_or_none(r["todo"])
         state = todo.state if todo is not None else None
         settled.append(Settled(_item_outcome(r["outcome"], state), todo))
     return settled

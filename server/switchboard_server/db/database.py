@@ -188,12 +188,8 @@ class Database:
         if within is not None:
             yield within
             return
-        with translate_errors(self._observe):
-            start = time.perf_counter()
-            async with self.pool.acquire() as conn:
-                self._acquired(start)
-                with _discard_if_broken(conn):
-                    yield conn
+        async with self._checkout() as conn:
+            yield conn
 
     @contextlib.asynccontextmanager
     async def statement(self) -> AsyncIterator[Conn]:
@@ -215,13 +211,8 @@ class Database:
         if within is not None:
             yield within
             return
-        with translate_errors(self._observe):
-            start = time.perf_counter()
-            async with self.pool.acquire() as conn:
-                self._acquired(start)
-                with _discard_if_broken(conn):
-                    async with conn.transaction():
-                        yield conn
+        async with self._checkout() as conn, conn.transaction():
+            yield conn
 
     @contextlib.asynccontextmanager
     async def snapshot(self) -> AsyncIterator[Conn]:
@@ -232,13 +223,22 @@ class Database:
         each other; the services' reads take it as ``conn``. One checkout
         from the pool however many reads join it.
         """
+        async with (
+            self._checkout() as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            yield conn
+
+    @contextlib.asynccontextmanager
+    async def _checkout(self) -> AsyncIterator[Conn]:
+        """A connection from the pool, counted, discarded if it broke, with
+        every driver error in its use (its transaction's too) translated."""
         with translate_errors(self._observe):
             start = time.perf_counter()
             async with self.pool.acquire() as conn:
                 self._acquired(start)
                 with _discard_if_broken(conn):
-                    async with conn.transaction(isolation="repeatable_read", readonly=True):
-                        yield conn
+                    yield conn
 
     async def rerun_on_conflict(self, work: Callable[[], Awaitable[T]]) -> T:
         """``work()`` (the whole of one transaction: nothing else it does stays
@@ -397,6 +397,16 @@ def _refused(exc: BaseException) -> bool:
     """Whether PostgreSQL (or Citus) refused a statement as not supported."""
     cause = exc if isinstance(exc, asyncpg.PostgresError) else exc.__cause__
     return isinstance(cause, asyncpg.exceptions.FeatureNotSupportedError)
+
+
+@contextlib.contextmanager
+def name_taken(message: str) -> Iterator[None]:
+    """Turns a unique violation in the block (a row's name already taken) into
+    ``errors.AlreadyExists(message)``."""
+    try:
+        yield
+    except asyncpg.UniqueViolationError as exc:
+        raise errors.AlreadyExists(message) from exc
 
 
 @contextlib.contextmanager

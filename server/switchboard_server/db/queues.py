@@ -6,13 +6,16 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
+from switchboard_server.db.admission_report import PolicyLimitColumns
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import execute, fetch_many
+from switchboard_server.db.rows import records
 
 
 @dataclass(frozen=True)
-class QueueOverviewRow:
-    """One queue's counts, active policy, current window and derived admission."""
+class QueueOverviewRow(PolicyLimitColumns):
+    """One queue's counts, active policy (its limits ``None`` without one),
+    current window and derived admission."""
 
     queue_id: int
     endpoint_id: uuid.UUID
@@ -23,12 +26,6 @@ class QueueOverviewRow:
     claimed: int
     dead: int
     policy_id: int | None
-    max_in_flight: int | None
-    max_claims_per_window: int | None
-    window_period: str | None
-    window_zone: str | None
-    window_start: str | None
-    window_weekday: int | None
     policy_updated_at: datetime | None
     window_started_at: datetime | None
     window_ends_at: datetime | None
@@ -46,7 +43,7 @@ async def overview(
     rows = await fetch_many(
         conn, "queue_overview", owner_id=owner_id, endpoint_id=endpoint_id, name=name
     )
-    return [QueueOverviewRow(**dict(r)) for r in rows]
+    return records(QueueOverviewRow, rows)
 
 
 async def hold_shard_group(conn: Conn, endpoint_id: uuid.UUID) -> None:

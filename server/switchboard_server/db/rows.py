@@ -1,4 +1,5 @@
-"""Rows to records, ignoring the columns a record does not know.
+"""Rows to records, ignoring the columns a record does not know, and the
+JSON columns of an audit row both ways.
 
 A later release may add a column to a table that this release reads with
 ``SELECT *`` (or as a composite value, such as the ``todos`` rows that the
@@ -11,7 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
+import json
+import uuid
+from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
@@ -31,3 +35,49 @@ def record(cls: type[R], columns: Mapping[str, Any]) -> R:
     """``cls(**columns)``, leaving out the columns ``cls`` has no field for."""
     names = _field_names(cls)
     return cls(**{k: v for k, v in columns.items() if k in names})
+
+
+def records(cls: type[R], rows: Iterable[Mapping[str, Any]]) -> list[R]:
+    """``record`` of each of ``rows``, in order."""
+    return [record(cls, r) for r in rows]
+
+
+def json_object(value: Any) -> dict[str, Any] | None:
+    """A ``json`` column that holds an object (the driver's text, or already
+    decoded), or ``None``."""
+    if value is None:
+        return None
+    loaded = json.loads(value) if isinstance(value, str) else value
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def json_text(value: Mapping[str, Any] | None) -> str | None:
+    """A mapping as the text of a ``json`` parameter, or ``None``."""
+    return json.dumps(value) if value is not None else None
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditColumns:
+    """What a stored change of the policy and schedule audits holds: who made
+    it, when, and the object before and after it (``None``: created, deleted)."""
+
+    id: int
+    action: str
+    actor_credential_id: uuid.UUID | None
+    actor_human_id: uuid.UUID | None
+    actor_endpoint_id: uuid.UUID | None
+    at: datetime
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+
+
+A = TypeVar("A", bound=AuditColumns)
+
+
+def audit_record(cls: type[A], columns: Mapping[str, Any]) -> A:
+    """``record`` of an audit row: its ``before`` and ``after`` (``json``) decoded."""
+    fields = dict(columns)
+    fields["before"] = json_object(fields["before"])
+    fields["after"] = json_object(fields["after"])
+    return record(cls, fields)

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import asyncpg
-
-from switchboard_server import errors
-from switchboard_server.db.database import Conn
+from switchboard_server.db.database import Conn, name_taken
 from switchboard_server.db.queries import execute, fetch_many, fetch_one
 from switchboard_server.db.queues import hold_shard_group
-from switchboard_server.db.todos import todo_from_record
+from switchboard_server.db.rows import AuditColumns, audit_record, json_text
+from switchboard_server.db.todos import todo_or_none
 from switchboard_server.model import Actor, Todo
 
 
@@ -64,19 +62,11 @@ class Definition:
 
 
 @dataclass(frozen=True)
-class AuditRow:
+class AuditRow(AuditColumns):
     """One stored schedule change."""
 
-    id: int
     schedule_id: int
     endpoint_id: uuid.UUID
-    action: str
-    actor_credential_id: uuid.UUID | None
-    actor_human_id: uuid.UUID | None
-    actor_endpoint_id: uuid.UUID | None
-    at: datetime
-    before: dict[str, Any] | None
-    after: dict[str, Any] | None
 
 
 def _row(rec: Mapping[str, Any]) -> ScheduleRow:
@@ -85,16 +75,8 @@ def _row(rec: Mapping[str, Any]) -> ScheduleRow:
     return ScheduleRow(**fields)
 
 
-def _json(value: Any) -> dict[str, Any] | None:
-    if value is None:
-        return None
-    loaded = json.loads(value) if isinstance(value, str) else value
-    assert isinstance(loaded, dict)
-    return loaded
-
-
-def _name_taken(exc: asyncpg.UniqueViolationError, name: str) -> errors.AlreadyExists:
-    return errors.AlreadyExists(f"the endpoint already has a schedule named {name!r}")
+def _name_taken(name: str) -> AbstractContextManager[None]:
+    return name_taken(f"the endpoint already has a schedule named {name!r}")
 
 
 async def create(
@@ -109,7 +91,7 @@ async def create(
 ) -> ScheduleRow:
     """Stores a new schedule; ``AlreadyExists`` when the endpoint has one of that name."""
     d = definition
-    try:
+    with _name_taken(d.name):
         rec = await fetch_one(
             conn,
             "schedule_create",
@@ -129,8 +111,6 @@ async def create(
             catch_up=d.catch_up,
             next_slot=next_slot,
         )
-    except asyncpg.UniqueViolationError as exc:
-        raise _name_taken(exc, d.name) from exc
     assert rec is not None
     return _row(rec)
 
@@ -190,7 +170,7 @@ async def update(
 ) -> ScheduleRow:
     """Replaces a locked schedule's definition and next slot."""
     d = definition
-    try:
+    with _name_taken(d.name):
         rec = await fetch_one(
             conn,
             "schedule_update",
@@ -208,8 +188,6 @@ async def update(
             next_slot=next_slot,
             endpoint_id=endpoint_id,
         )
-    except asyncpg.UniqueViolationError as exc:
-        raise _name_taken(exc, d.name) from exc
     assert rec is not None
     return _row(rec)
 
@@ -274,7 +252,7 @@ async def fire(
         slot=slot,
         next_slot=next_slot,
     )
-    return todo_from_record(rec) if rec is not None else None
+    return todo_or_none(rec)
 
 
 async def insert_audit(
@@ -297,8 +275,8 @@ async def insert_audit(
         actor_credential_id=actor.credential_id,
         actor_human_id=actor.human_id,
         actor_endpoint_id=actor.endpoint_id,
-        before=json.dumps(before) if before is not None else None,
-        after=json.dumps(after) if after is not None else None,
+        before=json_text(before),
+        after=json_text(after),
     )
 
 
@@ -321,18 +299,4 @@ async def list_audit(
         before_id=before_id,
         limit=limit,
     )
-    return [
-        AuditRow(
-            id=r["id"],
-            schedule_id=r["schedule_id"],
-            endpoint_id=r["endpoint_id"],
-            action=r["action"],
-            actor_credential_id=r["actor_credential_id"],
-            actor_human_id=r["actor_human_id"],
-            actor_endpoint_id=r["actor_endpoint_id"],
-            at=r["at"],
-            before=_json(r["before"]),
-            after=_json(r["after"]),
-        )
-        for r in rows
-    ]
+    return [audit_record(AuditRow, r) for r in rows]

@@ -7,11 +7,9 @@ from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
-import asyncpg
-
-from switchboard_server import errors
-from switchboard_server.db.database import Conn
+from switchboard_server.db.database import Conn, name_taken
 from switchboard_server.db.queries import execute, fetch_many, fetch_one, fetch_value
+from switchboard_server.db.rows import record, records
 from switchboard_server.model import (
     Credential,
     Endpoint,
@@ -56,17 +54,15 @@ async def authenticate(conn: Conn, token_hash: bytes) -> Principal | None:
 
 async def create_owner(conn: Conn, name: str) -> Owner:
     """Creates an owner; ``AlreadyExists`` when the name is taken."""
-    try:
+    with name_taken(f"an owner named {name!r} already exists"):
         rec = await fetch_one(conn, "owner_create", name=name)
-    except asyncpg.UniqueViolationError as exc:
-        raise errors.AlreadyExists(f"an owner named {name!r} already exists") from exc
     assert rec is not None
-    return Owner(**dict(rec))
+    return record(Owner, rec)
 
 
 async def list_owners(conn: Conn) -> list[Owner]:
     """Every owner, oldest first."""
-    return [Owner(**dict(r)) for r in await fetch_many(conn, "owner_list")]
+    return records(Owner, await fetch_many(conn, "owner_list"))
 
 
 async def owner_exists(conn: Conn, owner_id: uuid.UUID) -> bool:
@@ -76,32 +72,28 @@ async def owner_exists(conn: Conn, owner_id: uuid.UUID) -> bool:
 
 async def create_human(conn: Conn, *, owner_id: uuid.UUID, name: str) -> Human:
     """Creates a human of an owner; ``AlreadyExists`` when the name is taken there."""
-    try:
+    with name_taken(f"a human named {name!r} already exists"):
         rec = await fetch_one(conn, "human_create", owner_id=owner_id, name=name)
-    except asyncpg.UniqueViolationError as exc:
-        raise errors.AlreadyExists(f"a human named {name!r} already exists") from exc
     assert rec is not None
-    return Human(**dict(rec))
+    return record(Human, rec)
 
 
 async def list_humans(conn: Conn, owner_id: uuid.UUID) -> list[Human]:
     """An owner's humans, by name."""
-    return [Human(**dict(r)) for r in await fetch_many(conn, "human_list", owner_id=owner_id)]
+    return records(Human, await fetch_many(conn, "human_list", owner_id=owner_id))
 
 
 async def create_endpoint(conn: Conn, *, owner_id: uuid.UUID, name: str) -> Endpoint:
     """Creates an endpoint; ``AlreadyExists`` when the owner has one with that name."""
-    try:
+    with name_taken(f"an endpoint named {name!r} already exists"):
         rec = await fetch_one(conn, "endpoint_create", owner_id=owner_id, name=name)
-    except asyncpg.UniqueViolationError as exc:
-        raise errors.AlreadyExists(f"an endpoint named {name!r} already exists") from exc
     assert rec is not None
-    return Endpoint(**dict(rec))
+    return record(Endpoint, rec)
 
 
 async def list_endpoints(conn: Conn, owner_id: uuid.UUID) -> list[Endpoint]:
     """An owner's endpoints by name."""
-    return [Endpoint(**dict(r)) for r in await fetch_many(conn, "endpoint_list", owner_id=owner_id)]
+    return records(Endpoint, await fetch_many(conn, "endpoint_list", owner_id=owner_id))
 
 
 async def get_endpoint(
@@ -109,7 +101,7 @@ async def get_endpoint(
 ) -> Endpoint | None:
     """One endpoint of the owner, or ``None``."""
     rec = await fetch_one(conn, "endpoint_get", endpoint_id=endpoint_id, owner_id=owner_id)
-    return Endpoint(**dict(rec)) if rec is not None else None
+    return record(Endpoint, rec) if rec is not None else None
 
 
 async def create_credential(
@@ -189,4 +181,4 @@ async def set_endpoint_hook(
         return None
     if url is None:
         await execute(conn, "hook_outbox_clear", endpoint_id=endpoint_id)
-    return Endpoint(**dict(rec))
+    return record(Endpoint, rec)

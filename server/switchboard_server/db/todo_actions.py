@@ -11,15 +11,15 @@ from typing import Any
 
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import execute, fetch_many, fetch_one, fetch_value
-from switchboard_server.db.todos import todo_from_record
-from switchboard_server.model import Acted, TodoState
+from switchboard_server.db.todos import todo_or_none
+from switchboard_server.model import Acted, ActionOutcome, TodoState
 
 
 def _acted(rows: Sequence[Mapping[str, Any]]) -> list[Acted]:
     return [
         Acted(
-            str(r["outcome"]),
-            todo_from_record(r["todo"]) if r["todo"] is not None else None,
+            ActionOutcome(r["outcome"]),
+            todo_or_none(r["todo"]),
             TodoState(r["was"]) if r.get("was") is not None else None,
         )
         for r in rows

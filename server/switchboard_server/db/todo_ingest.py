@@ -6,12 +6,9 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-import asyncpg
-
-from switchboard_server import errors
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import fetch_many
-from switchboard_server.db.todos import not_found, todo_from_record
+from switchboard_server.db.todos import endpoint_found, todo_from_record
 from switchboard_server.model import Ingested, IngestedTodos, NewTodo, NewTodos
 
 
@@ -22,7 +19,7 @@ async def ingest_todos(
     order, what became of it."""
     n = len(todos)
     shared: tuple[list[Any], ...] = (todos.content_types, todos.max_attempts, todos.delays)
-    try:
+    with endpoint_found():
         # Content types, attempts and delays that all todos share (the common
         # case) are sent once each: an array costs asyncpg an isinstance check
         # per element, and the database a decode per element.
@@ -62,10 +59,6 @@ async def ingest_todos(
                 traceparents=todos.traceparents,
                 priorities=todos.priorities,
             )
-    except asyncpg.PostgresError as exc:
-        if not_found(exc):
-            raise errors.NotFound("endpoint not found") from exc
-        raise
     if len(rows) != len(todos):
         raise RuntimeError(f"sb_ingest_todos answered {len(rows)} rows for {len(todos)} todos")
     if not rows:

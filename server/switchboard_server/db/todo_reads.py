@@ -11,7 +11,7 @@ from typing import Any
 
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import fetch_many, fetch_one
-from switchboard_server.db.todos import todo_from_record
+from switchboard_server.db.todos import todo_from_record, todo_or_none
 from switchboard_server.model import (
     Attempt,
     AttemptOutcome,
@@ -76,7 +76,7 @@ async def get_by_dedup(
         webhook_id=webhook_id,
         delivery_id=delivery_id,
     )
-    return todo_from_record(rec) if rec is not None else None
+    return todo_or_none(rec)
 
 
 async def get_by_key(
@@ -86,7 +86,7 @@ async def get_by_key(
     rec = await fetch_one(
         conn, "todo_get_by_key", endpoint_id=endpoint_id, owner_id=owner_id, queue=queue, key=key
     )
-    return todo_from_record(rec) if rec is not None else None
+    return todo_or_none(rec)
 
 
 async def get(
@@ -96,7 +96,7 @@ async def get(
     rec = await fetch_one(
         conn, "todo_get", todo_id=todo_id, owner_id=owner_id, endpoint_id=endpoint_id
     )
-    return todo_from_record(rec) if rec is not None else None
+    return todo_or_none(rec)
 
 
 async def attempts(conn: Conn, *, todo_id: int) -> list[Attempt]:
@@ -115,71 +115,69 @@ async def attempts(conn: Conn, *, todo_id: int) -> list[Attempt]:
     ]
 
 
+@dataclass(frozen=True)
+class Listing:
+    """The todos a list reads from: of one endpoint of the owner, in ``queues``
+    and in ``states`` (``None`` or empty: any)."""
+
+    endpoint_id: uuid.UUID
+    owner_id: uuid.UUID
+    queues: Sequence[str] | None
+    states: Sequence[TodoState] | None
+
+    @property
+    def queue_names(self) -> list[str] | None:
+        """The ``:queues`` parameter (``NULL``: any)."""
+        return list(self.queues) if self.queues else None
+
+    @property
+    def state_values(self) -> list[str] | None:
+        """The ``:states`` parameter (``NULL``: any)."""
+        return [s.value for s in self.states] if self.states else None
+
+
 async def list_page(
-    conn: Conn,
-    *,
-    endpoint_id: uuid.UUID,
-    owner_id: uuid.UUID,
-    queues: Sequence[str] | None,
-    states: Sequence[TodoState] | None,
-    limit: int,
-    before_id: int | None,
+    conn: Conn, *, listing: Listing, limit: int, before_id: int | None
 ) -> list[Todo]:
-    """A page of an endpoint's todos, newest first, without payloads."""
+    """A page of the listed todos, newest first, without payloads."""
     rows = await fetch_many(
         conn,
         "todo_list",
-        endpoint_id=endpoint_id,
-        owner_id=owner_id,
-        queues=list(queues) if queues else None,
-        states=[s.value for s in states] if states else None,
+        endpoint_id=listing.endpoint_id,
+        owner_id=listing.owner_id,
+        queues=listing.queue_names,
+        states=listing.state_values,
         limit=limit,
         before_id=before_id,
     )
     return [todo_from_record(r) for r in rows]
 
 
-async def list_by_dedup(
-    conn: Conn,
-    *,
-    endpoint_id: uuid.UUID,
-    owner_id: uuid.UUID,
-    queues: Sequence[str] | None,
-    states: Sequence[TodoState] | None,
-    dedup: tuple[str, str],
-) -> list[Todo]:
-    """The endpoint's todo with a dedup key, if it passes the filters (without payload)."""
+async def list_by_dedup(conn: Conn, *, listing: Listing, dedup: tuple[str, str]) -> list[Todo]:
+    """The listed todo with a dedup key, if any (without payload)."""
     rows = await fetch_many(
         conn,
         "todo_list_dedup",
-        endpoint_id=endpoint_id,
-        owner_id=owner_id,
-        queues=list(queues) if queues else None,
-        states=[s.value for s in states] if states else None,
+        endpoint_id=listing.endpoint_id,
+        owner_id=listing.owner_id,
+        queues=listing.queue_names,
+        states=listing.state_values,
         webhook_id=dedup[0],
         delivery_id=dedup[1],
     )
     return [todo_from_record(r) for r in rows]
 
 
-async def list_by_key(
-    conn: Conn,
-    *,
-    endpoint_id: uuid.UUID,
-    owner_id: uuid.UUID,
-    queues: Sequence[str] | None,
-    states: Sequence[TodoState] | None,
-    key: str,
-) -> list[Todo]:
-    """The endpoint's todos that hold an idempotency key (one per queue at
-    most), if they pass the filters, newest first (without payloads)."""
+async def list_by_key(conn: Conn, *, listing: Listing, key: str) -> list[Todo]:
+    """The listed todos that hold an idempotency key (one per queue at most),
+    newest first (without payloads)."""
     rows = await fetch_many(
         conn,
         "todo_list_key",
-        endpoint_id=endpoint_id,
-        owner_id=owner_id,
-        queues=list(queues) if queues else None,
-        states=[s.value for s in states] if states else None,
+        endpoint_id=listing.endpoint_id,
+        owner_id=listing.owner_id,
+        queues=listing.queue_names,
+        states=listing.state_values,
         key=key,
     )
     return [todo_from_record(r) for r in rows]
@@ -196,27 +194,18 @@ class ErrorPage:
 
 
 async def list_by_error(
-    conn: Conn,
-    *,
-    endpoint_id: uuid.UUID,
-    owner_id: uuid.UUID,
-    queues: Sequence[str] | None,
-    states: Sequence[TodoState] | None,
-    contains: str,
-    limit: int,
-    before_id: int | None,
-    scan: int,
+    conn: Conn, *, listing: Listing, contains: str, limit: int, before_id: int | None, scan: int
 ) -> ErrorPage:
-    """Up to ``limit`` of an endpoint's todos below ``before_id`` whose last error
+    """Up to ``limit`` of the listed todos below ``before_id`` whose last error
     contains ``contains`` (ignoring case), newest first, among at most ``scan``
     todos examined."""
     rows = await fetch_many(
         conn,
         "todo_list_error",
-        endpoint_id=endpoint_id,
-        owner_id=owner_id,
-        queues=list(queues) if queues else None,
-        states=[s.value for s in states] if states else None,
+        endpoint_id=listing.endpoint_id,
+        owner_id=listing.owner_id,
+        queues=listing.queue_names,
+        states=listing.state_values,
         limit=limit,
         before_id=before_id,
         contains=contains,

@@ -4,12 +4,14 @@ todo_upkeep)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import asyncpg
 
+from switchboard_server import errors
 from switchboard_server.db.rows import record
 from switchboard_server.model import Todo, TodoState
 
@@ -45,6 +47,18 @@ def todo_from_record(rec: Mapping[str, Any]) -> Todo:
     return todo
 
 
-def not_found(exc: asyncpg.PostgresError) -> bool:
-    """Whether the database refused a call for a missing endpoint (``SB404``)."""
-    return getattr(exc, "sqlstate", None) == _NOT_FOUND_SQLSTATE
+def todo_or_none(rec: Mapping[str, Any] | None) -> Todo | None:
+    """``todo_from_record``, or ``None`` for no row (or a NULL composite)."""
+    return todo_from_record(rec) if rec is not None else None
+
+
+@contextlib.contextmanager
+def endpoint_found() -> Iterator[None]:
+    """Turns the database's refusal of a call for a missing endpoint (SQLSTATE
+    ``SB404``) in the block into ``errors.NotFound``."""
+    try:
+        yield
+    except asyncpg.PostgresError as exc:
+        if getattr(exc, "sqlstate", None) == _NOT_FOUND_SQLSTATE:
+            raise errors.NotFound("endpoint not found") from exc
+        raise

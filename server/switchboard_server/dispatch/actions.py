@@ -30,7 +30,7 @@ from switchboard_server.db.database import Conn, rerun_on_conflict
 from switchboard_server.dispatch.common import DispatchSettings, require_endpoint
 from switchboard_server.dispatch.reads import TodoView, views
 from switchboard_server.metrics import Metrics
-from switchboard_server.model import Acted, Grant, Principal, Todo, TodoState
+from switchboard_server.model import Acted, ActionOutcome, Grant, Principal, Todo, TodoState
 
 log = logging.getLogger(__name__)
 
@@ -274,12 +274,12 @@ class OperatorActions:
         async with self._db.transaction() as conn:
             (acted,) = await action.value.acts(conn, [todo_id], scope, redo)
             todo = _acted_on(acted)
-            if acted.outcome == "max_attempts_too_low":
+            if acted.outcome is ActionOutcome.MAX_ATTEMPTS_TOO_LOW:
                 raise errors.InvalidArgument.field(
                     "max_attempts",
                     f"must be above the todo's attempts so far ({todo.attempt})",
                 )
-            if acted.outcome != "applied":
+            if acted.outcome is not ActionOutcome.APPLIED:
                 raise errors.FailedPrecondition(action.refusal(todo.state, hint=True))
             await _audit(conn, principal, todo.endpoint_id, action, todo_id, 1)
             yield conn, todo
@@ -339,7 +339,7 @@ class OperatorActions:
                 changed = [
                     str(todo_id)
                     for todo_id, a in sorted(zip(mine, acted, strict=True), key=lambda p: p[0])
-                    if a.outcome == "applied" and a.todo is not None
+                    if a.outcome is ActionOutcome.APPLIED and a.todo is not None
                 ]
                 if changed:
                     await _audit(
@@ -351,7 +351,7 @@ class OperatorActions:
                         len(changed),
                         {"todo_ids": changed},
                     )
-        every = [done.get(todo_id, BulkItem("not_found", None)) for todo_id in ids]
+        every = [done.get(todo_id, BulkItem(ActionOutcome.NOT_FOUND, None)) for todo_id in ids]
         action.count(self._metrics, _changed(every))
         return every
 
@@ -457,7 +457,7 @@ class OperatorActions:
 
 def _acted_on(acted: BulkItem) -> Todo:
     """The todo a single cancel or requeue found; ``NotFound`` when none."""
-    if acted.outcome == "not_found" or acted.todo is None:
+    if acted.outcome is ActionOutcome.NOT_FOUND or acted.todo is None:
         raise errors.NotFound("todo not found")
     return acted.todo
 

@@ -30,6 +30,7 @@ from switchboard_server.db.database import Conn
 from switchboard_server.dispatch.common import Caller, DispatchSettings
 from switchboard_server.metrics import Metrics
 from switchboard_server.model import (
+    ClaimOutcome,
     Grant,
     ItemOutcome,
     Lease,
@@ -168,15 +169,15 @@ class Leases:
                 )
             outcome, todo = result.outcome, result.todo
             claimed, deferrals = None, []
-            if outcome == "claimed" and todo is not None:
+            if outcome is ClaimOutcome.CLAIMED and todo is not None:
                 (claimed,) = _claims([todo], result.admission)
                 observed.claimed(todo.queue, _charged(claimed))
-            elif outcome == "deferred" and todo is not None:
+            elif outcome is ClaimOutcome.DEFERRED and todo is not None:
                 deferrals = self._deferrals(result.admission, todo.endpoint_id)
                 observed.refused(deferrals)
             else:
                 observed.finished(outcome, todo.queue if todo else None)
-        if outcome == "not_found" or todo is None:
+        if outcome is ClaimOutcome.NOT_FOUND or todo is None:
             raise errors.NotFound("todo not found")
         if claimed is not None:
             return claimed
@@ -186,7 +187,7 @@ class Leases:
                 f"the queue's admission policy defers this todo ({deferral.reason.value})",
                 deferral,
             )
-        if outcome == "dead_lettered":
+        if outcome is ClaimOutcome.DEAD_LETTERED:
             raise errors.NotClaimable("the todo's lease lapsed on its last attempt: it is dead")
         if todo.state is TodoState.PENDING:
             raise errors.NotClaimable(

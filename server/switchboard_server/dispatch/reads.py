@@ -167,29 +167,19 @@ class Reads:
         """
         scope = endpoint_scope(principal, Grant.READ, endpoint_id)
         assert scope.endpoint_id is not None
-        queues, states = list(which.queues) or None, list(which.states) or None
+        listing = read_queries.Listing(
+            scope.endpoint_id, scope.owner_id, list(which.queues), list(which.states)
+        )
         after: int | None = None
         async with self._db.transaction(within=conn) as conn:
             await require_endpoint(conn, principal, scope)
             if which.dedup is not None:
-                rows = await read_queries.list_by_dedup(
-                    conn,
-                    endpoint_id=scope.endpoint_id,
-                    owner_id=scope.owner_id,
-                    queues=queues,
-                    states=states,
-                    dedup=which.dedup,
-                )
+                rows = await read_queries.list_by_dedup(conn, listing=listing, dedup=which.dedup)
                 if before is not None:
                     rows = [t for t in rows if t.id < before]
             elif which.idempotency_key is not None:
                 rows = await read_queries.list_by_key(
-                    conn,
-                    endpoint_id=scope.endpoint_id,
-                    owner_id=scope.owner_id,
-                    queues=queues,
-                    states=states,
-                    key=which.idempotency_key,
+                    conn, listing=listing, key=which.idempotency_key
                 )
                 rows = [t for t in rows if before is None or t.id < before]
                 if len(rows) > page_size:
@@ -198,10 +188,7 @@ class Reads:
             elif which.error_contains is not None:
                 page = await read_queries.list_by_error(
                     conn,
-                    endpoint_id=scope.endpoint_id,
-                    owner_id=scope.owner_id,
-                    queues=queues,
-                    states=states,
+                    listing=listing,
                     contains=which.error_contains,
                     limit=page_size + 1,
                     before_id=before,
@@ -214,13 +201,7 @@ class Reads:
                     after = page.examined_to
             else:
                 rows = await read_queries.list_page(
-                    conn,
-                    endpoint_id=scope.endpoint_id,
-                    owner_id=scope.owner_id,
-                    queues=queues,
-                    states=states,
-                    limit=page_size + 1,
-                    before_id=before,
+                    conn, listing=listing, limit=page_size + 1, before_id=before
                 )
                 if len(rows) > page_size:
                     rows = rows[:page_size]

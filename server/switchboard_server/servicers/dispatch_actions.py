@@ -9,6 +9,7 @@ from datetime import timedelta
 from switchboard_dispatch.v1 import dispatch_pb2
 
 from switchboard_server import dispatch
+from switchboard_server.model import ActionOutcome
 from switchboard_server.servicers import convert
 from switchboard_server.servicers.dispatch_part import Context, DispatchPart
 from switchboard_server.servicers.interceptor import current_principal
@@ -84,7 +85,7 @@ class ActionRpcs(DispatchPart):
         if which is None:
             acted = await self._dispatcher.bulk_by_ids(principal, action, ids, delay, max_attempts)
             results = [convert_bulk_item(action, i, a) for i, a in zip(ids, acted, strict=True)]
-            return results, sum(1 for a in acted if a.outcome == "applied"), 0, ""
+            return results, sum(1 for a in acted if a.outcome is ActionOutcome.APPLIED), 0, ""
         progress = await self._dispatcher.bulk_by_filter(
             principal,
             action,
@@ -165,18 +166,18 @@ def convert_bulk_item(
 ) -> dispatch_pb2.BulkItemResult:
     """One named todo's result in a bulk call."""
     todo = acted.todo
-    if acted.outcome == "not_found" or todo is None:
+    if acted.outcome is ActionOutcome.NOT_FOUND or todo is None:
         return dispatch_pb2.BulkItemResult(
             todo_id=str(todo_id),
             status=dispatch_pb2.BULK_ITEM_STATUS_NOT_FOUND,
             message="todo not found",
         )
     state = convert.TODO_STATE_TO_PROTO[todo.state]
-    if acted.outcome == "applied":
+    if acted.outcome is ActionOutcome.APPLIED:
         return dispatch_pb2.BulkItemResult(
             todo_id=str(todo_id), status=dispatch_pb2.BULK_ITEM_STATUS_APPLIED, state=state
         )
-    if acted.outcome == "max_attempts_too_low":
+    if acted.outcome is ActionOutcome.MAX_ATTEMPTS_TOO_LOW:
         message = f"max_attempts must be above the todo's attempts so far ({todo.attempt})"
     else:
         message = action.refusal(todo.state)

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from switchboard_server import errors
 from switchboard_server.dispatch import BulkFilter
+from switchboard_server.model import ActionOutcome
 from switchboard_server.web.board_forms import (
     EVERY,
     MAX_SELECTED,
@@ -111,7 +112,11 @@ class Actions:
             raise Refused(400, "Nothing selected", f"Select between 1 and {MAX_SELECTED} todos.")
         acted = await dispatcher.bulk_by_ids(principal, action, ids)
         outcomes = Counter(
-            "applied" if a.outcome == "applied" else "missing" if a.todo is None else "refused"
+            "applied"
+            if a.outcome is ActionOutcome.APPLIED
+            else "missing"
+            if a.todo is None
+            else "refused"
             for a in acted
         )
         if outcomes["missing"] == len(ids):
