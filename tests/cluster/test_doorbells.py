@@ -12,7 +12,7 @@ from switchboard_dispatch.v1 import dispatch_pb2
 from tests.cluster.placing import tenants_on_each_worker
 from tests.support.admission import ingest
 from tests.support.citus_cluster import CitusCluster
-from tests.support.client import Client
+from tests.support.client import Client, Tenant
 from tests.support.doorbells import Bells
 from tests.support.processes import ServerProcess
 
@@ -50,6 +50,43 @@ async def test_a_ring_on_each_worker_reaches_every_subscriber_on_every_replica_o
     finally:
         for _, bells in streams:
             await bells.close()
+        await conn.close()
+        for client in clients:
+            await client.close()
+
+
+async def test_held_claims_on_each_worker_are_woken_by_rings_and_due_times(
+    citus: CitusCluster, cluster_dsn: str, replicas: list[ServerProcess]
+) -> None:
+    """A held ClaimNext hears what delegated calls notify on the worker that ran
+    them: a CREATED ring (ingest), and a due time (a release)."""
+    clients = [Client(r.address) for r in replicas]
+    conn = await asyncpg.connect(cluster_dsn)
+
+    def held(client: Client, tenant: Tenant) -> asyncio.Future[dispatch_pb2.ClaimNextResponse]:
+        request = dispatch_pb2.ClaimNextRequest(claimant="held")
+        request.wait.FromSeconds(20)
+        return asyncio.ensure_future(client.dispatch.ClaimNext(request, metadata=tenant.agent))
+
+    try:
+        placed = await tenants_on_each_worker(clients[0], conn, citus)
+        for tenant, _ in placed:
+            waiting = held(clients[1], tenant)
+            await asyncio.sleep(0.5)
+            assert not waiting.done()
+            (todo_id,) = await ingest(clients[0], tenant.agent, "held", 1)
+            first = await asyncio.wait_for(waiting, 10)
+            assert first.todo.id == todo_id
+
+            waiting = held(clients[0], tenant)
+            await asyncio.sleep(0.5)
+            await clients[1].dispatch.Release(
+                dispatch_pb2.ReleaseRequest(todo_id=todo_id, lease_id=first.lease.lease_id),
+                metadata=tenant.agent,
+            )
+            again = await asyncio.wait_for(waiting, 10)
+            assert again.todo.id == todo_id and again.todo.attempt == 2
+    finally:
         await conn.close()
         for client in clients:
             await client.close()

@@ -25,8 +25,14 @@ from tests.support.processes import ServerProcess
 
 pytestmark = pytest.mark.slow
 
-#: Servers whose retries come due in about a second (the backoff's jitter halves it at most).
-ENV = {"SWITCHBOARD_BACKOFF_BASE": "1", "SWITCHBOARD_DOORBELL_HEARTBEAT": "600"}
+#: Servers whose retries come due in about a second (the backoff's jitter halves it at
+#: most), whose reaper looks for lapsed leases twice a second, and whose doorbell
+#: heartbeat never comes within a test.
+ENV = {
+    "SWITCHBOARD_BACKOFF_BASE": "1",
+    "SWITCHBOARD_REAPER_INTERVAL": "0.5",
+    "SWITCHBOARD_DOORBELL_HEARTBEAT": "600",
+}
 
 
 @pytest.fixture
@@ -176,6 +182,19 @@ async def test_a_held_call_claims_a_todo_released_or_created_with_a_delay(
     assert 0.8 < time.monotonic() - started < 5
 
 
+async def test_a_held_call_claims_a_todo_whose_lease_lapsed(
+    clients: list[Client], tenant: Tenant
+) -> None:
+    await _ingest(clients[0], tenant, "work")
+    request = _held(0)
+    request.lease_duration.FromSeconds(1)
+    first = await clients[0].dispatch.ClaimNext(request, metadata=tenant.agent)
+    held = asyncio.ensure_future(clients[1].dispatch.ClaimNext(_held(20), metadata=tenant.agent))
+    # Nobody heartbeats: the reaper returns the todo to pending, and the held call hears it.
+    response = await asyncio.wait_for(held, 10)
+    assert response.todo.id == first.todo.id and response.todo.attempt == 2
+
+
 async def test_a_held_call_claims_when_an_in_flight_slot_frees(
     clients: list[Client], tenant: Tenant
 ) -> None:
@@ -312,3 +331,27 @@ async def test_a_held_call_answers_empty_when_its_server_stops(
         assert await stopping == 0
     finally:
         await client.close()
+
+
+async def test_held_callers_are_served_in_arrival_order_whatever_queues_they_wait_on(
+    clients: list[Client], tenant: Tenant
+) -> None:
+    waiting_on = [("a", "b"), ("a",), ("b",), ("a",)]
+    held = []
+    for queues in waiting_on:
+        held.append(
+            asyncio.ensure_future(
+                clients[0].dispatch.ClaimNext(_held(20, queues), metadata=tenant.agent)
+            )
+        )
+        await asyncio.sleep(0.3)  # each held in turn
+    served = []
+    for queue in ("a", "a", "b", "a"):
+        todo_id = await _ingest(clients[1], tenant, queue)
+        done, _ = await asyncio.wait(
+            [h for h in held if not h.done()], timeout=10, return_when="FIRST_COMPLETED"
+        )
+        (answer,) = done
+        assert answer.result().todo.id == todo_id
+        served.append(held.index(answer))
+    assert served == [0, 1, 2, 3]

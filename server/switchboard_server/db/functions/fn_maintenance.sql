@@ -23,6 +23,8 @@ DECLARE
     v_ids bigint[];
     v_rows todos[];
     v_queue_ids bigint[];
+    v_due_queues bigint[];
+    v_due_at timestamptz[];
     v_reaped integer;
     v_left integer := p_batch;
 BEGIN
@@ -59,12 +61,13 @@ BEGIN
           FROM todos t WHERE t.endpoint_id = v_endpoint AND t.id = ANY (v_ids);
         -- The reaped todos' in-flight slots are free: their gates ring SLOT_FREED.
         PERFORM sb_gates_slot_freed(v_endpoint, v_queue_ids, v_now);
-        -- Pending again at once: held claims hear it.
-        PERFORM sb_announce_due(v_endpoint, array_agg(t.queue_id), array_agg(t.next_retry_at),
-                                v_now)
-           FROM todos t
-          WHERE t.endpoint_id = v_endpoint AND t.id = ANY (v_ids) AND t.state = 'pending'
-         HAVING count(*) > 0;
+        -- Pending again at once: held claims hear it. (Read first: see v_rows.)
+        SELECT array_agg(t.queue_id), array_agg(t.next_retry_at) INTO v_due_queues, v_due_at
+          FROM todos t
+         WHERE t.endpoint_id = v_endpoint AND t.id = ANY (v_ids) AND t.state = 'pending';
+        IF v_due_queues IS NOT NULL THEN
+            PERFORM sb_announce_due(v_endpoint, v_due_queues, v_due_at, v_now);
+        END IF;
         RETURN QUERY
             SELECT t.id, t.state, t.queue_id FROM todos t
              WHERE t.endpoint_id = v_endpoint AND t.id = ANY (v_ids);

@@ -30,9 +30,15 @@ WITH lapsed AS (
     SELECT sb_gates_slot_freed(f.endpoint_id, f.queue_ids, sb_now())
       FROM (SELECT r.endpoint_id, array_agg(DISTINCT r.queue_id) AS queue_ids
               FROM reaped r GROUP BY r.endpoint_id ORDER BY r.endpoint_id) AS f
+), due AS (
+    -- Pending again at once: held claims hear it (sb_announce_due).
+    SELECT sb_announce_due(r.endpoint_id, array_agg(r.queue_id),
+                           array_agg(sb_now()), sb_now())
+      FROM reaped r WHERE r.state = 'pending' GROUP BY r.endpoint_id
 )
 SELECT reaped.id, reaped.state, reaped.queue_id
-  FROM reaped, (SELECT count(*) FROM freed) AS calls, (SELECT count(*) FROM ended) AS ends;
+  FROM reaped, (SELECT count(*) FROM freed) AS calls, (SELECT count(*) FROM ended) AS ends,
+       (SELECT count(*) FROM due) AS announced;
 
 -- name: todo_delete_finished :many
 -- Deletes up to :batch done, dead or cancelled todos (and their attempts, and by
