@@ -68,10 +68,23 @@ const HEALTHY_STREAM_MS = 10_000;
 /** The server cuts `Fail` error texts at this length; the worker does it first. */
 const MAX_ERROR_TEXT = 4096;
 
+/** Marks a {@link PermanentFailure} of either build of the package (ESM or CommonJS). */
+const PERMANENT: unique symbol = Symbol.for("@switchboard/client.PermanentFailure");
+
 /** Thrown by a handler to dead-letter its todo instead of having it retried. */
 export class PermanentFailure extends Error {
   override name = "PermanentFailure";
+
+  /**
+   * `instanceof PermanentFailure` holds for one made by the package's other build too (an
+   * application that both imports and requires the package loads two copies of the class).
+   */
+  static override [Symbol.hasInstance](value: unknown): boolean {
+    if (this !== PermanentFailure) return Function.prototype[Symbol.hasInstance].call(this, value);
+    return value instanceof Error && (value as { [PERMANENT]?: unknown })[PERMANENT] === true;
+  }
 }
+Object.defineProperty(PermanentFailure.prototype, PERMANENT, { value: true });
 
 /**
  * Does the work of one todo. Throw {@link PermanentFailure} to dead-letter it, anything else to
