@@ -1,4 +1,4 @@
-"""Hostile input on every RPC of the three services, against a live server.
+"""Hostile input on every RPC of the four services, against a live server.
 
 Hypothesis builds request messages for each RPC (strings with NUL, control
 characters, noncharacters and every other Unicode scalar value protobuf can

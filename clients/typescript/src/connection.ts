@@ -13,6 +13,7 @@
  * `cacert`, `cert`, `key` is given, when `tls` is true, or when the target starts with
  * `https://` (port 443 by default then). Without `cacert` a TLS connection trusts Node's
  * default roots. `cert` and `key` (mutual TLS) go together. Files are PEM, read once here.
+ * Every message a call answers with can be given to `JSON.stringify` (see `json.ts`).
  */
 import { readFileSync } from "node:fs";
 import * as http2 from "node:http2";
@@ -33,6 +34,7 @@ import { AdmissionService } from "./gen/switchboard/v1/admission_pb.js";
 import { DispatchService } from "./gen/switchboard/v1/dispatch_pb.js";
 import { ScheduleService } from "./gen/switchboard/v1/schedule_pb.js";
 import type { QueueRefSchema } from "./gen/switchboard/v1/queue_pb.js";
+import { jsonResponses } from "./json.js";
 
 /** Where a server listens by default. */
 export const DEFAULT_TARGET = "127.0.0.1:50051";
@@ -209,6 +211,8 @@ export function createTransport(options: ConnectOptions = {}): {
   const interceptors = [
     ...(options.token !== undefined ? [bearer(options.token)] : []),
     ...(options.interceptors ?? []),
+    // Innermost: the caller's interceptors see answers that JSON.stringify can write.
+    jsonResponses,
   ];
   const transport = createGrpcTransport({
     baseUrl,

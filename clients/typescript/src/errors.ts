@@ -12,6 +12,7 @@
  * ```
  */
 import { ConnectError, Code } from "@connectrpc/connect";
+import { toJson } from "@bufbuild/protobuf";
 import { timestampDate, type Duration } from "@bufbuild/protobuf/wkt";
 
 import {
@@ -23,10 +24,14 @@ import {
   type RetryInfo,
 } from "./gen/google/rpc/error_details_pb.js";
 import { DeferralDetailSchema, type DeferralDetail } from "./gen/switchboard/v1/admission_pb.js";
+import { jsonable } from "./json.js";
 
 export { Code, ConnectError };
 
-/** A failed call, its gRPC code and message, and its decoded details. */
+/**
+ * A failed call, its gRPC code and message, and its decoded details. `JSON.stringify` writes
+ * it without the `error` (see {@link richError}).
+ */
 export interface RichError {
   readonly error: ConnectError;
   readonly code: Code;
@@ -54,11 +59,12 @@ export function durationMs(duration: Duration): number {
 /** The details of an error from a call (any thrown value becomes a ConnectError first). */
 export function richError(err: unknown): RichError {
   const error = ConnectError.from(err);
-  const [errorInfo] = error.findDetails(ErrorInfoSchema);
-  const [deferral] = error.findDetails(DeferralDetailSchema);
-  const [retryInfo] = error.findDetails(RetryInfoSchema);
-  const [badRequest] = error.findDetails(BadRequestSchema);
-  return {
+  // Each detail message (and the messages in it) can be given to JSON.stringify too.
+  const [errorInfo] = error.findDetails(ErrorInfoSchema).map((m) => jsonable(ErrorInfoSchema, m));
+  const [deferral] = error.findDetails(DeferralDetailSchema).map((m) => jsonable(DeferralDetailSchema, m));
+  const [retryInfo] = error.findDetails(RetryInfoSchema).map((m) => jsonable(RetryInfoSchema, m));
+  const [badRequest] = error.findDetails(BadRequestSchema).map((m) => jsonable(BadRequestSchema, m));
+  const rich: RichError = {
     error,
     code: error.code,
     message: error.rawMessage,
@@ -68,6 +74,26 @@ export function richError(err: unknown): RichError {
     ...(retryInfo && { retryInfo }),
     ...(retryInfo?.retryDelay && { retryDelayMs: durationMs(retryInfo.retryDelay) }),
     ...(badRequest && { badRequest }),
+  };
+  return Object.defineProperty(rich, "toJSON", { value: () => richErrorJson(rich), enumerable: false });
+}
+
+/**
+ * What `JSON.stringify` writes for a {@link RichError}: the code by name (`Code[name]` reads
+ * it back), the message, the details in the proto3 JSON mapping (`fromJson` reads them
+ * back), `retryDelayMs`, and `nextEligibleAt` as an ISO string. The `error` itself is left
+ * out: its code, message and details are all here.
+ */
+function richErrorJson(e: RichError): Record<string, unknown> {
+  return {
+    code: Code[e.code],
+    message: e.message,
+    ...(e.errorInfo && { errorInfo: toJson(ErrorInfoSchema, e.errorInfo) }),
+    ...(e.deferral && { deferral: toJson(DeferralDetailSchema, e.deferral) }),
+    ...(e.retryInfo && { retryInfo: toJson(RetryInfoSchema, e.retryInfo) }),
+    ...(e.retryDelayMs !== undefined && { retryDelayMs: e.retryDelayMs }),
+    ...(e.badRequest && { badRequest: toJson(BadRequestSchema, e.badRequest) }),
+    ...(e.nextEligibleAt && { nextEligibleAt: e.nextEligibleAt.toISOString() }),
   };
 }
 

@@ -1,6 +1,7 @@
 /**
  * The Switchboard TypeScript client: a gRPC connection ({@link connect}), rich errors
- * ({@link richError}), the {@link Worker} helper, and the generated messages and services
+ * ({@link richError}), the {@link Worker} helper and its events, `JSON.stringify` for the
+ * messages it hands out ({@link jsonable}), and the generated messages and services
  * (also importable one file at a time from `@switchboard/client/gen/switchboard/v1/<file>_pb`).
  */
 export {
@@ -29,6 +30,17 @@ export {
   type WorkerOptions,
 } from "./worker/worker.js";
 export { WORKER_RPCS, WorkerStats, type WorkerRpc } from "./worker/stats.js";
+export {
+  WorkerEvents,
+  type ClaimedEvent,
+  type DeferredEvent,
+  type DoorbellEvent,
+  type SettledEvent,
+  type SettledOutcome,
+  type WorkerErrorInfo,
+  type WorkerEventMap,
+} from "./worker/events.js";
+export { jsonable, jsonResponses } from "./json.js";
 export * from "./gen/switchboard/v1/admin_pb.js";
 export * from "./gen/switchboard/v1/admission_pb.js";
 export * from "./gen/switchboard/v1/dispatch_pb.js";

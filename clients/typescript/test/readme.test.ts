@@ -51,7 +51,7 @@ test("every sh block of the README is listed with why it is not run", () => {
 
 test("the README's ts blocks type-check and run against a real server", async () => {
   const sources = blocks("ts");
-  assert.equal(sources.length, 3);
+  assert.equal(sources.length, 4);
   // Inside the package, so that "@switchboard/client" resolves to it (a self-reference).
   const folder = join(PACKAGE, "build-test", "readme");
   rmSync(folder, { recursive: true, force: true });
@@ -92,11 +92,14 @@ test("the README's ts blocks type-check and run against a real server", async ()
     });
     outputs.push(stdout);
   }
-  const [quickstart, worker, deferral] = outputs as [string, string, string];
+  const [quickstart, worker, events, deferral] = outputs as [string, string, string, string];
   assert.match(quickstart, /^working on \d+ hello$/m);
   assert.match(quickstart, /^refused: FailedPrecondition /m);
   assert.equal(worker.match(/^handled \d+ doc \d$/gm)?.length, 3, worker);
   assert.match(worker, /^claimed 3 cut short 1 next window: exact$/m);
+  // The events block's worker finds the day's budget spent: a deferred event, no claim.
+  assert.match(events, /^deferred summaries WINDOW_EXHAUSTED until \d{4}-\d\d-\d\dT00:00:00\.000Z$/m);
+  assert.doesNotMatch(events, /^claimed/m);
   assert.match(deferral, /^deferred: WINDOW_EXHAUSTED until .*\d{4}/m);
   assert.match(deferral, /^retry in \d+ s$/m);
 });

@@ -10,8 +10,10 @@ import { Code, ConnectError, createClient, type Client, type Transport } from "@
 import type { DeferredQueue } from "../gen/switchboard/v1/admission_pb.js";
 import {
   BatchItemStatus,
+  ClaimNextResponseSchema,
   DispatchService,
   SettlementSchema,
+  WatchReopenResponseSchema,
   type ClaimNextResponse,
   type ClaimedTodo,
   type Doorbell,
@@ -19,6 +21,8 @@ import {
   type SettlementResult,
 } from "../gen/switchboard/v1/dispatch_pb.js";
 import { TodoState, type Lease, type Todo } from "../gen/switchboard/v1/todo_pb.js";
+import { jsonable } from "../json.js";
+import { WorkerEvents } from "./events.js";
 import { Backoff, Flag, waitFor } from "./flags.js";
 import { WorkerStats, type WorkerRpc } from "./stats.js";
 
@@ -64,10 +68,23 @@ const HEALTHY_STREAM_MS = 10_000;
 /** The server cuts `Fail` error texts at this length; the worker does it first. */
 const MAX_ERROR_TEXT = 4096;
 
+/** Marks a {@link PermanentFailure} of either build of the package (ESM or CommonJS). */
+const PERMANENT: unique symbol = Symbol.for("@switchboard/client.PermanentFailure");
+
 /** Thrown by a handler to dead-letter its todo instead of having it retried. */
 export class PermanentFailure extends Error {
   override name = "PermanentFailure";
+
+  /**
+   * `instanceof PermanentFailure` holds for one made by the package's other build too (an
+   * application that both imports and requires the package loads two copies of the class).
+   */
+  static override [Symbol.hasInstance](value: unknown): boolean {
+    if (this !== PermanentFailure) return Function.prototype[Symbol.hasInstance].call(this, value);
+    return value instanceof Error && (value as { [PERMANENT]?: unknown })[PERMANENT] === true;
+  }
 }
+Object.defineProperty(PermanentFailure.prototype, PERMANENT, { value: true });
 
 /**
  * Does the work of one todo. Throw {@link PermanentFailure} to dead-letter it, anything else to
@@ -172,9 +189,10 @@ function describe(err: unknown): string {
 /**
  * Claims todos and runs `handler` on each; see the package README for the whole behaviour:
  * batches (`prefetch`, `concurrency`), heartbeats, settlement batches, deferrals and doorbells,
- * failures and shutdown.
+ * failures and shutdown. Emits `claimed`, `doorbell`, `settled`, `deferred` and `error`
+ * ({@link WorkerEvents}).
  */
-export class Worker {
+export class Worker extends WorkerEvents {
   readonly endpointId: string;
   readonly queues: readonly string[];
   readonly claimant: string;
@@ -221,6 +239,7 @@ export class Worker {
   readonly #flushNow = new Flag();
 
   constructor(options: WorkerOptions) {
+    super();
     const lease = options.leaseMs ?? 300_000;
     if (!(lease >= 1000 && lease <= 86_400_000)) {
       throw new RangeError(`leaseMs must be between 1 second and 24 hours, got ${lease}`);
@@ -259,6 +278,7 @@ export class Worker {
     this.#headers = options.token ? { authorization: `Bearer ${options.token}` } : {};
     this.#handler = options.handler;
     this.#log = options.log ?? defaultLogger;
+    this.listenerErrorLog = (message) => this.#log.error(message);
     this.endpointId = options.endpointId ?? "";
     this.queues = [...(options.queues ?? [])];
     this.claimant = options.claimant;
@@ -310,10 +330,14 @@ export class Worker {
     if (options.signal?.aborted) this.stop();
     options.signal?.addEventListener("abort", onAbort);
     // Neither is expected to throw; if one does, say so rather than crash the process.
-    const watch = this.#watch().catch((err: unknown) => this.#log.error(`the doorbell watch died: ${errorText(err)}`));
-    const heartbeats = this.#heartbeats().catch((err: unknown) =>
-      this.#log.error(`the heartbeats died (leases will lapse): ${errorText(err)}`),
-    );
+    const watch = this.#watch().catch((err: unknown) => {
+      this.#log.error(`the doorbell watch died: ${errorText(err)}`);
+      this.notifyError(err, { retrying: false });
+    });
+    const heartbeats = this.#heartbeats().catch((err: unknown) => {
+      this.#log.error(`the heartbeats died (leases will lapse): ${errorText(err)}`);
+      this.notifyError(err, { retrying: false });
+    });
     let settlerError: { error: unknown } | undefined;
     const settlerDied = new Flag();
     const settler = this.#settler().catch((error: unknown) => {
@@ -372,6 +396,7 @@ export class Worker {
         batch = [{ todo: response.todo, lease: response.lease }];
       }
       this.lastDeferred = response.deferred;
+      this.notifyDeferred(response.deferred);
       if (batch.length === 0) {
         if (stopWhenIdle) break;
         await this.#idle(response);
@@ -383,6 +408,10 @@ export class Worker {
       for (const item of batch) {
         if (item.todo && item.lease) this.#start(item.todo, item.lease);
       }
+      this.notifyClaimed(
+        batch.flatMap((item) => (item.todo && item.lease ? [item.todo] : [])),
+        response.deferred.length > 0,
+      );
       if (response.deferred.length > 0) {
         this.stats.cutShort += 1;
         if (!stopWhenIdle && this.#allDeferred(response.deferred)) await this.#idle(response);
@@ -420,10 +449,13 @@ export class Worker {
     for (;;) {
       let delay: number;
       try {
-        return await this.#unary("ClaimNext", (o) => this.#client.claimNext(request, o));
+        const response = await this.#unary("ClaimNext", (o) => this.#client.claimNext(request, o));
+        return jsonable(ClaimNextResponseSchema, response);
       } catch (err) {
         const e = ConnectError.from(err);
-        if (!TRANSIENT_CODES.has(e.code)) throw e;
+        const retrying = TRANSIENT_CODES.has(e.code);
+        this.notifyError(e, { rpc: "ClaimNext", retrying });
+        if (!retrying) throw e;
         delay = backoff.next();
         this.#log.warn(`ClaimNext failed (${describe(e)}); retrying in ${(delay / 1000).toFixed(1)}s`);
       }
@@ -477,9 +509,11 @@ export class Worker {
           },
         });
         for await (const message of stream) {
+          jsonable(WatchReopenResponseSchema, message);
           this.stats.doorbells += 1;
           this.lastDoorbell = message.doorbell;
           this.#bell.set();
+          if (message.doorbell) this.notifyDoorbell(message.doorbell);
         }
         this.#log.info("WatchReopen stream ended by the server; reopening");
       } catch (err) {
@@ -488,6 +522,7 @@ export class Worker {
         const text = `WatchReopen failed (${describe(e)})`;
         if (TRANSIENT_CODES.has(e.code)) this.#log.warn(text);
         else this.#log.error(text);
+        this.notifyError(e, { rpc: "WatchReopen", retrying: true });
       } finally {
         this.watching.clear();
       }
@@ -546,6 +581,7 @@ export class Worker {
       this.stats.lost += 1;
       this.#log.warn(`todo ${held.todoId} was taken over; its handler was aborted`);
       this.#forget(held);
+      this.notifySettled(held.todoId, "lost");
       return;
     }
     const base = { todoId: held.todoId, leaseId: held.leaseId };
@@ -589,6 +625,7 @@ export class Worker {
     this.#ready = this.#ready.filter((h) => h !== held);
     this.stats.lost += 1;
     this.#forget(held);
+    this.notifySettled(held.todoId, "lost");
   }
 
   // ------------------------------------------------------------------ leases
@@ -633,6 +670,7 @@ export class Worker {
           return true;
         }
         this.#log.warn(`heartbeat failed (${describe(e)})`);
+        this.notifyError(e, { rpc: "Heartbeat", retrying: true, todoIds: [held.todoId] });
         return false;
       }
       this.#extended(held, sent);
@@ -650,6 +688,11 @@ export class Worker {
     } catch (err) {
       if (this.#ending.isSet) return true;
       this.#log.warn(`heartbeat of ${beating.length} leases failed (${describe(err)})`);
+      this.notifyError(ConnectError.from(err), {
+        rpc: "HeartbeatTodos",
+        retrying: true,
+        todoIds: beating.map((h) => h.todoId),
+      });
       return false;
     }
     let answered = true;
@@ -709,11 +752,17 @@ export class Worker {
 
   #count(settlement: Settlement): void {
     const action = settlement.action;
-    if (action.case === "complete") this.stats.completed += 1;
-    else if (action.case === "fail") {
+    if (action.case === "complete") {
+      this.stats.completed += 1;
+      this.notifySettled(settlement.todoId, "completed");
+    } else if (action.case === "fail") {
       this.stats.failed += 1;
       if (action.value.permanent) this.stats.deadLettered += 1;
-    } else this.stats.released += 1;
+      this.notifySettled(settlement.todoId, "failed", action.value);
+    } else {
+      this.stats.released += 1;
+      this.notifySettled(settlement.todoId, "released");
+    }
   }
 
   /** Settles one todo with `Complete`, `Fail` or `Release`. */
@@ -755,8 +804,11 @@ export class Worker {
         if (!TRANSIENT_CODES.has(e.code) || remaining <= 0 || this.#ending.isSet) {
           this.stats.unsettled += 1;
           this.#log.error(`${name} of todo ${held.todoId} failed (${describe(e)}); the lease will lapse`);
+          this.notifyError(e, { rpc: name, retrying: false, todoIds: [held.todoId] });
+          this.notifySettled(held.todoId, "unsettled");
           return false;
         }
+        this.notifyError(e, { rpc: name, retrying: true, todoIds: [held.todoId] });
         delay = Math.min(backoff.next(), remaining);
         this.#log.warn(`${name} failed (${Code[e.code]}); retrying in ${(delay / 1000).toFixed(1)}s`);
       }
@@ -780,12 +832,15 @@ export class Worker {
         const e = ConnectError.from(err);
         const t = now();
         const transient = TRANSIENT_CODES.has(e.code) && !this.#ending.isSet;
+        const todoIds = batch.map((h) => h.todoId);
         for (const held of batch.filter((h) => !transient || h.expires <= t)) {
           this.stats.unsettled += 1;
           this.#log.error(`settling todo ${held.todoId} failed (${describe(e)}); the lease will lapse`);
           batch = batch.filter((h) => h !== held);
           this.#forget(held);
+          this.notifySettled(held.todoId, "unsettled");
         }
+        this.notifyError(e, { rpc: "SettleTodos", retrying: batch.length > 0, todoIds });
         if (batch.length === 0) return;
         delay = Math.min(backoff.next(), Math.max(...batch.map((h) => h.expires)) - t);
         this.#log.warn(
@@ -827,6 +882,7 @@ export class Worker {
     held.lost = true;
     this.stats.lost += 1;
     this.#log.warn(`${action} of todo ${held.todoId} refused: the lease is stale (${why})`);
+    this.notifySettled(held.todoId, "lost");
   }
 
   // ------------------------------------------------------------------ shutdown
