@@ -151,6 +151,16 @@ def headroom(value: Headroom) -> admission_pb2.Headroom:
     return msg
 
 
+def claim_headroom(
+    msg: dispatch_pb2.ClaimResponse | dispatch_pb2.ClaimNextResponse, value: Headroom | None
+) -> None:
+    """Sets a claim's answer's headroom and the policy it is of (neither when
+    the queue has no policy)."""
+    if value is not None:
+        msg.headroom.CopyFrom(headroom(value))
+        msg.policy.CopyFrom(policy(value.policy))
+
+
 def deferred_queue(value: Deferral) -> admission_pb2.DeferredQueue:
     """The wire form of a deferred queue in a ClaimNext answer."""
     return admission_pb2.DeferredQueue(

@@ -28,9 +28,7 @@ class ActionRpcs(DispatchPart):
     async def CancelTodo(
         self, request: dispatch_pb2.CancelTodoRequest, context: Context
     ) -> dispatch_pb2.CancelTodoResponse:
-        v = Violations()
-        todo_id = v.todo_id("todo_id", request.todo_id)
-        v.check()
+        todo_id = Violations.checked(lambda v: v.todo_id("todo_id", request.todo_id))
         todo = await self._dispatcher.cancel(current_principal(), todo_id)
         return dispatch_pb2.CancelTodoResponse(todo=convert.todo(todo))
 

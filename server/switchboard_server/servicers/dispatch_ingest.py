@@ -35,9 +35,7 @@ class IngestRpcs(DispatchPart):
     async def Ingest(
         self, request: dispatch_pb2.IngestRequest, context: Context
     ) -> dispatch_pb2.IngestResponse:
-        v = Violations()
-        item = _ingest_item(v, "", request)
-        v.check()
+        item = Violations.checked(lambda v: _ingest_item(v, "", request))
         result = await self._dispatcher.ingest(
             current_principal(), item, tracing.traceparent(context.invocation_metadata())
         )

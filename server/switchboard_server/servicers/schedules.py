@@ -28,8 +28,6 @@ from switchboard_server.servicers.validate import (
     MAX_CONTENT_TYPE,
     MAX_PAYLOAD_BYTES,
     MAX_START,
-    MAX_TODO_ID,
-    MAX_TODO_ID_DIGITS,
     MAX_ZONE,
     Violations,
 )
@@ -58,19 +56,6 @@ _ACTION = {
     "resume": schedule_pb2.SCHEDULE_ACTION_RESUME,
     "delete": schedule_pb2.SCHEDULE_ACTION_DELETE,
 }
-
-
-def schedule_id(v: Violations, field: str, value: str) -> int:
-    """A schedule id: a positive decimal integer."""
-    if (
-        len(value) > MAX_TODO_ID_DIGITS
-        or not value.isascii()
-        or not value.isdigit()
-        or not 0 < int(value) <= MAX_TODO_ID
-    ):
-        v.add(field, "must be a schedule id (a positive integer)")
-        return 0
-    return int(value)
 
 
 def _recurrence(v: Violations, field: str, msg: schedule_pb2.Recurrence) -> Recurrence | None:
@@ -217,19 +202,15 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServiceServicer):
     async def GetSchedule(
         self, request: schedule_pb2.GetScheduleRequest, context: Context
     ) -> schedule_pb2.GetScheduleResponse:
-        v = Violations()
-        sid = schedule_id(v, "id", request.id)
-        v.check()
-        got = await self._schedules.get(current_principal(), sid)
-        return schedule_pb2.GetScheduleResponse(schedule=schedule(got))
+        got = await self._by_id(request.id, self._schedules.get)
+        return schedule_pb2.GetScheduleResponse(schedule=got)
 
     async def ListSchedules(
         self, request: schedule_pb2.ListSchedulesRequest, context: Context
     ) -> schedule_pb2.ListSchedulesResponse:
         v = Violations()
         endpoint_id = v.parse_uuid("endpoint_id", request.endpoint_id, required=False)
-        page_size = v.page_size("page_size", request.page_size)
-        after = v.page_token("page_token", request.page_token)
+        page_size, after = v.page(request)
         v.check()
         found = await self._schedules.list_page(
             current_principal(), endpoint_id, after, page_size + 1
@@ -241,7 +222,7 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServiceServicer):
         self, request: schedule_pb2.UpdateScheduleRequest, context: Context
     ) -> schedule_pb2.UpdateScheduleResponse:
         v = Violations()
-        sid = schedule_id(v, "schedule.id", request.schedule.id)
+        sid = v.schedule_id("schedule.id", request.schedule.id)
         definition, recurrence = _definition(v, request.schedule)
         v.check()
         assert recurrence is not None
@@ -270,18 +251,15 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServiceServicer):
         self, raw_id: str, act: Callable[[Principal, int], Awaitable[Schedule]]
     ) -> schedule_pb2.Schedule:
         """Validates the request's ``id``, then ``act`` on that schedule for the caller."""
-        v = Violations()
-        sid = schedule_id(v, "id", raw_id)
-        v.check()
+        sid = Violations.checked(lambda v: v.schedule_id("id", raw_id))
         return schedule(await act(current_principal(), sid))
 
     async def ListScheduleAudit(
         self, request: schedule_pb2.ListScheduleAuditRequest, context: Context
     ) -> schedule_pb2.ListScheduleAuditResponse:
         v = Violations()
-        sid = schedule_id(v, "schedule_id", request.schedule_id)
-        page_size = v.page_size("page_size", request.page_size)
-        before = v.page_token("page_token", request.page_token)
+        sid = v.schedule_id("schedule_id", request.schedule_id)
+        page_size, before = v.page(request)
         v.check()
         entries = await self._schedules.audit(current_principal(), sid, before, page_size + 1)
         page, token = answer_page(entries, page_size, audit_entry, lambda e: e.id)
