@@ -56,7 +56,6 @@ from switchboard_server.model import (
     NewTodo,
     NewTodos,
     Principal,
-    TodoAuditEntry,
 )
 
 __all__ = [
@@ -77,7 +76,6 @@ __all__ = [
     "IngestedTodos",
     "NewTodo",
     "NewTodos",
-    "TodoAuditEntry",
     "TodoFilter",
     "TodoView",
     "refusal_message",

@@ -108,6 +108,6 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
             current_principal(), endpoint_id, name, before, page_size + 1
         )
         page, token = answer_page(
-            entries, page_size, convert.audit_entry, lambda e: e.id, budget=None
+            entries, page_size, convert.policy_audit_entry, lambda e: e.id, budget=None
         )
         return admission_pb2.ListPolicyAuditResponse(entries=page, next_page_token=token)

@@ -3,24 +3,20 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from itertools import repeat
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf import timestamp_pb2
 from switchboard_dispatch.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
 
-from switchboard_server.dispatch import (
-    Action,
-    Ingested,
-    IngestedTodos,
-    TodoAuditEntry,
-    refusal_message,
-)
+from switchboard_server.dispatch import Action, Ingested, IngestedTodos, refusal_message
 from switchboard_server.doorbells import Doorbell
 from switchboard_server.model import (
     Attempt,
     AttemptOutcome,
+    AuditEntry,
     Credential,
     Endpoint,
     Grant,
@@ -29,19 +25,24 @@ from switchboard_server.model import (
     Lease,
     Owner,
     PrincipalKind,
+    Revision,
     SettledState,
     Todo,
     TodoResult,
+    TodoSelection,
     TodoState,
 )
 from switchboard_server.policies import (
     AdmissionStatus,
-    AuditEntry,
     Deferral,
     DeferralReason,
     Headroom,
     Policy,
 )
+
+T = TypeVar("T")
+#: A proto message.
+M = TypeVar("M")
 
 TODO_STATE_TO_PROTO = {
     TodoState.PENDING: todo_pb2.TODO_STATE_PENDING,
@@ -196,20 +197,41 @@ def admission_status(value: AdmissionStatus) -> admission_pb2.AdmissionStatus:
     )
 
 
-def audit_entry(value: AuditEntry) -> admission_pb2.PolicyAuditEntry:
-    """The wire form of one audited policy change."""
-    return admission_pb2.PolicyAuditEntry(
+def audit_entry(make: Callable[..., M], value: AuditEntry[Any, Any], **fields: Any) -> M:
+    """The wire form of an audit entry of any kind: ``make`` (the kind's
+    message) of the entry's id, who made the change and when, and ``fields``,
+    what the kind adds (its subject, action and change)."""
+    return make(
         id=str(value.id),
-        queue=queue_ref(value.endpoint_id, value.queue),
-        action=admission_pb2.POLICY_ACTION_SET
-        if value.action == "set"
-        else admission_pb2.POLICY_ACTION_CLEAR,
         actor_human_id=str(value.actor_human_id or ""),
         actor_endpoint_id=str(value.actor_endpoint_id or ""),
         actor_credential_id=str(value.actor_credential_id or ""),
         at=timestamp(value.at),
-        before=policy(value.before) if value.before else None,
-        after=policy(value.after) if value.after else None,
+        **fields,
+    )
+
+
+def revision(value: Revision[T], build: Callable[[T], M]) -> dict[str, M | None]:
+    """The ``before`` and ``after`` fields of an audited change, each ``build``
+    (unset where there is none)."""
+    return {
+        "before": build(value.before) if value.before is not None else None,
+        "after": build(value.after) if value.after is not None else None,
+    }
+
+
+def policy_audit_entry(
+    value: AuditEntry[str, Revision[Policy]],
+) -> admission_pb2.PolicyAuditEntry:
+    """The wire form of one audited policy change."""
+    return audit_entry(
+        admission_pb2.PolicyAuditEntry,
+        value,
+        queue=queue_ref(value.endpoint_id, value.subject),
+        action=admission_pb2.POLICY_ACTION_SET
+        if value.action == "set"
+        else admission_pb2.POLICY_ACTION_CLEAR,
+        **revision(value.change, policy),
     )
 
 
@@ -506,20 +528,18 @@ TODO_ACTION = {
 }
 
 
-def todo_audit_entry(value: TodoAuditEntry) -> dispatch_pb2.TodoAuditEntry:
+def todo_audit_entry(value: AuditEntry[TodoSelection, int]) -> dispatch_pb2.TodoAuditEntry:
     """The wire form of one audited cancel or requeue."""
-    return dispatch_pb2.TodoAuditEntry(
-        id=str(value.id),
+    todos = value.subject
+    return audit_entry(
+        dispatch_pb2.TodoAuditEntry,
+        value,
         action=TODO_ACTION.get(value.action, dispatch_pb2.TODO_ACTION_UNSPECIFIED),
         endpoint_id=str(value.endpoint_id),
-        todo_id=str(value.todo_id) if value.todo_id is not None else "",
-        count=value.count,
-        actor_human_id=str(value.actor_human_id or ""),
-        actor_endpoint_id=str(value.actor_endpoint_id or ""),
-        actor_credential_id=str(value.actor_credential_id or ""),
-        at=timestamp(value.at),
-        filter=value.filter or "",
-        todo_ids=value.todo_ids,
+        todo_id=str(todos.todo_id) if todos.todo_id is not None else "",
+        count=value.change,
+        filter=todos.filter or "",
+        todo_ids=todos.todo_ids,
     )
 
 

@@ -9,7 +9,7 @@ import grpc
 from switchboard_dispatch.v1 import admission_pb2, schedule_pb2, schedule_pb2_grpc
 
 from switchboard_server.db.schedules import Definition
-from switchboard_server.model import Principal
+from switchboard_server.model import AuditEntry, Principal, Revision
 from switchboard_server.recurrence import (
     MAX_CRON,
     CatchUp,
@@ -18,7 +18,7 @@ from switchboard_server.recurrence import (
     calendar,
     cron,
 )
-from switchboard_server.schedules import AuditEntry, Schedule, Schedules
+from switchboard_server.schedules import Schedule, Schedules
 from switchboard_server.servicers import convert
 from switchboard_server.servicers.interceptor import current_principal
 from switchboard_server.servicers.sizes import answer_page
@@ -158,22 +158,17 @@ def schedule(value: Schedule) -> schedule_pb2.Schedule:
     return msg
 
 
-def audit_entry(value: AuditEntry) -> schedule_pb2.ScheduleAuditEntry:
+def schedule_audit_entry(
+    value: AuditEntry[int, Revision[Schedule]],
+) -> schedule_pb2.ScheduleAuditEntry:
     """The wire form of one audited schedule change."""
-    msg = schedule_pb2.ScheduleAuditEntry(
-        id=str(value.id),
-        schedule_id=str(value.schedule_id),
+    return convert.audit_entry(
+        schedule_pb2.ScheduleAuditEntry,
+        value,
+        schedule_id=str(value.subject),
         action=_ACTION.get(value.action, schedule_pb2.SCHEDULE_ACTION_UNSPECIFIED),
-        actor_human_id=str(value.actor_human_id or ""),
-        actor_endpoint_id=str(value.actor_endpoint_id or ""),
-        actor_credential_id=str(value.actor_credential_id or ""),
-        at=convert.timestamp(value.at),
+        **convert.revision(value.change, schedule),
     )
-    if value.before is not None:
-        msg.before.CopyFrom(schedule(value.before))
-    if value.after is not None:
-        msg.after.CopyFrom(schedule(value.after))
-    return msg
 
 
 class ScheduleServicer(schedule_pb2_grpc.ScheduleServiceServicer):
@@ -262,5 +257,5 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServiceServicer):
         page_size, before = v.page(request)
         v.check()
         entries = await self._schedules.audit(current_principal(), sid, before, page_size + 1)
-        page, token = answer_page(entries, page_size, audit_entry, lambda e: e.id)
+        page, token = answer_page(entries, page_size, schedule_audit_entry, lambda e: e.id)
         return schedule_pb2.ListScheduleAuditResponse(entries=page, next_page_token=token)
