@@ -45,10 +45,7 @@ _CATCH_UP = {
     schedule_pb2.CATCH_UP_SKIP: CatchUp.SKIP,
     schedule_pb2.CATCH_UP_LATEST: CatchUp.LATEST,
 }
-_CATCH_UP_TO_PROTO = {
-    CatchUp.SKIP: schedule_pb2.CATCH_UP_SKIP,
-    CatchUp.LATEST: schedule_pb2.CATCH_UP_LATEST,
-}
+_CATCH_UP_TO_PROTO = convert.by_name(CatchUp, schedule_pb2.CatchUp.Value, "CATCH_UP_")
 _ACTION = {
     "create": schedule_pb2.SCHEDULE_ACTION_CREATE,
     "update": schedule_pb2.SCHEDULE_ACTION_UPDATE,
