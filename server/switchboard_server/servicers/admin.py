@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import grpc
 from switchboard_dispatch.v1 import admin_pb2, admin_pb2_grpc
 
 from switchboard_server.servicers import convert
-from switchboard_server.servicers.interceptor import current_principal
+from switchboard_server.servicers.interceptor import Context, current_principal
 from switchboard_server.servicers.validate import MAX_LABEL, MAX_NAME, Violations
 from switchboard_server.tenancy import Tenancy, expand_presets
-
-Context = grpc.aio.ServicerContext[Any, Any]
 
 
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):

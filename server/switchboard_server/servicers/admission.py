@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
-import grpc
 from switchboard_dispatch.v1 import admission_pb2, admission_pb2_grpc, queue_pb2
 
 from switchboard_server.admission import AdmissionControl
 from switchboard_server.policies import Limits
 from switchboard_server.servicers import convert
-from switchboard_server.servicers.interceptor import current_principal
+from switchboard_server.servicers.interceptor import Context, current_principal
 from switchboard_server.servicers.sizes import answer_page
 from switchboard_server.servicers.validate import MAX_START, MAX_ZONE, Violations
 from switchboard_server.windows import Period, WindowSpec, WindowSpecError
-
-Context = grpc.aio.ServicerContext[Any, Any]
 
 _PERIOD = {
     admission_pb2.WINDOW_PERIOD_HOUR: Period.HOUR,

@@ -10,8 +10,8 @@ from switchboard_dispatch.v1 import dispatch_pb2
 
 from switchboard_server import dispatch
 from switchboard_server.servicers import convert
-from switchboard_server.servicers.dispatch_part import Context, DispatchPart
-from switchboard_server.servicers.interceptor import current_principal
+from switchboard_server.servicers.dispatch_part import DispatchPart
+from switchboard_server.servicers.interceptor import Context, current_principal
 from switchboard_server.servicers.validate import (
     MAX_ATTEMPTS_LIMIT,
     MAX_BATCH,

@@ -9,8 +9,8 @@ from switchboard_dispatch.v1 import dispatch_pb2, todo_pb2
 from switchboard_server import dispatch, tracing
 from switchboard_server.model import ItemOutcome, Lease, SettleAction, Settlement, TodoState
 from switchboard_server.servicers import convert
-from switchboard_server.servicers.dispatch_part import Context, DispatchPart
-from switchboard_server.servicers.interceptor import current_principal
+from switchboard_server.servicers.dispatch_part import DispatchPart
+from switchboard_server.servicers.interceptor import Context, current_principal
 from switchboard_server.servicers.sizes import MAX_DEFERRED_REPORTED
 from switchboard_server.servicers.validate import MAX_CLAIMANT, MAX_ERROR, Violations, free_text
 

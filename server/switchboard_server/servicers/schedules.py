@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
-import grpc
 from switchboard_dispatch.v1 import admission_pb2, schedule_pb2, schedule_pb2_grpc
 
 from switchboard_server.db.schedules import Definition
@@ -20,7 +18,7 @@ from switchboard_server.recurrence import (
 )
 from switchboard_server.schedules import Schedule, Schedules
 from switchboard_server.servicers import convert
-from switchboard_server.servicers.interceptor import current_principal
+from switchboard_server.servicers.interceptor import Context, current_principal
 from switchboard_server.servicers.sizes import answer_page
 from switchboard_server.servicers.validate import (
     DEFAULT_MAX_ATTEMPTS,
@@ -31,8 +29,6 @@ from switchboard_server.servicers.validate import (
     MAX_ZONE,
     Violations,
 )
-
-Context = grpc.aio.ServicerContext[Any, Any]
 
 _PERIOD = {
     admission_pb2.WINDOW_PERIOD_HOUR: "HOUR",
