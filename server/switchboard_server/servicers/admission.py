@@ -12,13 +12,7 @@ from switchboard_server.servicers import convert
 from switchboard_server.servicers.interceptor import Context, current_principal
 from switchboard_server.servicers.sizes import answer_page
 from switchboard_server.servicers.validate import MAX_START, MAX_ZONE, Violations
-from switchboard_server.windows import Period, WindowSpec, WindowSpecError
-
-_PERIOD = {
-    admission_pb2.WINDOW_PERIOD_HOUR: Period.HOUR,
-    admission_pb2.WINDOW_PERIOD_DAY: Period.DAY,
-    admission_pb2.WINDOW_PERIOD_WEEK: Period.WEEK,
-}
+from switchboard_server.windows import WindowSpec, WindowSpecError
 
 
 def _queue(v: Violations, field: str, ref: queue_pb2.QueueRef) -> tuple[uuid.UUID | None, str]:
@@ -31,7 +25,7 @@ def _window(v: Violations, policy: admission_pb2.AdmissionPolicy) -> WindowSpec 
     if not policy.HasField("window"):
         return None
     w = policy.window
-    period = _PERIOD.get(w.period)
+    period = convert.PERIOD_FROM_PROTO.get(w.period)
     if period is None:
         v.add("policy.window.period", "must be HOUR, DAY or WEEK")
         return None

@@ -40,6 +40,7 @@ from switchboard_server.policies import (
     Headroom,
     Policy,
 )
+from switchboard_server.windows import Period
 
 T = TypeVar("T")
 #: A proto message.
@@ -87,11 +88,8 @@ def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
 
 REASON_TO_PROTO = by_name(DeferralReason, admission_pb2.DeferralReason.Value, "DEFERRAL_REASON_")
 
-_PERIOD_TO_PROTO = {
-    "HOUR": admission_pb2.WINDOW_PERIOD_HOUR,
-    "DAY": admission_pb2.WINDOW_PERIOD_DAY,
-    "WEEK": admission_pb2.WINDOW_PERIOD_WEEK,
-}
+PERIOD_TO_PROTO = by_name(Period, admission_pb2.WindowPeriod.Value, "WINDOW_PERIOD_")
+PERIOD_FROM_PROTO = {v: k for k, v in PERIOD_TO_PROTO.items()}
 
 
 def queue_ref(endpoint_id: uuid.UUID, name: str) -> queue_pb2.QueueRef:
@@ -110,7 +108,7 @@ def policy(value: Policy) -> admission_pb2.AdmissionPolicy:
     if limits.max_claims_per_window is not None:
         msg.max_claims_per_window = limits.max_claims_per_window
     if limits.window is not None:
-        msg.window.period = _PERIOD_TO_PROTO[limits.window.period.value]
+        msg.window.period = PERIOD_TO_PROTO[limits.window.period]
         msg.window.time_zone = limits.window.zone
         msg.window.start = limits.window.start.strftime("%H:%M")
         if limits.window.weekday is not None:

@@ -29,13 +29,8 @@ from switchboard_server.servicers.validate import (
     MAX_ZONE,
     Violations,
 )
+from switchboard_server.windows import Period
 
-_PERIOD = {
-    admission_pb2.WINDOW_PERIOD_HOUR: "HOUR",
-    admission_pb2.WINDOW_PERIOD_DAY: "DAY",
-    admission_pb2.WINDOW_PERIOD_WEEK: "WEEK",
-}
-_PERIOD_TO_PROTO = {v: k for k, v in _PERIOD.items()}
 _CATCH_UP = {
     schedule_pb2.CATCH_UP_UNSPECIFIED: CatchUp.LATEST,
     schedule_pb2.CATCH_UP_SKIP: CatchUp.SKIP,
@@ -51,6 +46,12 @@ _ACTION = {
 }
 
 
+def _period(value: admission_pb2.WindowPeriod.ValueType) -> str | None:
+    """A wire period's name, as a schedule stores it (``None`` for none)."""
+    period = convert.PERIOD_FROM_PROTO.get(value)
+    return period.value if period is not None else None
+
+
 def _recurrence(v: Violations, field: str, msg: schedule_pb2.Recurrence) -> Recurrence | None:
     before = len(v)
     zone = v.text(f"{field}.time_zone", msg.time_zone, maximum=MAX_ZONE, required=True)
@@ -62,7 +63,7 @@ def _recurrence(v: Violations, field: str, msg: schedule_pb2.Recurrence) -> Recu
     weekday: int | None = None
     if rule == "calendar":
         c = msg.calendar
-        period = _PERIOD.get(c.period)
+        period = _period(c.period)
         if period is None:
             v.add(f"{field}.calendar.period", "must be HOUR, DAY or WEEK")
         if c.weekday and not 1 <= c.weekday <= 7:
@@ -110,7 +111,7 @@ def _definition(v: Violations, msg: schedule_pb2.Schedule) -> tuple[Definition, 
         content_type=content_type or "application/octet-stream",
         max_attempts=max_attempts,
         time_zone=r.time_zone.strip(),
-        calendar_period=_PERIOD.get(r.calendar.period) if is_calendar else None,
+        calendar_period=_period(r.calendar.period) if is_calendar else None,
         calendar_at=r.calendar.at if is_calendar else None,
         calendar_weekday=int(r.calendar.weekday) or None if is_calendar else None,
         cron=" ".join(r.cron.split()) if not is_calendar else None,
@@ -144,7 +145,7 @@ def schedule(value: Schedule) -> schedule_pb2.Schedule:
         msg.recurrence.cron = row.cron
     else:
         assert row.calendar_period is not None
-        msg.recurrence.calendar.period = _PERIOD_TO_PROTO[row.calendar_period]
+        msg.recurrence.calendar.period = convert.PERIOD_TO_PROTO[Period(row.calendar_period)]
         msg.recurrence.calendar.at = row.calendar_at or ""
         if row.calendar_weekday:
             msg.recurrence.calendar.weekday = admission_pb2.Weekday.ValueType(row.calendar_weekday)
