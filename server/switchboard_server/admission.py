@@ -23,9 +23,8 @@ from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import doorbells as doorbell_queries
 from switchboard_server.db.admission import PolicyRow
 from switchboard_server.db.database import Conn, rerun_on_conflict
-from switchboard_server.model import Grant, Principal, PrincipalKind
+from switchboard_server.model import AuditEntry, Grant, Principal, PrincipalKind, Revision
 from switchboard_server.policies import (
-    AuditEntry,
     Headroom,
     Limits,
     Policy,
@@ -231,8 +230,9 @@ class AdmissionControl:
         limit: int,
         *,
         conn: Conn | None = None,
-    ) -> list[AuditEntry]:
-        """A page of a queue's policy changes, newest first."""
+    ) -> list[AuditEntry[str, Revision[Policy]]]:
+        """A page of a queue's policy changes, newest first: each entry's
+        subject is the queue's name."""
         scope, endpoint = policy_scope(principal, endpoint_id, None)
         async with self._db.transaction(within=conn) as conn:
             queue_id = await admission_queries.queue_find(
@@ -249,17 +249,11 @@ class AdmissionControl:
                 limit=limit,
             )
         return [
-            AuditEntry(
-                id=r.id,
-                endpoint_id=endpoint,
-                queue=queue,
-                action=r.action,
-                actor_credential_id=r.actor_credential_id,
-                actor_human_id=r.actor_human_id,
-                actor_endpoint_id=r.actor_endpoint_id,
-                at=r.at,
-                before=policy_from_json(r.before, endpoint, queue) if r.before else None,
-                after=policy_from_json(r.after, endpoint, queue) if r.after else None,
+            AuditEntry.of(
+                r,
+                endpoint,
+                queue,
+                Revision.read(r.before, r.after, lambda j: policy_from_json(j, endpoint, queue)),
             )
             for r in rows
         ]

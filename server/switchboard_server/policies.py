@@ -137,22 +137,6 @@ class Headroom:
     policy: Policy
 
 
-@dataclass(frozen=True)
-class AuditEntry:
-    """One audited policy change."""
-
-    id: int
-    endpoint_id: uuid.UUID
-    queue: str
-    action: str
-    actor_credential_id: uuid.UUID | None
-    actor_human_id: uuid.UUID | None
-    actor_endpoint_id: uuid.UUID | None
-    at: datetime
-    before: Policy | None
-    after: Policy | None
-
-
 def policy_of(row: PolicyRow, endpoint_id: uuid.UUID, queue: str) -> Policy:
     """The domain policy of a stored row."""
     return Policy(

@@ -33,8 +33,8 @@ from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import schedules as schedule_queries
 from switchboard_server.db import tenancy as tenancy_queries
 from switchboard_server.db.database import Conn, rerun_on_conflict
-from switchboard_server.db.schedules import AuditRow, Definition, ScheduleRow
-from switchboard_server.model import Grant, Principal
+from switchboard_server.db.schedules import Definition, ScheduleRow
+from switchboard_server.model import AuditEntry, Grant, Principal, Revision
 from switchboard_server.recurrence import (
     CatchUp,
     Recurrence,
@@ -86,22 +86,6 @@ class Schedule:
     def last_slot_local(self) -> str:
         """The slot of the last todo created, on the schedule's clock."""
         return _local(self.row.last_slot, self.row.time_zone)
-
-
-@dataclass(frozen=True)
-class AuditEntry:
-    """One audited schedule change (``before``/``after`` as stored rows)."""
-
-    id: int
-    schedule_id: int
-    endpoint_id: uuid.UUID
-    action: str
-    actor_credential_id: uuid.UUID | None
-    actor_human_id: uuid.UUID | None
-    actor_endpoint_id: uuid.UUID | None
-    at: datetime
-    before: Schedule | None
-    after: Schedule | None
 
 
 def _local(instant: datetime | None, zone: str) -> str:
@@ -297,8 +281,9 @@ class Schedules:
 
     async def audit(
         self, principal: Principal, schedule_id: int, before_id: int | None, limit: int
-    ) -> list[AuditEntry]:
-        """A page of a schedule's changes, newest first (also once it is deleted)."""
+    ) -> list[AuditEntry[int, Revision[Schedule]]]:
+        """A page of a schedule's changes, newest first (also once it is
+        deleted): each entry's subject is the schedule's id."""
         owner_id, endpoint = schedule_scope(principal, None, Grant.READ)
         async with self._db.connection() as conn:
             rows = await schedule_queries.list_audit(
@@ -311,7 +296,15 @@ class Schedules:
             )
         if not rows and before_id is None:
             raise errors.NotFound("schedule not found")
-        return [_audit_entry(r) for r in rows]
+        return [
+            AuditEntry.of(
+                r,
+                r.endpoint_id,
+                r.schedule_id,
+                Revision.read(r.before, r.after, lambda j: _schedule(schedule_from_json(j))),
+            )
+            for r in rows
+        ]
 
     @rerun_on_conflict
     async def _set_paused(self, principal: Principal, schedule_id: int, paused: bool) -> Schedule:
@@ -348,21 +341,6 @@ class Schedules:
         if row is None:
             raise errors.NotFound("schedule not found")
         return row
-
-
-def _audit_entry(r: AuditRow) -> AuditEntry:
-    return AuditEntry(
-        id=r.id,
-        schedule_id=r.schedule_id,
-        endpoint_id=r.endpoint_id,
-        action=r.action,
-        actor_credential_id=r.actor_credential_id,
-        actor_human_id=r.actor_human_id,
-        actor_endpoint_id=r.actor_endpoint_id,
-        at=r.at,
-        before=_schedule(schedule_from_json(r.before)) if r.before else None,
-        after=_schedule(schedule_from_json(r.after)) if r.after else None,
-    )
 
 
 async def _audit(

@@ -33,7 +33,7 @@ async def test_each_action_acts_on_its_allowed_states_only(
         assert changed is (state in action.allowed), state
     newest = (await dispatcher.audit(tenant.agent, None, None, 10))[0]
     assert newest.action == action.label
-    assert sorted(newest.todo_ids) == sorted(str(ids[s]) for s in action.allowed)
+    assert sorted(newest.subject.todo_ids) == sorted(str(ids[s]) for s in action.allowed)
 
 
 @pytest.mark.parametrize("action", list(Action))

@@ -15,9 +15,10 @@ from switchboard_server.db.todos import todo_from_record, todo_or_none
 from switchboard_server.model import (
     Attempt,
     AttemptOutcome,
+    AuditEntry,
     Todo,
-    TodoAuditEntry,
     TodoResult,
+    TodoSelection,
     TodoState,
 )
 
@@ -29,7 +30,7 @@ async def list_audit(
     endpoint_id: uuid.UUID | None,
     before_id: int | None,
     limit: int,
-) -> list[TodoAuditEntry]:
+) -> list[AuditEntry[TodoSelection, int]]:
     """An owner's cancels and requeues (one endpoint's, when given), newest first."""
     rows = await fetch_many(
         conn,
@@ -42,15 +43,15 @@ async def list_audit(
     return [_audit_row(dict(r)) for r in rows]
 
 
-def _audit_row(values: dict[str, Any]) -> TodoAuditEntry:
+def _audit_row(values: dict[str, Any]) -> AuditEntry[TodoSelection, int]:
     """A call by ids keeps its ids in the filter column, as ``{"todo_ids": [...]}``."""
-    stored = values["filter"]
+    todo_id, stored, count = values.pop("todo_id"), values.pop("filter"), values.pop("count")
+    todos = TodoSelection(todo_id, stored)
     if stored is not None and '"todo_ids"' in stored:
         ids = json.loads(stored).get("todo_ids")
         if isinstance(ids, list):
-            values["filter"] = None
-            values["todo_ids"] = tuple(str(i) for i in ids)
-    return TodoAuditEntry(**values)
+            todos = TodoSelection(todo_id, None, tuple(str(i) for i in ids))
+    return AuditEntry(subject=todos, change=count, **values)
 
 
 async def result(conn: Conn, *, todo_id: int) -> TodoResult | None:

@@ -59,7 +59,6 @@ from switchboard_server.model import (
     NewTodo,
     NewTodos,
     Principal,
-    TodoAuditEntry,
 )
 
 __all__ = [
@@ -80,7 +79,6 @@ __all__ = [
     "IngestedTodos",
     "NewTodo",
     "NewTodos",
-    "TodoAuditEntry",
     "TodoFilter",
     "TodoView",
     "refusal_message",

@@ -23,12 +23,13 @@ from switchboard_server.db.database import Conn
 from switchboard_server.dispatch.common import DispatchSettings, require_endpoint
 from switchboard_server.model import (
     Attempt,
+    AuditEntry,
     Grant,
     Principal,
     PrincipalKind,
     Todo,
-    TodoAuditEntry,
     TodoResult,
+    TodoSelection,
     TodoState,
 )
 from switchboard_server.policies import AdmissionStatus, admission_status
@@ -217,7 +218,7 @@ class Reads:
         limit: int,
         *,
         conn: Conn | None = None,
-    ) -> list[TodoAuditEntry]:
+    ) -> list[AuditEntry[TodoSelection, int]]:
         """A page of the owner's cancels and requeues, newest first: of one
         endpoint (an endpoint credential: its own), or of all of a human's owner's."""
         scope = require_tenant(principal, Grant.READ)

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import grpc
 from switchboard_dispatch.v1 import admin_pb2, admin_pb2_grpc
 
 from switchboard_server.servicers import convert
-from switchboard_server.servicers.interceptor import current_principal
+from switchboard_server.servicers.interceptor import Context, current_principal
 from switchboard_server.servicers.validate import MAX_LABEL, MAX_NAME, Violations
 from switchboard_server.tenancy import Tenancy, expand_presets
-
-Context = grpc.aio.ServicerContext[Any, Any]
 
 
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
@@ -40,9 +35,9 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     async def CreateOwner(
         self, request: admin_pb2.CreateOwnerRequest, context: Context
     ) -> admin_pb2.CreateOwnerResponse:
-        v = Violations()
-        name = v.text("name", request.name, maximum=MAX_NAME, required=True)
-        v.check()
+        name = Violations.checked(
+            lambda v: v.text("name", request.name, maximum=MAX_NAME, required=True)
+        )
         owner = await self._tenancy.create_owner(current_principal(), name)
         return admin_pb2.CreateOwnerResponse(owner=convert.owner(owner))
 
@@ -69,9 +64,9 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     async def CreateEndpoint(
         self, request: admin_pb2.CreateEndpointRequest, context: Context
     ) -> admin_pb2.CreateEndpointResponse:
-        v = Violations()
-        name = v.text("name", request.name, maximum=MAX_NAME, required=True)
-        v.check()
+        name = Violations.checked(
+            lambda v: v.text("name", request.name, maximum=MAX_NAME, required=True)
+        )
         endpoint = await self._tenancy.create_endpoint(current_principal(), name)
         return admin_pb2.CreateEndpointResponse(endpoint=convert.endpoint(endpoint))
 
@@ -85,7 +80,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         self, request: admin_pb2.VendCredentialRequest, context: Context
     ) -> admin_pb2.VendCredentialResponse:
         v = Violations()
-        endpoint_id = v.parse_uuid("endpoint_id", request.endpoint_id, required=True)
+        endpoint_id = v.required_uuid("endpoint_id", request.endpoint_id)
         grants = v.members("grants", request.grants, convert.GRANT_FROM_PROTO, "grant")
         basics = False
         for i, preset in enumerate(request.presets):
@@ -97,7 +92,6 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         if not grants and not basics:
             v.add("grants", "name at least one grant or preset")
         v.check()
-        assert endpoint_id is not None
         minted, warnings = await self._tenancy.vend(
             current_principal(), endpoint_id, expand_presets(grants, basics), label
         )
@@ -111,19 +105,18 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     async def ListCredentials(
         self, request: admin_pb2.ListCredentialsRequest, context: Context
     ) -> admin_pb2.ListCredentialsResponse:
-        v = Violations()
-        endpoint_id = v.parse_uuid("endpoint_id", request.endpoint_id, required=False)
-        v.check()
+        endpoint_id = Violations.checked(
+            lambda v: v.parse_uuid("endpoint_id", request.endpoint_id, required=False)
+        )
         creds = await self._tenancy.list_credentials(current_principal(), endpoint_id)
         return admin_pb2.ListCredentialsResponse(credentials=[convert.credential(c) for c in creds])
 
     async def RevokeCredential(
         self, request: admin_pb2.RevokeCredentialRequest, context: Context
     ) -> admin_pb2.RevokeCredentialResponse:
-        v = Violations()
-        credential_id = v.parse_uuid("credential_id", request.credential_id, required=True)
-        v.check()
-        assert credential_id is not None
+        credential_id = Violations.checked(
+            lambda v: v.required_uuid("credential_id", request.credential_id)
+        )
         revoked = await self._tenancy.revoke(current_principal(), credential_id)
         return admin_pb2.RevokeCredentialResponse(credential=convert.credential(revoked))
 
@@ -131,10 +124,9 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         self, request: admin_pb2.SetNotifyHookRequest, context: Context
     ) -> admin_pb2.SetNotifyHookResponse:
         v = Violations()
-        endpoint_id = v.parse_uuid("endpoint_id", request.endpoint_id, required=True)
+        endpoint_id = v.required_uuid("endpoint_id", request.endpoint_id)
         url = v.url("url", request.url)
         v.check()
-        assert endpoint_id is not None
         endpoint, secret = await self._tenancy.set_notify_hook(
             current_principal(), endpoint_id, url, rotate_secret=request.rotate_secret
         )
@@ -145,9 +137,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     async def ClearNotifyHook(
         self, request: admin_pb2.ClearNotifyHookRequest, context: Context
     ) -> admin_pb2.ClearNotifyHookResponse:
-        v = Violations()
-        endpoint_id = v.parse_uuid("endpoint_id", request.endpoint_id, required=True)
-        v.check()
-        assert endpoint_id is not None
+        endpoint_id = Violations.checked(
+            lambda v: v.required_uuid("endpoint_id", request.endpoint_id)
+        )
         endpoint, _ = await self._tenancy.set_notify_hook(current_principal(), endpoint_id, None)
         return admin_pb2.ClearNotifyHookResponse(endpoint=convert.endpoint(endpoint))

@@ -2,33 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+import uuid
 
-import grpc
 from switchboard_dispatch.v1 import admission_pb2, admission_pb2_grpc, queue_pb2
 
 from switchboard_server.admission import AdmissionControl
 from switchboard_server.policies import Limits
 from switchboard_server.servicers import convert
-from switchboard_server.servicers.interceptor import current_principal
-from switchboard_server.servicers.validate import (
-    MAX_START,
-    MAX_ZONE,
-    Violations,
-    page_token_after,
-)
-from switchboard_server.windows import Period, WindowSpec, WindowSpecError
-
-Context = grpc.aio.ServicerContext[Any, Any]
-
-_PERIOD = {
-    admission_pb2.WINDOW_PERIOD_HOUR: Period.HOUR,
-    admission_pb2.WINDOW_PERIOD_DAY: Period.DAY,
-    admission_pb2.WINDOW_PERIOD_WEEK: Period.WEEK,
-}
+from switchboard_server.servicers.interceptor import Context, current_principal
+from switchboard_server.servicers.sizes import answer_page
+from switchboard_server.servicers.validate import MAX_START, MAX_ZONE, Violations
+from switchboard_server.windows import WindowSpec, WindowSpecError
 
 
-def _queue(v: Violations, field: str, ref: queue_pb2.QueueRef) -> tuple[Any, str]:
+def _queue(v: Violations, field: str, ref: queue_pb2.QueueRef) -> tuple[uuid.UUID | None, str]:
     endpoint_id = v.parse_uuid(f"{field}.endpoint_id", ref.endpoint_id, required=False)
     name = v.queue_name(f"{field}.name", ref.name)
     return endpoint_id, name
@@ -38,7 +25,7 @@ def _window(v: Violations, policy: admission_pb2.AdmissionPolicy) -> WindowSpec 
     if not policy.HasField("window"):
         return None
     w = policy.window
-    period = _PERIOD.get(w.period)
+    period = convert.PERIOD_FROM_PROTO.get(w.period)
     if period is None:
         v.add("policy.window.period", "must be HOUR, DAY or WEEK")
         return None
@@ -70,9 +57,7 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
     async def GetPolicy(
         self, request: admission_pb2.GetPolicyRequest, context: Context
     ) -> admission_pb2.GetPolicyResponse:
-        v = Violations()
-        endpoint_id, name = _queue(v, "queue", request.queue)
-        v.check()
+        endpoint_id, name = Violations.checked(lambda v: _queue(v, "queue", request.queue))
         policy, use = await self._control.get_with_use(current_principal(), endpoint_id, name)
         response = admission_pb2.GetPolicyResponse(policy=convert.policy(policy))
         if use is not None:
@@ -98,9 +83,7 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
     async def ClearPolicy(
         self, request: admission_pb2.ClearPolicyRequest, context: Context
     ) -> admission_pb2.ClearPolicyResponse:
-        v = Violations()
-        endpoint_id, name = _queue(v, "queue", request.queue)
-        v.check()
+        endpoint_id, name = Violations.checked(lambda v: _queue(v, "queue", request.queue))
         policy = await self._control.clear(current_principal(), endpoint_id, name)
         return admission_pb2.ClearPolicyResponse(policy=convert.policy(policy))
 
@@ -109,15 +92,12 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServiceServicer):
     ) -> admission_pb2.ListPolicyAuditResponse:
         v = Violations()
         endpoint_id, name = _queue(v, "queue", request.queue)
-        page_size = v.page_size("page_size", request.page_size)
-        before = v.page_token("page_token", request.page_token)
+        page_size, before = v.page(request)
         v.check()
         entries = await self._control.audit(
             current_principal(), endpoint_id, name, before, page_size + 1
         )
-        more = len(entries) > page_size
-        entries = entries[:page_size]
-        return admission_pb2.ListPolicyAuditResponse(
-            entries=[convert.audit_entry(e) for e in entries],
-            next_page_token=page_token_after(entries[-1].id) if more and entries else "",
+        page, token = answer_page(
+            entries, page_size, convert.policy_audit_entry, lambda e: e.id, budget=None
         )
+        return admission_pb2.ListPolicyAuditResponse(entries=page, next_page_token=token)

@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
+import enum
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from itertools import repeat
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf import timestamp_pb2
 from switchboard_dispatch.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
 
-from switchboard_server.dispatch import (
-    Action,
-    Ingested,
-    IngestedTodos,
-    TodoAuditEntry,
-    refusal_message,
-)
+from switchboard_server.dispatch import Action, Ingested, IngestedTodos, refusal_message
 from switchboard_server.doorbells import Doorbell
 from switchboard_server.model import (
     Attempt,
     AttemptOutcome,
+    AuditEntry,
     Credential,
     Endpoint,
     Grant,
@@ -29,56 +26,45 @@ from switchboard_server.model import (
     Lease,
     Owner,
     PrincipalKind,
+    Revision,
     SettledState,
     Todo,
     TodoResult,
+    TodoSelection,
     TodoState,
 )
 from switchboard_server.policies import (
     AdmissionStatus,
-    AuditEntry,
     Deferral,
     DeferralReason,
     Headroom,
     Policy,
 )
+from switchboard_server.windows import Period
 
-TODO_STATE_TO_PROTO = {
-    TodoState.PENDING: todo_pb2.TODO_STATE_PENDING,
-    TodoState.CLAIMED: todo_pb2.TODO_STATE_CLAIMED,
-    TodoState.DONE: todo_pb2.TODO_STATE_DONE,
-    TodoState.DEAD: todo_pb2.TODO_STATE_DEAD,
-    TodoState.CANCELLED: todo_pb2.TODO_STATE_CANCELLED,
-}
+T = TypeVar("T")
+#: A proto message.
+M = TypeVar("M")
+E = TypeVar("E", bound=enum.Enum)
+V = TypeVar("V")
+
+
+def by_name(domain: type[E], value: Callable[[str], V], prefix: str) -> dict[E, V]:
+    """Each member of a domain enum to the wire enum's value named ``prefix``
+    and the member's name (``TodoState.DONE``: ``TODO_STATE_DONE``); a member
+    the wire does not have fails at import."""
+    return {member: value(prefix + member.name) for member in domain}
+
+
+TODO_STATE_TO_PROTO = by_name(TodoState, todo_pb2.TodoState.Value, "TODO_STATE_")
 TODO_STATE_FROM_PROTO = {v: k for k, v in TODO_STATE_TO_PROTO.items()}
 
-_OUTCOME = {
-    AttemptOutcome.RUNNING: todo_pb2.ATTEMPT_OUTCOME_RUNNING,
-    AttemptOutcome.COMPLETED: todo_pb2.ATTEMPT_OUTCOME_COMPLETED,
-    AttemptOutcome.FAILED: todo_pb2.ATTEMPT_OUTCOME_FAILED,
-    AttemptOutcome.RELEASED: todo_pb2.ATTEMPT_OUTCOME_RELEASED,
-    AttemptOutcome.LAPSED: todo_pb2.ATTEMPT_OUTCOME_LAPSED,
-    AttemptOutcome.CANCELLED: todo_pb2.ATTEMPT_OUTCOME_CANCELLED,
-}
+_OUTCOME = by_name(AttemptOutcome, todo_pb2.AttemptOutcome.Value, "ATTEMPT_OUTCOME_")
 
-GRANT_TO_PROTO = {
-    Grant.INGEST: admin_pb2.GRANT_INGEST,
-    Grant.CLAIM: admin_pb2.GRANT_CLAIM,
-    Grant.READ: admin_pb2.GRANT_READ,
-    Grant.SET_ADMISSION_POLICY: admin_pb2.GRANT_SET_ADMISSION_POLICY,
-    Grant.CLEAR_ADMISSION_POLICY: admin_pb2.GRANT_CLEAR_ADMISSION_POLICY,
-    Grant.CANCEL: admin_pb2.GRANT_CANCEL,
-    Grant.REQUEUE: admin_pb2.GRANT_REQUEUE,
-    Grant.MANAGE_SCHEDULES: admin_pb2.GRANT_MANAGE_SCHEDULES,
-    Grant.PAUSE_SCHEDULES: admin_pb2.GRANT_PAUSE_SCHEDULES,
-}
+GRANT_TO_PROTO = by_name(Grant, admin_pb2.Grant.Value, "GRANT_")
 GRANT_FROM_PROTO = {v: k for k, v in GRANT_TO_PROTO.items()}
 
-KIND_TO_PROTO = {
-    PrincipalKind.OPERATOR: admin_pb2.PRINCIPAL_KIND_OPERATOR,
-    PrincipalKind.HUMAN: admin_pb2.PRINCIPAL_KIND_HUMAN,
-    PrincipalKind.ENDPOINT: admin_pb2.PRINCIPAL_KIND_ENDPOINT,
-}
+KIND_TO_PROTO = by_name(PrincipalKind, admin_pb2.PrincipalKind.Value, "PRINCIPAL_KIND_")
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -100,18 +86,10 @@ def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
     )
 
 
-REASON_TO_PROTO = {
-    DeferralReason.PAUSED: admission_pb2.DEFERRAL_REASON_PAUSED,
-    DeferralReason.WINDOW_EXHAUSTED: admission_pb2.DEFERRAL_REASON_WINDOW_EXHAUSTED,
-    DeferralReason.IN_FLIGHT_FULL: admission_pb2.DEFERRAL_REASON_IN_FLIGHT_FULL,
-    DeferralReason.ADMISSION_UNAVAILABLE: admission_pb2.DEFERRAL_REASON_ADMISSION_UNAVAILABLE,
-}
+REASON_TO_PROTO = by_name(DeferralReason, admission_pb2.DeferralReason.Value, "DEFERRAL_REASON_")
 
-_PERIOD_TO_PROTO = {
-    "HOUR": admission_pb2.WINDOW_PERIOD_HOUR,
-    "DAY": admission_pb2.WINDOW_PERIOD_DAY,
-    "WEEK": admission_pb2.WINDOW_PERIOD_WEEK,
-}
+PERIOD_TO_PROTO = by_name(Period, admission_pb2.WindowPeriod.Value, "WINDOW_PERIOD_")
+PERIOD_FROM_PROTO = {v: k for k, v in PERIOD_TO_PROTO.items()}
 
 
 def queue_ref(endpoint_id: uuid.UUID, name: str) -> queue_pb2.QueueRef:
@@ -130,7 +108,7 @@ def policy(value: Policy) -> admission_pb2.AdmissionPolicy:
     if limits.max_claims_per_window is not None:
         msg.max_claims_per_window = limits.max_claims_per_window
     if limits.window is not None:
-        msg.window.period = _PERIOD_TO_PROTO[limits.window.period.value]
+        msg.window.period = PERIOD_TO_PROTO[limits.window.period]
         msg.window.time_zone = limits.window.zone
         msg.window.start = limits.window.start.strftime("%H:%M")
         if limits.window.weekday is not None:
@@ -149,6 +127,16 @@ def headroom(value: Headroom) -> admission_pb2.Headroom:
         msg.in_flight_used = value.in_flight_used
         msg.in_flight_limit = value.in_flight_limit
     return msg
+
+
+def claim_headroom(
+    msg: dispatch_pb2.ClaimResponse | dispatch_pb2.ClaimNextResponse, value: Headroom | None
+) -> None:
+    """Sets a claim's answer's headroom and the policy it is of (neither when
+    the queue has no policy)."""
+    if value is not None:
+        msg.headroom.CopyFrom(headroom(value))
+        msg.policy.CopyFrom(policy(value.policy))
 
 
 def deferred_queue(value: Deferral) -> admission_pb2.DeferredQueue:
@@ -186,20 +174,41 @@ def admission_status(value: AdmissionStatus) -> admission_pb2.AdmissionStatus:
     )
 
 
-def audit_entry(value: AuditEntry) -> admission_pb2.PolicyAuditEntry:
-    """The wire form of one audited policy change."""
-    return admission_pb2.PolicyAuditEntry(
+def audit_entry(make: Callable[..., M], value: AuditEntry[Any, Any], **fields: Any) -> M:
+    """The wire form of an audit entry of any kind: ``make`` (the kind's
+    message) of the entry's id, who made the change and when, and ``fields``,
+    what the kind adds (its subject, action and change)."""
+    return make(
         id=str(value.id),
-        queue=queue_ref(value.endpoint_id, value.queue),
-        action=admission_pb2.POLICY_ACTION_SET
-        if value.action == "set"
-        else admission_pb2.POLICY_ACTION_CLEAR,
         actor_human_id=str(value.actor_human_id or ""),
         actor_endpoint_id=str(value.actor_endpoint_id or ""),
         actor_credential_id=str(value.actor_credential_id or ""),
         at=timestamp(value.at),
-        before=policy(value.before) if value.before else None,
-        after=policy(value.after) if value.after else None,
+        **fields,
+    )
+
+
+def revision(value: Revision[T], build: Callable[[T], M]) -> dict[str, M | None]:
+    """The ``before`` and ``after`` fields of an audited change, each ``build``
+    (unset where there is none)."""
+    return {
+        "before": build(value.before) if value.before is not None else None,
+        "after": build(value.after) if value.after is not None else None,
+    }
+
+
+def policy_audit_entry(
+    value: AuditEntry[str, Revision[Policy]],
+) -> admission_pb2.PolicyAuditEntry:
+    """The wire form of one audited policy change."""
+    return audit_entry(
+        admission_pb2.PolicyAuditEntry,
+        value,
+        queue=queue_ref(value.endpoint_id, value.subject),
+        action=admission_pb2.POLICY_ACTION_SET
+        if value.action == "set"
+        else admission_pb2.POLICY_ACTION_CLEAR,
+        **revision(value.change, policy),
     )
 
 
@@ -496,20 +505,18 @@ TODO_ACTION = {
 }
 
 
-def todo_audit_entry(value: TodoAuditEntry) -> dispatch_pb2.TodoAuditEntry:
+def todo_audit_entry(value: AuditEntry[TodoSelection, int]) -> dispatch_pb2.TodoAuditEntry:
     """The wire form of one audited cancel or requeue."""
-    return dispatch_pb2.TodoAuditEntry(
-        id=str(value.id),
+    todos = value.subject
+    return audit_entry(
+        dispatch_pb2.TodoAuditEntry,
+        value,
         action=TODO_ACTION.get(value.action, dispatch_pb2.TODO_ACTION_UNSPECIFIED),
         endpoint_id=str(value.endpoint_id),
-        todo_id=str(value.todo_id) if value.todo_id is not None else "",
-        count=value.count,
-        actor_human_id=str(value.actor_human_id or ""),
-        actor_endpoint_id=str(value.actor_endpoint_id or ""),
-        actor_credential_id=str(value.actor_credential_id or ""),
-        at=timestamp(value.at),
-        filter=value.filter or "",
-        todo_ids=value.todo_ids,
+        todo_id=str(todos.todo_id) if todos.todo_id is not None else "",
+        count=value.change,
+        filter=todos.filter or "",
+        todo_ids=todos.todo_ids,
     )
 
 

@@ -21,9 +21,8 @@ from switchboard_server.servicers import convert
 from switchboard_server.servicers.dispatch_actions import ActionRpcs
 from switchboard_server.servicers.dispatch_ingest import IngestRpcs
 from switchboard_server.servicers.dispatch_leases import LeaseRpcs
-from switchboard_server.servicers.dispatch_part import Context
 from switchboard_server.servicers.dispatch_reads import ReadRpcs
-from switchboard_server.servicers.interceptor import current_principal
+from switchboard_server.servicers.interceptor import Context, current_principal
 from switchboard_server.servicers.validate import Violations
 
 

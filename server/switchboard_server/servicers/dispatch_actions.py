@@ -11,8 +11,8 @@ from switchboard_dispatch.v1 import dispatch_pb2
 from switchboard_server import dispatch
 from switchboard_server.model import ActionOutcome
 from switchboard_server.servicers import convert
-from switchboard_server.servicers.dispatch_part import Context, DispatchPart
-from switchboard_server.servicers.interceptor import current_principal
+from switchboard_server.servicers.dispatch_part import DispatchPart
+from switchboard_server.servicers.interceptor import Context, current_principal
 from switchboard_server.servicers.validate import (
     MAX_ATTEMPTS_LIMIT,
     MAX_BATCH,
@@ -29,9 +29,7 @@ class ActionRpcs(DispatchPart):
     async def CancelTodo(
         self, request: dispatch_pb2.CancelTodoRequest, context: Context
     ) -> dispatch_pb2.CancelTodoResponse:
-        v = Violations()
-        todo_id = v.todo_id("todo_id", request.todo_id)
-        v.check()
+        todo_id = Violations.checked(lambda v: v.todo_id("todo_id", request.todo_id))
         todo = await self._dispatcher.cancel(current_principal(), todo_id)
         return dispatch_pb2.CancelTodoResponse(todo=convert.todo(todo))
 

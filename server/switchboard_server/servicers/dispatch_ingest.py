@@ -12,8 +12,8 @@ from switchboard_dispatch.v1 import dispatch_pb2
 
 from switchboard_server import dispatch, tracing
 from switchboard_server.servicers import convert
-from switchboard_server.servicers.dispatch_part import Context, DispatchPart
-from switchboard_server.servicers.interceptor import current_principal
+from switchboard_server.servicers.dispatch_part import DispatchPart
+from switchboard_server.servicers.interceptor import Context, current_principal
 from switchboard_server.servicers.validate import (
     DEFAULT_CONTENT_TYPE,
     DEFAULT_MAX_ATTEMPTS,
@@ -35,9 +35,7 @@ class IngestRpcs(DispatchPart):
     async def Ingest(
         self, request: dispatch_pb2.IngestRequest, context: Context
     ) -> dispatch_pb2.IngestResponse:
-        v = Violations()
-        item = _ingest_item(v, "", request)
-        v.check()
+        item = Violations.checked(lambda v: _ingest_item(v, "", request))
         result = await self._dispatcher.ingest(
             current_principal(), item, tracing.traceparent(context.invocation_metadata())
         )

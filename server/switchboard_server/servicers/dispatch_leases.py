@@ -12,8 +12,8 @@ from switchboard_server import dispatch, tracing
 from switchboard_server.dispatch.waiting import MAX_WAIT
 from switchboard_server.model import ItemOutcome, Lease, SettleAction, Settlement, TodoState
 from switchboard_server.servicers import convert
-from switchboard_server.servicers.dispatch_part import Context, DispatchPart
-from switchboard_server.servicers.interceptor import current_principal
+from switchboard_server.servicers.dispatch_part import DispatchPart
+from switchboard_server.servicers.interceptor import Context, current_principal
 from switchboard_server.servicers.sizes import MAX_DEFERRED_REPORTED
 from switchboard_server.servicers.validate import MAX_CLAIMANT, MAX_ERROR, Violations, free_text
 
@@ -34,9 +34,7 @@ class LeaseRpcs(DispatchPart):
         response = dispatch_pb2.ClaimResponse(
             todo=convert.todo(claimed.todo), lease=convert.lease(claimed.lease)
         )
-        if claimed.headroom is not None:
-            response.headroom.CopyFrom(convert.headroom(claimed.headroom))
-            response.policy.CopyFrom(convert.policy(claimed.headroom.policy))
+        convert.claim_headroom(response, claimed.headroom)
         return response
 
     async def ClaimNext(
@@ -83,18 +81,14 @@ class LeaseRpcs(DispatchPart):
                     endpoint_text if claimed.todo.endpoint_id == endpoint_id else None,
                 )
                 convert.fill_lease(item.lease, claimed.lease)
-        headroom = first.headroom
-        if headroom is not None:
-            response.headroom.CopyFrom(convert.headroom(headroom))
-            response.policy.CopyFrom(convert.policy(headroom.policy))
+        convert.claim_headroom(response, first.headroom)
         return response
 
     async def Heartbeat(
         self, request: dispatch_pb2.HeartbeatRequest, context: Context
     ) -> dispatch_pb2.HeartbeatResponse:
         v = Violations()
-        todo_id = v.todo_id("todo_id", request.todo_id)
-        lease_id = v.lease_id("lease_id", request.lease_id)
+        todo_id, lease_id = v.lease_ref(request)
         lease = v.lease(request)
         v.check()
         extended = await self._dispatcher.heartbeat(current_principal(), todo_id, lease_id, lease)
@@ -129,8 +123,7 @@ class LeaseRpcs(DispatchPart):
         self, request: dispatch_pb2.CompleteRequest, context: Context
     ) -> dispatch_pb2.CompleteResponse:
         v = Violations()
-        todo_id = v.todo_id("todo_id", request.todo_id)
-        lease_id = v.lease_id("lease_id", request.lease_id)
+        todo_id, lease_id = v.lease_ref(request)
         result = None
         if request.HasField("result"):
             result = v.result("result", request.result.data, request.result.content_type)
@@ -141,10 +134,7 @@ class LeaseRpcs(DispatchPart):
     async def Fail(
         self, request: dispatch_pb2.FailRequest, context: Context
     ) -> dispatch_pb2.FailResponse:
-        v = Violations()
-        todo_id = v.todo_id("todo_id", request.todo_id)
-        lease_id = v.lease_id("lease_id", request.lease_id)
-        v.check()
+        todo_id, lease_id = Violations.checked(lambda v: v.lease_ref(request))
         todo = await self._dispatcher.fail(
             current_principal(),
             todo_id,
@@ -157,10 +147,7 @@ class LeaseRpcs(DispatchPart):
     async def Release(
         self, request: dispatch_pb2.ReleaseRequest, context: Context
     ) -> dispatch_pb2.ReleaseResponse:
-        v = Violations()
-        todo_id = v.todo_id("todo_id", request.todo_id)
-        lease_id = v.lease_id("lease_id", request.lease_id)
-        v.check()
+        todo_id, lease_id = Violations.checked(lambda v: v.lease_ref(request))
         todo = await self._dispatcher.release(current_principal(), todo_id, lease_id)
         return dispatch_pb2.ReleaseResponse(todo=convert.todo(todo))
 

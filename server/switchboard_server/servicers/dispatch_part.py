@@ -6,14 +6,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import grpc
 from switchboard_dispatch.v1 import dispatch_pb2_grpc
 
 from switchboard_server import dispatch
-
-Context = grpc.aio.ServicerContext[Any, Any]
 
 
 class DispatchPart(dispatch_pb2_grpc.DispatchServiceServicer):

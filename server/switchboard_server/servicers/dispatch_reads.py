@@ -7,8 +7,8 @@ from switchboard_dispatch.v1 import dispatch_pb2
 
 from switchboard_server import dispatch
 from switchboard_server.servicers import convert
-from switchboard_server.servicers.dispatch_part import Context, DispatchPart
-from switchboard_server.servicers.interceptor import current_principal
+from switchboard_server.servicers.dispatch_part import DispatchPart
+from switchboard_server.servicers.interceptor import Context, current_principal
 from switchboard_server.servicers.sizes import MAX_ATTEMPTS_LISTED, answer_page
 from switchboard_server.servicers.validate import (
     MAX_DEDUP_PART,
@@ -69,8 +69,7 @@ class ReadRpcs(DispatchPart):
         endpoint_id = v.parse_uuid("endpoint_id", request.endpoint_id, required=False)
         queues = v.queue_names("queues", request.queues)
         states = v.members("states", request.states, convert.TODO_STATE_FROM_PROTO, "todo state")
-        page_size = v.page_size("page_size", request.page_size)
-        before = v.page_token("page_token", request.page_token)
+        page_size, before = v.page(request)
         dedup = None
         if request.HasField("dedup"):
             dedup = v.dedup("dedup", request.dedup.webhook_id, request.dedup.delivery_id)
@@ -106,8 +105,7 @@ class ReadRpcs(DispatchPart):
     ) -> dispatch_pb2.ListTodoAuditResponse:
         v = Violations()
         endpoint_id = v.parse_uuid("endpoint_id", request.endpoint_id, required=False)
-        page_size = v.page_size("page_size", request.page_size)
-        before = v.page_token("page_token", request.page_token)
+        page_size, before = v.page(request)
         v.check()
         entries = await self._dispatcher.audit(
             current_principal(), endpoint_id, before, page_size + 1

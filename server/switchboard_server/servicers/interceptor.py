@@ -35,6 +35,9 @@ from switchboard_server.servicers.telemetry import RpcCall, observe_rpc
 
 log = logging.getLogger(__name__)
 
+#: A call's context, as every servicer's handler takes it.
+Context = grpc.aio.ServicerContext[Any, Any]
+
 if TYPE_CHECKING:
     Handler: TypeAlias = grpc.RpcMethodHandler[Any, Any]
 
@@ -158,7 +161,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             )
         return handler
 
-    async def _authenticate(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    async def _authenticate(self, context: Context) -> None:
         authorization = None
         for key, value in context.invocation_metadata() or ():
             if key == "authorization":
@@ -167,7 +170,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         _principal.set(await self._auth.authenticate(authorization))
 
     def _wrap_unary(self, behavior: Any, method: str, parse: Callable[[bytes], Any]) -> Any:
-        async def wrapped(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        async def wrapped(raw: bytes, context: Context) -> Any:
             with observe_rpc(method, context, self._metrics) as call:
                 try:
                     await self._authenticate(context)
@@ -182,9 +185,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         return wrapped
 
     def _wrap_stream(self, behavior: Any, method: str, parse: Callable[[bytes], Any]) -> Any:
-        async def wrapped(
-            raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
-        ) -> AsyncIterator[Any]:
+        async def wrapped(raw: bytes, context: Context) -> AsyncIterator[Any]:
             with observe_rpc(method, context, self._metrics) as call:
                 try:
                     await self._authenticate(context)
@@ -199,9 +200,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         return wrapped
 
 
-async def _abort(
-    context: grpc.aio.ServicerContext[Any, Any], call: RpcCall, method: str, exc: Exception
-) -> None:
+async def _abort(context: Context, call: RpcCall, method: str, exc: Exception) -> None:
     """Ends the call with ``exc``'s status and the request id: a ``SwitchboardError``'s
     own; anything else is unexpected: logged, and INTERNAL."""
     if not isinstance(exc, errors.SwitchboardError):

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
-import grpc
 from switchboard_dispatch.v1 import admission_pb2, schedule_pb2, schedule_pb2_grpc
 
 from switchboard_server.db.schedules import Definition
-from switchboard_server.model import Principal
+from switchboard_server.model import AuditEntry, Principal, Revision
 from switchboard_server.recurrence import (
     MAX_CRON,
     CatchUp,
@@ -18,9 +16,9 @@ from switchboard_server.recurrence import (
     calendar,
     cron,
 )
-from switchboard_server.schedules import AuditEntry, Schedule, Schedules
+from switchboard_server.schedules import Schedule, Schedules
 from switchboard_server.servicers import convert
-from switchboard_server.servicers.interceptor import current_principal
+from switchboard_server.servicers.interceptor import Context, current_principal
 from switchboard_server.servicers.sizes import answer_page
 from switchboard_server.servicers.validate import (
     DEFAULT_MAX_ATTEMPTS,
@@ -28,29 +26,17 @@ from switchboard_server.servicers.validate import (
     MAX_CONTENT_TYPE,
     MAX_PAYLOAD_BYTES,
     MAX_START,
-    MAX_TODO_ID,
-    MAX_TODO_ID_DIGITS,
     MAX_ZONE,
     Violations,
 )
+from switchboard_server.windows import Period
 
-Context = grpc.aio.ServicerContext[Any, Any]
-
-_PERIOD = {
-    admission_pb2.WINDOW_PERIOD_HOUR: "HOUR",
-    admission_pb2.WINDOW_PERIOD_DAY: "DAY",
-    admission_pb2.WINDOW_PERIOD_WEEK: "WEEK",
-}
-_PERIOD_TO_PROTO = {v: k for k, v in _PERIOD.items()}
 _CATCH_UP = {
     schedule_pb2.CATCH_UP_UNSPECIFIED: CatchUp.LATEST,
     schedule_pb2.CATCH_UP_SKIP: CatchUp.SKIP,
     schedule_pb2.CATCH_UP_LATEST: CatchUp.LATEST,
 }
-_CATCH_UP_TO_PROTO = {
-    CatchUp.SKIP: schedule_pb2.CATCH_UP_SKIP,
-    CatchUp.LATEST: schedule_pb2.CATCH_UP_LATEST,
-}
+_CATCH_UP_TO_PROTO = convert.by_name(CatchUp, schedule_pb2.CatchUp.Value, "CATCH_UP_")
 _ACTION = {
     "create": schedule_pb2.SCHEDULE_ACTION_CREATE,
     "update": schedule_pb2.SCHEDULE_ACTION_UPDATE,
@@ -60,17 +46,10 @@ _ACTION = {
 }
 
 
-def schedule_id(v: Violations, field: str, value: str) -> int:
-    """A schedule id: a positive decimal integer."""
-    if (
-        len(value) > MAX_TODO_ID_DIGITS
-        or not value.isascii()
-        or not value.isdigit()
-        or not 0 < int(value) <= MAX_TODO_ID
-    ):
-        v.add(field, "must be a schedule id (a positive integer)")
-        return 0
-    return int(value)
+def _period(value: admission_pb2.WindowPeriod.ValueType) -> str | None:
+    """A wire period's name, as a schedule stores it (``None`` for none)."""
+    period = convert.PERIOD_FROM_PROTO.get(value)
+    return period.value if period is not None else None
 
 
 def _recurrence(v: Violations, field: str, msg: schedule_pb2.Recurrence) -> Recurrence | None:
@@ -84,7 +63,7 @@ def _recurrence(v: Violations, field: str, msg: schedule_pb2.Recurrence) -> Recu
     weekday: int | None = None
     if rule == "calendar":
         c = msg.calendar
-        period = _PERIOD.get(c.period)
+        period = _period(c.period)
         if period is None:
             v.add(f"{field}.calendar.period", "must be HOUR, DAY or WEEK")
         if c.weekday and not 1 <= c.weekday <= 7:
@@ -132,7 +111,7 @@ def _definition(v: Violations, msg: schedule_pb2.Schedule) -> tuple[Definition, 
         content_type=content_type or "application/octet-stream",
         max_attempts=max_attempts,
         time_zone=r.time_zone.strip(),
-        calendar_period=_PERIOD.get(r.calendar.period) if is_calendar else None,
+        calendar_period=_period(r.calendar.period) if is_calendar else None,
         calendar_at=r.calendar.at if is_calendar else None,
         calendar_weekday=int(r.calendar.weekday) or None if is_calendar else None,
         cron=" ".join(r.cron.split()) if not is_calendar else None,
@@ -166,29 +145,24 @@ def schedule(value: Schedule) -> schedule_pb2.Schedule:
         msg.recurrence.cron = row.cron
     else:
         assert row.calendar_period is not None
-        msg.recurrence.calendar.period = _PERIOD_TO_PROTO[row.calendar_period]
+        msg.recurrence.calendar.period = convert.PERIOD_TO_PROTO[Period(row.calendar_period)]
         msg.recurrence.calendar.at = row.calendar_at or ""
         if row.calendar_weekday:
             msg.recurrence.calendar.weekday = admission_pb2.Weekday.ValueType(row.calendar_weekday)
     return msg
 
 
-def audit_entry(value: AuditEntry) -> schedule_pb2.ScheduleAuditEntry:
+def schedule_audit_entry(
+    value: AuditEntry[int, Revision[Schedule]],
+) -> schedule_pb2.ScheduleAuditEntry:
     """The wire form of one audited schedule change."""
-    msg = schedule_pb2.ScheduleAuditEntry(
-        id=str(value.id),
-        schedule_id=str(value.schedule_id),
+    return convert.audit_entry(
+        schedule_pb2.ScheduleAuditEntry,
+        value,
+        schedule_id=str(value.subject),
         action=_ACTION.get(value.action, schedule_pb2.SCHEDULE_ACTION_UNSPECIFIED),
-        actor_human_id=str(value.actor_human_id or ""),
-        actor_endpoint_id=str(value.actor_endpoint_id or ""),
-        actor_credential_id=str(value.actor_credential_id or ""),
-        at=convert.timestamp(value.at),
+        **convert.revision(value.change, schedule),
     )
-    if value.before is not None:
-        msg.before.CopyFrom(schedule(value.before))
-    if value.after is not None:
-        msg.after.CopyFrom(schedule(value.after))
-    return msg
 
 
 class ScheduleServicer(schedule_pb2_grpc.ScheduleServiceServicer):
@@ -217,19 +191,15 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServiceServicer):
     async def GetSchedule(
         self, request: schedule_pb2.GetScheduleRequest, context: Context
     ) -> schedule_pb2.GetScheduleResponse:
-        v = Violations()
-        sid = schedule_id(v, "id", request.id)
-        v.check()
-        got = await self._schedules.get(current_principal(), sid)
-        return schedule_pb2.GetScheduleResponse(schedule=schedule(got))
+        got = await self._by_id(request.id, self._schedules.get)
+        return schedule_pb2.GetScheduleResponse(schedule=got)
 
     async def ListSchedules(
         self, request: schedule_pb2.ListSchedulesRequest, context: Context
     ) -> schedule_pb2.ListSchedulesResponse:
         v = Violations()
         endpoint_id = v.parse_uuid("endpoint_id", request.endpoint_id, required=False)
-        page_size = v.page_size("page_size", request.page_size)
-        after = v.page_token("page_token", request.page_token)
+        page_size, after = v.page(request)
         v.check()
         found = await self._schedules.list_page(
             current_principal(), endpoint_id, after, page_size + 1
@@ -241,7 +211,7 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServiceServicer):
         self, request: schedule_pb2.UpdateScheduleRequest, context: Context
     ) -> schedule_pb2.UpdateScheduleResponse:
         v = Violations()
-        sid = schedule_id(v, "schedule.id", request.schedule.id)
+        sid = v.schedule_id("schedule.id", request.schedule.id)
         definition, recurrence = _definition(v, request.schedule)
         v.check()
         assert recurrence is not None
@@ -270,19 +240,16 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServiceServicer):
         self, raw_id: str, act: Callable[[Principal, int], Awaitable[Schedule]]
     ) -> schedule_pb2.Schedule:
         """Validates the request's ``id``, then ``act`` on that schedule for the caller."""
-        v = Violations()
-        sid = schedule_id(v, "id", raw_id)
-        v.check()
+        sid = Violations.checked(lambda v: v.schedule_id("id", raw_id))
         return schedule(await act(current_principal(), sid))
 
     async def ListScheduleAudit(
         self, request: schedule_pb2.ListScheduleAuditRequest, context: Context
     ) -> schedule_pb2.ListScheduleAuditResponse:
         v = Violations()
-        sid = schedule_id(v, "schedule_id", request.schedule_id)
-        page_size = v.page_size("page_size", request.page_size)
-        before = v.page_token("page_token", request.page_token)
+        sid = v.schedule_id("schedule_id", request.schedule_id)
+        page_size, before = v.page(request)
         v.check()
         entries = await self._schedules.audit(current_principal(), sid, before, page_size + 1)
-        page, token = answer_page(entries, page_size, audit_entry, lambda e: e.id)
+        page, token = answer_page(entries, page_size, schedule_audit_entry, lambda e: e.id)
         return schedule_pb2.ListScheduleAuditResponse(entries=page, next_page_token=token)

@@ -8,7 +8,7 @@ import binascii
 import re
 import urllib.parse
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Literal, Protocol, TypeVar
 
@@ -100,6 +100,16 @@ class LeaseItem(Protocol):
     def lease_id(self) -> str: ...
 
 
+class PageRequest(Protocol):
+    """A request for a page of a list."""
+
+    @property
+    def page_size(self) -> int: ...
+
+    @property
+    def page_token(self) -> str: ...
+
+
 class LeaseRequest(Protocol):
     """A request with an optional lease length."""
 
@@ -110,6 +120,7 @@ class LeaseRequest(Protocol):
 
 
 K = TypeVar("K")
+T = TypeVar("T")
 V = TypeVar("V")
 
 
@@ -118,6 +129,15 @@ class Violations:
 
     def __init__(self) -> None:
         self._items: list[errors.FieldViolation] = []
+
+    @classmethod
+    def checked(cls, read: Callable[[Violations], T]) -> T:
+        """What ``read`` makes of a request's fields through a new collector,
+        once ``check()`` passed: a request read by one call."""
+        v = cls()
+        value = read(v)
+        v.check()
+        return value
 
     def add(self, field: str, description: str) -> None:
         """Records one problem."""
@@ -175,22 +195,40 @@ class Violations:
             return None
         return uuid.UUID(value)
 
-    def todo_id(self, field: str, value: str) -> int:
-        """A todo id: a positive decimal integer."""
+    def required_uuid(self, field: str, value: str) -> uuid.UUID:
+        """A required UUID field (the nil UUID when it is not one, a violation
+        then recorded)."""
+        parsed = self.parse_uuid(field, value, required=True)
+        return parsed or uuid.UUID(int=0)
+
+    def row_id(self, field: str, value: str, what: str) -> int:
+        """A stored row's id (a todo's, a schedule's): a positive decimal integer
+        (0 when it is not one, a violation then recorded: must be a ``what``)."""
         if (
             len(value) > MAX_TODO_ID_DIGITS
             or not value.isascii()
             or not value.isdigit()
             or not 0 < int(value) <= MAX_TODO_ID
         ):
-            self.add(field, "must be a todo id (a positive integer)")
+            self.add(field, f"must be a {what} (a positive integer)")
             return 0
         return int(value)
 
+    def todo_id(self, field: str, value: str) -> int:
+        """A todo id: a positive decimal integer."""
+        return self.row_id(field, value, "todo id")
+
+    def schedule_id(self, field: str, value: str) -> int:
+        """A schedule id: a positive decimal integer."""
+        return self.row_id(field, value, "schedule id")
+
     def lease_id(self, field: str, value: str) -> uuid.UUID:
         """A lease id from a claim."""
-        parsed = self.parse_uuid(field, value, required=True)
-        return parsed or uuid.UUID(int=0)
+        return self.required_uuid(field, value)
+
+    def lease_ref(self, request: LeaseItem) -> tuple[int, uuid.UUID]:
+        """A request's ``todo_id`` and the ``lease_id`` of its claim."""
+        return self.todo_id("todo_id", request.todo_id), self.lease_id("lease_id", request.lease_id)
 
     def duration(
         self,
@@ -343,6 +381,12 @@ class Violations:
             seen.add(todo_id)
             refs.append((todo_id, lease_id))
         return refs
+
+    def page(self, request: PageRequest) -> tuple[int, int | None]:
+        """A list request's ``page_size`` and the position its ``page_token`` holds."""
+        return self.page_size("page_size", request.page_size), self.page_token(
+            "page_token", request.page_token
+        )
 
     def page_size(self, field: str, value: int) -> int:
         """A page size; 0 means the default."""

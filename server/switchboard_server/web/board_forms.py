@@ -18,10 +18,10 @@ from aiohttp import web
 from multidict import MultiDictProxy
 
 from switchboard_server import errors
-from switchboard_server.dispatch import Action, TodoAuditEntry
-from switchboard_server.model import TodoState
+from switchboard_server.dispatch import Action
+from switchboard_server.model import AuditEntry, TodoState
 from switchboard_server.overview import Names
-from switchboard_server.policies import AuditEntry, Limits, Policy
+from switchboard_server.policies import Limits, Policy
 from switchboard_server.windows import WindowSpec, WindowSpecError
 
 #: Payload bytes shown on a todo's page.
@@ -177,7 +177,7 @@ def policy_values(policy: Policy | None) -> dict[str, str]:
     return values
 
 
-def actor(entry: AuditEntry | TodoAuditEntry, names: Names) -> str:
+def actor(entry: AuditEntry[Any, Any], names: Names) -> str:
     """Who made an audited change: the human, and the endpoint when an agent did."""
     human = (
         names.humans.get(entry.actor_human_id, f"human {entry.actor_human_id}")
