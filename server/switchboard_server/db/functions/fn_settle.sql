@@ -287,8 +287,9 @@ END;
 $$;
 
 -- The todos with these ids in the caller's scope (an endpoint's, or when
--- p_endpoint_id is NULL any of the owner's): what sb_refused_items reports. (A whole-row value built with
--- ROW(t.*)::todos: on a Citus worker a whole-row t is the shard's row type.)
+-- p_endpoint_id is NULL any of the owner's): what sb_refused_items reports.
+-- (A whole-row value built with ROW(t.*)::todos: on a Citus worker a
+-- whole-row t is the shard's row type.)
 CREATE OR REPLACE FUNCTION sb_todos_in_scope(p_owner_id uuid, p_endpoint_id uuid, p_ids bigint[])
 RETURNS todos[]
 LANGUAGE plpgsql STABLE AS $$
