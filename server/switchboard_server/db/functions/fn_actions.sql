@@ -99,13 +99,9 @@ BEGIN
     RETURN QUERY SELECT v_ords[k], 'applied'::text, v_rows[k], v_was[k]
                    FROM generate_subscripts(v_ords, 1) AS k;
     IF cardinality(v_ords) < cardinality(p_ids) THEN
-        RETURN QUERY
-        SELECT i.ord, CASE WHEN t.id IS NULL THEN 'not_found' ELSE 'not_cancellable' END, t,
-               NULL::text
-          FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
-          LEFT JOIN unnest(sb_todos_in_scope(p_owner_id, p_endpoint_id, p_ids)) AS t
-                 ON t.id = i.id
-         WHERE i.ord <> ALL (v_ords);
+        RETURN QUERY SELECT r.ord, r.outcome, r.todo, NULL::text
+                       FROM sb_refused_items(p_owner_id, p_endpoint_id, p_ids, v_ords,
+                                             '{}', NULL, 'not_cancellable') AS r;
     END IF;
 END;
 $$;
@@ -177,16 +173,10 @@ BEGIN
     RETURN QUERY SELECT v_ords[k], 'applied'::text, v_rows[k], v_was[k]
                    FROM generate_subscripts(v_ords, 1) AS k;
     IF cardinality(v_ords) < cardinality(p_ids) THEN
-        RETURN QUERY
-        SELECT i.ord,
-               CASE WHEN t.id IS NULL THEN 'not_found'
-                    WHEN t.state IN ('dead', 'cancelled') THEN 'max_attempts_too_low'
-                    ELSE 'not_requeueable' END,
-               t, NULL::text
-          FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
-          LEFT JOIN unnest(sb_todos_in_scope(p_owner_id, p_endpoint_id, p_ids)) AS t
-                 ON t.id = i.id
-         WHERE i.ord <> ALL (v_ords);
+        RETURN QUERY SELECT r.ord, r.outcome, r.todo, NULL::text
+                       FROM sb_refused_items(p_owner_id, p_endpoint_id, p_ids, v_ords,
+                                             '{dead,cancelled}', 'max_attempts_too_low',
+                                             'not_requeueable') AS r;
     END IF;
 END;
 $$;

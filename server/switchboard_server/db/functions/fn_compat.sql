@@ -246,21 +246,6 @@ BEGIN
 END;
 $$;
 
-DO $$
-BEGIN
-    IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
-        IF EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition
-                    WHERE logicalrelid = 'todos'::regclass) THEN
-            RETURN;
-        END IF;
-    END IF;
-    CREATE OR REPLACE TRIGGER attempts_running_to_todo
-        BEFORE INSERT ON attempts
-        FOR EACH ROW WHEN (NEW.outcome = 'running')
-        EXECUTE FUNCTION sb_running_attempt_to_todo();
-END;
-$$;
-
 -- Rolling upgrades over migration 0016: servers of the previous release
 -- insert policies, their audit rows and window counters without endpoint_id
 -- (SetPolicy, ClearPolicy, pause, resume). A row that comes without it gets
@@ -283,22 +268,32 @@ BEGIN
 END;
 $$;
 
+-- The triggers of the two functions above, unless Citus distributed the
+-- tables (todos, admission_policies): `migrate --distribute` dropped them
+-- there, and applying this file again does not make them again.
 DO $$
+DECLARE
+    v_distributed regclass[] := '{}';
 BEGIN
     IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
-        IF EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition
-                    WHERE logicalrelid = 'admission_policies'::regclass) THEN
-            RETURN;
-        END IF;
+        v_distributed := ARRAY(SELECT p.logicalrelid FROM pg_catalog.pg_dist_partition p);
     END IF;
-    CREATE OR REPLACE TRIGGER admission_policies_fill_endpoint_id
-        BEFORE INSERT ON admission_policies
-        FOR EACH ROW WHEN (NEW.endpoint_id IS NULL) EXECUTE FUNCTION sb_fill_endpoint_id();
-    CREATE OR REPLACE TRIGGER policy_audit_fill_endpoint_id
-        BEFORE INSERT ON policy_audit
-        FOR EACH ROW WHEN (NEW.endpoint_id IS NULL) EXECUTE FUNCTION sb_fill_endpoint_id();
-    CREATE OR REPLACE TRIGGER window_counters_fill_endpoint_id
-        BEFORE INSERT ON window_counters
-        FOR EACH ROW WHEN (NEW.endpoint_id IS NULL) EXECUTE FUNCTION sb_fill_endpoint_id();
+    IF 'todos'::regclass <> ALL (v_distributed) THEN
+        CREATE OR REPLACE TRIGGER attempts_running_to_todo
+            BEFORE INSERT ON attempts
+            FOR EACH ROW WHEN (NEW.outcome = 'running')
+            EXECUTE FUNCTION sb_running_attempt_to_todo();
+    END IF;
+    IF 'admission_policies'::regclass <> ALL (v_distributed) THEN
+        CREATE OR REPLACE TRIGGER admission_policies_fill_endpoint_id
+            BEFORE INSERT ON admission_policies
+            FOR EACH ROW WHEN (NEW.endpoint_id IS NULL) EXECUTE FUNCTION sb_fill_endpoint_id();
+        CREATE OR REPLACE TRIGGER policy_audit_fill_endpoint_id
+            BEFORE INSERT ON policy_audit
+            FOR EACH ROW WHEN (NEW.endpoint_id IS NULL) EXECUTE FUNCTION sb_fill_endpoint_id();
+        CREATE OR REPLACE TRIGGER window_counters_fill_endpoint_id
+            BEFORE INSERT ON window_counters
+            FOR EACH ROW WHEN (NEW.endpoint_id IS NULL) EXECUTE FUNCTION sb_fill_endpoint_id();
+    END IF;
 END;
 $$;

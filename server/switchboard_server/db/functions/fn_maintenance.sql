@@ -123,7 +123,6 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_now timestamptz := sb_now();
     v_gate queue_gates;
-    v_reopen record;
 BEGIN
     FOR v_gate IN
         SELECT * FROM queue_gates g
@@ -132,12 +131,8 @@ BEGIN
          LIMIT p_batch
            FOR UPDATE SKIP LOCKED
     LOOP
-        SELECT r.cause, r.rang INTO v_reopen FROM sb_gate_reevaluate(v_gate, v_now) r;
-        CONTINUE WHEN v_reopen.cause IS NULL;
-        queue_id := v_gate.queue_id;
-        cause := v_reopen.cause;
-        rang := v_reopen.rang;
-        RETURN NEXT;
+        RETURN QUERY SELECT v_gate.queue_id, r.cause, r.rang
+                       FROM sb_gate_reevaluate(v_gate, v_now) r WHERE r.cause IS NOT NULL;
     END LOOP;
 END;
 $$;
@@ -156,7 +151,6 @@ DECLARE
     v_now timestamptz := sb_now();
     v_endpoint uuid;
     v_gate queue_gates;
-    v_reopen record;
     v_left integer := p_batch;
 BEGIN
     PERFORM sb_hold_shard_groups(p_endpoint_ids);
@@ -170,12 +164,8 @@ BEGIN
                FOR UPDATE SKIP LOCKED
         LOOP
             v_left := v_left - 1;
-            SELECT r.cause, r.rang INTO v_reopen FROM sb_gate_reevaluate(v_gate, v_now) r;
-            CONTINUE WHEN v_reopen.cause IS NULL;
-            queue_id := v_gate.queue_id;
-            cause := v_reopen.cause;
-            rang := v_reopen.rang;
-            RETURN NEXT;
+            RETURN QUERY SELECT v_gate.queue_id, r.cause, r.rang
+                           FROM sb_gate_reevaluate(v_gate, v_now) r WHERE r.cause IS NOT NULL;
         END LOOP;
     END LOOP;
 END;

@@ -162,16 +162,9 @@ BEGIN
     -- would spread each todo into its columns.)
     RETURN QUERY SELECT unnest(v_ords), 'applied'::text, unnest(v_rows);
     IF cardinality(v_ords) < cardinality(p_ids) THEN
-        RETURN QUERY
-        SELECT i.ord,
-               CASE WHEN t.id IS NULL THEN 'not_found'
-                    WHEN t.state = 'claimed' THEN 'stale_lease'
-                    ELSE 'not_claimed' END,
-               t
-          FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
-          LEFT JOIN unnest(sb_todos_in_scope(p_owner_id, p_endpoint_id, p_ids)) AS t
-                 ON t.id = i.id
-         WHERE i.ord <> ALL (v_ords);
+        RETURN QUERY SELECT r.ord, r.outcome, r.todo
+                       FROM sb_refused_items(p_owner_id, p_endpoint_id, p_ids, v_ords,
+                                             '{claimed}', 'stale_lease', 'not_claimed') AS r;
     END IF;
 END;
 $$;
@@ -229,16 +222,9 @@ BEGIN
     RETURN QUERY SELECT o.ord, 'applied'::text, v_now + p_lease
                    FROM unnest(v_ords) AS o (ord);
     IF cardinality(v_ords) < cardinality(p_ids) THEN
-        RETURN QUERY
-        SELECT i.ord,
-               CASE WHEN t.id IS NULL THEN 'not_found'
-                    WHEN t.state = 'claimed' THEN 'stale_lease'
-                    ELSE 'not_claimed' END,
-               NULL::timestamptz
-          FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
-          LEFT JOIN unnest(sb_todos_in_scope(p_owner_id, p_endpoint_id, p_ids)) AS t
-                 ON t.id = i.id
-         WHERE i.ord <> ALL (v_ords);
+        RETURN QUERY SELECT r.ord, r.outcome, NULL::timestamptz
+                       FROM sb_refused_items(p_owner_id, p_endpoint_id, p_ids, v_ords,
+                                             '{claimed}', 'stale_lease', 'not_claimed') AS r;
     END IF;
 END;
 $$;
@@ -284,10 +270,35 @@ BEGIN
 END;
 $$;
 
+-- The items of a call on todos by ids (p_ids) that it did not apply (their
+-- 1-based positions are not in p_applied), with why each was refused: the
+-- todo is not in the caller's scope (not_found), or p_in_states when its
+-- state is one of p_states, else p_otherwise; and the todo as it is now
+-- (NULL when not found). What the lease and operator calls answer for the
+-- items they refused, in a statement of their own after their writes.
+CREATE OR REPLACE FUNCTION sb_refused_items(
+    p_owner_id uuid, p_endpoint_id uuid, p_ids bigint[], p_applied bigint[],
+    p_states text[], p_in_states text, p_otherwise text
+) RETURNS TABLE (ord bigint, outcome text, todo todos)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN QUERY
+    SELECT i.ord,
+           CASE WHEN t.id IS NULL THEN 'not_found'
+                WHEN t.state = ANY (p_states) THEN p_in_states
+                ELSE p_otherwise END,
+           t
+      FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)
+      LEFT JOIN unnest(sb_todos_in_scope(p_owner_id, p_endpoint_id, p_ids)) AS t
+             ON t.id = i.id
+     WHERE i.ord <> ALL (p_applied);
+END;
+$$;
+
 -- The todos with these ids in the caller's scope (an endpoint's, or when
--- p_endpoint_id is NULL any of the owner's): what the lease and operator
--- calls report for the items they refused. (A whole-row value built with
--- ROW(t.*)::todos: on a Citus worker a whole-row t is the shard's row type.)
+-- p_endpoint_id is NULL any of the owner's): what sb_refused_items reports.
+-- (A whole-row value built with ROW(t.*)::todos: on a Citus worker a
+-- whole-row t is the shard's row type.)
 CREATE OR REPLACE FUNCTION sb_todos_in_scope(p_owner_id uuid, p_endpoint_id uuid, p_ids bigint[])
 RETURNS todos[]
 LANGUAGE plpgsql STABLE AS $$
