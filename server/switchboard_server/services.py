@@ -45,3 +45,9 @@ class Services:
         """One REPEATABLE READ, READ ONLY transaction (``Database.snapshot``):
         the reads of one page, from one snapshot, on one connection."""
         return self.db.snapshot()
+
+    def connection(self) -> AbstractAsyncContextManager[Conn]:
+        """One connection from the pool, outside any transaction
+        (``Database.connection``): an action's check and its change take it
+        as ``conn``, and so take one checkout between them."""
+        return self.db.connection()
