@@ -66,42 +66,30 @@ _Row = TypeVar("_Row")
 _Statement = Callable[[Conn, Sequence[int], Scope, Redo], Awaitable[list[_Row]]]
 
 
-async def _cancel(conn: Conn, ids: Sequence[int], scope: Scope, _redo: Redo) -> list[BulkItem]:
-    return await action_queries.cancel(
-        conn, ids=ids, owner_id=scope.owner_id, endpoint_id=scope.endpoint_id
-    )
+def _cancelling(query: Callable[..., Awaitable[list[_Row]]]) -> _Statement[_Row]:
+    """A cancel's named statement (``query``: its todos' form or its counts')
+    as an action runs it."""
+
+    async def cancel(conn: Conn, ids: Sequence[int], scope: Scope, _redo: Redo) -> list[_Row]:
+        return await query(conn, ids=ids, owner_id=scope.owner_id, endpoint_id=scope.endpoint_id)
+
+    return cancel
 
 
-async def _requeue(conn: Conn, ids: Sequence[int], scope: Scope, redo: Redo) -> list[BulkItem]:
-    return await action_queries.requeue(
-        conn,
-        ids=ids,
-        owner_id=scope.owner_id,
-        endpoint_id=scope.endpoint_id,
-        delay=redo.delay,
-        max_attempts=redo.max_attempts,
-    )
+def _requeueing(query: Callable[..., Awaitable[list[_Row]]]) -> _Statement[_Row]:
+    """A requeue's named statement, as ``_cancelling``, with what it sets."""
 
+    async def requeue(conn: Conn, ids: Sequence[int], scope: Scope, redo: Redo) -> list[_Row]:
+        return await query(
+            conn,
+            ids=ids,
+            owner_id=scope.owner_id,
+            endpoint_id=scope.endpoint_id,
+            delay=redo.delay,
+            max_attempts=redo.max_attempts,
+        )
 
-async def _cancel_tally(
-    conn: Conn, ids: Sequence[int], scope: Scope, _redo: Redo
-) -> list[action_queries.Tally]:
-    return await action_queries.cancel_tally(
-        conn, ids=ids, owner_id=scope.owner_id, endpoint_id=scope.endpoint_id
-    )
-
-
-async def _requeue_tally(
-    conn: Conn, ids: Sequence[int], scope: Scope, redo: Redo
-) -> list[action_queries.Tally]:
-    return await action_queries.requeue_tally(
-        conn,
-        ids=ids,
-        owner_id=scope.owner_id,
-        endpoint_id=scope.endpoint_id,
-        delay=redo.delay,
-        max_attempts=redo.max_attempts,
-    )
+    return requeue
 
 
 @dataclass(frozen=True)
@@ -129,8 +117,8 @@ class Action(enum.Enum):
         Grant.CANCEL,
         (TodoState.PENDING, TodoState.CLAIMED),
         "cancelled",
-        _cancel,
-        _cancel_tally,
+        _cancelling(action_queries.cancel),
+        _cancelling(action_queries.cancel_tally),
         Metrics.cancelled,
     )
     REQUEUE = _Rule(
@@ -138,8 +126,8 @@ class Action(enum.Enum):
         Grant.REQUEUE,
         (TodoState.DEAD, TodoState.CANCELLED),
         "requeued",
-        _requeue,
-        _requeue_tally,
+        _requeueing(action_queries.requeue),
+        _requeueing(action_queries.requeue_tally),
         Metrics.requeued,
         " (a done todo stays done: ingest the work again to redo it)",
     )

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from typing import TypedDict
 
 from switchboard_server import errors
 from switchboard_server.access import Scope, endpoint_scope, require_tenant
@@ -64,6 +65,23 @@ class TodoFilter:
 ERROR_SCAN = 10_000
 
 
+class _Where(TypedDict):
+    """The endpoint and filters every listing statement of ``Reads.find`` takes."""
+
+    endpoint_id: uuid.UUID
+    owner_id: uuid.UUID
+    queues: list[str] | None
+    states: list[TodoState] | None
+
+
+def _first(rows: list[Todo], page_size: int) -> tuple[list[Todo], int | None]:
+    """The first ``page_size`` of ``rows``, and the id the next page comes
+    after when there are more (else ``None``)."""
+    if len(rows) > page_size:
+        return rows[:page_size], rows[page_size - 1].id
+    return rows, None
+
+
 async def views(conn: Conn, todos: Sequence[Todo], reaper_interval: timedelta) -> list[TodoView]:
     """Todos with the derived admission status of the pending ones in budgeted
     queues (an in-flight deferral's hint adds ``reaper_interval``)."""
@@ -97,8 +115,6 @@ class Reads:
             todo = await read_queries.get(
                 conn, todo_id=todo_id, owner_id=scope.owner_id, endpoint_id=scope.endpoint_id
             )
-            if todo is None:
-                raise errors.NotFound("todo not found")
             return await self._full_view(conn, todo)
 
     async def get_by_dedup(
@@ -120,8 +136,6 @@ class Reads:
                 webhook_id=dedup[0],
                 delivery_id=dedup[1],
             )
-            if todo is None:
-                raise errors.NotFound("todo not found")
             return await self._full_view(conn, todo)
 
     async def get_by_key(
@@ -135,11 +149,12 @@ class Reads:
             todo = await read_queries.get_by_key(
                 conn, endpoint_id=scope.endpoint_id, owner_id=scope.owner_id, queue=queue, key=key
             )
-            if todo is None:
-                raise errors.NotFound("todo not found")
             return await self._full_view(conn, todo)
 
-    async def _full_view(self, conn: Conn, todo: Todo) -> tuple[TodoView, list[Attempt]]:
+    async def _full_view(self, conn: Conn, todo: Todo | None) -> tuple[TodoView, list[Attempt]]:
+        """The todo a ``get`` found, with its result and attempts; ``NotFound`` for none."""
+        if todo is None:
+            raise errors.NotFound("todo not found")
         attempts = await read_queries.attempts(conn, todo_id=todo.id)
         result = (
             await read_queries.result(conn, todo_id=todo.id)
@@ -167,41 +182,27 @@ class Reads:
         """
         scope = endpoint_scope(principal, Grant.READ, endpoint_id)
         assert scope.endpoint_id is not None
-        queues, states = list(which.queues) or None, list(which.states) or None
+        where = _Where(
+            endpoint_id=scope.endpoint_id,
+            owner_id=scope.owner_id,
+            queues=list(which.queues) or None,
+            states=list(which.states) or None,
+        )
         after: int | None = None
         async with self._db.transaction(within=conn) as conn:
             await require_endpoint(conn, principal, scope)
             if which.dedup is not None:
-                rows = await read_queries.list_by_dedup(
-                    conn,
-                    endpoint_id=scope.endpoint_id,
-                    owner_id=scope.owner_id,
-                    queues=queues,
-                    states=states,
-                    dedup=which.dedup,
-                )
+                rows = await read_queries.list_by_dedup(conn, **where, dedup=which.dedup)
                 if before is not None:
                     rows = [t for t in rows if t.id < before]
             elif which.idempotency_key is not None:
-                rows = await read_queries.list_by_key(
-                    conn,
-                    endpoint_id=scope.endpoint_id,
-                    owner_id=scope.owner_id,
-                    queues=queues,
-                    states=states,
-                    key=which.idempotency_key,
-                )
-                rows = [t for t in rows if before is None or t.id < before]
-                if len(rows) > page_size:
-                    rows = rows[:page_size]
-                    after = rows[-1].id
+                rows = await read_queries.list_by_key(conn, **where, key=which.idempotency_key)
+                below = [t for t in rows if before is None or t.id < before]
+                rows, after = _first(below, page_size)
             elif which.error_contains is not None:
                 page = await read_queries.list_by_error(
                     conn,
-                    endpoint_id=scope.endpoint_id,
-                    owner_id=scope.owner_id,
-                    queues=queues,
-                    states=states,
+                    **where,
                     contains=which.error_contains,
                     limit=page_size + 1,
                     before_id=before,
@@ -214,17 +215,9 @@ class Reads:
                     after = page.examined_to
             else:
                 rows = await read_queries.list_page(
-                    conn,
-                    endpoint_id=scope.endpoint_id,
-                    owner_id=scope.owner_id,
-                    queues=queues,
-                    states=states,
-                    limit=page_size + 1,
-                    before_id=before,
+                    conn, **where, limit=page_size + 1, before_id=before
                 )
-                if len(rows) > page_size:
-                    rows = rows[:page_size]
-                    after = rows[-1].id
+                rows, after = _first(rows, page_size)
             found = await views(conn, rows, self._settings.reaper_interval)
         return found, after
 

@@ -16,13 +16,12 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from multidict import MultiDictProxy
 
 from switchboard_server import errors
-from switchboard_server.db.database import Conn
 from switchboard_server.dispatch import BulkFilter
 from switchboard_server.model import Principal
 from switchboard_server.web.board_forms import (
@@ -44,6 +43,9 @@ from switchboard_server.web.board_plumbing import Plumbing
 from switchboard_server.web.sessions import Session
 from switchboard_server.web.templating import queue_url
 
+if TYPE_CHECKING:
+    from switchboard_server.services import Held
+
 
 @dataclass(frozen=True)
 class _Act:
@@ -56,7 +58,7 @@ class _Act:
     form: MultiDictProxy[Any]
     endpoint_id: uuid.UUID
     name: str
-    conn: Conn
+    conn: Held
 
     def done(self, query: str) -> Redirect:
         """The redirect back to the queue's page, with ``query``."""
