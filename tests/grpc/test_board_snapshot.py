@@ -6,9 +6,10 @@ read), the todo page 2, and a requeue from the queue's page (confirm, act,
 the page it lands on) 12, evaluating the queue overview three times; then
 an act took 3 (the queue's check, the dispatcher's own endpoint check, the
 act) and a policy change 2. The counts here pin what each takes now (an
-act: 1), counted by ``Database.acquires``, so they cannot creep back; and the statements each runs are read from the
-connections (a query logger) to check that a page is one REPEATABLE READ,
-READ ONLY transaction and that the act itself evaluates no overview.
+act: 1), counted by ``Database.acquires``, so they cannot creep back; and
+the statements each runs are read from the connections (a query logger) to
+check that a page is one REPEATABLE READ, READ ONLY transaction and that
+the act itself evaluates no overview.
 """
 
 from __future__ import annotations
