@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from switchboard_server import errors
-from switchboard_server.access import actor_of, policy_scope
+from switchboard_server.access import Scope, actor_of, policy_scope
 from switchboard_server.db import Database, clock
 from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import doorbells as doorbell_queries
@@ -53,16 +53,7 @@ class AdmissionControl:
         """The active policy of a queue."""
         scope, endpoint = policy_scope(principal, endpoint_id, None)
         async with self._db.transaction(within=conn) as conn:
-            queue_id = await admission_queries.queue_find(
-                conn, endpoint_id=endpoint, owner_id=scope.owner_id, name=queue
-            )
-            row = (
-                await admission_queries.get_active_policy(
-                    conn, queue_id=queue_id, endpoint_id=endpoint
-                )
-                if queue_id
-                else None
-            )
+            _queue_id, row = await _active(conn, scope, endpoint, queue)
         if row is None:
             raise errors.NotFound("no admission policy for this queue")
         return policy_of(row, endpoint, queue)
@@ -78,16 +69,7 @@ class AdmissionControl:
         """The active policy of a queue and its use now (``None`` when nothing evaluates)."""
         scope, endpoint = policy_scope(principal, endpoint_id, None)
         async with self._db.transaction(within=conn) as conn:
-            queue_id = await admission_queries.queue_find(
-                conn, endpoint_id=endpoint, owner_id=scope.owner_id, name=queue
-            )
-            row = (
-                await admission_queries.get_active_policy(
-                    conn, queue_id=queue_id, endpoint_id=endpoint
-                )
-                if queue_id
-                else None
-            )
+            queue_id, row = await _active(conn, scope, endpoint, queue)
             if queue_id is None or row is None:
                 raise errors.NotFound("no admission policy for this queue")
             policy = policy_of(row, endpoint, queue)
@@ -95,41 +77,43 @@ class AdmissionControl:
 
     @rerun_on_conflict
     async def set(
-        self, principal: Principal, endpoint_id: uuid.UUID | None, queue: str, limits: Limits
+        self,
+        principal: Principal,
+        endpoint_id: uuid.UUID | None,
+        queue: str,
+        limits: Limits,
+        *,
+        conn: Conn | None = None,
     ) -> Policy:
-        """Creates or replaces a queue's policy; audited; never lowers the current count."""
+        """Creates or replaces a queue's policy; audited; never lowers the current count.
+
+        ``conn`` (here and in the other changes): a connection the caller
+        holds outside any transaction, which the change's transaction then
+        begins on (``Database.transaction_on``).
+        """
         limits.validate()
         scope, endpoint = policy_scope(
             principal, endpoint_id, Grant.SET_ADMISSION_POLICY, "policy.queue.endpoint_id"
         )
-        async with self._db.transaction() as conn:
-            queue_id = await admission_queries.queue_upsert(
-                conn, endpoint_id=endpoint, owner_id=scope.owner_id, name=queue
-            )
-            if queue_id is None:
-                raise errors.NotFound("endpoint not found")
-            row = await admission_queries.lock_policy(
-                conn, queue_id=queue_id, owner_id=scope.owner_id, endpoint_id=endpoint
-            )
+        async with self._db.transaction_on(conn) as conn:
+            row = await _locked(conn, scope, endpoint, queue, "endpoint not found", create=True)
             return await _store(conn, principal, row, endpoint, queue, limits)
 
     @rerun_on_conflict
     async def pause(
-        self, principal: Principal, endpoint_id: uuid.UUID | None, queue: str
+        self,
+        principal: Principal,
+        endpoint_id: uuid.UUID | None,
+        queue: str,
+        *,
+        conn: Conn | None = None,
     ) -> Policy:
         """Pauses a queue: its policy with 0 in flight (its window kept), or a
         policy of 0 in flight when it has none. An ordinary ``set``, audited as
         one; ``FailedPrecondition`` when the queue is paused already."""
         scope, endpoint = policy_scope(principal, endpoint_id, Grant.SET_ADMISSION_POLICY)
-        async with self._db.transaction() as conn:
-            queue_id = await admission_queries.queue_find(
-                conn, endpoint_id=endpoint, owner_id=scope.owner_id, name=queue
-            )
-            if queue_id is None:
-                raise errors.NotFound("queue not found")
-            row = await admission_queries.lock_policy(
-                conn, queue_id=queue_id, owner_id=scope.owner_id, endpoint_id=endpoint
-            )
+        async with self._db.transaction_on(conn) as conn:
+            row = await _locked(conn, scope, endpoint, queue, "queue not found")
             current = policy_of(row, endpoint, queue) if row.active else None
             if current is not None and paused(current):
                 raise errors.FailedPrecondition("the queue is paused already")
@@ -151,41 +135,30 @@ class AdmissionControl:
         """What ``resume`` would restore, when the queue is paused (see ``before_pause``)."""
         scope, endpoint = policy_scope(principal, endpoint_id, None)
         async with self._db.transaction(within=conn) as conn:
-            queue_id = await admission_queries.queue_find(
-                conn, endpoint_id=endpoint, owner_id=scope.owner_id, name=queue
-            )
-            row = (
-                await admission_queries.get_active_policy(
-                    conn, queue_id=queue_id, endpoint_id=endpoint
-                )
-                if queue_id
-                else None
-            )
+            queue_id, row = await _active(conn, scope, endpoint, queue)
             if queue_id is None or row is None or not paused(policy_of(row, endpoint, queue)):
                 return None
             return await before_pause(conn, queue_id, scope.owner_id, endpoint, queue)
 
     @rerun_on_conflict
     async def resume(
-        self, principal: Principal, endpoint_id: uuid.UUID | None, queue: str
+        self,
+        principal: Principal,
+        endpoint_id: uuid.UUID | None,
+        queue: str,
+        *,
+        conn: Conn | None = None,
     ) -> Policy | None:
         """Puts back the policy the queue had before it was paused (``before_pause``):
         a ``set`` of it, or a ``clear`` when it had none, audited as such.
         Returns the restored policy (``None``: none). ``FailedPrecondition``
         when the queue is not paused or no earlier policy is recorded."""
         scope, endpoint = policy_scope(principal, endpoint_id, Grant.SET_ADMISSION_POLICY)
-        async with self._db.transaction() as conn:
-            queue_id = await admission_queries.queue_find(
-                conn, endpoint_id=endpoint, owner_id=scope.owner_id, name=queue
-            )
-            if queue_id is None:
-                raise errors.NotFound("queue not found")
-            row = await admission_queries.lock_policy(
-                conn, queue_id=queue_id, owner_id=scope.owner_id, endpoint_id=endpoint
-            )
+        async with self._db.transaction_on(conn) as conn:
+            row = await _locked(conn, scope, endpoint, queue, "queue not found")
             if not row.active or not paused(policy_of(row, endpoint, queue)):
                 raise errors.FailedPrecondition("the queue is not paused")
-            target = await before_pause(conn, queue_id, scope.owner_id, endpoint, queue)
+            target = await before_pause(conn, row.queue_id, scope.owner_id, endpoint, queue)
             if target is None:
                 raise errors.FailedPrecondition(
                     "no policy from before the pause is recorded: set one instead"
@@ -204,19 +177,17 @@ class AdmissionControl:
 
     @rerun_on_conflict
     async def clear(
-        self, principal: Principal, endpoint_id: uuid.UUID | None, queue: str
+        self,
+        principal: Principal,
+        endpoint_id: uuid.UUID | None,
+        queue: str,
+        *,
+        conn: Conn | None = None,
     ) -> Policy:
         """Removes a queue's policy; audited. Its counters are kept."""
         scope, endpoint = policy_scope(principal, endpoint_id, Grant.CLEAR_ADMISSION_POLICY)
-        async with self._db.transaction() as conn:
-            queue_id = await admission_queries.queue_find(
-                conn, endpoint_id=endpoint, owner_id=scope.owner_id, name=queue
-            )
-            if queue_id is None:
-                raise errors.NotFound("no admission policy for this queue")
-            row = await admission_queries.lock_policy(
-                conn, queue_id=queue_id, owner_id=scope.owner_id, endpoint_id=endpoint
-            )
+        async with self._db.transaction_on(conn) as conn:
+            row = await _locked(conn, scope, endpoint, queue, "no admission policy for this queue")
             if not row.active:
                 raise errors.NotFound("no admission policy for this queue")
             return await _clear(conn, principal, row, endpoint, queue)
@@ -235,11 +206,7 @@ class AdmissionControl:
         subject is the queue's name."""
         scope, endpoint = policy_scope(principal, endpoint_id, None)
         async with self._db.transaction(within=conn) as conn:
-            queue_id = await admission_queries.queue_find(
-                conn, endpoint_id=endpoint, owner_id=scope.owner_id, name=queue
-            )
-            if queue_id is None:
-                raise errors.NotFound("queue not found")
+            queue_id = await _queue_id(conn, scope, endpoint, queue, "queue not found")
             rows = await admission_queries.list_audit(
                 conn,
                 queue_id=queue_id,
@@ -257,6 +224,55 @@ class AdmissionControl:
             )
             for r in rows
         ]
+
+
+async def _active(
+    conn: Conn, scope: Scope, endpoint: uuid.UUID, queue: str
+) -> tuple[int | None, PolicyRow | None]:
+    """The queue's id and its active policy, unlocked (``None`` for none)."""
+    queue_id = await admission_queries.queue_find(
+        conn, endpoint_id=endpoint, owner_id=scope.owner_id, name=queue
+    )
+    if queue_id is None:
+        return None, None
+    return queue_id, await admission_queries.get_active_policy(
+        conn, queue_id=queue_id, endpoint_id=endpoint
+    )
+
+
+async def _queue_id(
+    conn: Conn,
+    scope: Scope,
+    endpoint: uuid.UUID,
+    queue: str,
+    missing: str,
+    *,
+    create: bool = False,
+) -> int:
+    """The queue's id; ``NotFound(missing)`` when there is no such queue (with
+    ``create``: the queue is made, unless the endpoint is not the owner's)."""
+    find = admission_queries.queue_upsert if create else admission_queries.queue_find
+    queue_id = await find(conn, endpoint_id=endpoint, owner_id=scope.owner_id, name=queue)
+    if queue_id is None:
+        raise errors.NotFound(missing)
+    return queue_id
+
+
+async def _locked(
+    conn: Conn,
+    scope: Scope,
+    endpoint: uuid.UUID,
+    queue: str,
+    missing: str,
+    *,
+    create: bool = False,
+) -> PolicyRow:
+    """The queue's policy row (made if it has none), locked for a change
+    (``NotFound`` as ``_queue_id``)."""
+    queue_id = await _queue_id(conn, scope, endpoint, queue, missing, create=create)
+    return await admission_queries.lock_policy(
+        conn, queue_id=queue_id, owner_id=scope.owner_id, endpoint_id=endpoint
+    )
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,9 @@ import ipaddress
 import os
 import pathlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
+from typing import Any
 
 from switchboard_server.hook_policy import IPNetwork, Resolver, parse_allowlist
 
@@ -26,6 +27,16 @@ def _seconds(env: Mapping[str, str], name: str, default: timedelta) -> timedelta
     if value <= 0:
         raise ValueError(f"{name} must be positive, got {raw!r}")
     return timedelta(seconds=value)
+
+
+def _integer(
+    env: Mapping[str, str], name: str, default: int, low: int, high: int | None = None
+) -> int:
+    raw = env.get(name) or str(default)
+    if not raw.isdigit() or int(raw) < low or (high is not None and int(raw) > high):
+        bounds = f">= {low}" if high is None else f"from {low} to {high}"
+        raise ValueError(f"{name} must be an integer {bounds}, got {raw!r}")
+    return int(raw)
 
 
 def _path(env: Mapping[str, str], name: str) -> pathlib.Path | None:
@@ -137,62 +148,35 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Reads ``SWITCHBOARD_*`` variables; each unset one is the field's default
-        (written once, on the fields above)."""
+        (written once, on the fields above). Every duration field is read from
+        ``SWITCHBOARD_<NAME>``, in seconds."""
         env = os.environ if env is None else env
         d = cls()
-
-        def seconds(name: str) -> timedelta:
-            """Field ``name`` from ``SWITCHBOARD_<NAME>``, in seconds."""
-            default: timedelta = getattr(d, name)
-            return _seconds(env, "SWITCHBOARD_" + name.upper(), default)
-
+        # Any: each names a different field of the dataclass (all timedelta).
+        durations: dict[str, Any] = {
+            f.name: _seconds(env, "SWITCHBOARD_" + f.name.upper(), default)
+            for f in fields(cls)
+            if isinstance(default := getattr(d, f.name), timedelta)
+        }
         data_dir = env.get("SWITCHBOARD_DATA_DIR") or d.data_dir
-        pool = env.get("SWITCHBOARD_POOL_SIZE") or str(d.pool_max_size)
-        if not pool.isdigit() or int(pool) < 2:
-            raise ValueError(f"SWITCHBOARD_POOL_SIZE must be an integer >= 2, got {pool!r}")
-        queue_labels = env.get("SWITCHBOARD_METRICS_QUEUE_LABELS") or str(d.metrics_queue_labels)
-        if not queue_labels.isdigit():
-            raise ValueError(
-                f"SWITCHBOARD_METRICS_QUEUE_LABELS must be an integer >= 0, got {queue_labels!r}"
-            )
-        combine = env.get("SWITCHBOARD_COMBINE_MAX") or str(d.combine_max)
-        if not combine.isdigit() or not 1 <= int(combine) <= 500:
-            raise ValueError(
-                f"SWITCHBOARD_COMBINE_MAX must be an integer from 1 to 500, got {combine!r}"
-            )
-        return cls(
+        pool = _integer(env, "SWITCHBOARD_POOL_SIZE", d.pool_max_size, 2)
+        queue_labels = _integer(env, "SWITCHBOARD_METRICS_QUEUE_LABELS", d.metrics_queue_labels, 0)
+        combine = _integer(env, "SWITCHBOARD_COMBINE_MAX", d.combine_max, 1, 500)
+        settings = cls(
             database_url=env.get("SWITCHBOARD_DATABASE_URL") or None,
             data_dir=pathlib.Path(data_dir),
             listen=env.get("SWITCHBOARD_LISTEN") or d.listen,
             http_listen=env.get("SWITCHBOARD_HTTP_LISTEN") or d.http_listen,
             operator_token=env.get("SWITCHBOARD_OPERATOR_TOKEN") or None,
-            reaper_interval=seconds("reaper_interval"),
-            retention_interval=seconds("retention_interval"),
-            retention_age=seconds("retention_age"),
-            default_lease=seconds("default_lease"),
-            backoff_base=seconds("backoff_base"),
-            backoff_cap=seconds("backoff_cap"),
-            pool_max_size=int(pool),
-            lock_timeout=seconds("lock_timeout"),
-            schedule_interval=seconds("schedule_interval"),
-            scheduler_interval=seconds("scheduler_interval"),
-            scheduler_grace=seconds("scheduler_grace"),
-            reopen_interval=seconds("reopen_interval"),
-            doorbell_heartbeat=seconds("doorbell_heartbeat"),
-            hook_interval=seconds("hook_interval"),
-            hook_timeout=seconds("hook_timeout"),
-            hook_retry_cap=seconds("hook_retry_cap"),
+            pool_max_size=pool,
             hooks_allow_private=_flag(env, "SWITCHBOARD_HOOKS_ALLOW_PRIVATE"),
             hooks_allow=parse_allowlist(env.get("SWITCHBOARD_HOOKS_ALLOW") or ""),
-            hook_secret_grace=seconds("hook_secret_grace"),
             hooks_legacy_signature=_flag(env, "SWITCHBOARD_HOOKS_LEGACY_SIGNATURE"),
             secret_keys=_secret_keys(env, "SWITCHBOARD_SECRET_KEY"),
             secret_key_file=_path(env, "SWITCHBOARD_SECRET_KEY_FILE"),
             log_level=(env.get("SWITCHBOARD_LOG_LEVEL") or d.log_level).upper(),
-            metrics_queue_labels=int(queue_labels),
-            combine_max=int(combine),
-            health_interval=seconds("health_interval"),
-            start_timeout=seconds("start_timeout"),
+            metrics_queue_labels=queue_labels,
+            combine_max=combine,
             tls_cert=_path(env, "SWITCHBOARD_TLS_CERT"),
             tls_key=_path(env, "SWITCHBOARD_TLS_KEY"),
             tls_client_ca=_path(env, "SWITCHBOARD_TLS_CLIENT_CA"),
@@ -200,3 +184,4 @@ class Settings:
             trusted_proxies=_networks(env, "SWITCHBOARD_TRUSTED_PROXIES"),
             metrics_listen=env.get("SWITCHBOARD_METRICS_LISTEN") or None,
         )
+        return replace(settings, **durations)

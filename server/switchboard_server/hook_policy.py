@@ -77,6 +77,19 @@ def parse_allowlist(raw: str) -> tuple[IPNetwork, ...]:
     return tuple(networks)
 
 
+def address_literal(host: str) -> IPAddress | None:
+    """The address ``host`` is written as (it then resolves to itself), if it is one."""
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+def refusal_for(host: str, ip: IPAddress, why: str) -> str:
+    """Why a connection to ``host`` is refused, ``why`` being its address ``ip``'s refusal."""
+    return why if host == str(ip) else f"{host} resolves to {why}"
+
+
 def embedded_ipv4(ip: IPAddress) -> IPAddress:
     """The IPv4 address an IPv6 one carries (mapped, 6to4, NAT64), else ``ip``."""
     if isinstance(ip, ipaddress.IPv6Address):
@@ -165,13 +178,12 @@ class HookPolicy:
         for ip in addresses:
             why = self.refusal(ip, plaintext=plaintext)
             if why is not None:
-                raise Refused(why if str(ip) == host else f"{host} resolves to {why}")
+                raise Refused(refusal_for(host, ip, why))
 
     async def _addresses(self, host: str, port: int) -> Sequence[IPAddress]:
-        try:
-            return [ipaddress.ip_address(host)]
-        except ValueError:
-            pass
+        literal = address_literal(host)
+        if literal is not None:
+            return [literal]
         try:
             async with asyncio.timeout(self.resolve_timeout):
                 found = await self.resolver(host, port)

@@ -24,7 +24,6 @@ proxy from the environment is used.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import logging
 import time
@@ -49,7 +48,7 @@ from switchboard_server.db import Database
 from switchboard_server.db import hooks as hook_queries
 from switchboard_server.db.database import Conn
 from switchboard_server.db.hooks import Delivery
-from switchboard_server.hook_policy import HookPolicy, IPAddress
+from switchboard_server.hook_policy import HookPolicy, IPAddress, address_literal, refusal_for
 from switchboard_server.metrics import Metrics
 from switchboard_server.sealing import Keyring, SecretKeyError
 
@@ -144,7 +143,7 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
         for ip in addresses:
             why = self._policy.refusal(ip, plaintext=False)
             if why is not None:
-                raise PolicyRefused(f"refused by the hook policy: {_named(host, ip, why)}")
+                raise PolicyRefused(f"refused by the hook policy: {refusal_for(host, ip, why)}")
         last: Exception | None = None
         for ip in addresses:
             try:
@@ -155,7 +154,7 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
                 last = exc
                 continue
             plain = self._policy.refusal(ip, plaintext=True)
-            return _GuardedStream(stream, None if plain is None else _named(host, ip, plain))
+            return _GuardedStream(stream, None if plain is None else refusal_for(host, ip, plain))
         assert last is not None
         raise last
 
@@ -171,10 +170,9 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
         await self._inner.sleep(seconds)
 
     async def _resolve(self, host: str, port: int) -> list[IPAddress]:
-        try:
-            return [ipaddress.ip_address(host)]
-        except ValueError:
-            pass
+        literal = address_literal(host)
+        if literal is not None:
+            return [literal]
         try:
             found = list(await self._policy.resolver(host, port))
         except OSError as exc:
@@ -182,10 +180,6 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
         if not found:
             raise httpcore.ConnectError(f"cannot resolve {host!r}: no addresses")
         return found
-
-
-def _named(host: str, ip: IPAddress, why: str) -> str:
-    return why if host == str(ip) else f"{host} resolves to {why}"
 
 
 class GuardedTransport(httpx.AsyncHTTPTransport):

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine, Sized
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -27,6 +29,7 @@ from typing import Any
 from switchboard_server import errors
 from switchboard_server.db import Database
 from switchboard_server.db import todo_upkeep as upkeep_queries
+from switchboard_server.db.database import Conn
 from switchboard_server.metrics import Metrics
 from switchboard_server.model import AttemptOutcome
 
@@ -62,16 +65,20 @@ async def reap_once(
     delegated to the group's node.
     """
     if distributed:
-        return await _reap_per_group(db, metrics)
-    total = 0
-    while True:
+
+        async def reap_of(conn: Conn, group: list[uuid.UUID]) -> int:
+            # Outside a transaction block: the call is delegated.
+            reaped = await upkeep_queries.reap_lapsed_of(conn, endpoint_ids=group, batch=BATCH)
+            return _lapsed(metrics, reaped)
+
+        return await _per_group(db, upkeep_queries.lapsed_endpoint_groups, reap_of)
+
+    async def reap() -> int:
         async with db.transaction() as conn:
             reaped = await upkeep_queries.reap_lapsed(conn, batch=BATCH)
-        if metrics is not None:
-            metrics.attempts_ended(AttemptOutcome.LAPSED, len(reaped))
-        total += len(reaped)
-        if len(reaped) < BATCH:
-            return total
+        return _lapsed(metrics, reaped)
+
+    return await _drained(reap)
 
 
 async def retain_once(db: Database, age: timedelta, *, distributed: bool = False) -> int:
@@ -81,43 +88,54 @@ async def retain_once(db: Database, age: timedelta, *, distributed: bool = False
     delegated to the group's node.
     """
     if distributed:
-        return await _retain_per_group(db, age)
+
+        async def groups(conn: Conn) -> list[list[uuid.UUID]]:
+            return await upkeep_queries.finished_endpoint_groups(conn, older_than=age)
+
+        async def delete_of(conn: Conn, group: list[uuid.UUID]) -> int:
+            return await upkeep_queries.delete_finished_of(
+                conn, endpoint_ids=group, older_than=age, batch=BATCH
+            )
+
+        return await _per_group(db, groups, delete_of)
+
+    async def delete() -> int:
+        async with db.transaction() as conn:
+            return await upkeep_queries.delete_finished(conn, older_than=age, batch=BATCH)
+
+    return await _drained(delete)
+
+
+async def _drained(batch: Callable[[], Awaitable[int]]) -> int:
+    """Runs ``batch`` (how many rows it took) until one takes fewer than
+    ``BATCH``; the rows taken in all."""
     total = 0
     while True:
-        async with db.transaction() as conn:
-            deleted = await upkeep_queries.delete_finished(conn, older_than=age, batch=BATCH)
-        total += deleted
-        if deleted < BATCH:
+        taken = await batch()
+        total += taken
+        if taken < BATCH:
             return total
 
 
-async def _reap_per_group(db: Database, metrics: Metrics | None) -> int:
+async def _per_group(
+    db: Database,
+    groups: Callable[[Conn], Awaitable[list[list[uuid.UUID]]]],
+    batch: Callable[[Conn, list[uuid.UUID]], Awaitable[int]],
+) -> int:
+    """(A Citus cluster.) ``_drained`` shard group by shard group (``groups``:
+    the endpoints with work, by group), on one connection."""
     total = 0
     async with db.connection() as conn:
-        for group in await upkeep_queries.lapsed_endpoint_groups(conn):
-            while True:
-                # Outside a transaction block: the call is delegated.
-                reaped = await upkeep_queries.reap_lapsed_of(conn, endpoint_ids=group, batch=BATCH)
-                if metrics is not None:
-                    metrics.attempts_ended(AttemptOutcome.LAPSED, len(reaped))
-                total += len(reaped)
-                if len(reaped) < BATCH:
-                    break
+        for group in await groups(conn):
+            total += await _drained(functools.partial(batch, conn, group))
     return total
 
 
-async def _retain_per_group(db: Database, age: timedelta) -> int:
-    total = 0
-    async with db.connection() as conn:
-        for group in await upkeep_queries.finished_endpoint_groups(conn, older_than=age):
-            while True:
-                deleted = await upkeep_queries.delete_finished_of(
-                    conn, endpoint_ids=group, older_than=age, batch=BATCH
-                )
-                total += deleted
-                if deleted < BATCH:
-                    break
-    return total
+def _lapsed(metrics: Metrics | None, reaped: Sized) -> int:
+    """Counts the reaped leases as lapsed attempts; how many."""
+    if metrics is not None:
+        metrics.attempts_ended(AttemptOutcome.LAPSED, len(reaped))
+    return len(reaped)
 
 
 @dataclass

@@ -175,14 +175,17 @@ class Overview:
             raise errors.NotFound("queue not found")
         return self._summary(rows[0])
 
-    async def require_queue(self, principal: Principal, endpoint_id: uuid.UUID, name: str) -> None:
+    async def require_queue(
+        self, principal: Principal, endpoint_id: uuid.UUID, name: str, *, conn: Conn | None = None
+    ) -> None:
         """``NotFound`` unless the queue exists and is the caller's to read, as
         ``queue`` answers it, in one statement: the check an action makes
-        before it acts, with no counts or admission evaluated."""
+        before it acts (on the connection it acts on), with no counts or
+        admission evaluated."""
         scope = require_tenant(principal, Grant.READ)
         if scope.endpoint_id is not None and endpoint_id != scope.endpoint_id:
             raise errors.NotFound("queue not found")
-        async with self._db.connection() as conn:
+        async with self._db.connection(within=conn) as conn:
             queue_id = await admission_queries.queue_find(
                 conn, endpoint_id=endpoint_id, owner_id=scope.owner_id, name=name
             )

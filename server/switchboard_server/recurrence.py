@@ -33,6 +33,7 @@ from datetime import UTC, datetime, timedelta
 from cronsim import CronSim, CronSimError
 
 from switchboard_server.windows import (
+    FieldError,
     UnknownZoneError,
     Window,
     WindowSpec,
@@ -59,17 +60,9 @@ _FIELDS = 5
 _SECOND = timedelta(seconds=1)
 
 
-class RecurrenceError(ValueError):
+class RecurrenceError(FieldError):
     """A recurrence is invalid; ``field`` names the input (``time_zone``, ``cron``,
     ``calendar.period``, ``calendar.at`` or ``calendar.weekday``)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(field, message)
-        self.field = field
-        self.message = message
-
-    def __str__(self) -> str:
-        return f"{self.field}: {self.message}"
 
 
 class CatchUp(enum.Enum):

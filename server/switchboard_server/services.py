@@ -23,6 +23,9 @@ from switchboard_server.tenancy import Tenancy
 #: A connection inside one read-only snapshot (``Services.snapshot``); the
 #: services' reads take it as ``conn`` to read from it.
 Snapshot: TypeAlias = Conn
+#: A connection held outside any transaction (``Services.connection``); an
+#: action's check and its change take it as ``conn``.
+Held: TypeAlias = Conn
 
 
 @dataclass(frozen=True)
@@ -45,3 +48,9 @@ class Services:
         """One REPEATABLE READ, READ ONLY transaction (``Database.snapshot``):
         the reads of one page, from one snapshot, on one connection."""
         return self.db.snapshot()
+
+    def connection(self) -> AbstractAsyncContextManager[Held]:
+        """One connection from the pool, outside any transaction
+        (``Database.connection``): an action's check and its change take it
+        as ``conn``, and so take one checkout between them."""
+        return self.db.connection()

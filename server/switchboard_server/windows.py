@@ -113,6 +113,7 @@ from typing import NamedTuple
 from zoneinfo import ZoneInfo
 
 __all__ = [
+    "FieldError",
     "Period",
     "UnknownZoneError",
     "Window",
@@ -145,12 +146,8 @@ class Period(enum.Enum):
     WEEK = "WEEK"
 
 
-class WindowSpecError(ValueError):
-    """A window specification is invalid.
-
-    ``field`` names the offending input (``period``, ``zone``, ``start`` or
-    ``weekday``); ``message`` explains the problem.
-    """
+class FieldError(ValueError):
+    """An input is invalid: ``field`` names it, ``message`` explains the problem."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(field, message)
@@ -159,6 +156,14 @@ class WindowSpecError(ValueError):
 
     def __str__(self) -> str:
         return f"{self.field}: {self.message}"
+
+
+class WindowSpecError(FieldError):
+    """A window specification is invalid.
+
+    ``field`` names the offending input (``period``, ``zone``, ``start`` or
+    ``weekday``); ``message`` explains the problem.
+    """
 
 
 class UnknownZoneError(WindowSpecError):

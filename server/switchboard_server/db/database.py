@@ -215,6 +215,19 @@ class Database:
             yield conn
 
     @contextlib.asynccontextmanager
+    async def transaction_on(self, held: Conn | None) -> AsyncIterator[Conn]:
+        """A transaction as ``transaction()``, begun on ``held`` when the caller
+        holds a connection outside any transaction (``connection()``: an
+        action's check and its change on one checkout), else on the pool's."""
+        if held is None:
+            async with self.transaction() as conn:
+                yield conn
+            return
+        with translate_errors(self._observe), _discard_if_broken(held):
+            async with held.transaction():
+                yield held
+
+    @contextlib.asynccontextmanager
     async def snapshot(self) -> AsyncIterator[Conn]:
         """A connection inside one REPEATABLE READ, READ ONLY transaction.
 

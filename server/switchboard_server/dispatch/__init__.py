@@ -20,9 +20,6 @@ transaction. Its parts, by how they run:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import timedelta
-
 from switchboard_server.db import Database
 from switchboard_server.dispatch.actions import (
     Action,
@@ -58,7 +55,6 @@ from switchboard_server.model import (
     IngestedTodos,
     NewTodo,
     NewTodos,
-    Principal,
 )
 
 __all__ = [
@@ -133,41 +129,10 @@ class Dispatcher:
 
         self.cancel = self.actions.cancel
         self.requeue = self.actions.requeue
+        self.bulk_by_ids = self.actions.bulk_by_ids
+        self.bulk_by_filter = self.actions.bulk_by_filter
 
     @property
     def settings(self) -> DispatchSettings:
         """The tunables this dispatcher runs with."""
         return self._settings
-
-    async def bulk_by_ids(
-        self,
-        principal: Principal,
-        action: Action,
-        ids: Sequence[int],
-        delay: timedelta = timedelta(0),
-        max_attempts: int | None = None,
-    ) -> list[BulkItem]:
-        """``OperatorActions.bulk_by_ids``."""
-        return await self.actions.bulk_by_ids(principal, action, ids, delay, max_attempts)
-
-    async def bulk_by_filter(
-        self,
-        principal: Principal,
-        action: Action,
-        which: BulkFilter,
-        after: int | None,
-        *,
-        dry_run: bool = False,
-        delay: timedelta = timedelta(0),
-        max_attempts: int | None = None,
-    ) -> BulkProgress:
-        """``OperatorActions.bulk_by_filter``."""
-        return await self.actions.bulk_by_filter(
-            principal,
-            action,
-            which,
-            after,
-            dry_run=dry_run,
-            delay=delay,
-            max_attempts=max_attempts,
-        )

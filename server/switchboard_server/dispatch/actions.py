@@ -66,42 +66,30 @@ _Row = TypeVar("_Row")
 _Statement = Callable[[Conn, Sequence[int], Scope, Redo], Awaitable[list[_Row]]]
 
 
-async def _cancel(conn: Conn, ids: Sequence[int], scope: Scope, _redo: Redo) -> list[BulkItem]:
-    return await action_queries.cancel(
-        conn, ids=ids, owner_id=scope.owner_id, endpoint_id=scope.endpoint_id
-    )
+def _cancelling(query: Callable[..., Awaitable[list[_Row]]]) -> _Statement[_Row]:
+    """A cancel's named statement (``query``: its todos' form or its counts')
+    as an action runs it."""
+
+    async def cancel(conn: Conn, ids: Sequence[int], scope: Scope, _redo: Redo) -> list[_Row]:
+        return await query(conn, ids=ids, owner_id=scope.owner_id, endpoint_id=scope.endpoint_id)
+
+    return cancel
 
 
-async def _requeue(conn: Conn, ids: Sequence[int], scope: Scope, redo: Redo) -> list[BulkItem]:
-    return await action_queries.requeue(
-        conn,
-        ids=ids,
-        owner_id=scope.owner_id,
-        endpoint_id=scope.endpoint_id,
-        delay=redo.delay,
-        max_attempts=redo.max_attempts,
-    )
+def _requeueing(query: Callable[..., Awaitable[list[_Row]]]) -> _Statement[_Row]:
+    """A requeue's named statement, as ``_cancelling``, with what it sets."""
 
+    async def requeue(conn: Conn, ids: Sequence[int], scope: Scope, redo: Redo) -> list[_Row]:
+        return await query(
+            conn,
+            ids=ids,
+            owner_id=scope.owner_id,
+            endpoint_id=scope.endpoint_id,
+            delay=redo.delay,
+            max_attempts=redo.max_attempts,
+        )
 
-async def _cancel_tally(
-    conn: Conn, ids: Sequence[int], scope: Scope, _redo: Redo
-) -> list[action_queries.Tally]:
-    return await action_queries.cancel_tally(
-        conn, ids=ids, owner_id=scope.owner_id, endpoint_id=scope.endpoint_id
-    )
-
-
-async def _requeue_tally(
-    conn: Conn, ids: Sequence[int], scope: Scope, redo: Redo
-) -> list[action_queries.Tally]:
-    return await action_queries.requeue_tally(
-        conn,
-        ids=ids,
-        owner_id=scope.owner_id,
-        endpoint_id=scope.endpoint_id,
-        delay=redo.delay,
-        max_attempts=redo.max_attempts,
-    )
+    return requeue
 
 
 @dataclass(frozen=True)
@@ -129,8 +117,8 @@ class Action(enum.Enum):
         Grant.CANCEL,
         (TodoState.PENDING, TodoState.CLAIMED),
         "cancelled",
-        _cancel,
-        _cancel_tally,
+        _cancelling(action_queries.cancel),
+        _cancelling(action_queries.cancel_tally),
         Metrics.cancelled,
     )
     REQUEUE = _Rule(
@@ -138,8 +126,8 @@ class Action(enum.Enum):
         Grant.REQUEUE,
         (TodoState.DEAD, TodoState.CANCELLED),
         "requeued",
-        _requeue,
-        _requeue_tally,
+        _requeueing(action_queries.requeue),
+        _requeueing(action_queries.requeue_tally),
         Metrics.requeued,
         " (a done todo stays done: ingest the work again to redo it)",
     )
@@ -285,14 +273,16 @@ class OperatorActions:
             yield conn, todo
         action.count(self._metrics, _changed([acted]))
 
-    async def _by_endpoint(self, scope: Scope, ids: Sequence[int]) -> dict[uuid.UUID, list[int]]:
+    async def _by_endpoint(
+        self, scope: Scope, ids: Sequence[int], conn: Conn | None = None
+    ) -> dict[uuid.UUID, list[int]]:
         """``ids`` by endpoint: all the caller's own endpoint's, or for a caller
         scoped to an owner (a human) each todo's, read first
         (``claim_queries.endpoints_of``), in endpoint order; ids that are not
         the owner's todos are left out."""
         if scope.endpoint_id is not None:
             return {scope.endpoint_id: list(ids)}
-        async with self._db.connection() as conn:
+        async with self._db.connection(within=conn) as conn:
             found = await claim_queries.endpoints_of(conn, ids=ids, owner_id=scope.owner_id)
         grouped: dict[uuid.UUID, list[int]] = {}
         for todo_id in ids:
@@ -318,17 +308,23 @@ class OperatorActions:
         ids: Sequence[int],
         delay: timedelta = timedelta(0),
         max_attempts: int | None = None,
+        *,
+        conn: Conn | None = None,
     ) -> list[BulkItem]:
         """Cancels or requeues distinct todos in one transaction, each on its
         own: per id, in order, what was done. A human's ids are acted on
         endpoint by endpoint (their endpoints read first: on a Citus cluster
         every statement then runs on one endpoint's shards). One audit entry
-        per endpoint whose todos changed."""
+        per endpoint whose todos changed.
+
+        ``conn`` (here and in ``bulk_by_filter``): a connection the caller
+        holds outside any transaction, on which the call then reads and
+        begins its transactions (``Database.transaction_on``)."""
         scope = require_tenant(principal, action.grant)
-        grouped = await self._by_endpoint(scope, ids)
+        grouped = await self._by_endpoint(scope, ids, conn)
         redo = Redo(delay, max_attempts)
         done: dict[int, BulkItem] = {}
-        async with self._db.transaction() as conn:
+        async with self._db.transaction_on(conn) as conn:
             for endpoint_id, mine in grouped.items():
                 acted = await action.value.acts(
                     conn, mine, Scope(scope.owner_id, endpoint_id), redo
@@ -365,6 +361,7 @@ class OperatorActions:
         dry_run: bool = False,
         delay: timedelta = timedelta(0),
         max_attempts: int | None = None,
+        conn: Conn | None = None,
     ) -> BulkProgress:
         """Cancels or requeues an endpoint's todos that pass ``which``, above the
         id ``after``, in chunks of ``BULK_CHUNK`` todos, a transaction each,
@@ -373,7 +370,8 @@ class OperatorActions:
 
         Paced as a good neighbour of the claims: after each chunk the call
         rests as long as the chunk took (``BULK_REST``), so that it keeps
-        at most about half of a database connection (and of a core) busy.
+        at most about half of a database connection (and of a core) busy
+        (a caller that gives its ``conn`` holds that through the rests).
 
         One audit entry per call (none for a dry run), written with the first
         chunk; each chunk adds its count in its own transaction, so the entry
@@ -382,8 +380,8 @@ class OperatorActions:
         scope = endpoint_scope(principal, action.grant, which.endpoint_id, "filter.endpoint_id")
         endpoint_id = scope.endpoint_id
         assert endpoint_id is not None
-        async with self._db.connection() as conn:
-            await require_endpoint(conn, principal, scope, "filter.endpoint_id")
+        async with self._db.connection(within=conn) as checking:
+            await require_endpoint(checking, principal, scope, "filter.endpoint_id")
         redo = Redo(delay, max_attempts)
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -395,9 +393,9 @@ class OperatorActions:
         while cursor is not None:
             chunk_started = loop.time()
             tallies: list[action_queries.Tally] = []
-            async with self._db.transaction() as conn:
+            async with self._db.transaction_on(conn) as tx:
                 chunk = await action_queries.bulk_chunk(
-                    conn,
+                    tx,
                     owner_id=scope.owner_id,
                     endpoint_id=endpoint_id,
                     queues=which.queues,
@@ -416,14 +414,14 @@ class OperatorActions:
                 else:
                     skipped += chunk.skipped
                     if chunk.ids:
-                        tallies = await action.value.tallies(conn, chunk.ids, scope, redo)
+                        tallies = await action.value.tallies(tx, chunk.ids, scope, redo)
                     applied = sum(t.count for t in tallies)
                     if entry_id is None:
                         entry_id = await _open_audit(
-                            conn, principal, endpoint_id, action, which, after
+                            tx, principal, endpoint_id, action, which, after
                         )
                     if applied:
-                        await action_queries.add_to_audit(conn, entry_id=entry_id, count=applied)
+                        await action_queries.add_to_audit(tx, entry_id=entry_id, count=applied)
                     count += applied
             chunks += 1
             if tallies:

@@ -65,6 +65,14 @@ class TodoFilter:
 ERROR_SCAN = 10_000
 
 
+def _first(rows: list[Todo], page_size: int) -> tuple[list[Todo], int | None]:
+    """The first ``page_size`` of ``rows``, and the id the next page comes
+    after when there are more (else ``None``)."""
+    if len(rows) > page_size:
+        return rows[:page_size], rows[page_size - 1].id
+    return rows, None
+
+
 async def views(conn: Conn, todos: Sequence[Todo], reaper_interval: timedelta) -> list[TodoView]:
     """Todos with the derived admission status of the pending ones in budgeted
     queues (an in-flight deferral's hint adds ``reaper_interval``)."""
@@ -98,8 +106,6 @@ class Reads:
             todo = await read_queries.get(
                 conn, todo_id=todo_id, owner_id=scope.owner_id, endpoint_id=scope.endpoint_id
             )
-            if todo is None:
-                raise errors.NotFound("todo not found")
             return await self._full_view(conn, todo)
 
     async def get_by_dedup(
@@ -121,8 +127,6 @@ class Reads:
                 webhook_id=dedup[0],
                 delivery_id=dedup[1],
             )
-            if todo is None:
-                raise errors.NotFound("todo not found")
             return await self._full_view(conn, todo)
 
     async def get_by_key(
@@ -136,11 +140,12 @@ class Reads:
             todo = await read_queries.get_by_key(
                 conn, endpoint_id=scope.endpoint_id, owner_id=scope.owner_id, queue=queue, key=key
             )
-            if todo is None:
-                raise errors.NotFound("todo not found")
             return await self._full_view(conn, todo)
 
-    async def _full_view(self, conn: Conn, todo: Todo) -> tuple[TodoView, list[Attempt]]:
+    async def _full_view(self, conn: Conn, todo: Todo | None) -> tuple[TodoView, list[Attempt]]:
+        """The todo a ``get`` found, with its result and attempts; ``NotFound`` for none."""
+        if todo is None:
+            raise errors.NotFound("todo not found")
         attempts = await read_queries.attempts(conn, todo_id=todo.id)
         result = (
             await read_queries.result(conn, todo_id=todo.id)
@@ -182,10 +187,8 @@ class Reads:
                 rows = await read_queries.list_by_key(
                     conn, listing=listing, key=which.idempotency_key
                 )
-                rows = [t for t in rows if before is None or t.id < before]
-                if len(rows) > page_size:
-                    rows = rows[:page_size]
-                    after = rows[-1].id
+                below = [t for t in rows if before is None or t.id < before]
+                rows, after = _first(below, page_size)
             elif which.error_contains is not None:
                 page = await read_queries.list_by_error(
                     conn,
@@ -204,9 +207,7 @@ class Reads:
                 rows = await read_queries.list_page(
                     conn, listing=listing, limit=page_size + 1, before_id=before
                 )
-                if len(rows) > page_size:
-                    rows = rows[:page_size]
-                    after = rows[-1].id
+                rows, after = _first(rows, page_size)
             found = await views(conn, rows, self._settings.reaper_interval)
         return found, after
 

@@ -102,15 +102,22 @@ class Board:
             error=error,
             csrf=self._p.signin_tokens.token(nonce),
         )
+        self._set_cookie(request, response, SIGNIN_COOKIE, nonce, SIGNIN_COOKIE_PATH)
+        return response
+
+    def _set_cookie(
+        self, request: web.Request, response: web.StreamResponse, name: str, value: str, path: str
+    ) -> None:
+        """Sets one of the board's cookies: never read by scripts, never sent
+        cross-site, and secure when the board is served over HTTPS."""
         response.set_cookie(
-            SIGNIN_COOKIE,
-            nonce,
-            path=SIGNIN_COOKIE_PATH,
+            name,
+            value,
+            path=path,
             httponly=True,
             samesite="Strict",
             secure=self._p.proxies.secure(request),
         )
-        return response
 
     async def signin_form(self, request: web.Request) -> web.StreamResponse:
         """The sign-in page (or the board, when already signed in)."""
@@ -165,14 +172,7 @@ class Board:
             token, names.humans.get(principal.human_id, "human")
         )
         response = web.Response(status=303, headers={"Location": "/board"})
-        response.set_cookie(
-            COOKIE,
-            session_id,
-            path=COOKIE_PATH,
-            httponly=True,
-            samesite="Strict",
-            secure=self._p.proxies.secure(request),
-        )
+        self._set_cookie(request, response, COOKIE, session_id, COOKIE_PATH)
         response.del_cookie(SIGNIN_COOKIE, path=SIGNIN_COOKIE_PATH)
         return response
 
