@@ -9,8 +9,9 @@ with default settings:
    on idle queues, all on one endpoint (4 queues) and then spread over 10
    endpoints (40 queues), against no callers before and after: PostgreSQL
    CPU, transactions/s, top-level statements/s, claim transactions, the
-   server's CPU and RSS over a 20 s window in which no call is issued or
-   answered. The entry claims (each call's first try) are measured apart:
+   server's CPU and RSS over a 15 s window in which no call is issued or
+   answered (11 s after the last is held: the entry claims' statistics
+   arrive up to 10 s late). The entry claims (each call's first try) are measured apart:
    they are what re-issuing every call every 30 s costs.
 2. **Latency** (``latency.py``): ingest → claimed p50/p99 for a held caller,
    a worker woken by ``WatchReopen`` (a ``ClaimNext`` on each doorbell) and a

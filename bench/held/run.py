@@ -48,6 +48,7 @@ def idle_targets(bench: HeldBench) -> list[Target]:
     for key in ("one_endpoint", "spread"):
         v = m[key]
         cpu = v["postgres_cpu_pct"]
+        rss, rss_ref = sum(v["server_rss_mib"]), sum(zero[0]["server_rss_mib"])
         out.append(
             Target(
                 f"Idle PostgreSQL CPU, {v['label']} ({v['queues']} idle queues), "
@@ -58,8 +59,10 @@ def idle_targets(bench: HeldBench) -> list[Target]:
                 f"indistinguishable (≤ {CPU_NOISE_RATIO:g} times or +{CPU_NOISE_POINTS:g} points)",
                 not math.isnan(cpu)
                 and cpu <= max(ref_cpu * CPU_NOISE_RATIO, ref_cpu + CPU_NOISE_POINTS),
-                f"server {sum(v['server_cpu_pct']):.2f}% of a core, RSS "
-                f"{sum(v['server_rss_mib']):.1f} MiB",
+                f"server {sum(v['server_cpu_pct']):.2f}% of a core (none: "
+                f"{_mean(*(sum(z['server_cpu_pct']) for z in zero)):.2f}%), RSS "
+                f"{rss:.1f} MiB, {rss - rss_ref:+.1f} over none before = "
+                f"{(rss - rss_ref) * 1024 / v['callers']:.0f} KiB a held call",
             )
         )
         rate = v[rate_key]
