@@ -15,7 +15,7 @@ with default settings:
    they are what re-issuing every call every 30 s costs.
 2. **Latency** (``latency.py``): ingest → claimed p50/p99 for a held caller,
    a worker woken by ``WatchReopen`` (a ``ClaimNext`` on each doorbell) and a
-   1-second polling loop, 100 samples each, interleaved, at random gaps.
+   1-second polling loop, 200 samples each, interleaved, at random gaps.
 3. **The herd** (``herd.py``): one todo arriving for 1,000 held callers,
    with 1 and with 2 replicas: the claim transactions each replica ran (its
    ``/metrics``) and the claim statements the database ran.

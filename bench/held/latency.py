@@ -179,14 +179,17 @@ class PolledWorker(Worker):
 
 
 def summary(samples: list[float]) -> dict[str, Any]:
-    """p50, p99, mean and max of latencies in ms."""
+    """Percentiles, mean and max of latencies in ms; every sample in the order taken."""
     ordered = sorted(samples)
     return {
         "samples": len(ordered),
         "p50_ms": percentile(ordered, 50),
+        "p90_ms": percentile(ordered, 90),
         "p99_ms": percentile(ordered, 99),
         "mean_ms": sum(ordered) / len(ordered) if ordered else math.nan,
         "max_ms": ordered[-1] if ordered else math.nan,
+        "over_50_ms": sum(1 for v in ordered if v > 50),
+        "samples_ms": [round(v, 2) for v in samples],
     }
 
 

@@ -41,14 +41,14 @@ class HeldParams:
 
     @classmethod
     def full_run(cls, callers: int | None = None, idle_seconds: float | None = None) -> HeldParams:
-        """1,000 callers waiting 30 s, 15 s measurements, 100 samples a kind (about 8 minutes)."""
+        """1,000 callers waiting 30 s, 15 s measurements, 200 samples a kind (about 10 minutes)."""
         return cls(
             mode="full",
             callers=callers or 1000,
             wait_seconds=30,
             idle_seconds=idle_seconds or 15,
             settle_seconds=11,
-            samples=100,
+            samples=200,
             herd_todos=5,
         )
 

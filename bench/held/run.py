@@ -197,7 +197,17 @@ def sections_of(bench: HeldBench) -> list[Section]:
             ]
         )
     latency = Section(
-        ["ingest → claimed", "p50 ms", "p99 ms", "mean ms", "max ms", "samples", "ClaimNext calls"]
+        [
+            "ingest → claimed",
+            "p50 ms",
+            "p90 ms",
+            "p99 ms",
+            "mean ms",
+            "max ms",
+            "over 50 ms",
+            "samples",
+            "ClaimNext calls",
+        ]
     )
     names = {
         "held": "held ClaimNext (wait 30 s)",
@@ -209,9 +219,11 @@ def sections_of(bench: HeldBench) -> list[Section]:
             [
                 names[kind],
                 f"{v['p50_ms']:.1f}",
+                f"{v['p90_ms']:.1f}",
                 f"{v['p99_ms']:.1f}",
                 f"{v['mean_ms']:.1f}",
                 f"{v['max_ms']:.1f}",
+                f"{v['over_50_ms']}",
                 f"{v['samples']}",
                 f"{v['claim_calls']}",
             ]
