@@ -29,7 +29,13 @@ import asyncpg
 
 from bench import sql
 from bench.held.callers import HeldCalls, Spot, claims_settled
-from bench.held.probes import Reading, postgres_cpu_seconds, server_cpu_seconds
+from bench.held.probes import (
+    Reading,
+    cpu_ms_by_kind,
+    postgres_cpu_seconds,
+    postgres_processes,
+    server_cpu_seconds,
+)
 
 if TYPE_CHECKING:
     from bench.held.bench import HeldBench
@@ -98,8 +104,10 @@ async def measure(bench: HeldBench, key: str, label: str, spots: list[Spot]) -> 
     bench.progress.step(f"idle, {label}: {window:.3g} s")
     load_before = os.getloadavg()[0]
     r0 = await bench.probe.read(servers)
+    processes0 = postgres_processes(bench.cluster)
     t0 = time.monotonic()
     await asyncio.sleep(window)
+    processes1 = postgres_processes(bench.cluster)
     cpu_pg = postgres_cpu_seconds(bench.cluster)
     cpu_servers = [server_cpu_seconds(s) for s in servers]
     t1 = time.monotonic()
@@ -125,6 +133,8 @@ async def measure(bench: HeldBench, key: str, label: str, spots: list[Spot]) -> 
         "server_rss_mib": [r / 2**20 for r in rss],
         "claim_transactions_in_window": sum(r1.claim_transactions) - sum(r0.claim_transactions),
         "answered_in_window": answered,
+        # Where PostgreSQL's CPU went in the window.
+        "postgres_cpu_ms_by_process": cpu_ms_by_kind(processes0, processes1),
         "loadavg_1m_before": round(load_before, 2),
         "loadavg_1m_after": round(os.getloadavg()[0], 2),
     }

@@ -86,6 +86,42 @@ def postgres_cpu_seconds(cluster: Cluster) -> float | None:
     return tree_cpu_seconds(pid)
 
 
+def postgres_processes(cluster: Cluster) -> dict[int, tuple[str, float]]:
+    """The embedded PostgreSQL's live processes: pid → (kind, CPU seconds); the
+    kind is a background process's title, or ``client backends``."""
+    embedded = cluster._embedded
+    out: dict[int, tuple[str, float]] = {}
+    if embedded is None:
+        return out
+    with contextlib.suppress(OSError, ValueError, IndexError, psutil.Error):
+        pid = int((embedded.pgdata / "postmaster.pid").read_text().split()[0])
+        root = psutil.Process(pid)
+        for proc in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error, OSError):
+                title = " ".join(proc.cmdline()).strip()
+                if not title.startswith("postgres:"):
+                    kind = "postmaster"
+                elif "[local]" in title or "(" in title:  # a socket or a TCP peer
+                    kind = "client backends"
+                else:
+                    kind = title.removeprefix("postgres:").strip()
+                out[proc.pid] = (kind, _tasks_ns(proc.pid) / 1e9)
+    return out
+
+
+def cpu_ms_by_kind(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
+) -> dict[str, float]:
+    """CPU milliseconds between two ``postgres_processes`` readings, by kind, of
+    the processes alive at both (one that started or exited between them is
+    counted in the cluster's total only)."""
+    out: dict[str, float] = {}
+    for pid, (kind, seconds) in after.items():
+        if pid in before:
+            out[kind] = out.get(kind, 0.0) + (seconds - before[pid][1]) * 1000
+    return {kind: round(ms, 2) for kind, ms in sorted(out.items())}
+
+
 def server_cpu_seconds(server: ServerProcess) -> float:
     """A server process's CPU time (``tree_cpu_seconds``, its ticks if unreadable)."""
     exact = tree_cpu_seconds(server.pid)
