@@ -24,6 +24,7 @@ Results: a table on stdout, ``bench/results/<date>-<commit>.json``,
 runs only; ``--quick`` writes to ``bench/results/tmp/``).
 
 ``python -m bench --idle`` runs the idle bench instead (``bench/idle/``);
+``python -m bench --held`` the held-claims bench (``bench/held/``);
 ``python -m bench --profile`` shows where the database time goes
 (``bench/profile.py``).
 """
@@ -121,10 +122,24 @@ def parser() -> argparse.ArgumentParser:
         "function times, wait events and plans of the bare reference and the DB ceilings",
     )
     p.add_argument(
+        "--held",
+        action="store_true",
+        help="the held-claims bench instead (bench/held/): what 1,000 callers held in "
+        "ClaimNext(wait) cost an idle database, their ingest → claimed latency against "
+        "WatchReopen and polling, and the claims one todo costs for 1,000 held callers",
+    )
+    p.add_argument(
+        "--held-callers",
+        type=int,
+        metavar="N",
+        help="with --held: held callers (default 1000; 20 with --quick)",
+    )
+    p.add_argument(
         "--idle-seconds",
         type=float,
         metavar="S",
-        help="with --idle: seconds of each idle measurement (default 30; 3 with --quick)",
+        help="with --idle or --held: seconds of each idle measurement (default 30, --held "
+        "20; 3 with --quick)",
     )
     return p
 
@@ -252,14 +267,18 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m bench``."""
     p = parser()
     args = p.parse_args(argv)
-    if args.idle and (args.combine_max is not None or args.runs):
-        p.error("--idle takes neither --combine-max nor --runs")
-    if args.idle_seconds is not None and not args.idle:
-        p.error("--idle-seconds needs --idle")
-    if args.profile and (args.idle or args.combine_max is not None):
-        p.error("--profile takes neither --idle nor --combine-max")
-    if args.only and (args.idle or args.profile):
-        p.error("--only takes neither --idle nor --profile")
+    if (args.idle or args.held) and (args.combine_max is not None or args.runs):
+        p.error("--idle and --held take neither --combine-max nor --runs")
+    if args.idle and args.held:
+        p.error("--idle and --held are two benches: run them one at a time")
+    if args.idle_seconds is not None and not (args.idle or args.held):
+        p.error("--idle-seconds needs --idle or --held")
+    if args.held_callers is not None and not args.held:
+        p.error("--held-callers needs --held")
+    if args.profile and (args.idle or args.held or args.combine_max is not None):
+        p.error("--profile takes neither --idle, --held nor --combine-max")
+    if args.only and (args.idle or args.held or args.profile):
+        p.error("--only takes neither --idle, --held nor --profile")
     if args.only:
         known = [cls.name for cls in scenarios.families()]
         unknown = [n for n in args.only if n not in known]
@@ -270,6 +289,20 @@ def main(argv: list[str] | None = None) -> int:
             from bench.profile import run_profile
 
             return asyncio.run(run_profile(args.quick, args.database_url, args.runs))
+        if args.held:
+            from bench.held import run_held
+
+            return asyncio.run(
+                run_held(
+                    quick=args.quick,
+                    database_url=args.database_url,
+                    readme=not args.no_readme,
+                    keep=args.keep,
+                    strict=args.strict,
+                    callers=args.held_callers,
+                    idle_seconds=args.idle_seconds,
+                )
+            )
         if args.idle:
             from bench.idle import run_idle
 

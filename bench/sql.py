@@ -508,3 +508,17 @@ SELECT coalesce(sum(calls) FILTER (WHERE query LIKE '%sb_claim_next_for(%'), 0):
   FROM pg_stat_statements
  WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND toplevel
 """
+
+# -- The held-claims bench (bench/held/; pg_stat_statements when preloaded). --
+
+#: Statements this database ran so far: top-level, all (nested ones too,
+#: with pg_stat_statements.track = all) and top-level claim statements
+#: (``sb_claim_next_for``: one per claim transaction).
+STATEMENT_CALLS = """
+SELECT coalesce(sum(calls) FILTER (WHERE toplevel), 0)::bigint AS toplevel,
+       coalesce(sum(calls), 0)::bigint AS all_statements,
+       coalesce(sum(calls) FILTER (WHERE toplevel AND query LIKE '%sb_claim_next_for(%'), 0)::bigint
+           AS claims
+  FROM pg_stat_statements
+ WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+"""
