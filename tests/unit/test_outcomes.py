@@ -33,7 +33,12 @@ def test_each_outcome_sb_cancel_and_sb_requeue_answer_is_an_action_outcome() -> 
     for function in ("sb_cancel", "sb_requeue"):
         body = _body("fn_actions.sql", function)
         answered |= set(re.findall(r"RETURN QUERY SELECT v_ords\[k\], '(\w+)'::text", body))
-        answered |= set(re.findall(r"(?:THEN|ELSE) '(\w+)'", body))
+        # The refused items' outcomes, named by the call (sb_refused_items' last two
+        # arguments) or by sb_refused_items itself.
+        for call in re.findall(r"sb_refused_items\(([^;]*?)\) AS r", body, re.S):
+            answered |= set(re.findall(r"'(\w+)'", call))
+    refused = _body("fn_settle.sql", "sb_refused_items")
+    answered |= set(re.findall(r"(?:THEN|ELSE) '(\w+)'", refused))
     assert answered == {o.value for o in ActionOutcome}
 
 
