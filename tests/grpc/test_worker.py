@@ -3,7 +3,8 @@
 SPEC section 8: a worker that claims, heartbeats, completes, and when deferred
 waits (in a ``ClaimNext`` the server holds until the queue's doorbell would
 ring or its exact ``next_eligible_at`` comes); a deferral is never counted as
-a failure.
+a failure. The worker scenarios every worker helper passes are in
+tests/contract/worker_scenarios.json (run by test_worker_contract.py).
 """
 
 from __future__ import annotations
