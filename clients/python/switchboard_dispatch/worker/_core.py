@@ -150,6 +150,7 @@ class Worker:
         """
         self._stopping.set()
         self._settler.flush()
+        self._claimer.interrupt()
 
     @property
     def stopping(self) -> bool:

@@ -12,7 +12,7 @@ its own: one ``ClaimNext`` per ``max_idle_wait`` while idle. A deferral is never
 a failure; a batch its queue's budget cut short is followed by a claim that
 the server holds until the queue admits more.
 
-Stop cancels a held call at once (the server releases a claim it made for a
+Stop cancels the call in flight at once (the server releases a claim it made for a
 call that went away); an answer that arrived first is kept, and its todos are
 handled within the shutdown grace like any other. An empty answer that comes
 back well before its wait (a server stopping, or one older than held claims,
@@ -23,7 +23,6 @@ spins. Transient errors are retried with backoff; any other error ends the run.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -66,6 +65,7 @@ class Claimer:
         self.last_deferred: tuple[admission_pb2.DeferredQueue, ...] = ()
         #: Set while a ``ClaimNext`` with a wait is out: the worker waits at the server.
         self.waiting = asyncio.Event()
+        self._call: grpc.aio.UnaryUnaryCall[Any, Any] | None = None
 
     async def run(
         self, stopping: asyncio.Event, *, max_todos: int | None, stop_when_idle: bool
@@ -148,27 +148,30 @@ class Claimer:
             if await wait_any(delay, stopping):
                 return None
 
+    def interrupt(self) -> None:
+        """Cancels the ``ClaimNext`` in flight, if any (on stop): a held call would
+        otherwise keep the worker up to ``max_idle_wait``."""
+        if self._call is not None:
+            self._call.cancel()
+
     async def _answer(
         self, request: dispatch_pb2.ClaimNextRequest, stopping: asyncio.Event
     ) -> dispatch_pb2.ClaimNextResponse | None:
-        """The answer to one ``ClaimNext``; None when ``stopping`` is set first (the
-        call is then cancelled, unless its answer had arrived: that answer counts)."""
+        """The answer to one ``ClaimNext``; None when it was cancelled by a stop (an
+        answer that had arrived by then counts)."""
         call = self._rpc.claim_next(request)
-        answer: asyncio.Future[dispatch_pb2.ClaimNextResponse] = asyncio.ensure_future(call)
-        stop = asyncio.ensure_future(stopping.wait())
+        self._call = call
         if request.HasField("wait"):
             self.waiting.set()
         try:
-            either: list[asyncio.Future[Any]] = [answer, stop]
-            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-            if not answer.done() and call.cancel():
-                with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
-                    await answer
-                return None
-            return await answer
-        finally:
-            self.waiting.clear()
-            stop.cancel()
-            if not answer.done():  # run() itself was cancelled
+            if stopping.is_set():
                 call.cancel()
-                answer.cancel()
+            return await call
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if call.cancelled() and stopping.is_set() and not (task and task.cancelling()):
+                return None  # the stop's, not run()'s own cancellation
+            raise
+        finally:
+            self._call = None
+            self.waiting.clear()
