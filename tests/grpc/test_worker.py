@@ -429,32 +429,25 @@ async def test_stop_releases_the_todo_when_the_grace_runs_out(
     await eventually(lambda: server.waits.waiting == 0)
 
 
-async def test_stop_while_idle_returns_at_once_and_leaves_no_held_claim(
-    client: Client, tenant: Tenant, server: server_app.App
+@pytest.mark.parametrize("how", ["stop", "cancel"])
+async def test_stop_or_cancel_while_idle_returns_at_once_and_leaves_no_held_claim(
+    client: Client, tenant: Tenant, server: server_app.App, how: str
 ) -> None:
     worker = worker_for(client, tenant, no_op)
     task = asyncio.create_task(worker.run())
     await eventually(lambda: worker.watching.is_set() and server.waits.waiting == 1)
     stopped_at = time.monotonic()
-    worker.stop()
-    await asyncio.wait_for(task, 5)
+    if how == "stop":
+        worker.stop()
+        await asyncio.wait_for(task, 5)
+    else:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 5)
     assert time.monotonic() - stopped_at < 1
     assert not worker.watching.is_set()
     await eventually(lambda: server.waits.waiting == 0)  # the held call was cancelled
     assert worker.stats.rpc_calls["ClaimNext"] == 1
-
-
-async def test_cancelling_run_while_idle_cancels_its_held_claim(
-    client: Client, tenant: Tenant, server: server_app.App
-) -> None:
-    worker = worker_for(client, tenant, no_op)
-    task = asyncio.create_task(worker.run())
-    await eventually(lambda: worker.watching.is_set() and server.waits.waiting == 1)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await asyncio.wait_for(task, 5)
-    await eventually(lambda: server.waits.waiting == 0)
-    assert not worker.watching.is_set()
 
 
 async def test_cancelling_run_releases_the_todo_in_hand(

@@ -70,14 +70,7 @@ class CountCalls(
         self._count(client_call_details)
         return await continuation(client_call_details, request)
 
-    async def intercept_unary_stream(
-        self,
-        continuation: Callable[[grpc.aio.ClientCallDetails, Any], Any],
-        client_call_details: grpc.aio.ClientCallDetails,
-        request: Any,
-    ) -> Any:
-        self._count(client_call_details)
-        return await continuation(client_call_details, request)
+    intercept_unary_stream = intercept_unary_unary
 
 
 @dataclass
