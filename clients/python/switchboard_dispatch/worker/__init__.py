@@ -91,8 +91,8 @@ The package depends only on ``grpcio`` and ``protobuf`` and uses plain
 asyncio; call :meth:`Worker.stop` from the event loop's thread (from another
 thread, use ``loop.call_soon_threadsafe(worker.stop)``).
 
-The worker is composed of parts with one job each (the TypeScript worker
-helper has the same parts, by the same names):
+The worker is composed of parts with one job each, each owning its state
+(the names are for the TypeScript worker helper's parts too):
 
 - ``HeldTodos`` (``held``): what the worker holds: each claimed todo from its
   claim until it is settled or lost, and the free handler slots;
