@@ -1,8 +1,10 @@
 """The Python worker helper (``switchboard_dispatch.worker``) against a real server and PostgreSQL.
 
 SPEC section 8: a worker that claims, heartbeats, completes, and when deferred
-sleeps until an exact ``next_eligible_at`` or waits for the queue's doorbell;
-a deferral is never counted as a failure.
+waits (in a ``ClaimNext`` the server holds until the queue's doorbell would
+ring or its exact ``next_eligible_at`` comes); a deferral is never counted as
+a failure. The worker scenarios every worker helper passes are in
+tests/contract/worker_scenarios.json (run by test_worker_contract.py).
 """
 
 from __future__ import annotations
@@ -217,8 +219,8 @@ async def test_a_stale_lease_cancels_the_handler_and_leaves_the_todo_to_its_new_
 # --------------------------------------------------------------------------- waiting
 
 
-async def test_an_idle_worker_waits_for_the_doorbell_instead_of_polling(
-    client: Client, tenant: Tenant
+async def test_an_idle_worker_waits_in_one_held_claim_instead_of_polling(
+    client: Client, tenant: Tenant, server: server_app.App
 ) -> None:
     seen: list[str] = []
 
@@ -227,20 +229,20 @@ async def test_an_idle_worker_waits_for_the_doorbell_instead_of_polling(
 
     worker = worker_for(client, tenant, handle)
     task = asyncio.create_task(worker.run(max_todos=1))
-    await eventually(lambda: worker.watching.is_set() and worker.stats.idle_waits == 1)
+    await eventually(lambda: worker.watching.is_set() and server.waits.waiting == 1)
     await asyncio.sleep(1)
-    assert worker.stats.rpc_calls["ClaimNext"] == 1  # one empty answer, then quiet
+    assert worker.stats.rpc_calls["ClaimNext"] == 1  # held at the server, quiet
 
     started = time.monotonic()
     [todo_id] = await ingest(client, tenant.agent, "work")
     await asyncio.wait_for(task, 10)
 
-    assert time.monotonic() - started < 5  # the 5-minute idle wait was cut short
+    assert time.monotonic() - started < 5  # the held claim took it at once
     assert seen == [todo_id]
-    assert worker.stats.rpc_calls["ClaimNext"] == 2
-    assert worker.last_doorbell is not None
-    assert worker.last_doorbell.cause == dispatch_pb2.DOORBELL_CAUSE_CREATED
-    assert worker.stats.deferred_waits == 0
+    stats = worker.stats
+    assert stats.rpc_calls["ClaimNext"] == 1 and stats.rpc_calls["WatchReopen"] == 0
+    assert stats.deferred_waits == stats.idle_waits == 0
+    assert server.waits.waiting == 0
 
 
 async def budgeted_at_noon(
@@ -266,20 +268,21 @@ async def budgeted_at_noon(
     return noon.replace(hour=0) + timedelta(days=1), ids
 
 
-async def test_the_worker_drains_a_budgeted_queue_across_a_window_boundary_on_the_doorbell(
+async def test_the_worker_drains_a_budgeted_queue_across_a_window_boundary_in_a_held_claim(
     client: Client, tenant: Tenant, db: Database
 ) -> None:
-    """The SPEC's worker test: deferred, it waits; the boundary's doorbell wakes it."""
+    """The SPEC's worker test: deferred, it waits (held at the server, which
+    answers with the deferral once the wait is over); the boundary wakes it."""
     boundary, ids = await budgeted_at_noon(client, tenant, db, window_limit=3, todos=6)
     seen: list[str] = []
 
     async def handle(todo: Todo) -> None:
         seen.append(todo.id)
 
-    worker = worker_for(client, tenant, handle, "budgeted")
+    worker = worker_for(client, tenant, handle, "budgeted", max_idle_wait=timedelta(seconds=1))
     task = asyncio.create_task(worker.run(max_todos=6))
 
-    # Three claims, then an empty answer that defers the queue until the boundary.
+    # Three claims, then a held claim whose wait ends empty: deferred until the boundary.
     await eventually(lambda: worker.stats.completed == 3 and worker.stats.deferred_waits >= 1)
     [deferred] = worker.last_deferred
     assert deferred.queue.name == "budgeted"
@@ -288,38 +291,37 @@ async def test_the_worker_drains_a_budgeted_queue_across_a_window_boundary_on_th
     assert deferred.pending == 3
     assert seen == ids[:3]
 
-    # It waits without polling.
+    # It waits without polling: one held claim per max_idle_wait (1 s here).
     claims = worker.stats.rpc_calls["ClaimNext"]
-    await asyncio.sleep(1.5)
-    assert worker.stats.rpc_calls["ClaimNext"] == claims
+    await asyncio.sleep(2.5)
+    assert worker.stats.rpc_calls["ClaimNext"] - claims <= 3
     assert not task.done()
     for todo_id in ids[3:]:
         got = await get(client, tenant, todo_id)
         assert got.todo.state == todo_pb2.TODO_STATE_PENDING and got.todo.attempt == 0
 
-    # The server's clock crosses the boundary; the reopen sweep rings the doorbell.
+    # The server's clock crosses the boundary; the reopen sweep wakes the held claim.
     await move_clock(db, boundary - await db_now(db) + timedelta(seconds=1))
     started = time.monotonic()
     await asyncio.wait_for(task, 10)
 
     assert time.monotonic() - started < 5
-    # Woken by the doorbell: by the local clock the exact time is still far off.
+    # Woken by the server: by the local clock the exact time is still far off.
     assert datetime.now(UTC) < boundary - timedelta(hours=12)
-    assert worker.last_doorbell is not None
-    assert worker.last_doorbell.cause == dispatch_pb2.DOORBELL_CAUSE_WINDOW_BOUNDARY
     assert seen == ids
     stats = worker.stats
     assert (stats.claimed, stats.completed) == (6, 6)
     assert stats.failed == 0 and stats.lost == 0  # a deferral is not a failure
-    assert stats.deferred_waits >= 1 and stats.doorbells >= 1
-    assert stats.rpc_calls["ClaimNext"] <= 3 + 3 + 3, stats.rpc_calls
+    # Every ClaimNext claimed a todo or came back empty when its wait was over.
+    assert stats.rpc_calls["ClaimNext"] == 6 + stats.deferred_waits + stats.idle_waits
+    assert stats.idle_waits == 0 and stats.rpc_calls["WatchReopen"] == 0
     for todo_id in ids:
         got = await get(client, tenant, todo_id)
         assert got.todo.state == todo_pb2.TODO_STATE_DONE and got.todo.attempt == 1
 
 
-async def test_an_in_flight_deferral_waits_for_the_slot_freed_doorbell(
-    client: Client, tenant: Tenant
+async def test_an_in_flight_deferral_is_waited_out_in_a_held_claim(
+    client: Client, tenant: Tenant, server: server_app.App
 ) -> None:
     await set_policy(
         client, tenant.human, "narrow", endpoint_id=tenant.endpoint_id, max_in_flight=1
@@ -336,11 +338,9 @@ async def test_an_in_flight_deferral_waits_for_the_slot_freed_doorbell(
 
     worker = worker_for(client, tenant, handle, "narrow")
     task = asyncio.create_task(worker.run(max_todos=1))
-    await eventually(lambda: worker.stats.deferred_waits == 1)
-    [deferred] = worker.last_deferred
-    assert deferred.reason == admission_pb2.DEFERRAL_REASON_IN_FLIGHT_FULL and not deferred.exact
+    await eventually(lambda: worker.watching.is_set() and server.waits.waiting == 1)
     await asyncio.sleep(1)
-    assert worker.stats.rpc_calls["ClaimNext"] == 1  # an inexact hint: wait for the doorbell
+    assert worker.stats.rpc_calls["ClaimNext"] == 1  # held until the slot frees
 
     await client.dispatch.Complete(
         dispatch_pb2.CompleteRequest(todo_id=held_id, lease_id=rival.lease.lease_id),
@@ -348,31 +348,28 @@ async def test_an_in_flight_deferral_waits_for_the_slot_freed_doorbell(
     )
     await asyncio.wait_for(task, 10)
     assert seen == [waiting_id]
-    assert worker.last_doorbell is not None
-    assert worker.last_doorbell.cause == dispatch_pb2.DOORBELL_CAUSE_SLOT_FREED
-    assert worker.stats.rpc_calls["ClaimNext"] == 2 and worker.stats.failed == 0
+    assert worker.stats.rpc_calls["ClaimNext"] == 1 and worker.stats.failed == 0
 
 
-async def test_the_worker_reopens_a_broken_doorbell_stream(
+async def test_claims_the_server_does_not_hold_do_not_make_the_worker_spin(
     client: Client, tenant: Tenant, server: server_app.App
 ) -> None:
+    """As a stopping server's, or one older than held claims (it ignores ``wait``)."""
     seen: list[str] = []
 
     async def handle(todo: Todo) -> None:
         seen.append(todo.id)
 
+    server.waits.close()  # every held ClaimNext answers at once
     worker = worker_for(client, tenant, handle)
     task = asyncio.create_task(worker.run(max_todos=1))
-    await eventually(lambda: worker.watching.is_set() and worker.stats.idle_waits == 1)
-
-    server.hub.close()  # ends every WatchReopen stream, as a restarting server does
-    await eventually(
-        lambda: worker.stats.rpc_calls["WatchReopen"] == 2 and worker.watching.is_set()
-    )
+    await asyncio.sleep(3)
+    # Pauses of about 0.5, 1, 2 s between the empty answers, not a loop of calls.
+    assert 2 <= worker.stats.rpc_calls["ClaimNext"] <= 5, worker.stats.rpc_calls
+    assert worker.stats.idle_waits == worker.stats.rpc_calls["ClaimNext"]
     [todo_id] = await ingest(client, tenant.agent, "work")
-    await asyncio.wait_for(task, 10)
+    await asyncio.wait_for(task, 15)
     assert seen == [todo_id]
-    assert worker.stats.rpc_calls["ClaimNext"] == 2
 
 
 # --------------------------------------------------------------------------- shutdown
@@ -398,7 +395,7 @@ async def test_stop_lets_the_current_handler_finish_and_completes_its_todo(
     untouched = (await get(client, tenant, second)).todo
     assert untouched.state == todo_pb2.TODO_STATE_PENDING and untouched.attempt == 0
     assert (worker.stats.claimed, worker.stats.completed, worker.stats.released) == (1, 1, 0)
-    await eventually(lambda: server.hub.subscribers == 0)  # its stream is closed
+    await eventually(lambda: server.waits.waiting == 0)  # no claim left held
 
 
 async def test_stop_releases_the_todo_when_the_grace_runs_out(
@@ -429,22 +426,27 @@ async def test_stop_releases_the_todo_when_the_grace_runs_out(
     assert [a.outcome for a in got.attempts] == [todo_pb2.ATTEMPT_OUTCOME_RELEASED]
     stats = worker.stats
     assert (stats.released, stats.completed, stats.failed) == (1, 0, 0)
-    await eventually(lambda: server.hub.subscribers == 0)
+    await eventually(lambda: server.waits.waiting == 0)
 
 
-async def test_stop_while_idle_returns_at_once_and_closes_the_stream(
-    client: Client, tenant: Tenant, server: server_app.App
+@pytest.mark.parametrize("how", ["stop", "cancel"])
+async def test_stop_or_cancel_while_idle_returns_at_once_and_leaves_no_held_claim(
+    client: Client, tenant: Tenant, server: server_app.App, how: str
 ) -> None:
     worker = worker_for(client, tenant, no_op)
     task = asyncio.create_task(worker.run())
-    await eventually(lambda: worker.watching.is_set() and worker.stats.idle_waits == 1)
-    assert server.hub.subscribers == 1
+    await eventually(lambda: worker.watching.is_set() and server.waits.waiting == 1)
     stopped_at = time.monotonic()
-    worker.stop()
-    await asyncio.wait_for(task, 5)
+    if how == "stop":
+        worker.stop()
+        await asyncio.wait_for(task, 5)
+    else:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 5)
     assert time.monotonic() - stopped_at < 1
     assert not worker.watching.is_set()
-    await eventually(lambda: server.hub.subscribers == 0)
+    await eventually(lambda: server.waits.waiting == 0)  # the held call was cancelled
     assert worker.stats.rpc_calls["ClaimNext"] == 1
 
 
@@ -467,7 +469,7 @@ async def test_cancelling_run_releases_the_todo_in_hand(
     got = await get(client, tenant, todo_id)
     assert got.todo.state == todo_pb2.TODO_STATE_PENDING
     assert [a.outcome for a in got.attempts] == [todo_pb2.ATTEMPT_OUTCOME_RELEASED]
-    await eventually(lambda: server.hub.subscribers == 0)
+    await eventually(lambda: server.waits.waiting == 0)
 
 
 async def test_a_bad_token_ends_the_run_with_the_error(
@@ -477,7 +479,7 @@ async def test_a_bad_token_ends_the_run_with_the_error(
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await asyncio.wait_for(worker.run(), 10)
     assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    await eventually(lambda: server.hub.subscribers == 0)
+    await eventually(lambda: server.waits.waiting == 0)
 
 
 async def test_worker_options_are_checked(client: Client) -> None:
@@ -759,7 +761,7 @@ async def test_stop_settles_or_releases_every_todo_held(
     assert stats.unsettled == 0 and worker.held == 0
     assert 1 <= stats.rpc_calls["SettleTodos"] <= 2
     assert stats.rpc_calls["Complete"] == stats.rpc_calls["Release"] == 0
-    await eventually(lambda: server.hub.subscribers == 0)
+    await eventually(lambda: server.waits.waiting == 0)
 
 
 async def test_a_settle_call_applied_but_unanswered_counts_its_todos_once(
@@ -797,8 +799,8 @@ async def test_a_settle_call_applied_but_unanswered_counts_its_todos_once(
     assert (stats.completed, stats.failed, stats.lost, stats.unsettled) == (2, 1, 0, 0)
 
 
-async def test_a_batch_cut_short_by_the_budget_is_a_deferral_and_the_worker_sleeps(
-    client: Client, tenant: Tenant, db: Database
+async def test_a_batch_cut_short_by_the_budget_is_a_deferral_and_the_next_claim_is_held(
+    client: Client, tenant: Tenant, db: Database, server: server_app.App
 ) -> None:
     boundary, ids = await budgeted_at_noon(client, tenant, db, window_limit=7, todos=20)
     seen: list[str] = []
@@ -809,8 +811,9 @@ async def test_a_batch_cut_short_by_the_budget_is_a_deferral_and_the_worker_slee
     worker = worker_for(client, tenant, handle, "budgeted", prefetch=50)
     task = asyncio.create_task(worker.run())
 
-    # One claim of 7, cut short by the budget: the worker settles them and sleeps.
-    await eventually(lambda: worker.stats.completed == 7 and worker.stats.deferred_waits >= 1)
+    # One claim of 7, cut short by the budget: the worker settles them, and its
+    # next claim is held at the server.
+    await eventually(lambda: worker.stats.completed == 7 and server.waits.waiting == 1)
     [deferred] = worker.last_deferred
     assert deferred.queue.name == "budgeted"
     assert deferred.reason == admission_pb2.DEFERRAL_REASON_WINDOW_EXHAUSTED
@@ -820,27 +823,23 @@ async def test_a_batch_cut_short_by_the_budget_is_a_deferral_and_the_worker_slee
     stats = worker.stats
     assert (stats.claimed, stats.batches, stats.cut_short) == (7, 1, 1)
     assert stats.failed == stats.lost == 0  # a deferral is not a failure
-    # It sleeps: a claim after the first is only ever one a doorbell woke (the
-    # stream's ATTACHED ring may cross the first claim; its claim finds nothing).
-    claims = stats.rpc_calls["ClaimNext"]
-    assert claims == stats.deferred_waits <= 1 + stats.doorbells, stats
+    assert stats.rpc_calls["ClaimNext"] == 2  # the batch, and the held claim
     assert sorted(seen) == sorted(ids[:7]) and not task.done()
     for todo_id in ids[7:]:
         got = await get(client, tenant, todo_id)
         assert got.todo.state == todo_pb2.TODO_STATE_PENDING and got.todo.attempt == 0
 
-    # The server's clock crosses the boundary; the reopen sweep rings the doorbell.
+    # The server's clock crosses the boundary; the reopen sweep wakes the held claim.
     await move_clock(db, boundary - await db_now(db) + timedelta(seconds=1))
     await eventually(lambda: worker.stats.completed == 14)
-    assert datetime.now(UTC) < boundary - timedelta(hours=12)  # woken by the doorbell
-    assert worker.last_doorbell is not None
-    assert worker.last_doorbell.cause == dispatch_pb2.DOORBELL_CAUSE_WINDOW_BOUNDARY
-    await eventually(lambda: worker.stats.cut_short == 2)
+    assert datetime.now(UTC) < boundary - timedelta(hours=12)  # woken by the server
+    await eventually(lambda: worker.stats.cut_short == 2 and server.waits.waiting == 1)
     worker.stop()
     await asyncio.wait_for(task, 10)
     stats = worker.stats
     assert (stats.claimed, stats.completed, stats.failed, stats.batches) == (14, 14, 0, 2)
-    assert claims < stats.rpc_calls["ClaimNext"] <= 1 + stats.doorbells, stats
+    # The first batch, the held claim that took the second, and the one stop cancelled.
+    assert stats.rpc_calls["ClaimNext"] == 3, stats
     assert sorted(seen) == sorted(ids[:14])
 
 

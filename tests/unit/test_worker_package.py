@@ -65,3 +65,20 @@ def test_public_names_import_from_the_package() -> None:
         assert callable(getattr(Worker, method))
     for prop in ("held", "stopping"):
         assert isinstance(getattr(Worker, prop), property)
+
+
+def test_the_parts_are_named_as_the_package_docs_say() -> None:
+    """The parts' names are shared with the TypeScript helper: the docs list them."""
+    from switchboard_dispatch.worker import claimer, handlers, held, lease_keeper, settler
+
+    parts = {
+        "HeldTodos": held,
+        "Handlers": handlers,
+        "Settler": settler,
+        "LeaseKeeper": lease_keeper,
+        "Claimer": claimer,
+    }
+    doc = switchboard_dispatch.worker.__doc__ or ""
+    for name, module in parts.items():
+        assert inspect.isclass(getattr(module, name))
+        assert f"``{name}`` (``{module.__name__.rsplit('.', 1)[-1]}``)" in doc

@@ -1,4 +1,4 @@
-"""A worker loop for Switchboard fleets: claim, heartbeat, settle, and sleep when idle.
+"""A worker loop for Switchboard fleets: claim, heartbeat, settle, and wait at the server when idle.
 
 :class:`Worker` drives claims against ``DispatchService``::
 
@@ -16,16 +16,21 @@ cacert="ca.pem")``, plus ``cert=`` and ``key=`` under mutual TLS), and
 ``SWITCHBOARD_CACERT``, ``SWITCHBOARD_CERT`` and ``SWITCHBOARD_KEY``.
 
 By default the worker holds one todo at a time. Each turn of the loop calls
-``ClaimNext``. With a todo it runs the handler while the lease is heartbeated
-every ``heartbeat_every``, then calls ``Complete`` (or ``Fail`` when the
-handler raised). When nothing is claimable it does not poll: it waits for a
-doorbell on a ``WatchReopen`` stream it keeps open for the whole run (and
-reopens with backoff when it breaks), or, when a queue is deferred by its
-admission policy until an *exact* ``next_eligible_at`` (a window boundary),
-until the earliest such time or the first doorbell, whichever comes first.
-``max_idle_wait`` bounds every wait, as a safety net for a doorbell that never
-arrives. A deferral is never a failure: it touches no todo and is only counted
-in ``stats.deferred_waits``.
+``ClaimNext`` with a ``wait``: with work there the server answers at once;
+with nothing claimable it holds the call and claims for the worker as soon as
+something becomes claimable (a todo created, retried or come due, a window
+reopening, a slot freeing, a policy raised, a queue resumed), woken by the
+events that ring doorbells, never by polling. With a todo the worker runs the
+handler while the lease is heartbeated every ``heartbeat_every``, then calls
+``Complete`` (or ``Fail`` when the handler raised). So an idle worker makes one
+``ClaimNext`` per ``max_idle_wait`` (at most 60 s, the server's limit on a
+held call; the call's deadline is that plus ``rpc_timeout``), needs no
+``WatchReopen`` stream and keeps no clock of its own: window boundaries are the
+server's. A deferral is never a failure: it touches no todo and is only
+counted in ``stats.deferred_waits`` (a held call whose wait ended with deferred
+queues). An empty answer that comes back well before its wait (a server that
+stops, or one older than held claims, which ignores ``wait``) is followed by a
+growing pause, so the worker never spins.
 
 Batches: with ``concurrency`` above 1 the worker runs up to that many
 handlers at once, and with ``prefetch`` above 1 it claims up to that many
@@ -38,16 +43,9 @@ more than one is held. Outcomes of finished handlers are gathered and sent
 with ``SettleTodos``: when ``settle_batch`` of them are waiting, when the
 oldest has waited ``settle_linger``, when no handler is running any more, and
 at once on stop. A todo counts against ``concurrency`` until it is settled.
-A batch that the queue's admission budget cut short is a deferral like an
-empty answer: when it covers every queue the worker draws from, the worker
-waits for the exact reopen time or a doorbell before claiming again.
-
-Clocks: ``next_eligible_at`` is on the server's clock (the database's). The
-worker sleeps until it by the local clock, which is fine: if the local clock
-is behind, the reopen sweep rings the doorbell at the real boundary and wakes
-the worker anyway; if it is ahead, the worker wakes early, is told it is
-still deferred, and waits again (for the doorbell, with a growing floor
-between such early wake-ups, so it never spins).
+A batch that the queue's admission budget cut short is a deferral
+(``stats.cut_short``): the next claim is held by the server until the queue
+admits more.
 
 Failure handling:
 
@@ -83,26 +81,36 @@ Shutdown: :meth:`Worker.stop` lets the running handlers finish, for at most
 out the handlers are cancelled and their todos are released (pending again
 at once; the attempt still counts, so a todo on its last attempt is
 dead-lettered by the release). Outcomes waiting to be sent are sent at once.
-:meth:`Worker.run` returns once the worker has settled everything it held and
-closed its ``WatchReopen`` stream. The channel belongs to the caller and is
-left open.
+A held ``ClaimNext`` is cancelled at once (the server gives back a claim it
+made for a call that went away; an answer that arrived first is handled
+within the grace like any todo held). :meth:`Worker.run` returns once the
+worker has settled everything it held. The channel belongs to the caller and
+is left open.
 
 The package depends only on ``grpcio`` and ``protobuf`` and uses plain
 asyncio; call :meth:`Worker.stop` from the event loop's thread (from another
 thread, use ``loop.call_soon_threadsafe(worker.stop)``).
 
-The package, by concern (each module's docstring says what it owns):
+The worker is composed of parts with one job each, each owning its state
+(the names are for the TypeScript worker helper's parts too):
 
-- ``_core``: :class:`Worker`: its public surface, :meth:`Worker.run` and the wind-down;
-- ``_state``: the settings checks and the state every part shares (``_Held``);
-- ``claiming``: the claim loop, prefetch (handler slots and refills), deferrals;
-- ``handling``: a claimed todo's handler, its outcome, stale leases;
-- ``leases``: heartbeats (``Heartbeat``, ``HeartbeatTodos``);
-- ``settling``: settlement batching and retries (``Complete``, ``Fail``,
-  ``Release``, ``SettleTodos``);
-- ``waiting``: the ``WatchReopen`` doorbells and waits for exact reopen times;
-- ``stats``: :class:`WorkerStats`;
-- ``_common``: the public types, limits, retry codes and small helpers.
+- ``HeldTodos`` (``held``): what the worker holds: each claimed todo from its
+  claim until it is settled or lost, and the free handler slots;
+- ``Handlers`` (``handlers``): runs the handler of each todo held and turns its
+  end into the todo's settlement; stops a handler whose lease is lost;
+- ``Settler`` (``settler``): sends settlements, batched in ``SettleTodos`` (or
+  one by one with ``Complete``, ``Fail``, ``Release``), retried while leases last;
+- ``LeaseKeeper`` (``lease_keeper``): heartbeats every lease held in one call
+  (``Heartbeat``, ``HeartbeatTodos``) and reports leases lost;
+- ``Claimer`` (``claimer``): ``ClaimNext`` with a ``wait`` into free slots, a
+  thin loop over the server's held claim;
+- :class:`Worker` (``_core``): builds the parts from the options, runs them,
+  stops them (the shutdown grace, then every todo held settled).
+
+Beside them: ``_options`` (the settings, checked), ``_rpc`` (the stub, the
+credential, the deadlines, ``stats.rpc_calls``), ``stats`` (:class:`WorkerStats`),
+``tracing`` (the handler's span) and ``_common`` (the public types, limits,
+retry codes, backoff).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ limit, the retry and lost-lease codes, the logger, retry backoff and conversions
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -98,3 +99,22 @@ def _duration(value: timedelta) -> duration_pb2.Duration:
     d = duration_pb2.Duration()
     d.FromTimedelta(value)
     return d
+
+
+async def wait_any(seconds: float | None, *events: asyncio.Event) -> bool:
+    """Waits until one of ``events`` is set or ``seconds`` pass (None: no limit);
+    whether one was set."""
+    if any(e.is_set() for e in events):
+        return True
+    waiters = [asyncio.create_task(e.wait()) for e in events]
+    try:
+        done, _ = await asyncio.wait(
+            waiters,
+            timeout=None if seconds is None else max(seconds, 0.0),
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+        await asyncio.wait(waiters)
+    return bool(done)

@@ -43,13 +43,15 @@ class WorkerStats:
     #: Todos the worker gave up settling: the settle call kept failing until the
     #: lease ran out, or failed for good. The server's reaper takes them back.
     unsettled: int = 0
-    #: Waits after an empty ``ClaimNext`` (or a batch cut short) that listed
-    #: deferred queues.
+    #: Empty ``ClaimNext`` answers that listed deferred queues: a held claim whose
+    #: wait ended while admission deferred the work there is (or, with
+    #: ``stop_when_idle``, the last claim).
     deferred_waits: int = 0
-    #: Waits after an empty ``ClaimNext`` with nothing deferred (no work at all).
+    #: Empty ``ClaimNext`` answers with nothing deferred (no work at all).
     idle_waits: int = 0
-    #: Doorbells received on the ``WatchReopen`` stream.
+    #: Always 0: the worker opens no ``WatchReopen`` stream any more (its held
+    #: claims are woken by the events that ring doorbells); kept for old readers.
     doorbells: int = 0
     #: RPCs started, by method name (``ClaimNext``, ``Heartbeat``, ``HeartbeatTodos``,
-    #: ``Complete``, ``SettleTodos``, ``WatchReopen``, ...), retries included.
+    #: ``Complete``, ``SettleTodos``, ...), retries included.
     rpc_calls: Counter[str] = field(default_factory=Counter)

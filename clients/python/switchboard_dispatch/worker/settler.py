@@ -1,10 +1,12 @@
-"""Settling: sending the outcomes of finished handlers, batched and retried.
+"""The settler: sends the outcomes of finished handlers, batched and retried.
 
-``_settler`` sends the waiting settlements when ``settle_batch`` of them wait,
-when the oldest has waited ``settle_linger``, when no handler is running any
-more, or at once on stop: one by one with ``Complete``, ``Fail`` or ``Release``
-when ``concurrency`` is 1, else in ``SettleTodos`` batches. Transient errors are
-retried while the leases last; each outcome is counted in ``stats`` by its result.
+:class:`Settler` sends the waiting settlements when ``settle_batch`` of them
+wait, when the oldest has waited ``settle_linger``, when no handler is running
+any more, or at once on :meth:`Settler.flush` (stop): one by one with
+``Complete``, ``Fail`` or ``Release`` when ``concurrency`` is 1, else in
+``SettleTodos`` batches. Transient errors are retried while the leases last;
+each outcome is counted in ``stats`` by its result, and its todo leaves the
+held todos.
 """
 
 from __future__ import annotations
@@ -22,13 +24,13 @@ from switchboard_dispatch.worker._common import (
     _Backoff,
     _Req,
     _Resp,
-    _seconds,
     _was_cancelled,
     log,
+    wait_any,
 )
-from switchboard_dispatch.worker._state import _Held
-from switchboard_dispatch.worker.handling import _Handling
-from switchboard_dispatch.worker.waiting import _Waiting
+from switchboard_dispatch.worker._rpc import Rpc
+from switchboard_dispatch.worker.held import Held, HeldTodos
+from switchboard_dispatch.worker.stats import WorkerStats
 
 #: The states a settlement leaves its todo in, by action: a retried settlement
 #: refused as NOT_CLAIMED with its todo in one of them was applied by the try
@@ -40,41 +42,76 @@ _SETTLED_STATES: dict[str, frozenset[todo_pb2.TodoState.ValueType]] = {
 }
 
 
-class _Settling(_Waiting, _Handling):
-    """Settlements of the todos whose handlers finished."""
+class Settler:
+    """Sends the settlements of finished handlers (see the module docs)."""
 
-    async def _settler(self) -> None:
-        """Sends the settlements of finished handlers, in batches (see the module docs)."""
-        linger = _seconds(self.settle_linger)
+    def __init__(
+        self,
+        rpc: Rpc,
+        held: HeldTodos,
+        stats: WorkerStats,
+        *,
+        one_by_one: bool,
+        batch: int,
+        linger: float,
+    ) -> None:
+        self._rpc = rpc
+        self._held = held
+        self.stats = stats
+        self._one_by_one = one_by_one
+        self._batch = batch
+        self._linger = linger
+        # Finished, waiting for their settlement to be sent (oldest first).
+        self._ready: list[Held] = []
+        self._arrived = asyncio.Event()
+        self._flush_now = asyncio.Event()
+
+    def submit(self, held: Held) -> None:
+        """Queues a finished handler's settlement (``held.settlement``)."""
+        held.finished_at = time.monotonic()
+        self._ready.append(held)
+        self._arrived.set()
+
+    def withdraw(self, held: Held) -> None:
+        """Takes back a settlement not sent yet (its lease was lost meanwhile)."""
+        self._ready.remove(held)
+
+    def flush(self) -> None:
+        """Sends what waits at once, and from now on without lingering (stop)."""
+        self._flush_now.set()
+
+    def reset(self) -> None:
+        """Forgets what waits (the end of a run)."""
+        self._ready.clear()
+        self._flush_now.clear()
+
+    async def run(self) -> None:
+        """Sends settlements as they become due, until cancelled."""
         while True:
             if not self._ready:
-                self._finished.clear()
-                await self._finished.wait()
+                self._arrived.clear()
+                await self._arrived.wait()
                 continue
-            wait = self._flush_wait(linger)
+            wait = self._flush_wait()
             if wait > 0:
-                self._finished.clear()
-                await self._wait_for(wait, self._finished, self._flush_now)
+                self._arrived.clear()
+                await wait_any(wait, self._arrived, self._flush_now)
                 continue
             batch = self._ready[:MAX_BATCH]
             del self._ready[: len(batch)]
             for held in batch:
                 held.settling = True
-            if self.concurrency == 1:
+            if self._one_by_one:
                 for held in batch:
                     await self._settle_one(held)
             else:
                 await self._settle_many(batch)
 
-    def _flush_wait(self, linger: float) -> float:
+    def _flush_wait(self) -> float:
         """Seconds until the waiting settlements are due (0 or less: now)."""
-        if (
-            len(self._ready) >= self.settle_batch
-            or self._flush_now.is_set()
-            or all(h.settlement is not None for h in self._held.values())
-        ):
+        if len(self._ready) >= self._batch or self._flush_now.is_set() or self._held.all_finished():
             return 0.0
-        return self._ready[0].finished_at + linger - time.monotonic()
+        return self._ready[0].finished_at + self._linger - time.monotonic()
 
     def _count(self, settlement: dispatch_pb2.Settlement) -> None:
         action = settlement.WhichOneof("action")
@@ -87,14 +124,14 @@ class _Settling(_Waiting, _Handling):
         else:
             self.stats.released += 1
 
-    async def _settle_one(self, held: _Held) -> None:
+    async def _settle_one(self, held: Held) -> None:
         """Settles one todo with ``Complete``, ``Fail`` or ``Release``."""
         s = held.settlement
         assert s is not None
         action = s.WhichOneof("action")
         if action == "complete":
             done = dispatch_pb2.CompleteRequest(todo_id=s.todo_id, lease_id=s.lease_id)
-            ok = await self._settle(held, "Complete", self._stub.Complete, done)
+            ok = await self._settle(held, "Complete", self._rpc.stub.Complete, done)
         elif action == "fail":
             fail = dispatch_pb2.FailRequest(
                 todo_id=s.todo_id,
@@ -102,17 +139,17 @@ class _Settling(_Waiting, _Handling):
                 error=s.fail.error,
                 permanent=s.fail.permanent,
             )
-            ok = await self._settle(held, "Fail", self._stub.Fail, fail)
+            ok = await self._settle(held, "Fail", self._rpc.stub.Fail, fail)
         else:
             release = dispatch_pb2.ReleaseRequest(todo_id=s.todo_id, lease_id=s.lease_id)
-            ok = await self._settle(held, "Release", self._stub.Release, release)
+            ok = await self._settle(held, "Release", self._rpc.stub.Release, release)
         if ok:
             self._count(s)
-        self._forget(held)
+        self._held.forget(held)
 
     async def _settle(
         self,
-        held: _Held,
+        held: Held,
         name: str,
         method: grpc.aio.UnaryUnaryMultiCallable[_Req, _Resp],
         request: _Req,
@@ -124,7 +161,7 @@ class _Settling(_Waiting, _Handling):
         backoff = _Backoff(0.1, 5.0)
         while True:
             try:
-                await self._unary(name, method, request)
+                await self._rpc.unary(name, method, request)
                 return True
             except grpc.aio.AioRpcError as err:
                 if err.code() in _LEASE_LOST_CODES:
@@ -147,7 +184,7 @@ class _Settling(_Waiting, _Handling):
                 log.warning("%s failed (%s); retrying in %.1fs", name, err.code().name, delay)
             await asyncio.sleep(delay)
 
-    async def _settle_many(self, batch: list[_Held]) -> None:
+    async def _settle_many(self, batch: list[Held]) -> None:
         """Settles ``batch`` with ``SettleTodos``, retrying transient errors while the
         leases last; counts each item by its result."""
         backoff = _Backoff(0.1, 5.0)
@@ -157,7 +194,7 @@ class _Settling(_Waiting, _Handling):
                 settlements=[h.settlement for h in batch if h.settlement is not None]
             )
             try:
-                response = await self._unary("SettleTodos", self._stub.SettleTodos, request)
+                response = await self._rpc.unary("SettleTodos", self._rpc.stub.SettleTodos, request)
                 break
             except grpc.aio.AioRpcError as err:
                 now = time.monotonic()
@@ -171,7 +208,7 @@ class _Settling(_Waiting, _Handling):
                         err.details(),
                     )
                     batch.remove(held)
-                    self._forget(held)
+                    self._held.forget(held)
                 if not batch:
                     return
                 delay = min(backoff.next(), max(h.expires for h in batch) - now)
@@ -187,10 +224,10 @@ class _Settling(_Waiting, _Handling):
         results = {r.todo_id: r for r in response.results}
         for held in batch:
             self._settled(held, results.get(held.todo_id), retried)
-            self._forget(held)
+            self._held.forget(held)
 
     def _settled(
-        self, held: _Held, result: dispatch_pb2.SettlementResult | None, retried: bool
+        self, held: Held, result: dispatch_pb2.SettlementResult | None, retried: bool
     ) -> None:
         """Counts one item of a ``SettleTodos`` answer."""
         s = held.settlement
@@ -216,7 +253,7 @@ class _Settling(_Waiting, _Handling):
         )
 
     def _settlement_refused(
-        self, held: _Held, action: str, why: str, *, cancelled: bool = False
+        self, held: Held, action: str, why: str, *, cancelled: bool = False
     ) -> None:
         """A settlement refused for a stale lease: the todo is lost (or was
         cancelled), never retried."""

@@ -1,16 +1,18 @@
-"""Leases: the heartbeats that extend every lease held.
+"""The lease keeper: the heartbeats that extend every lease held, and lease loss.
 
-``_heartbeats`` extends all leases held (and not being settled) together every
-``heartbeat_every``, with one ``Heartbeat`` for a single lease or one
-``HeartbeatTodos`` for several; a refusal marks that todo stale (its handler is
-cancelled; counted as cancelled when the server says the todo was cancelled),
-a failed call is tried again sooner.
+:class:`LeaseKeeper` extends all leases held (and not being settled) together
+every ``heartbeat_every``, with one ``Heartbeat`` for a single lease or one
+``HeartbeatTodos`` for several. A refusal means the lease is no longer ours
+(taken over, reaped, or the todo was cancelled): it calls ``on_lost`` for that
+todo (the handlers cancel its handler). A failed call is tried again sooner.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from datetime import timedelta
 
 import grpc
 
@@ -22,8 +24,8 @@ from switchboard_dispatch.worker._common import (
     _was_cancelled,
     log,
 )
-from switchboard_dispatch.worker._state import _Held
-from switchboard_dispatch.worker.handling import _Handling
+from switchboard_dispatch.worker._rpc import Rpc
+from switchboard_dispatch.worker.held import Held, HeldTodos
 
 #: Per-item refusals of a batch call: the lease is no longer ours.
 _REFUSED = frozenset(
@@ -34,24 +36,32 @@ _REFUSED = frozenset(
     }
 )
 
+#: Told of a lease lost: the todo, why, and whether because it was cancelled.
+OnLost = Callable[[Held, str, bool], None]
 
-class _Leases(_Handling):
-    """Heartbeats of the leases held."""
 
-    async def _heartbeats(self) -> None:
-        """Extends every lease held (not yet being settled) every ``heartbeat_every``.
+class LeaseKeeper:
+    """Heartbeats of the leases held (see the module docs)."""
 
-        All leases are extended together, when the oldest extension is due.
-        """
-        every = _seconds(self.heartbeat_every)
+    def __init__(
+        self, rpc: Rpc, held: HeldTodos, lease: timedelta, every: timedelta, on_lost: OnLost
+    ) -> None:
+        self._rpc = rpc
+        self._held = held
+        self._lease = lease
+        self._every = _seconds(every)
+        self._on_lost = on_lost
+
+    async def run(self) -> None:
+        """Extends every lease held, when the oldest extension is due; until cancelled."""
         retry_at = 0.0
         while True:
-            beating = [h for h in self._held.values() if not h.settling and not h.lost]
+            beating = self._held.beating()
             if not beating:
-                self._added.clear()
-                await self._added.wait()
+                self._held.added.clear()
+                await self._held.added.wait()
                 continue
-            due = max(min(h.extended_at for h in beating) + every, retry_at)
+            due = max(min(h.extended_at for h in beating) + self._every, retry_at)
             delay = due - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -60,33 +70,33 @@ class _Leases(_Handling):
                 retry_at = 0.0
             else:
                 # Try again sooner; the leases may still be ours.
-                retry_at = time.monotonic() + min(every, 1.0)
+                retry_at = time.monotonic() + min(self._every, 1.0)
 
-    async def _beat(self, beating: list[_Held]) -> bool:
+    async def _beat(self, beating: list[Held]) -> bool:
         """One heartbeat call for ``beating``; whether the server answered for each."""
         sent = time.monotonic()
+        lease = _seconds(self._lease)
         if len(beating) == 1:
             [held] = beating
             request = dispatch_pb2.HeartbeatRequest(
-                todo_id=held.todo_id, lease_id=held.lease_id, lease_duration=_duration(self.lease)
+                todo_id=held.todo_id, lease_id=held.lease_id, lease_duration=_duration(self._lease)
             )
             try:
-                await self._unary("Heartbeat", self._stub.Heartbeat, request)
+                await self._rpc.unary("Heartbeat", self._rpc.stub.Heartbeat, request)
             except grpc.aio.AioRpcError as err:
                 if err.code() in _LEASE_LOST_CODES:
-                    why = err.details() or err.code().name
-                    self._stale(held, why, cancelled=_was_cancelled(err))
+                    self._on_lost(held, err.details() or err.code().name, _was_cancelled(err))
                     return True
                 log.warning("heartbeat failed (%s: %s)", err.code().name, err.details())
                 return False
-            self._extended(held, sent)
+            held.extended(sent, lease)
             return True
         batch = dispatch_pb2.HeartbeatTodosRequest(
             leases=[dispatch_pb2.LeaseRef(todo_id=h.todo_id, lease_id=h.lease_id) for h in beating],
-            lease_duration=_duration(self.lease),
+            lease_duration=_duration(self._lease),
         )
         try:
-            response = await self._unary("HeartbeatTodos", self._stub.HeartbeatTodos, batch)
+            response = await self._rpc.unary("HeartbeatTodos", self._rpc.stub.HeartbeatTodos, batch)
         except grpc.aio.AioRpcError as err:
             log.warning(
                 "heartbeat of %d leases failed (%s: %s)",
@@ -100,17 +110,13 @@ class _Leases(_Handling):
         for held in beating:
             result = results.get(held.todo_id)
             if result is not None and result.status == dispatch_pb2.BATCH_ITEM_STATUS_APPLIED:
-                self._extended(held, sent)
+                held.extended(sent, lease)
             elif result is not None and result.status in _REFUSED:
-                self._stale(
+                self._on_lost(
                     held,
                     result.message or dispatch_pb2.BatchItemStatus.Name(result.status),
-                    cancelled=result.state == todo_pb2.TODO_STATE_CANCELLED,
+                    result.state == todo_pb2.TODO_STATE_CANCELLED,
                 )
             else:  # left out, or a status this client does not know: try it again soon
                 answered = False
         return answered
-
-    def _extended(self, held: _Held, sent: float) -> None:
-        held.extended_at = sent
-        held.expires = sent + _seconds(self.lease)
