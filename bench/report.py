@@ -12,6 +12,7 @@ import re
 import statistics
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,6 +189,46 @@ def machine() -> dict[str, Any]:
         "grpcio": grpc.__version__,
         "asyncpg": asyncpg.__version__,
     }
+
+
+def measured_on(
+    mach: dict[str, Any],
+    postgres_version: str,
+    embedded: bool,
+    load_before: Sequence[float],
+    load_after: Sequence[float],
+) -> dict[str, Any]:
+    """A results file's ``machine``: ``machine()``, the PostgreSQL and the load."""
+    return {
+        **mach,
+        "postgres": postgres_version,
+        "postgres_embedded": embedded,
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in load_after],
+    }
+
+
+def server_block(server_errors: Sequence[str], **more: Any) -> dict[str, Any]:
+    """A results file's ``server``: its settings (defaults, and ``more``) and
+    the error lines it logged."""
+    return {
+        "settings": "defaults (every SWITCHBOARD_* and OTEL_* unset but the database, "
+        "listeners and operator token)",
+        **more,
+        "error_log_lines": len(server_errors),
+        "error_log_samples": [line[:300] for line in server_errors[:3]],
+    }
+
+
+def rounded(value: Any) -> Any:
+    """Floats to four significant digits (NaN: ``None``), all the way down."""
+    if isinstance(value, float):
+        return None if math.isnan(value) else float(f"{value:.4g}")
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [rounded(v) for v in value]
+    return value
 
 
 def write_results(

@@ -221,22 +221,13 @@ async def _main(args: argparse.Namespace) -> int:
         "mode": params.mode,
         "only": list(args.only or ()),
         "wall_seconds": round(wall, 1),
-        "machine": {
-            **mach,
-            "postgres": bench.figures["postgres_version"],
-            "postgres_embedded": cluster.embedded,
-            "loadavg_before": [round(x, 2) for x in load_before],
-            "loadavg_after": [round(x, 2) for x in load_after],
-        },
+        "machine": report.measured_on(
+            mach, bench.figures["postgres_version"], cluster.embedded, load_before, load_after
+        ),
         "params": asdict(params),
-        "server": {
-            "settings": "defaults (every SWITCHBOARD_* and OTEL_* unset but the database, "
-            "listeners and operator token)",
-            "departures": _server_settings(args),
-            "pool_size": params.pool_size,
-            "error_log_lines": len(server_errors),
-            "error_log_samples": [line[:300] for line in server_errors[:3]],
-        },
+        "server": report.server_block(
+            server_errors, departures=_server_settings(args), pool_size=params.pool_size
+        ),
         "targets": [t.to_json() for t in targets],
         "figures": {name: series.to_json() for name, series in sorted(bench.s.items())},
         "other": bench.figures,

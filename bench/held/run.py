@@ -231,16 +231,6 @@ def sections_of(bench: HeldBench) -> list[Section]:
     return [idle, latency]
 
 
-def _round(value: Any) -> Any:
-    if isinstance(value, float):
-        return None if math.isnan(value) else float(f"{value:.4g}")
-    if isinstance(value, dict):
-        return {k: _round(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_round(v) for v in value]
-    return value
-
-
 async def run_held(
     *,
     quick: bool,
@@ -300,8 +290,8 @@ async def run_held(
         "run are what counts."
     )
     bench.notes.append(
-        "The drain scenarios with the worker helpers on the held claim are not measured: the "
-        "Python worker helper (clients/python) has no wait option yet."
+        "The drain scenarios with the worker helpers on the held claim are not measured here: "
+        "the bench's drain scenarios run gRPC loops of their own, not the helpers."
     )
     if not bench.probe.statements:
         bench.notes.append(
@@ -335,25 +325,16 @@ async def run_held(
         "mode": params.mode,
         "bench": "held",
         "wall_seconds": round(wall, 1),
-        "machine": {
-            **mach,
-            "postgres": bench.figures["postgres_version"],
-            "postgres_embedded": cluster.embedded,
-            "loadavg_before": [round(x, 2) for x in load_before],
-            "loadavg_after": [round(x, 2) for x in load_after],
-        },
+        "machine": report.measured_on(
+            mach, bench.figures["postgres_version"], cluster.embedded, load_before, load_after
+        ),
         "params": asdict(params),
-        "server": {
-            "settings": "defaults (every SWITCHBOARD_* and OTEL_* unset but the database, "
-            "listeners and operator token)",
-            "error_log_lines": len(server_errors),
-            "error_log_samples": [line[:300] for line in server_errors[:3]],
-        },
+        "server": report.server_block(server_errors),
         "targets": [t.to_json() for t in targets],
-        "idle": _round(bench.idle),
-        "latency": _round(bench.latency),
-        "herd": _round(bench.herds),
-        "other": _round(bench.figures),
+        "idle": report.rounded(bench.idle),
+        "latency": report.rounded(bench.latency),
+        "herd": report.rounded(bench.herds),
+        "other": report.rounded(bench.figures),
         "databases": [cluster.database],
         "notes": bench.notes,
     }

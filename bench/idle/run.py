@@ -91,16 +91,6 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b and not math.isnan(a) and not math.isnan(b) else None
 
 
-def _round(value: Any) -> Any:
-    if isinstance(value, float):
-        return None if math.isnan(value) else float(f"{value:.4g}")
-    if isinstance(value, dict):
-        return {k: _round(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_round(v) for v in value]
-    return value
-
-
 async def run_idle(
     *,
     quick: bool,
@@ -187,24 +177,15 @@ async def run_idle(
         "mode": params.mode,
         "bench": "idle",
         "wall_seconds": round(wall, 1),
-        "machine": {
-            **mach,
-            "postgres": bench.figures["postgres_version"],
-            "postgres_embedded": cluster.embedded,
-            "loadavg_before": [round(x, 2) for x in load_before],
-            "loadavg_after": [round(x, 2) for x in load_after],
-        },
+        "machine": report.measured_on(
+            mach, bench.figures["postgres_version"], cluster.embedded, load_before, load_after
+        ),
         "params": {**asdict(params), "policies": params.policies},
-        "server": {
-            "settings": "defaults (every SWITCHBOARD_* and OTEL_* unset but the database, "
-            "listeners and operator token)",
-            "error_log_lines": len(server_errors),
-            "error_log_samples": [line[:300] for line in server_errors[:3]],
-        },
+        "server": report.server_block(server_errors),
         "targets": [t.to_json() for t in targets],
-        "idle": _round(bench.measurements),
-        "latency": _round(bench.latency),
-        "other": _round(bench.figures),
+        "idle": report.rounded(bench.measurements),
+        "latency": report.rounded(bench.latency),
+        "other": report.rounded(bench.figures),
         "databases": [cluster.database],
         "notes": bench.notes,
     }
