@@ -60,7 +60,7 @@ async def test_a_populated_database_distributes_with_every_row_and_budget(
         before = dict(await _snapshot(conn))
         assert before["units"] == ENDPOINTS * WINDOW
         out = migrate_cli(dsn, "--distribute", "--shard-count", str(SHARD_COUNT))
-        assert "12 distributed tables" in out, out
+        assert "15 distributed tables" in out, out
         after = dict(await _snapshot(conn))
         assert after == before
         placed = await conn.fetchval(
@@ -202,7 +202,7 @@ async def test_a_plain_postgresql_moves_onto_the_cluster_by_the_pages_commands(
         finally:
             await conn.close()
         out = await _run_the_pages_commands(plain.dsn, coordinator)
-        assert "12 distributed tables" in out, out
+        assert "15 distributed tables" in out, out
 
         conn = await asyncpg.connect(coordinator)
         try:
