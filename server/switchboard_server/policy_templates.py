@@ -43,11 +43,11 @@ from switchboard_server import errors
 from switchboard_server.access import actor_of, policy_scope
 from switchboard_server.db import Database, clock
 from switchboard_server.db import admission as admission_queries
-from switchboard_server.db import policy_templates as template_queries
+from switchboard_server.db import templates as template_queries
 from switchboard_server.db.admission import PolicyRow
 from switchboard_server.db.admission_report import PolicyLimitColumns
 from switchboard_server.db.database import Conn, rerun_on_conflict
-from switchboard_server.db.policy_templates import TemplateRow
+from switchboard_server.db.templates import TemplateRow
 from switchboard_server.model import AuditEntry, Grant, Principal, PrincipalKind, Revision
 from switchboard_server.policies import Limits, Policy, policy_from_json, policy_json
 from switchboard_server.policy_windows import (
