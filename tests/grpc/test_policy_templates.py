@@ -7,15 +7,20 @@ audit, validation, and an agent never goes past what a human set.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import timedelta
 
 import grpc
+import pytest
 from switchboard_dispatch.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2
+from switchboard_server.config import Settings
 from switchboard_server.db import Database
+from switchboard_server.policy_templates import refresh_template_schedules
 
 from tests.support.admission import ingest, set_policy, window
 from tests.support.client import OPERATOR_TOKEN, Client, Tenant, auth, make_tenant
 from tests.support.databases import row_counts
+from tests.support.doorbells import Bells
 from tests.support.errors import expect_code, violations
 from tests.support.protos import dur
 
@@ -24,6 +29,18 @@ IN_FLIGHT_FULL = admission_pb2.DEFERRAL_REASON_IN_FLIGHT_FULL
 PAUSED = admission_pb2.DEFERRAL_REASON_PAUSED
 WINDOW_EXHAUSTED = admission_pb2.DEFERRAL_REASON_WINDOW_EXHAUSTED
 TABLES = ("policy_templates", "policy_template_audit", "admission_policies", "queues")
+POLICY_CHANGED = dispatch_pb2.DOORBELL_CAUSE_POLICY_CHANGED
+UNAVAILABLE = admission_pb2.DEFERRAL_REASON_ADMISSION_UNAVAILABLE
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    """A fast reopen sweep and no heartbeat rings (the doorbell test)."""
+    return dataclasses.replace(
+        settings,
+        reopen_interval=timedelta(milliseconds=50),
+        doorbell_heartbeat=timedelta(hours=1),
+    )
 
 
 def template(
@@ -521,3 +538,57 @@ async def test_queues_created_while_a_template_is_set_all_get_it(
         for name in names:
             pattern, policy = await governing(client, tenant.agent, "", name)
             assert (pattern, policy.max_in_flight) == (f"r{round_}:*", 1), name
+
+
+# --------------------------------------------------------------------------- rings, fail closed
+
+
+@pytest.mark.parametrize("change", ["raise", "clear"])
+async def test_a_template_change_rings_each_reopened_queue_once(
+    client: Client, tenant: Tenant, change: str
+) -> None:
+    ep = tenant.endpoint_id
+    await set_template(client, tenant.human, "acct:*", endpoint_id=ep, max_in_flight=0)
+    await ingest(client, tenant.agent, "acct:1", 2)
+    await ingest(client, tenant.agent, "acct:2", 3)
+    bells = Bells(client, tenant.agent)
+    await bells.ready()
+
+    async def sync_point() -> list[dispatch_pb2.Doorbell]:
+        await ingest(client, tenant.agent, "marker")
+        return (await bells.until("marker"))[:-1]
+
+    assert await sync_point() == []  # paused: no ring on creation or attach
+    if change == "raise":
+        await set_template(client, tenant.human, "acct:*", endpoint_id=ep, max_in_flight=1)
+    else:
+        await clear_template(client, tenant.human, ep, "acct:*")
+    rung = [await bells.next(), await bells.next()]
+    assert sorted((b.queue.name, b.cause, b.pending) for b in rung) == [
+        ("acct:1", POLICY_CHANGED, 2),
+        ("acct:2", POLICY_CHANGED, 3),
+    ]
+    assert await sync_point() == [], "each rung exactly once"
+    await bells.close()
+
+
+async def test_a_template_whose_window_cannot_be_evaluated_fails_closed(
+    client: Client, tenant: Tenant, db: Database
+) -> None:
+    ep = tenant.endpoint_id
+    await set_template(client, tenant.human, "z:*", endpoint_id=ep, max_claims_per_window=5)
+    await ingest(client, tenant.agent, "z:old", 1)
+    assert not (await claim_next(client, tenant.agent, "z:old")).empty
+    # The zone database no longer knows the template's zone: its schedule is
+    # emptied by the next pass, and a queue created after admits nothing.
+    async with db.connection() as conn:
+        await conn.execute(
+            "UPDATE policy_templates"
+            " SET window_zone = 'Nowhere/Gone', schedule_refresh_at = sb_now()"
+        )
+    assert await refresh_template_schedules(db) == 1
+    await ingest(client, tenant.agent, "z:new", 2)
+    got = await claim_next(client, tenant.agent, "z:new")
+    assert got.empty and [d.reason for d in got.deferred] == [UNAVAILABLE]
+    async with db.connection() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM todos WHERE state = 'pending'") == 2
