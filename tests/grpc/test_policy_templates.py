@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import os
+import pathlib
+import sys
 from datetime import timedelta
 
 import grpc
@@ -20,6 +24,7 @@ from switchboard_server.policy_templates import refresh_template_schedules
 from tests.support.admission import ingest, set_policy, window
 from tests.support.client import OPERATOR_TOKEN, Client, Tenant, auth, make_tenant
 from tests.support.databases import row_counts
+from tests.support.doc_blocks import TEMPLATE_EXAMPLE
 from tests.support.doorbells import Bells
 from tests.support.errors import expect_code, violations
 from tests.support.protos import dur
@@ -592,3 +597,35 @@ async def test_a_template_whose_window_cannot_be_evaluated_fails_closed(
     assert got.empty and [d.reason for d in got.deferred] == [UNAVAILABLE]
     async with db.connection() as conn:
         assert await conn.fetchval("SELECT count(*) FROM todos WHERE state = 'pending'") == 2
+
+
+async def test_the_docs_template_example_works(client: Client, tenant: Tenant) -> None:
+    """docs/admission.md's SetPolicyTemplate block, as pasted (grpcurl, with
+    ``$H`` and ``$EP`` as the page's example sets them), against this server."""
+    await ingest(client, tenant.agent, "investigations:acme", 1)
+    script = TEMPLATE_EXAMPLE.text().replace("localhost:50051", client.address)
+    env = {
+        **os.environ,
+        "PATH": f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}",
+        "H": f"authorization: Bearer {tenant.human_token}",
+        "EP": tenant.endpoint_id,
+    }
+    proc = await asyncio.create_subprocess_exec(
+        "bash",
+        "-euc",
+        script,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    answer = json.loads(out)
+    assert answer["policy_template"]["pattern"] == "investigations:*"
+    assert answer["queues_changed"] == 1
+    pattern, policy = await governing(client, tenant.agent, "", "investigations:acme")
+    assert (pattern, policy.max_claims_per_window, policy.max_in_flight) == (
+        "investigations:*",
+        100,
+        5,
+    )
