@@ -13,6 +13,7 @@ from switchboard_server.db.admission import PolicyRow
 from switchboard_server.db.admission_report import PolicyLimitColumns
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import execute, fetch_many, fetch_one
+from switchboard_server.db.queues import hold_shard_group
 from switchboard_server.db.rows import AuditColumns, audit_record, json_object, json_text, record
 from switchboard_server.model import Actor
 
@@ -147,6 +148,7 @@ async def schedules_due(conn: Conn, *, batch: int) -> list[TemplateRow]:
 async def lock_policies(conn: Conn, *, endpoint_id: uuid.UUID, prefix: str) -> list[LockedPolicy]:
     """The policy rows of the endpoint's queues whose name starts with
     ``prefix`` (made, inactive, where missing), locked in queue id order."""
+    await hold_shard_group(conn, endpoint_id)
     await execute(conn, "template_policy_rows_ensure", endpoint_id=endpoint_id, prefix=prefix)
     rows = await fetch_many(
         conn, "template_policy_rows_lock", endpoint_id=endpoint_id, prefix=prefix

@@ -98,6 +98,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_id bigint;
 BEGIN
+    PERFORM sb_hold_shard_groups(ARRAY[p_endpoint_id]);
     PERFORM 1 FROM endpoints e WHERE e.id = p_endpoint_id AND e.owner_id = p_owner_id;
     IF NOT FOUND THEN
         RETURN NULL;
@@ -106,7 +107,6 @@ BEGIN
     IF FOUND THEN
         RETURN v_id;
     END IF;
-    PERFORM sb_hold_shard_groups(ARRAY[p_endpoint_id]);
     PERFORM sb_templates_hold(p_endpoint_id);
     INSERT INTO queues (owner_id, endpoint_id, name) VALUES (p_owner_id, p_endpoint_id, p_name)
     ON CONFLICT ON CONSTRAINT queues_endpoint_name_key DO NOTHING
