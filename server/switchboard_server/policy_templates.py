@@ -271,6 +271,7 @@ class PolicyTemplates:
                 schedule_refresh_at=refresh_at,
                 human_limits=human,
                 actor=actor_of(principal),
+                now=now,
             )
             after = [t for t in rows if t.prefix != prefix] + [stored]
             changed = await _reconcile(conn, endpoint, prefix, after, stored.id, now)
@@ -383,7 +384,9 @@ async def _reconcile(
     that has no policy of its own, the policy of its longest matching template
     in ``templates`` (or none), under the template lock; the queues written.
     Rows already on their template are left alone unless it is ``changed_id``."""
-    locked = await template_queries.lock_policies(conn, endpoint_id=endpoint, prefix=prefix)
+    locked = await template_queries.lock_policies(
+        conn, endpoint_id=endpoint, prefix=prefix, now=now
+    )
     by_id = {t.id: t for t in templates}
     moves: dict[int, list[int]] = {}
     off: list[int] = []
@@ -494,8 +497,8 @@ async def refresh_template_schedules(db: Database, batch: int = 100) -> int:
     created later copies a schedule that covers now. Safe on every replica
     (each write checks the schedule it read); the number written."""
     async with db.connection() as conn:
-        due = await template_queries.schedules_due(conn, batch=batch)
         now = await clock.now(conn)
+        due = await template_queries.schedules_due(conn, batch=batch, now=now)
         for row in due:
             spec = spec_of(row)
             try:

@@ -89,8 +89,9 @@ async def store(
     schedule_refresh_at: datetime | None,
     human_limits: Mapping[str, Any] | None,
     actor: Actor,
+    now: datetime,
 ) -> TemplateRow:
-    """Creates or replaces the template of ``prefix``."""
+    """Creates or replaces the template of ``prefix``, changed at ``now``."""
     rec = await fetch_one(
         conn,
         "template_store",
@@ -109,6 +110,7 @@ async def store(
         set_by_credential_id=actor.credential_id,
         set_by_human_id=actor.human_id,
         set_by_endpoint_id=actor.endpoint_id,
+        now=now,
     )
     assert rec is not None
     return _template(rec)
@@ -140,16 +142,21 @@ async def store_schedule(
     )
 
 
-async def schedules_due(conn: Conn, *, batch: int) -> list[TemplateRow]:
-    """Windowed templates whose schedule is due (unlocked)."""
-    return [_template(r) for r in await fetch_many(conn, "template_schedules_due", batch=batch)]
+async def schedules_due(conn: Conn, *, batch: int, now: datetime) -> list[TemplateRow]:
+    """Windowed templates whose schedule is due at ``now`` (unlocked)."""
+    rows = await fetch_many(conn, "template_schedules_due", batch=batch, now=now)
+    return [_template(r) for r in rows]
 
 
-async def lock_policies(conn: Conn, *, endpoint_id: uuid.UUID, prefix: str) -> list[LockedPolicy]:
+async def lock_policies(
+    conn: Conn, *, endpoint_id: uuid.UUID, prefix: str, now: datetime
+) -> list[LockedPolicy]:
     """The policy rows of the endpoint's queues whose name starts with
     ``prefix`` (made, inactive, where missing), locked in queue id order."""
     await hold_shard_group(conn, endpoint_id)
-    await execute(conn, "template_policy_rows_ensure", endpoint_id=endpoint_id, prefix=prefix)
+    await execute(
+        conn, "template_policy_rows_ensure", endpoint_id=endpoint_id, prefix=prefix, now=now
+    )
     rows = await fetch_many(
         conn, "template_policy_rows_lock", endpoint_id=endpoint_id, prefix=prefix
     )

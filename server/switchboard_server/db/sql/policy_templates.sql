@@ -18,14 +18,15 @@ SELECT * FROM policy_templates
  ORDER BY prefix;
 
 -- name: template_store :one
--- Creates or replaces the endpoint's template of :prefix.
+-- Creates or replaces the endpoint's template of :prefix, changed at :now (the shared
+-- clock's: on Citus, DO UPDATE may call no function that reads a table).
 INSERT INTO policy_templates AS t (
     endpoint_id, owner_id, prefix, max_in_flight, max_claims_per_window, window_period,
     window_zone, window_start, window_weekday, window_bounds, schedule_refresh_at, human_limits,
-    set_by_credential_id, set_by_human_id, set_by_endpoint_id)
+    set_by_credential_id, set_by_human_id, set_by_endpoint_id, created_at, updated_at)
 VALUES (:endpoint_id, :owner_id, :prefix, :max_in_flight, :max_claims_per_window, :window_period,
         :window_zone, :window_start, :window_weekday, :window_bounds, :schedule_refresh_at,
-        :human_limits, :set_by_credential_id, :set_by_human_id, :set_by_endpoint_id)
+        :human_limits, :set_by_credential_id, :set_by_human_id, :set_by_endpoint_id, :now, :now)
 ON CONFLICT ON CONSTRAINT policy_templates_prefix_key DO UPDATE
    SET max_in_flight = EXCLUDED.max_in_flight,
        max_claims_per_window = EXCLUDED.max_claims_per_window,
@@ -36,7 +37,7 @@ ON CONFLICT ON CONSTRAINT policy_templates_prefix_key DO UPDATE
        set_by_credential_id = EXCLUDED.set_by_credential_id,
        set_by_human_id = EXCLUDED.set_by_human_id,
        set_by_endpoint_id = EXCLUDED.set_by_endpoint_id,
-       updated_at = sb_now()
+       updated_at = :now
 RETURNING *;
 
 -- name: template_delete :exec
@@ -52,17 +53,19 @@ UPDATE policy_templates
 
 -- name: template_schedules_due :many
 -- (Unlocked: the refresher's candidates, on Citus from every shard.)
--- Windowed templates whose schedule is due.
+-- Windowed templates whose schedule is due at :now.
 SELECT * FROM policy_templates
- WHERE window_period IS NOT NULL AND schedule_refresh_at <= sb_now()
+ WHERE window_period IS NOT NULL AND schedule_refresh_at <= :now
  ORDER BY schedule_refresh_at
  LIMIT :batch;
 
 -- name: template_policy_rows_ensure :exec
 -- Gives every queue of the endpoint whose name starts with :prefix a policy
--- row (inactive until set), so that a template change can lock each.
-INSERT INTO admission_policies (queue_id, owner_id, endpoint_id)
-SELECT q.id, q.owner_id, q.endpoint_id FROM queues q
+-- row (inactive until set), so that a template change can lock each; made at
+-- :now (on Citus the statement runs on the shard, where no default may read
+-- the clock's reference table).
+INSERT INTO admission_policies (queue_id, owner_id, endpoint_id, created_at, updated_at)
+SELECT q.id, q.owner_id, q.endpoint_id, :now, :now FROM queues q
  WHERE q.endpoint_id = :endpoint_id AND left(q.name, length(:prefix)) = :prefix
 ON CONFLICT ON CONSTRAINT admission_policies_queue_key DO NOTHING;
 
