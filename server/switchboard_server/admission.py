@@ -200,6 +200,13 @@ class AdmissionControl:
                         "resuming to no policy needs"
                     )
                 await _clear(conn, principal, row, endpoint, queue)
+                await policy_templates.fall_back(
+                    conn,
+                    endpoint_id=endpoint,
+                    owner_id=scope.owner_id,
+                    queue_id=queue_id,
+                    queue=queue,
+                )
                 return None
             return await _store(conn, principal, row, endpoint, queue, target.policy.limits)
 

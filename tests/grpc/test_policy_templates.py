@@ -12,11 +12,14 @@ import json
 import os
 import pathlib
 import sys
+import uuid
 from datetime import timedelta
 
 import grpc
 import pytest
 from switchboard_dispatch.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2
+from switchboard_server.admission import AdmissionControl
+from switchboard_server.auth import Authenticator
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
 from switchboard_server.policy_templates import refresh_template_schedules
@@ -211,6 +214,26 @@ async def test_own_policy_overrides_and_clearing_it_falls_back(
     assert cleared.policy.max_in_flight == 7
     pattern, policy = await governing(client, tenant.agent, "", "inv:a")
     assert (pattern, policy.max_in_flight) == ("inv:*", 3)
+
+
+async def test_resuming_to_no_policy_of_its_own_falls_back_to_the_template(
+    client: Client, tenant: Tenant, db: Database
+) -> None:
+    """The board's pause and resume: a queue paused without a policy, then a
+    template set over it (the pause is its own policy: left alone); resuming
+    clears its own policy, and its template governs it."""
+    ep = tenant.endpoint_id
+    await ingest(client, tenant.agent, "inv:a", 1)
+    admission = AdmissionControl(db)
+    human = await Authenticator(db, None).authenticate(f"Bearer {tenant.human_token}")
+    await admission.pause(human, uuid.UUID(ep), "inv:a")
+    resp = await set_template(client, tenant.human, "inv:*", endpoint_id=ep, max_in_flight=4)
+    assert resp.queues_changed == 0
+    assert (await governing(client, tenant.agent, "", "inv:a"))[0] == ""
+    assert await admission.resume(human, uuid.UUID(ep), "inv:a") is None
+    pattern, policy = await governing(client, tenant.agent, "", "inv:a")
+    assert (pattern, policy.max_in_flight) == ("inv:*", 4)
+    assert not (await claim_next(client, tenant.agent, "inv:a")).empty
 
 
 async def test_clearing_a_template_falls_back_to_the_next_longest_then_to_none(
