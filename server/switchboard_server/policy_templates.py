@@ -233,11 +233,9 @@ class PolicyTemplates:
         )
         prefix = prefix_of(pattern)
         async with self._db.transaction() as conn:
-            await self._lock(conn, endpoint, scope.owner_id, "policy_template.endpoint_id")
-            rows = await template_queries.templates(
-                conn, endpoint_id=endpoint, owner_id=scope.owner_id
+            rows, current = await _locked(
+                conn, endpoint, scope.owner_id, prefix, "policy_template.endpoint_id"
             )
-            current = next((t for t in rows if t.prefix == prefix), None)
             if current is None and len(rows) >= MAX_TEMPLATES:
                 raise errors.FailedPrecondition(
                     f"an endpoint has at most {MAX_TEMPLATES} policy templates"
@@ -298,11 +296,7 @@ class PolicyTemplates:
         )
         prefix = prefix_of(pattern)
         async with self._db.transaction() as conn:
-            await self._lock(conn, endpoint, scope.owner_id, "endpoint_id")
-            rows = await template_queries.templates(
-                conn, endpoint_id=endpoint, owner_id=scope.owner_id
-            )
-            current = next((t for t in rows if t.prefix == prefix), None)
+            rows, current = await _locked(conn, endpoint, scope.owner_id, prefix, "endpoint_id")
             if current is None:
                 raise errors.NotFound("no policy template with this pattern")
             rest = [t for t in rows if t.id != current.id]
@@ -364,12 +358,18 @@ class PolicyTemplates:
             for r in rows
         ]
 
-    async def _lock(self, conn: Conn, endpoint: uuid.UUID, owner_id: uuid.UUID, field: str) -> None:
-        if not await template_queries.endpoint_is_owners(
-            conn, endpoint_id=endpoint, owner_id=owner_id
-        ):
-            raise errors.NotFound("endpoint not found", field=field)
-        await template_queries.lock(conn, endpoint_id=endpoint)
+
+async def _locked(
+    conn: Conn, endpoint: uuid.UUID, owner_id: uuid.UUID, prefix: str, field: str
+) -> tuple[list[TemplateRow], TemplateRow | None]:
+    """The endpoint's templates under its template lock (taken here: no queue
+    of it is created until the transaction ends), and the one of ``prefix``.
+    ``NotFound`` (naming ``field``) when the endpoint is not the owner's."""
+    if not await template_queries.endpoint_is_owners(conn, endpoint_id=endpoint, owner_id=owner_id):
+        raise errors.NotFound("endpoint not found", field=field)
+    await template_queries.lock(conn, endpoint_id=endpoint)
+    rows = await template_queries.templates(conn, endpoint_id=endpoint, owner_id=owner_id)
+    return rows, next((t for t in rows if t.prefix == prefix), None)
 
 
 async def _reconcile(

@@ -4,6 +4,7 @@ domain call, proto out. A part of ``AdmissionServicer``."""
 from __future__ import annotations
 
 import uuid
+from typing import Protocol
 
 from switchboard_dispatch.v1 import admission_pb2
 
@@ -32,6 +33,23 @@ def pattern_of(v: Violations, field: str, value: str) -> str:
 
 def _endpoint(v: Violations, field: str, value: str) -> uuid.UUID | None:
     return v.parse_uuid(field, value, required=False)
+
+
+class _NamesTemplate(Protocol):
+    """A request that names one template: its endpoint and pattern."""
+
+    @property
+    def endpoint_id(self) -> str: ...
+
+    @property
+    def pattern(self) -> str: ...
+
+
+def _named(v: Violations, request: _NamesTemplate) -> tuple[uuid.UUID | None, str]:
+    """The endpoint (``None``: the agent's own) and pattern a request names."""
+    return _endpoint(v, "endpoint_id", request.endpoint_id), pattern_of(
+        v, "pattern", request.pattern
+    )
 
 
 def template_message(value: PolicyTemplate) -> admission_pb2.PolicyTemplate:
@@ -99,20 +117,14 @@ class PolicyTemplateCalls:
     async def GetPolicyTemplate(
         self, request: admission_pb2.GetPolicyTemplateRequest, context: Context
     ) -> admission_pb2.GetPolicyTemplateResponse:
-        v = Violations()
-        endpoint_id = _endpoint(v, "endpoint_id", request.endpoint_id)
-        pattern = pattern_of(v, "pattern", request.pattern)
-        v.check()
+        endpoint_id, pattern = Violations.checked(lambda v: _named(v, request))
         template = await self._templates.get(current_principal(), endpoint_id, pattern)
         return admission_pb2.GetPolicyTemplateResponse(policy_template=template_message(template))
 
     async def ClearPolicyTemplate(
         self, request: admission_pb2.ClearPolicyTemplateRequest, context: Context
     ) -> admission_pb2.ClearPolicyTemplateResponse:
-        v = Violations()
-        endpoint_id = _endpoint(v, "endpoint_id", request.endpoint_id)
-        pattern = pattern_of(v, "pattern", request.pattern)
-        v.check()
+        endpoint_id, pattern = Violations.checked(lambda v: _named(v, request))
         change = await self._templates.clear(current_principal(), endpoint_id, pattern)
         return admission_pb2.ClearPolicyTemplateResponse(
             policy_template=template_message(change.template), queues_changed=change.queues
@@ -131,8 +143,7 @@ class PolicyTemplateCalls:
         self, request: admission_pb2.ListPolicyTemplateAuditRequest, context: Context
     ) -> admission_pb2.ListPolicyTemplateAuditResponse:
         v = Violations()
-        endpoint_id = _endpoint(v, "endpoint_id", request.endpoint_id)
-        pattern = pattern_of(v, "pattern", request.pattern)
+        endpoint_id, pattern = _named(v, request)
         page_size, before = v.page(request)
         v.check()
         entries = await self._templates.audit(
