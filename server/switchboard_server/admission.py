@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from switchboard_server import errors
+from switchboard_server import errors, policy_templates
 from switchboard_server.access import Scope, actor_of, policy_scope
 from switchboard_server.db import Database, clock
 from switchboard_server.db import admission as admission_queries
@@ -97,6 +97,7 @@ class AdmissionControl:
         )
         async with self._db.transaction_on(conn) as conn:
             row = await _locked(conn, scope, endpoint, queue, "endpoint not found", create=True)
+            await policy_templates.check_override(conn, principal, row, limits)
             return await _store(conn, principal, row, endpoint, queue, limits)
 
     @rerun_on_conflict
@@ -172,6 +173,13 @@ class AdmissionControl:
                         "resuming to no policy needs"
                     )
                 await _clear(conn, principal, row, endpoint, queue)
+                await policy_templates.fall_back(
+                    conn,
+                    endpoint_id=endpoint,
+                    owner_id=scope.owner_id,
+                    queue_id=row.queue_id,
+                    queue=queue,
+                )
                 return None
             return await _store(conn, principal, row, endpoint, queue, target.policy.limits)
 
@@ -190,7 +198,20 @@ class AdmissionControl:
             row = await _locked(conn, scope, endpoint, queue, "no admission policy for this queue")
             if not row.active:
                 raise errors.NotFound("no admission policy for this queue")
-            return await _clear(conn, principal, row, endpoint, queue)
+            if row.template_id is not None:
+                raise errors.FailedPrecondition(
+                    "the queue's policy is its template's: clear or change the template"
+                )
+            cleared = await _clear(conn, principal, row, endpoint, queue)
+            # Its own policy gone, the queue's template (if any) governs it.
+            await policy_templates.fall_back(
+                conn,
+                endpoint_id=endpoint,
+                owner_id=scope.owner_id,
+                queue_id=row.queue_id,
+                queue=queue,
+            )
+            return cleared
 
     async def audit(
         self,

@@ -56,6 +56,7 @@ from switchboard_server.hooks import deliver_once, open_client
 from switchboard_server.loops import LoopSignals, Supervisor, reap_once, retain_once
 from switchboard_server.metrics import Metrics
 from switchboard_server.overview import Overview
+from switchboard_server.policy_templates import PolicyTemplates, refresh_template_schedules
 from switchboard_server.policy_windows import refresh_schedules
 from switchboard_server.schedules import Schedules, fire_due
 from switchboard_server.servicers import reflection
@@ -342,6 +343,7 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
             authenticator=authenticator,
             dispatcher=dispatcher,
             admission=AdmissionControl(db),
+            templates=PolicyTemplates(db),
             schedules=Schedules(db),
             tenancy=Tenancy(
                 db,
@@ -467,7 +469,7 @@ def _grpc_server(services: Services, hub: DoorbellHub) -> tuple[grpc.aio.Server,
         DispatchServicer(services.dispatcher, hub), handlers
     )
     admission_pb2_grpc.add_AdmissionServiceServicer_to_server(
-        AdmissionServicer(services.admission), handlers
+        AdmissionServicer(services.admission, services.templates), handlers
     )
     admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(services.tenancy), handlers)
     schedule_pb2_grpc.add_ScheduleServiceServicer_to_server(
@@ -506,6 +508,11 @@ def _start_loops(
         settings.schedule_interval,
         lambda: refresh_schedules(db, distributed=distributed),
         signals.scheduled,
+    )
+    supervisor.every(
+        "template schedules",
+        settings.schedule_interval,
+        lambda: refresh_template_schedules(db),
     )
     supervisor.every(
         "scheduler",

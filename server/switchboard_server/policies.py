@@ -89,6 +89,9 @@ class Policy:
     queue: str
     limits: Limits
     updated_at: datetime
+    #: The pattern of the template it was made from (``None``: the queue's own,
+    #: or not read).
+    template: str | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,7 @@ def policy_of(row: PolicyRow, endpoint_id: uuid.UUID, queue: str) -> Policy:
         queue,
         Limits(row.max_in_flight, row.max_claims_per_window, spec_of(row)),
         row.updated_at,
+        row.template_prefix + "*" if row.template_prefix is not None else None,
     )
 
 

@@ -18,6 +18,7 @@ from switchboard_server.db import Database, clock
 from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import doorbells as doorbell_queries
 from switchboard_server.db.admission import PolicyRow
+from switchboard_server.db.admission_report import PolicyLimitColumns
 from switchboard_server.db.database import Conn
 from switchboard_server.windows import (
     Period,
@@ -62,8 +63,8 @@ def current_window_start(bounds: Sequence[datetime], now: datetime) -> datetime 
     return window[0] if window else None
 
 
-def spec_of(row: PolicyRow) -> WindowSpec | None:
-    """The window spec stored on a policy row (its zone is not checked here)."""
+def spec_of(row: PolicyLimitColumns) -> WindowSpec | None:
+    """The window spec stored on a policy (or template) row (its zone is not checked here)."""
     if row.window_period is None or row.window_zone is None or row.window_start is None:
         return None
     hours, minutes = row.window_start.split(":")

@@ -17,6 +17,7 @@ from switchboard_server.dispatch import Dispatcher
 from switchboard_server.health import Readiness
 from switchboard_server.metrics import Metrics
 from switchboard_server.overview import Overview
+from switchboard_server.policy_templates import PolicyTemplates
 from switchboard_server.schedules import Schedules
 from switchboard_server.tenancy import Tenancy
 
@@ -36,6 +37,7 @@ class Services:
     authenticator: Authenticator
     dispatcher: Dispatcher
     admission: AdmissionControl
+    templates: PolicyTemplates
     schedules: Schedules
     tenancy: Tenancy
     overview: Overview

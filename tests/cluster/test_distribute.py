@@ -31,7 +31,7 @@ from tests.support.citus_cluster import CitusCluster
 async def test_migrate_distribute_places_every_table_and_delegates_the_claim_calls(
     citus: CitusCluster, cluster_dsn: str, distribute_output: str
 ) -> None:
-    assert "5 reference tables, 12 distributed tables" in distribute_output
+    assert "5 reference tables, 15 distributed tables" in distribute_output
     assert f"{len(distribute.DELEGATED)} delegated" in distribute_output
     conn = await asyncpg.connect(cluster_dsn)
     try:

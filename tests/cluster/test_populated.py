@@ -60,7 +60,7 @@ async def test_a_populated_database_distributes_with_every_row_and_budget(
         before = dict(await _snapshot(conn))
         assert before["units"] == ENDPOINTS * WINDOW
         out = migrate_cli(dsn, "--distribute", "--shard-count", str(SHARD_COUNT))
-        assert "12 distributed tables" in out, out
+        assert "15 distributed tables" in out, out
         after = dict(await _snapshot(conn))
         assert after == before
         placed = await conn.fetchval(
@@ -202,7 +202,7 @@ async def test_a_plain_postgresql_moves_onto_the_cluster_by_the_pages_commands(
         finally:
             await conn.close()
         out = await _run_the_pages_commands(plain.dsn, coordinator)
-        assert "12 distributed tables" in out, out
+        assert "15 distributed tables" in out, out
 
         conn = await asyncpg.connect(coordinator)
         try:
@@ -210,7 +210,7 @@ async def test_a_plain_postgresql_moves_onto_the_cluster_by_the_pages_commands(
             distributed = await conn.fetchval(
                 "SELECT count(*) FROM citus_tables WHERE distribution_column = 'endpoint_id'"
             )
-            assert distributed == 12
+            assert distributed == 15
             # The coordinator keeps no rows of its own: the shards hold them.
             assert 0 == await conn.fetchval(
                 "SELECT pg_relation_size('todos') + pg_relation_size('attempts')"

@@ -465,6 +465,25 @@ def wild_policy(w: World) -> st.SearchStrategy[Any]:
     )
 
 
+#: Template patterns: matching none of the queues the other calls use (the
+#: budgeted one keeps its own policy either way), and malformed ones.
+TEMPLATE_PATTERNS = texts("tpl:*", "tpl:a:*", "t*", "tpl", "a*b*", "-x*", "a" * 65 + "*")
+
+
+def policy_template(w: World) -> st.SearchStrategy[Any]:
+    return message(
+        admission_pb2.PolicyTemplate,
+        {
+            "endpoint_id": ids(w.endpoint_ids),
+            "pattern": TEMPLATE_PATTERNS,
+            "max_in_flight": INT32,
+            "max_claims_per_window": INT32,
+            "window": window(),
+            "updated_at": TIMESTAMPS,
+        },
+    )
+
+
 def settlement(w: World) -> st.SearchStrategy[Any]:
     action: st.SearchStrategy[dict[str, Message]] = st.one_of(
         st.just({}),
@@ -923,6 +942,44 @@ RPCS: dict[str, tuple[Stub, Callable[[World], st.SearchStrategy[Any]]]] = {
             admission_pb2.ListPolicyAuditRequest,
             {
                 "queue": queue_ref(w, QUEUE_NAMES),
+                "page_size": INT32,
+                "page_token": texts("djE6NQ", "v1:5"),
+            },
+        ),
+    ),
+    "SetPolicyTemplate": (
+        lambda c: c.admission.SetPolicyTemplate,
+        lambda w: message(
+            admission_pb2.SetPolicyTemplateRequest, {"policy_template": policy_template(w)}
+        ),
+    ),
+    "GetPolicyTemplate": (
+        lambda c: c.admission.GetPolicyTemplate,
+        lambda w: message(
+            admission_pb2.GetPolicyTemplateRequest,
+            {"endpoint_id": ids(w.endpoint_ids), "pattern": TEMPLATE_PATTERNS},
+        ),
+    ),
+    "ClearPolicyTemplate": (
+        lambda c: c.admission.ClearPolicyTemplate,
+        lambda w: message(
+            admission_pb2.ClearPolicyTemplateRequest,
+            {"endpoint_id": ids(w.endpoint_ids), "pattern": TEMPLATE_PATTERNS},
+        ),
+    ),
+    "ListPolicyTemplates": (
+        lambda c: c.admission.ListPolicyTemplates,
+        lambda w: message(
+            admission_pb2.ListPolicyTemplatesRequest, {"endpoint_id": ids(w.endpoint_ids)}
+        ),
+    ),
+    "ListPolicyTemplateAudit": (
+        lambda c: c.admission.ListPolicyTemplateAudit,
+        lambda w: message(
+            admission_pb2.ListPolicyTemplateAuditRequest,
+            {
+                "endpoint_id": ids(w.endpoint_ids),
+                "pattern": TEMPLATE_PATTERNS,
                 "page_size": INT32,
                 "page_token": texts("djE6NQ", "v1:5"),
             },

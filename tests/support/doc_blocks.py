@@ -21,7 +21,9 @@ PYTHON_CLIENT = Block("README.md", "python", "ClaimNextRequest")
 #: The worker helper example.
 WORKER = Block("README.md", "python", "from switchboard_dispatch.worker import")
 #: Admission control's worked example (a SetPolicy).
-ADMISSION_EXAMPLE = Block("docs/admission.md", "sh", "AdmissionService/SetPolicy")
+ADMISSION_EXAMPLE = Block("docs/admission.md", "sh", '{\\"policy\\": {')
+#: A policy template (a SetPolicyTemplate).
+TEMPLATE_EXAMPLE = Block("docs/admission.md", "sh", "AdmissionService/SetPolicyTemplate")
 #: One call of every RPC.
 WALKTHROUGH = Block("docs/grpcurl.md", "sh", "call()")
 #: The command line's example session.
@@ -40,6 +42,7 @@ EXECUTED: dict[Block, str] = {
     PYTHON_CLIENT: "tests/grpc/test_readme.py",
     WORKER: "tests/grpc/test_worker.py",
     ADMISSION_EXAMPLE: "tests/grpc/test_readme.py",
+    TEMPLATE_EXAMPLE: "tests/grpc/test_policy_templates.py",
     WALKTHROUGH: "tests/grpc/test_readme.py",
     CLI_EXAMPLE: "tests/grpc/test_readme.py",
     MOVE_TO_CLUSTER: "tests/cluster/test_populated.py",

@@ -30,6 +30,10 @@ class PolicyRow(PolicyLimitColumns):
     updated_at: datetime
     #: The endpoint of the policy's queue (every key of the policy names it).
     endpoint_id: uuid.UUID
+    #: The template an active policy was made from (``None``: the queue's own).
+    template_id: int | None = None
+    #: That template's prefix, where the query reads it (``policy_get_active``).
+    template_prefix: str | None = None
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,9 @@ DISTRIBUTED_TABLES = (
     "todo_audit",
     "schedules",
     "schedule_audit",
+    "policy_templates",
+    "policy_template_locks",
+    "policy_template_audit",
 )
 DISTRIBUTION_COLUMN = "endpoint_id"
 

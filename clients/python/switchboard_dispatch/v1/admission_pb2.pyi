@@ -464,6 +464,11 @@ class GetPolicyResponse(_message.Message):
 
     POLICY_FIELD_NUMBER: _builtins.int
     HEADROOM_FIELD_NUMBER: _builtins.int
+    TEMPLATE_PATTERN_FIELD_NUMBER: _builtins.int
+    template_pattern: _builtins.str
+    """The pattern of the policy template the policy is (e.g.
+    "investigations:*"); empty when it is the queue's own (SetPolicy).
+    """
     @_builtins.property
     def policy(self) -> Global___AdmissionPolicy: ...
     @_builtins.property
@@ -479,10 +484,11 @@ class GetPolicyResponse(_message.Message):
         *,
         policy: Global___AdmissionPolicy | None = ...,
         headroom: Global___Headroom | None = ...,
+        template_pattern: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["headroom", b"headroom", "policy", b"policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["headroom", b"headroom", "policy", b"policy"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["headroom", b"headroom", "policy", b"policy", "template_pattern", b"template_pattern"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -621,3 +627,350 @@ class ListPolicyAuditResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListPolicyAuditResponse: _TypeAlias = ListPolicyAuditResponse  # noqa: Y015
+
+@_typing.final
+class PolicyTemplate(_message.Message):
+    """A policy template: the limits of every queue of an endpoint whose name
+    starts with the pattern's prefix and that has no policy of its own. Of
+    several matching templates, the one with the longest prefix governs.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINT_ID_FIELD_NUMBER: _builtins.int
+    PATTERN_FIELD_NUMBER: _builtins.int
+    MAX_IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    MAX_CLAIMS_PER_WINDOW_FIELD_NUMBER: _builtins.int
+    WINDOW_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
+    endpoint_id: _builtins.str
+    """The endpoint (an agent may leave it empty: its own)."""
+    pattern: _builtins.str
+    """A queue-name prefix followed by "*", e.g. "investigations:*" ("*" alone:
+    every queue of the endpoint). The prefix has the characters of a queue
+    name and at most 64 of them.
+    """
+    max_in_flight: _builtins.int
+    """The most todos of each queue claimed at once."""
+    max_claims_per_window: _builtins.int
+    """The most claims each queue may admit in one window (requires window)."""
+    @_builtins.property
+    def window(self) -> Global___Window: ...
+    @_builtins.property
+    def updated_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        endpoint_id: _builtins.str = ...,
+        pattern: _builtins.str = ...,
+        max_in_flight: _builtins.int | None = ...,
+        max_claims_per_window: _builtins.int | None = ...,
+        window: Global___Window | None = ...,
+        updated_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_claims_per_window", b"_max_claims_per_window", "_max_in_flight", b"_max_in_flight", "max_claims_per_window", b"max_claims_per_window", "max_in_flight", b"max_in_flight", "updated_at", b"updated_at", "window", b"window"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_claims_per_window", b"_max_claims_per_window", "_max_in_flight", b"_max_in_flight", "endpoint_id", b"endpoint_id", "max_claims_per_window", b"max_claims_per_window", "max_in_flight", b"max_in_flight", "pattern", b"pattern", "updated_at", b"updated_at", "window", b"window"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_claims_per_window: _TypeAlias = _typing.Literal["max_claims_per_window"]  # noqa: Y015
+    _WhichOneofArgType__max_claims_per_window: _TypeAlias = _typing.Literal["_max_claims_per_window", b"_max_claims_per_window"]  # noqa: Y015
+    _WhichOneofReturnType__max_in_flight: _TypeAlias = _typing.Literal["max_in_flight"]  # noqa: Y015
+    _WhichOneofArgType__max_in_flight: _TypeAlias = _typing.Literal["_max_in_flight", b"_max_in_flight"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_claims_per_window) -> _WhichOneofReturnType__max_claims_per_window | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_in_flight) -> _WhichOneofReturnType__max_in_flight | None: ...
+
+Global___PolicyTemplate: _TypeAlias = PolicyTemplate  # noqa: Y015
+
+@_typing.final
+class SetPolicyTemplateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_TEMPLATE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def policy_template(self) -> Global___PolicyTemplate:
+        """The endpoint, pattern, limits and window; updated_at is ignored."""
+
+    def __init__(
+        self,
+        *,
+        policy_template: Global___PolicyTemplate | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["policy_template", b"policy_template"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy_template", b"policy_template"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetPolicyTemplateRequest: _TypeAlias = SetPolicyTemplateRequest  # noqa: Y015
+
+@_typing.final
+class SetPolicyTemplateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_TEMPLATE_FIELD_NUMBER: _builtins.int
+    QUEUES_CHANGED_FIELD_NUMBER: _builtins.int
+    queues_changed: _builtins.int
+    """How many queues' policies the change wrote."""
+    @_builtins.property
+    def policy_template(self) -> Global___PolicyTemplate: ...
+    def __init__(
+        self,
+        *,
+        policy_template: Global___PolicyTemplate | None = ...,
+        queues_changed: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["policy_template", b"policy_template"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy_template", b"policy_template", "queues_changed", b"queues_changed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetPolicyTemplateResponse: _TypeAlias = SetPolicyTemplateResponse  # noqa: Y015
+
+@_typing.final
+class GetPolicyTemplateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINT_ID_FIELD_NUMBER: _builtins.int
+    PATTERN_FIELD_NUMBER: _builtins.int
+    endpoint_id: _builtins.str
+    """The endpoint (an agent may leave it empty: its own)."""
+    pattern: _builtins.str
+    def __init__(
+        self,
+        *,
+        endpoint_id: _builtins.str = ...,
+        pattern: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint_id", b"endpoint_id", "pattern", b"pattern"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetPolicyTemplateRequest: _TypeAlias = GetPolicyTemplateRequest  # noqa: Y015
+
+@_typing.final
+class GetPolicyTemplateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_TEMPLATE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def policy_template(self) -> Global___PolicyTemplate: ...
+    def __init__(
+        self,
+        *,
+        policy_template: Global___PolicyTemplate | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["policy_template", b"policy_template"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy_template", b"policy_template"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetPolicyTemplateResponse: _TypeAlias = GetPolicyTemplateResponse  # noqa: Y015
+
+@_typing.final
+class ClearPolicyTemplateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINT_ID_FIELD_NUMBER: _builtins.int
+    PATTERN_FIELD_NUMBER: _builtins.int
+    endpoint_id: _builtins.str
+    """The endpoint (an agent may leave it empty: its own)."""
+    pattern: _builtins.str
+    def __init__(
+        self,
+        *,
+        endpoint_id: _builtins.str = ...,
+        pattern: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint_id", b"endpoint_id", "pattern", b"pattern"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClearPolicyTemplateRequest: _TypeAlias = ClearPolicyTemplateRequest  # noqa: Y015
+
+@_typing.final
+class ClearPolicyTemplateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_TEMPLATE_FIELD_NUMBER: _builtins.int
+    QUEUES_CHANGED_FIELD_NUMBER: _builtins.int
+    queues_changed: _builtins.int
+    """How many queues' policies the change wrote."""
+    @_builtins.property
+    def policy_template(self) -> Global___PolicyTemplate:
+        """The template that was removed."""
+
+    def __init__(
+        self,
+        *,
+        policy_template: Global___PolicyTemplate | None = ...,
+        queues_changed: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["policy_template", b"policy_template"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy_template", b"policy_template", "queues_changed", b"queues_changed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClearPolicyTemplateResponse: _TypeAlias = ClearPolicyTemplateResponse  # noqa: Y015
+
+@_typing.final
+class ListPolicyTemplatesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINT_ID_FIELD_NUMBER: _builtins.int
+    endpoint_id: _builtins.str
+    """The endpoint (an agent may leave it empty: its own)."""
+    def __init__(
+        self,
+        *,
+        endpoint_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint_id", b"endpoint_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPolicyTemplatesRequest: _TypeAlias = ListPolicyTemplatesRequest  # noqa: Y015
+
+@_typing.final
+class ListPolicyTemplatesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_TEMPLATES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def policy_templates(self) -> _containers.RepeatedCompositeFieldContainer[Global___PolicyTemplate]: ...
+    def __init__(
+        self,
+        *,
+        policy_templates: _abc.Iterable[Global___PolicyTemplate] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy_templates", b"policy_templates"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPolicyTemplatesResponse: _TypeAlias = ListPolicyTemplatesResponse  # noqa: Y015
+
+@_typing.final
+class PolicyTemplateAuditEntry(_message.Message):
+    """One audited template change."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    ENDPOINT_ID_FIELD_NUMBER: _builtins.int
+    PATTERN_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    ACTOR_HUMAN_ID_FIELD_NUMBER: _builtins.int
+    ACTOR_ENDPOINT_ID_FIELD_NUMBER: _builtins.int
+    ACTOR_CREDENTIAL_ID_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    BEFORE_FIELD_NUMBER: _builtins.int
+    AFTER_FIELD_NUMBER: _builtins.int
+    QUEUES_CHANGED_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    endpoint_id: _builtins.str
+    pattern: _builtins.str
+    action: Global___PolicyAction.ValueType
+    actor_human_id: _builtins.str
+    """The human who made it, or who vended the agent credential that did."""
+    actor_endpoint_id: _builtins.str
+    """Set when an agent (endpoint credential) made the change."""
+    actor_credential_id: _builtins.str
+    queues_changed: _builtins.int
+    """How many queues' policies the change wrote."""
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def before(self) -> Global___PolicyTemplate:
+        """Unset when there was no template before."""
+
+    @_builtins.property
+    def after(self) -> Global___PolicyTemplate:
+        """Unset after a clear."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        endpoint_id: _builtins.str = ...,
+        pattern: _builtins.str = ...,
+        action: Global___PolicyAction.ValueType = ...,
+        actor_human_id: _builtins.str = ...,
+        actor_endpoint_id: _builtins.str = ...,
+        actor_credential_id: _builtins.str = ...,
+        at: _timestamp_pb2.Timestamp | None = ...,
+        before: Global___PolicyTemplate | None = ...,
+        after: Global___PolicyTemplate | None = ...,
+        queues_changed: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "at", b"at", "before", b"before"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "actor_credential_id", b"actor_credential_id", "actor_endpoint_id", b"actor_endpoint_id", "actor_human_id", b"actor_human_id", "after", b"after", "at", b"at", "before", b"before", "endpoint_id", b"endpoint_id", "id", b"id", "pattern", b"pattern", "queues_changed", b"queues_changed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PolicyTemplateAuditEntry: _TypeAlias = PolicyTemplateAuditEntry  # noqa: Y015
+
+@_typing.final
+class ListPolicyTemplateAuditRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINT_ID_FIELD_NUMBER: _builtins.int
+    PATTERN_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    endpoint_id: _builtins.str
+    """The endpoint (an agent may leave it empty: its own)."""
+    pattern: _builtins.str
+    page_size: _builtins.int
+    """1 to 500; defaults to 50."""
+    page_token: _builtins.str
+    def __init__(
+        self,
+        *,
+        endpoint_id: _builtins.str = ...,
+        pattern: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint_id", b"endpoint_id", "page_size", b"page_size", "page_token", b"page_token", "pattern", b"pattern"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPolicyTemplateAuditRequest: _TypeAlias = ListPolicyTemplateAuditRequest  # noqa: Y015
+
+@_typing.final
+class ListPolicyTemplateAuditResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___PolicyTemplateAuditEntry]: ...
+    def __init__(
+        self,
+        *,
+        entries: _abc.Iterable[Global___PolicyTemplateAuditEntry] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPolicyTemplateAuditResponse: _TypeAlias = ListPolicyTemplateAuditResponse  # noqa: Y015

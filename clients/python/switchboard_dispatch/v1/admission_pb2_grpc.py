@@ -56,6 +56,31 @@ class AdmissionServiceStub:
                 request_serializer=switchboard_dot_v1_dot_admission__pb2.ListPolicyAuditRequest.SerializeToString,
                 response_deserializer=switchboard_dot_v1_dot_admission__pb2.ListPolicyAuditResponse.FromString,
                 _registered_method=True)
+        self.SetPolicyTemplate = channel.unary_unary(
+                '/switchboard.v1.AdmissionService/SetPolicyTemplate',
+                request_serializer=switchboard_dot_v1_dot_admission__pb2.SetPolicyTemplateRequest.SerializeToString,
+                response_deserializer=switchboard_dot_v1_dot_admission__pb2.SetPolicyTemplateResponse.FromString,
+                _registered_method=True)
+        self.GetPolicyTemplate = channel.unary_unary(
+                '/switchboard.v1.AdmissionService/GetPolicyTemplate',
+                request_serializer=switchboard_dot_v1_dot_admission__pb2.GetPolicyTemplateRequest.SerializeToString,
+                response_deserializer=switchboard_dot_v1_dot_admission__pb2.GetPolicyTemplateResponse.FromString,
+                _registered_method=True)
+        self.ClearPolicyTemplate = channel.unary_unary(
+                '/switchboard.v1.AdmissionService/ClearPolicyTemplate',
+                request_serializer=switchboard_dot_v1_dot_admission__pb2.ClearPolicyTemplateRequest.SerializeToString,
+                response_deserializer=switchboard_dot_v1_dot_admission__pb2.ClearPolicyTemplateResponse.FromString,
+                _registered_method=True)
+        self.ListPolicyTemplates = channel.unary_unary(
+                '/switchboard.v1.AdmissionService/ListPolicyTemplates',
+                request_serializer=switchboard_dot_v1_dot_admission__pb2.ListPolicyTemplatesRequest.SerializeToString,
+                response_deserializer=switchboard_dot_v1_dot_admission__pb2.ListPolicyTemplatesResponse.FromString,
+                _registered_method=True)
+        self.ListPolicyTemplateAudit = channel.unary_unary(
+                '/switchboard.v1.AdmissionService/ListPolicyTemplateAudit',
+                request_serializer=switchboard_dot_v1_dot_admission__pb2.ListPolicyTemplateAuditRequest.SerializeToString,
+                response_deserializer=switchboard_dot_v1_dot_admission__pb2.ListPolicyTemplateAuditResponse.FromString,
+                _registered_method=True)
 
 
 class AdmissionServiceServicer:
@@ -91,6 +116,52 @@ class AdmissionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetPolicyTemplate(self, request, context):
+        """Creates or replaces a policy template: the policy of every queue of the
+        endpoint whose name matches its pattern and that has no policy of its
+        own (the longest matching pattern wins), from the moment the queue's
+        first todo is ingested. Each queue keeps its own window counter and
+        in-flight count. Applied to every matching queue in one transaction
+        (counts in the current window kept, reopened queues rung once) and
+        audited once. An agent (with the set_admission_policy grant) may not set
+        limits looser than what a human set on the template, or on the longest
+        template whose pattern encloses it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPolicyTemplate(self, request, context):
+        """One policy template (NOT_FOUND when the endpoint has none with the pattern).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClearPolicyTemplate(self, request, context):
+        """Removes a policy template: each queue it governed falls back to its next
+        longest matching template, or to no policy, in one transaction; audited
+        once. An agent (with the clear_admission_policy grant) may clear a
+        template a human set only when what its queues fall back to is no looser.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPolicyTemplates(self, request, context):
+        """Every policy template of an endpoint, by pattern (at most 1000).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPolicyTemplateAudit(self, request, context):
+        """The audit trail of a template's changes, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdmissionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -113,6 +184,31 @@ def add_AdmissionServiceServicer_to_server(servicer, server):
                     servicer.ListPolicyAudit,
                     request_deserializer=switchboard_dot_v1_dot_admission__pb2.ListPolicyAuditRequest.FromString,
                     response_serializer=switchboard_dot_v1_dot_admission__pb2.ListPolicyAuditResponse.SerializeToString,
+            ),
+            'SetPolicyTemplate': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetPolicyTemplate,
+                    request_deserializer=switchboard_dot_v1_dot_admission__pb2.SetPolicyTemplateRequest.FromString,
+                    response_serializer=switchboard_dot_v1_dot_admission__pb2.SetPolicyTemplateResponse.SerializeToString,
+            ),
+            'GetPolicyTemplate': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPolicyTemplate,
+                    request_deserializer=switchboard_dot_v1_dot_admission__pb2.GetPolicyTemplateRequest.FromString,
+                    response_serializer=switchboard_dot_v1_dot_admission__pb2.GetPolicyTemplateResponse.SerializeToString,
+            ),
+            'ClearPolicyTemplate': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClearPolicyTemplate,
+                    request_deserializer=switchboard_dot_v1_dot_admission__pb2.ClearPolicyTemplateRequest.FromString,
+                    response_serializer=switchboard_dot_v1_dot_admission__pb2.ClearPolicyTemplateResponse.SerializeToString,
+            ),
+            'ListPolicyTemplates': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPolicyTemplates,
+                    request_deserializer=switchboard_dot_v1_dot_admission__pb2.ListPolicyTemplatesRequest.FromString,
+                    response_serializer=switchboard_dot_v1_dot_admission__pb2.ListPolicyTemplatesResponse.SerializeToString,
+            ),
+            'ListPolicyTemplateAudit': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPolicyTemplateAudit,
+                    request_deserializer=switchboard_dot_v1_dot_admission__pb2.ListPolicyTemplateAuditRequest.FromString,
+                    response_serializer=switchboard_dot_v1_dot_admission__pb2.ListPolicyTemplateAuditResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -225,6 +321,141 @@ class AdmissionService:
             '/switchboard.v1.AdmissionService/ListPolicyAudit',
             switchboard_dot_v1_dot_admission__pb2.ListPolicyAuditRequest.SerializeToString,
             switchboard_dot_v1_dot_admission__pb2.ListPolicyAuditResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetPolicyTemplate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchboard.v1.AdmissionService/SetPolicyTemplate',
+            switchboard_dot_v1_dot_admission__pb2.SetPolicyTemplateRequest.SerializeToString,
+            switchboard_dot_v1_dot_admission__pb2.SetPolicyTemplateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPolicyTemplate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchboard.v1.AdmissionService/GetPolicyTemplate',
+            switchboard_dot_v1_dot_admission__pb2.GetPolicyTemplateRequest.SerializeToString,
+            switchboard_dot_v1_dot_admission__pb2.GetPolicyTemplateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClearPolicyTemplate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchboard.v1.AdmissionService/ClearPolicyTemplate',
+            switchboard_dot_v1_dot_admission__pb2.ClearPolicyTemplateRequest.SerializeToString,
+            switchboard_dot_v1_dot_admission__pb2.ClearPolicyTemplateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPolicyTemplates(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchboard.v1.AdmissionService/ListPolicyTemplates',
+            switchboard_dot_v1_dot_admission__pb2.ListPolicyTemplatesRequest.SerializeToString,
+            switchboard_dot_v1_dot_admission__pb2.ListPolicyTemplatesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPolicyTemplateAudit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchboard.v1.AdmissionService/ListPolicyTemplateAudit',
+            switchboard_dot_v1_dot_admission__pb2.ListPolicyTemplateAuditRequest.SerializeToString,
+            switchboard_dot_v1_dot_admission__pb2.ListPolicyTemplateAuditResponse.FromString,
             options,
             channel_credentials,
             insecure,

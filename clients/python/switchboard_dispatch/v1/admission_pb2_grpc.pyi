@@ -43,6 +43,29 @@ class AdmissionServiceStub:
     """Removes a queue's policy. Audited."""
     ListPolicyAudit: _grpc.UnaryUnaryMultiCallable[_admission_pb2.ListPolicyAuditRequest, _admission_pb2.ListPolicyAuditResponse]
     """The audit trail of a queue's policy changes, newest first."""
+    SetPolicyTemplate: _grpc.UnaryUnaryMultiCallable[_admission_pb2.SetPolicyTemplateRequest, _admission_pb2.SetPolicyTemplateResponse]
+    """Creates or replaces a policy template: the policy of every queue of the
+    endpoint whose name matches its pattern and that has no policy of its
+    own (the longest matching pattern wins), from the moment the queue's
+    first todo is ingested. Each queue keeps its own window counter and
+    in-flight count. Applied to every matching queue in one transaction
+    (counts in the current window kept, reopened queues rung once) and
+    audited once. An agent (with the set_admission_policy grant) may not set
+    limits looser than what a human set on the template, or on the longest
+    template whose pattern encloses it.
+    """
+    GetPolicyTemplate: _grpc.UnaryUnaryMultiCallable[_admission_pb2.GetPolicyTemplateRequest, _admission_pb2.GetPolicyTemplateResponse]
+    """One policy template (NOT_FOUND when the endpoint has none with the pattern)."""
+    ClearPolicyTemplate: _grpc.UnaryUnaryMultiCallable[_admission_pb2.ClearPolicyTemplateRequest, _admission_pb2.ClearPolicyTemplateResponse]
+    """Removes a policy template: each queue it governed falls back to its next
+    longest matching template, or to no policy, in one transaction; audited
+    once. An agent (with the clear_admission_policy grant) may clear a
+    template a human set only when what its queues fall back to is no looser.
+    """
+    ListPolicyTemplates: _grpc.UnaryUnaryMultiCallable[_admission_pb2.ListPolicyTemplatesRequest, _admission_pb2.ListPolicyTemplatesResponse]
+    """Every policy template of an endpoint, by pattern (at most 1000)."""
+    ListPolicyTemplateAudit: _grpc.UnaryUnaryMultiCallable[_admission_pb2.ListPolicyTemplateAuditRequest, _admission_pb2.ListPolicyTemplateAuditResponse]
+    """The audit trail of a template's changes, newest first."""
 
 @_typing.type_check_only
 class AdmissionServiceAsyncStub(AdmissionServiceStub):
@@ -59,6 +82,29 @@ class AdmissionServiceAsyncStub(AdmissionServiceStub):
     """Removes a queue's policy. Audited."""
     ListPolicyAudit: _aio.UnaryUnaryMultiCallable[_admission_pb2.ListPolicyAuditRequest, _admission_pb2.ListPolicyAuditResponse]  # type: ignore[assignment]
     """The audit trail of a queue's policy changes, newest first."""
+    SetPolicyTemplate: _aio.UnaryUnaryMultiCallable[_admission_pb2.SetPolicyTemplateRequest, _admission_pb2.SetPolicyTemplateResponse]  # type: ignore[assignment]
+    """Creates or replaces a policy template: the policy of every queue of the
+    endpoint whose name matches its pattern and that has no policy of its
+    own (the longest matching pattern wins), from the moment the queue's
+    first todo is ingested. Each queue keeps its own window counter and
+    in-flight count. Applied to every matching queue in one transaction
+    (counts in the current window kept, reopened queues rung once) and
+    audited once. An agent (with the set_admission_policy grant) may not set
+    limits looser than what a human set on the template, or on the longest
+    template whose pattern encloses it.
+    """
+    GetPolicyTemplate: _aio.UnaryUnaryMultiCallable[_admission_pb2.GetPolicyTemplateRequest, _admission_pb2.GetPolicyTemplateResponse]  # type: ignore[assignment]
+    """One policy template (NOT_FOUND when the endpoint has none with the pattern)."""
+    ClearPolicyTemplate: _aio.UnaryUnaryMultiCallable[_admission_pb2.ClearPolicyTemplateRequest, _admission_pb2.ClearPolicyTemplateResponse]  # type: ignore[assignment]
+    """Removes a policy template: each queue it governed falls back to its next
+    longest matching template, or to no policy, in one transaction; audited
+    once. An agent (with the clear_admission_policy grant) may clear a
+    template a human set only when what its queues fall back to is no looser.
+    """
+    ListPolicyTemplates: _aio.UnaryUnaryMultiCallable[_admission_pb2.ListPolicyTemplatesRequest, _admission_pb2.ListPolicyTemplatesResponse]  # type: ignore[assignment]
+    """Every policy template of an endpoint, by pattern (at most 1000)."""
+    ListPolicyTemplateAudit: _aio.UnaryUnaryMultiCallable[_admission_pb2.ListPolicyTemplateAuditRequest, _admission_pb2.ListPolicyTemplateAuditResponse]  # type: ignore[assignment]
+    """The audit trail of a template's changes, newest first."""
 
 class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
     """Per-queue admission budgets: how much work a queue may start per calendar
@@ -96,5 +142,58 @@ class AdmissionServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admission_pb2.ListPolicyAuditResponse, _abc.Awaitable[_admission_pb2.ListPolicyAuditResponse]]:
         """The audit trail of a queue's policy changes, newest first."""
+
+    @_abc_1.abstractmethod
+    def SetPolicyTemplate(
+        self,
+        request: _admission_pb2.SetPolicyTemplateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_pb2.SetPolicyTemplateResponse, _abc.Awaitable[_admission_pb2.SetPolicyTemplateResponse]]:
+        """Creates or replaces a policy template: the policy of every queue of the
+        endpoint whose name matches its pattern and that has no policy of its
+        own (the longest matching pattern wins), from the moment the queue's
+        first todo is ingested. Each queue keeps its own window counter and
+        in-flight count. Applied to every matching queue in one transaction
+        (counts in the current window kept, reopened queues rung once) and
+        audited once. An agent (with the set_admission_policy grant) may not set
+        limits looser than what a human set on the template, or on the longest
+        template whose pattern encloses it.
+        """
+
+    @_abc_1.abstractmethod
+    def GetPolicyTemplate(
+        self,
+        request: _admission_pb2.GetPolicyTemplateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_pb2.GetPolicyTemplateResponse, _abc.Awaitable[_admission_pb2.GetPolicyTemplateResponse]]:
+        """One policy template (NOT_FOUND when the endpoint has none with the pattern)."""
+
+    @_abc_1.abstractmethod
+    def ClearPolicyTemplate(
+        self,
+        request: _admission_pb2.ClearPolicyTemplateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_pb2.ClearPolicyTemplateResponse, _abc.Awaitable[_admission_pb2.ClearPolicyTemplateResponse]]:
+        """Removes a policy template: each queue it governed falls back to its next
+        longest matching template, or to no policy, in one transaction; audited
+        once. An agent (with the clear_admission_policy grant) may clear a
+        template a human set only when what its queues fall back to is no looser.
+        """
+
+    @_abc_1.abstractmethod
+    def ListPolicyTemplates(
+        self,
+        request: _admission_pb2.ListPolicyTemplatesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_pb2.ListPolicyTemplatesResponse, _abc.Awaitable[_admission_pb2.ListPolicyTemplatesResponse]]:
+        """Every policy template of an endpoint, by pattern (at most 1000)."""
+
+    @_abc_1.abstractmethod
+    def ListPolicyTemplateAudit(
+        self,
+        request: _admission_pb2.ListPolicyTemplateAuditRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_pb2.ListPolicyTemplateAuditResponse, _abc.Awaitable[_admission_pb2.ListPolicyTemplateAuditResponse]]:
+        """The audit trail of a template's changes, newest first."""
 
 def add_AdmissionServiceServicer_to_server(servicer: AdmissionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -5,7 +5,8 @@
 
 -- Ingest of many todos of one endpoint in one transaction (IngestTodos, and
 -- single Ingests, alone or combined): item i goes to queue p_queues[i]
--- (created when new) with the i-th entry of each array (p_traceparents[i]:
+-- (created when new, with the policy of its longest matching template:
+-- sb_templates_materialize) with the i-th entry of each array (p_traceparents[i]:
 -- the producer's trace context; p_priorities[i]: its priority, 0 to 9; the
 -- key arrays and p_traceparents may be NULL: none for every item;
 -- p_priorities NULL: 0 for every item). An item
@@ -71,6 +72,7 @@ DECLARE
     v_got_rows todos[];
     v_expired bigint[];
     v_missing text[];
+    v_made bigint[];
 BEGIN
     PERFORM sb_hold_shard_groups(ARRAY[p_endpoint_id]);
     PERFORM 1 FROM endpoints e WHERE e.id = p_endpoint_id AND e.owner_id = p_owner_id;
@@ -91,11 +93,21 @@ BEGIN
                                          WHERE q.endpoint_id = p_endpoint_id
                                            AND q.name = ANY (p_queues)))
              ORDER BY u.name);
-        INSERT INTO queues (owner_id, endpoint_id, name)
-        SELECT p_owner_id, p_endpoint_id, m.name
-          FROM unnest(v_missing) AS m (name)
-         ORDER BY m.name
-        ON CONFLICT ON CONSTRAINT queues_endpoint_name_key DO NOTHING;
+        -- A new queue gets its template's policy in this transaction, so
+        -- that none of its todos is ever claimable without its budget
+        -- (fn_templates.sql: the template lock, held shared, orders the
+        -- creation against template changes).
+        PERFORM sb_templates_hold(p_endpoint_id);
+        WITH made AS (
+            INSERT INTO queues (owner_id, endpoint_id, name)
+            SELECT p_owner_id, p_endpoint_id, m.name
+              FROM unnest(v_missing) AS m (name)
+             ORDER BY m.name
+            ON CONFLICT ON CONSTRAINT queues_endpoint_name_key DO NOTHING
+            RETURNING id
+        )
+        SELECT coalesce(array_agg(m.id), '{}') INTO v_made FROM made m;
+        PERFORM sb_templates_materialize(p_endpoint_id, v_made);
     END LOOP;
     SELECT array_agg(nextval(v_seq) ORDER BY g) INTO v_ids FROM generate_series(1, v_n) AS g;
     IF p_webhook_ids IS NULL AND p_keys IS NULL THEN

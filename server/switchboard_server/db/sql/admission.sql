@@ -1,17 +1,8 @@
 -- name: queue_upsert :one
 -- The id of an endpoint's queue, creating it (a queue exists once it has a
--- todo or a policy). No row when the endpoint is not the owner's.
-WITH endpoint AS (
-    SELECT id, owner_id FROM endpoints WHERE id = :endpoint_id AND owner_id = :owner_id
-), inserted AS (
-    INSERT INTO queues (owner_id, endpoint_id, name)
-    SELECT owner_id, id, :name FROM endpoint
-    ON CONFLICT ON CONSTRAINT queues_endpoint_name_key DO NOTHING
-    RETURNING id
-)
-SELECT id FROM inserted
-UNION ALL
-SELECT q.id FROM queues q JOIN endpoint e ON q.endpoint_id = e.id WHERE q.name = :name;
+-- todo or a policy) with its template's policy when one matches
+-- (sb_queue_upsert). NULL when the endpoint is not the owner's.
+SELECT sb_queue_upsert(:owner_id, :endpoint_id, :name) AS id;
 
 -- name: queue_find :one
 -- An endpoint's queue by name, if the endpoint is the owner's.
@@ -29,15 +20,19 @@ ON CONFLICT ON CONSTRAINT admission_policies_queue_key DO NOTHING;
 SELECT * FROM admission_policies WHERE queue_id = :queue_id AND endpoint_id = :endpoint_id FOR UPDATE;
 
 -- name: policy_get_active :one
--- The active policy of a queue (:queue_id, of endpoint :endpoint_id), unlocked.
-SELECT * FROM admission_policies WHERE queue_id = :queue_id AND endpoint_id = :endpoint_id AND active;
+-- The active policy of a queue (:queue_id, of endpoint :endpoint_id), unlocked,
+-- with the prefix of the template it was made from (NULL: the queue's own).
+SELECT p.*, t.prefix AS template_prefix
+  FROM admission_policies p
+  LEFT JOIN policy_templates t ON t.endpoint_id = p.endpoint_id AND t.id = p.template_id
+ WHERE p.queue_id = :queue_id AND p.endpoint_id = :endpoint_id AND p.active;
 
 -- name: policy_store :one
 -- Writes a locked policy row (of endpoint :endpoint_id) and points the queue at it
--- (while :active).
+-- (while :active): the queue's own policy (no template), or none.
 WITH stored AS (
     UPDATE admission_policies
-       SET active = :active, max_in_flight = :max_in_flight, max_claims_per_window = :max_claims_per_window,
+       SET active = :active, template_id = NULL, max_in_flight = :max_in_flight, max_claims_per_window = :max_claims_per_window,
            window_period = :window_period, window_zone = :window_zone, window_start = :window_start, window_weekday = :window_weekday,
            window_bounds = :window_bounds, schedule_refresh_at = :schedule_refresh_at, updated_at = sb_now()
      WHERE id = :policy_id AND endpoint_id = :endpoint_id

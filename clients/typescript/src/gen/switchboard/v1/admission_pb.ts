@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file switchboard/v1/admission.proto.
  */
 export const file_switchboard_v1_admission: GenFile = /*@__PURE__*/
-  fileDesc("Ch5zd2l0Y2hib2FyZC92MS9hZG1pc3Npb24ucHJvdG8SDnN3aXRjaGJvYXJkLnYxIoIBCgZXaW5kb3cSLAoGcGVyaW9kGAEgASgOMhwuc3dpdGNoYm9hcmQudjEuV2luZG93UGVyaW9kEhEKCXRpbWVfem9uZRgCIAEoCRINCgVzdGFydBgDIAEoCRIoCgd3ZWVrZGF5GAQgASgOMhcuc3dpdGNoYm9hcmQudjEuV2Vla2RheSL+AQoPQWRtaXNzaW9uUG9saWN5EicKBXF1ZXVlGAEgASgLMhguc3dpdGNoYm9hcmQudjEuUXVldWVSZWYSGgoNbWF4X2luX2ZsaWdodBgCIAEoBUgAiAEBEiIKFW1heF9jbGFpbXNfcGVyX3dpbmRvdxgDIAEoBUgBiAEBEiYKBndpbmRvdxgEIAEoCzIWLnN3aXRjaGJvYXJkLnYxLldpbmRvdxIuCgp1cGRhdGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEIQCg5fbWF4X2luX2ZsaWdodEIYChZfbWF4X2NsYWltc19wZXJfd2luZG93IrUBCg9BZG1pc3Npb25TdGF0dXMSLQoFc3RhdGUYASABKA4yHi5zd2l0Y2hib2FyZC52MS5BZG1pc3Npb25TdGF0ZRIuCgZyZWFzb24YAiABKA4yHi5zd2l0Y2hib2FyZC52MS5EZWZlcnJhbFJlYXNvbhI0ChBuZXh0X2VsaWdpYmxlX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBINCgVleGFjdBgEIAEoCCK+AQoNRGVmZXJyZWRRdWV1ZRInCgVxdWV1ZRgBIAEoCzIYLnN3aXRjaGJvYXJkLnYxLlF1ZXVlUmVmEi4KBnJlYXNvbhgCIAEoDjIeLnN3aXRjaGJvYXJkLnYxLkRlZmVycmFsUmVhc29uEg8KB3BlbmRpbmcYAyABKAMSNAoQbmV4dF9lbGlnaWJsZV9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDQoFZXhhY3QYBSABKAgi3gEKCEhlYWRyb29tEhMKC3dpbmRvd191c2VkGAEgASgFEhkKDHdpbmRvd19saW1pdBgCIAEoBUgAiAEBEhgKEHdpbmRvd19yZW1haW5pbmcYAyABKAUSLQoJcmVzZXRzX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIWCg5pbl9mbGlnaHRfdXNlZBgFIAEoBRIcCg9pbl9mbGlnaHRfbGltaXQYBiABKAVIAYgBAUIPCg1fd2luZG93X2xpbWl0QhIKEF9pbl9mbGlnaHRfbGltaXQivwEKDkRlZmVycmFsRGV0YWlsEicKBXF1ZXVlGAEgASgLMhguc3dpdGNoYm9hcmQudjEuUXVldWVSZWYSLgoGcmVhc29uGAIgASgOMh4uc3dpdGNoYm9hcmQudjEuRGVmZXJyYWxSZWFzb24SNAoQbmV4dF9lbGlnaWJsZV9hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDQoFZXhhY3QYBCABKAgSDwoHcGVuZGluZxgFIAEoAyLOAgoQUG9saWN5QXVkaXRFbnRyeRIKCgJpZBgBIAEoCRInCgVxdWV1ZRgCIAEoCzIYLnN3aXRjaGJvYXJkLnYxLlF1ZXVlUmVmEiwKBmFjdGlvbhgDIAEoDjIcLnN3aXRjaGJvYXJkLnYxLlBvbGljeUFjdGlvbhIWCg5hY3Rvcl9odW1hbl9pZBgEIAEoCRIZChFhY3Rvcl9lbmRwb2ludF9pZBgFIAEoCRIbChNhY3Rvcl9jcmVkZW50aWFsX2lkGAYgASgJEiYKAmF0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgZiZWZvcmUYCCABKAsyHy5zd2l0Y2hib2FyZC52MS5BZG1pc3Npb25Qb2xpY3kSLgoFYWZ0ZXIYCSABKAsyHy5zd2l0Y2hib2FyZC52MS5BZG1pc3Npb25Qb2xpY3kiOwoQR2V0UG9saWN5UmVxdWVzdBInCgVxdWV1ZRgBIAEoCzIYLnN3aXRjaGJvYXJkLnYxLlF1ZXVlUmVmInAKEUdldFBvbGljeVJlc3BvbnNlEi8KBnBvbGljeRgBIAEoCzIfLnN3aXRjaGJvYXJkLnYxLkFkbWlzc2lvblBvbGljeRIqCghoZWFkcm9vbRgCIAEoCzIYLnN3aXRjaGJvYXJkLnYxLkhlYWRyb29tIkMKEFNldFBvbGljeVJlcXVlc3QSLwoGcG9saWN5GAEgASgLMh8uc3dpdGNoYm9hcmQudjEuQWRtaXNzaW9uUG9saWN5IkQKEVNldFBvbGljeVJlc3BvbnNlEi8KBnBvbGljeRgBIAEoCzIfLnN3aXRjaGJvYXJkLnYxLkFkbWlzc2lvblBvbGljeSI9ChJDbGVhclBvbGljeVJlcXVlc3QSJwoFcXVldWUYASABKAsyGC5zd2l0Y2hib2FyZC52MS5RdWV1ZVJlZiJGChNDbGVhclBvbGljeVJlc3BvbnNlEi8KBnBvbGljeRgBIAEoCzIfLnN3aXRjaGJvYXJkLnYxLkFkbWlzc2lvblBvbGljeSJoChZMaXN0UG9saWN5QXVkaXRSZXF1ZXN0EicKBXF1ZXVlGAEgASgLMhguc3dpdGNoYm9hcmQudjEuUXVldWVSZWYSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiZQoXTGlzdFBvbGljeUF1ZGl0UmVzcG9uc2USMQoHZW50cmllcxgBIAMoCzIgLnN3aXRjaGJvYXJkLnYxLlBvbGljeUF1ZGl0RW50cnkSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJKnQKDFdpbmRvd1BlcmlvZBIdChlXSU5ET1dfUEVSSU9EX1VOU1BFQ0lGSUVEEAASFgoSV0lORE9XX1BFUklPRF9IT1VSEAESFQoRV0lORE9XX1BFUklPRF9EQVkQAhIWChJXSU5ET1dfUEVSSU9EX1dFRUsQAyq2AQoHV2Vla2RheRIXChNXRUVLREFZX1VOU1BFQ0lGSUVEEAASEgoOV0VFS0RBWV9NT05EQVkQARITCg9XRUVLREFZX1RVRVNEQVkQAhIVChFXRUVLREFZX1dFRE5FU0RBWRADEhQKEFdFRUtEQVlfVEhVUlNEQVkQBBISCg5XRUVLREFZX0ZSSURBWRAFEhQKEFdFRUtEQVlfU0FUVVJEQVkQBhISCg5XRUVLREFZX1NVTkRBWRAHKm0KDkFkbWlzc2lvblN0YXRlEh8KG0FETUlTU0lPTl9TVEFURV9VTlNQRUNJRklFRBAAEhwKGEFETUlTU0lPTl9TVEFURV9BRE1JVFRFRBABEhwKGEFETUlTU0lPTl9TVEFURV9ERUZFUlJFRBACKsIBCg5EZWZlcnJhbFJlYXNvbhIfChtERUZFUlJBTF9SRUFTT05fVU5TUEVDSUZJRUQQABIaChZERUZFUlJBTF9SRUFTT05fUEFVU0VEEAESJAogREVGRVJSQUxfUkVBU09OX1dJTkRPV19FWEhBVVNURUQQAhIiCh5ERUZFUlJBTF9SRUFTT05fSU5fRkxJR0hUX0ZVTEwQAxIpCiVERUZFUlJBTF9SRUFTT05fQURNSVNTSU9OX1VOQVZBSUxBQkxFEAQqXQoMUG9saWN5QWN0aW9uEh0KGVBPTElDWV9BQ1RJT05fVU5TUEVDSUZJRUQQABIVChFQT0xJQ1lfQUNUSU9OX1NFVBABEhcKE1BPTElDWV9BQ1RJT05fQ0xFQVIQAjLyAgoQQWRtaXNzaW9uU2VydmljZRJQCglHZXRQb2xpY3kSIC5zd2l0Y2hib2FyZC52MS5HZXRQb2xpY3lSZXF1ZXN0GiEuc3dpdGNoYm9hcmQudjEuR2V0UG9saWN5UmVzcG9uc2USUAoJU2V0UG9saWN5EiAuc3dpdGNoYm9hcmQudjEuU2V0UG9saWN5UmVxdWVzdBohLnN3aXRjaGJvYXJkLnYxLlNldFBvbGljeVJlc3BvbnNlElYKC0NsZWFyUG9saWN5EiIuc3dpdGNoYm9hcmQudjEuQ2xlYXJQb2xpY3lSZXF1ZXN0GiMuc3dpdGNoYm9hcmQudjEuQ2xlYXJQb2xpY3lSZXNwb25zZRJiCg9MaXN0UG9saWN5QXVkaXQSJi5zd2l0Y2hib2FyZC52MS5MaXN0UG9saWN5QXVkaXRSZXF1ZXN0Gicuc3dpdGNoYm9hcmQudjEuTGlzdFBvbGljeUF1ZGl0UmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_timestamp, file_switchboard_v1_queue]);
+  fileDesc("Ch5zd2l0Y2hib2FyZC92MS9hZG1pc3Npb24ucHJvdG8SDnN3aXRjaGJvYXJkLnYxIoIBCgZXaW5kb3cSLAoGcGVyaW9kGAEgASgOMhwuc3dpdGNoYm9hcmQudjEuV2luZG93UGVyaW9kEhEKCXRpbWVfem9uZRgCIAEoCRINCgVzdGFydBgDIAEoCRIoCgd3ZWVrZGF5GAQgASgOMhcuc3dpdGNoYm9hcmQudjEuV2Vla2RheSL+AQoPQWRtaXNzaW9uUG9saWN5EicKBXF1ZXVlGAEgASgLMhguc3dpdGNoYm9hcmQudjEuUXVldWVSZWYSGgoNbWF4X2luX2ZsaWdodBgCIAEoBUgAiAEBEiIKFW1heF9jbGFpbXNfcGVyX3dpbmRvdxgDIAEoBUgBiAEBEiYKBndpbmRvdxgEIAEoCzIWLnN3aXRjaGJvYXJkLnYxLldpbmRvdxIuCgp1cGRhdGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEIQCg5fbWF4X2luX2ZsaWdodEIYChZfbWF4X2NsYWltc19wZXJfd2luZG93IrUBCg9BZG1pc3Npb25TdGF0dXMSLQoFc3RhdGUYASABKA4yHi5zd2l0Y2hib2FyZC52MS5BZG1pc3Npb25TdGF0ZRIuCgZyZWFzb24YAiABKA4yHi5zd2l0Y2hib2FyZC52MS5EZWZlcnJhbFJlYXNvbhI0ChBuZXh0X2VsaWdpYmxlX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBINCgVleGFjdBgEIAEoCCK+AQoNRGVmZXJyZWRRdWV1ZRInCgVxdWV1ZRgBIAEoCzIYLnN3aXRjaGJvYXJkLnYxLlF1ZXVlUmVmEi4KBnJlYXNvbhgCIAEoDjIeLnN3aXRjaGJvYXJkLnYxLkRlZmVycmFsUmVhc29uEg8KB3BlbmRpbmcYAyABKAMSNAoQbmV4dF9lbGlnaWJsZV9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDQoFZXhhY3QYBSABKAgi3gEKCEhlYWRyb29tEhMKC3dpbmRvd191c2VkGAEgASgFEhkKDHdpbmRvd19saW1pdBgCIAEoBUgAiAEBEhgKEHdpbmRvd19yZW1haW5pbmcYAyABKAUSLQoJcmVzZXRzX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIWCg5pbl9mbGlnaHRfdXNlZBgFIAEoBRIcCg9pbl9mbGlnaHRfbGltaXQYBiABKAVIAYgBAUIPCg1fd2luZG93X2xpbWl0QhIKEF9pbl9mbGlnaHRfbGltaXQivwEKDkRlZmVycmFsRGV0YWlsEicKBXF1ZXVlGAEgASgLMhguc3dpdGNoYm9hcmQudjEuUXVldWVSZWYSLgoGcmVhc29uGAIgASgOMh4uc3dpdGNoYm9hcmQudjEuRGVmZXJyYWxSZWFzb24SNAoQbmV4dF9lbGlnaWJsZV9hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDQoFZXhhY3QYBCABKAgSDwoHcGVuZGluZxgFIAEoAyLOAgoQUG9saWN5QXVkaXRFbnRyeRIKCgJpZBgBIAEoCRInCgVxdWV1ZRgCIAEoCzIYLnN3aXRjaGJvYXJkLnYxLlF1ZXVlUmVmEiwKBmFjdGlvbhgDIAEoDjIcLnN3aXRjaGJvYXJkLnYxLlBvbGljeUFjdGlvbhIWCg5hY3Rvcl9odW1hbl9pZBgEIAEoCRIZChFhY3Rvcl9lbmRwb2ludF9pZBgFIAEoCRIbChNhY3Rvcl9jcmVkZW50aWFsX2lkGAYgASgJEiYKAmF0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgZiZWZvcmUYCCABKAsyHy5zd2l0Y2hib2FyZC52MS5BZG1pc3Npb25Qb2xpY3kSLgoFYWZ0ZXIYCSABKAsyHy5zd2l0Y2hib2FyZC52MS5BZG1pc3Npb25Qb2xpY3kiOwoQR2V0UG9saWN5UmVxdWVzdBInCgVxdWV1ZRgBIAEoCzIYLnN3aXRjaGJvYXJkLnYxLlF1ZXVlUmVmIooBChFHZXRQb2xpY3lSZXNwb25zZRIvCgZwb2xpY3kYASABKAsyHy5zd2l0Y2hib2FyZC52MS5BZG1pc3Npb25Qb2xpY3kSKgoIaGVhZHJvb20YAiABKAsyGC5zd2l0Y2hib2FyZC52MS5IZWFkcm9vbRIYChB0ZW1wbGF0ZV9wYXR0ZXJuGAMgASgJIkMKEFNldFBvbGljeVJlcXVlc3QSLwoGcG9saWN5GAEgASgLMh8uc3dpdGNoYm9hcmQudjEuQWRtaXNzaW9uUG9saWN5IkQKEVNldFBvbGljeVJlc3BvbnNlEi8KBnBvbGljeRgBIAEoCzIfLnN3aXRjaGJvYXJkLnYxLkFkbWlzc2lvblBvbGljeSI9ChJDbGVhclBvbGljeVJlcXVlc3QSJwoFcXVldWUYASABKAsyGC5zd2l0Y2hib2FyZC52MS5RdWV1ZVJlZiJGChNDbGVhclBvbGljeVJlc3BvbnNlEi8KBnBvbGljeRgBIAEoCzIfLnN3aXRjaGJvYXJkLnYxLkFkbWlzc2lvblBvbGljeSJoChZMaXN0UG9saWN5QXVkaXRSZXF1ZXN0EicKBXF1ZXVlGAEgASgLMhguc3dpdGNoYm9hcmQudjEuUXVldWVSZWYSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiZQoXTGlzdFBvbGljeUF1ZGl0UmVzcG9uc2USMQoHZW50cmllcxgBIAMoCzIgLnN3aXRjaGJvYXJkLnYxLlBvbGljeUF1ZGl0RW50cnkSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIvoBCg5Qb2xpY3lUZW1wbGF0ZRITCgtlbmRwb2ludF9pZBgBIAEoCRIPCgdwYXR0ZXJuGAIgASgJEhoKDW1heF9pbl9mbGlnaHQYAyABKAVIAIgBARIiChVtYXhfY2xhaW1zX3Blcl93aW5kb3cYBCABKAVIAYgBARImCgZ3aW5kb3cYBSABKAsyFi5zd2l0Y2hib2FyZC52MS5XaW5kb3cSLgoKdXBkYXRlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCEAoOX21heF9pbl9mbGlnaHRCGAoWX21heF9jbGFpbXNfcGVyX3dpbmRvdyJTChhTZXRQb2xpY3lUZW1wbGF0ZVJlcXVlc3QSNwoPcG9saWN5X3RlbXBsYXRlGAEgASgLMh4uc3dpdGNoYm9hcmQudjEuUG9saWN5VGVtcGxhdGUibAoZU2V0UG9saWN5VGVtcGxhdGVSZXNwb25zZRI3Cg9wb2xpY3lfdGVtcGxhdGUYASABKAsyHi5zd2l0Y2hib2FyZC52MS5Qb2xpY3lUZW1wbGF0ZRIWCg5xdWV1ZXNfY2hhbmdlZBgCIAEoBSJAChhHZXRQb2xpY3lUZW1wbGF0ZVJlcXVlc3QSEwoLZW5kcG9pbnRfaWQYASABKAkSDwoHcGF0dGVybhgCIAEoCSJUChlHZXRQb2xpY3lUZW1wbGF0ZVJlc3BvbnNlEjcKD3BvbGljeV90ZW1wbGF0ZRgBIAEoCzIeLnN3aXRjaGJvYXJkLnYxLlBvbGljeVRlbXBsYXRlIkIKGkNsZWFyUG9saWN5VGVtcGxhdGVSZXF1ZXN0EhMKC2VuZHBvaW50X2lkGAEgASgJEg8KB3BhdHRlcm4YAiABKAkibgobQ2xlYXJQb2xpY3lUZW1wbGF0ZVJlc3BvbnNlEjcKD3BvbGljeV90ZW1wbGF0ZRgBIAEoCzIeLnN3aXRjaGJvYXJkLnYxLlBvbGljeVRlbXBsYXRlEhYKDnF1ZXVlc19jaGFuZ2VkGAIgASgFIjEKGkxpc3RQb2xpY3lUZW1wbGF0ZXNSZXF1ZXN0EhMKC2VuZHBvaW50X2lkGAEgASgJIlcKG0xpc3RQb2xpY3lUZW1wbGF0ZXNSZXNwb25zZRI4ChBwb2xpY3lfdGVtcGxhdGVzGAEgAygLMh4uc3dpdGNoYm9hcmQudjEuUG9saWN5VGVtcGxhdGUi6QIKGFBvbGljeVRlbXBsYXRlQXVkaXRFbnRyeRIKCgJpZBgBIAEoCRITCgtlbmRwb2ludF9pZBgCIAEoCRIPCgdwYXR0ZXJuGAMgASgJEiwKBmFjdGlvbhgEIAEoDjIcLnN3aXRjaGJvYXJkLnYxLlBvbGljeUFjdGlvbhIWCg5hY3Rvcl9odW1hbl9pZBgFIAEoCRIZChFhY3Rvcl9lbmRwb2ludF9pZBgGIAEoCRIbChNhY3Rvcl9jcmVkZW50aWFsX2lkGAcgASgJEiYKAmF0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgZiZWZvcmUYCSABKAsyHi5zd2l0Y2hib2FyZC52MS5Qb2xpY3lUZW1wbGF0ZRItCgVhZnRlchgKIAEoCzIeLnN3aXRjaGJvYXJkLnYxLlBvbGljeVRlbXBsYXRlEhYKDnF1ZXVlc19jaGFuZ2VkGAsgASgFIm0KHkxpc3RQb2xpY3lUZW1wbGF0ZUF1ZGl0UmVxdWVzdBITCgtlbmRwb2ludF9pZBgBIAEoCRIPCgdwYXR0ZXJuGAIgASgJEhEKCXBhZ2Vfc2l6ZRgDIAEoBRISCgpwYWdlX3Rva2VuGAQgASgJInUKH0xpc3RQb2xpY3lUZW1wbGF0ZUF1ZGl0UmVzcG9uc2USOQoHZW50cmllcxgBIAMoCzIoLnN3aXRjaGJvYXJkLnYxLlBvbGljeVRlbXBsYXRlQXVkaXRFbnRyeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkqdAoMV2luZG93UGVyaW9kEh0KGVdJTkRPV19QRVJJT0RfVU5TUEVDSUZJRUQQABIWChJXSU5ET1dfUEVSSU9EX0hPVVIQARIVChFXSU5ET1dfUEVSSU9EX0RBWRACEhYKEldJTkRPV19QRVJJT0RfV0VFSxADKrYBCgdXZWVrZGF5EhcKE1dFRUtEQVlfVU5TUEVDSUZJRUQQABISCg5XRUVLREFZX01PTkRBWRABEhMKD1dFRUtEQVlfVFVFU0RBWRACEhUKEVdFRUtEQVlfV0VETkVTREFZEAMSFAoQV0VFS0RBWV9USFVSU0RBWRAEEhIKDldFRUtEQVlfRlJJREFZEAUSFAoQV0VFS0RBWV9TQVRVUkRBWRAGEhIKDldFRUtEQVlfU1VOREFZEAcqbQoOQWRtaXNzaW9uU3RhdGUSHwobQURNSVNTSU9OX1NUQVRFX1VOU1BFQ0lGSUVEEAASHAoYQURNSVNTSU9OX1NUQVRFX0FETUlUVEVEEAESHAoYQURNSVNTSU9OX1NUQVRFX0RFRkVSUkVEEAIqwgEKDkRlZmVycmFsUmVhc29uEh8KG0RFRkVSUkFMX1JFQVNPTl9VTlNQRUNJRklFRBAAEhoKFkRFRkVSUkFMX1JFQVNPTl9QQVVTRUQQARIkCiBERUZFUlJBTF9SRUFTT05fV0lORE9XX0VYSEFVU1RFRBACEiIKHkRFRkVSUkFMX1JFQVNPTl9JTl9GTElHSFRfRlVMTBADEikKJURFRkVSUkFMX1JFQVNPTl9BRE1JU1NJT05fVU5BVkFJTEFCTEUQBCpdCgxQb2xpY3lBY3Rpb24SHQoZUE9MSUNZX0FDVElPTl9VTlNQRUNJRklFRBAAEhUKEVBPTElDWV9BQ1RJT05fU0VUEAESFwoTUE9MSUNZX0FDVElPTl9DTEVBUhACMqIHChBBZG1pc3Npb25TZXJ2aWNlElAKCUdldFBvbGljeRIgLnN3aXRjaGJvYXJkLnYxLkdldFBvbGljeVJlcXVlc3QaIS5zd2l0Y2hib2FyZC52MS5HZXRQb2xpY3lSZXNwb25zZRJQCglTZXRQb2xpY3kSIC5zd2l0Y2hib2FyZC52MS5TZXRQb2xpY3lSZXF1ZXN0GiEuc3dpdGNoYm9hcmQudjEuU2V0UG9saWN5UmVzcG9uc2USVgoLQ2xlYXJQb2xpY3kSIi5zd2l0Y2hib2FyZC52MS5DbGVhclBvbGljeVJlcXVlc3QaIy5zd2l0Y2hib2FyZC52MS5DbGVhclBvbGljeVJlc3BvbnNlEmIKD0xpc3RQb2xpY3lBdWRpdBImLnN3aXRjaGJvYXJkLnYxLkxpc3RQb2xpY3lBdWRpdFJlcXVlc3QaJy5zd2l0Y2hib2FyZC52MS5MaXN0UG9saWN5QXVkaXRSZXNwb25zZRJoChFTZXRQb2xpY3lUZW1wbGF0ZRIoLnN3aXRjaGJvYXJkLnYxLlNldFBvbGljeVRlbXBsYXRlUmVxdWVzdBopLnN3aXRjaGJvYXJkLnYxLlNldFBvbGljeVRlbXBsYXRlUmVzcG9uc2USaAoRR2V0UG9saWN5VGVtcGxhdGUSKC5zd2l0Y2hib2FyZC52MS5HZXRQb2xpY3lUZW1wbGF0ZVJlcXVlc3QaKS5zd2l0Y2hib2FyZC52MS5HZXRQb2xpY3lUZW1wbGF0ZVJlc3BvbnNlEm4KE0NsZWFyUG9saWN5VGVtcGxhdGUSKi5zd2l0Y2hib2FyZC52MS5DbGVhclBvbGljeVRlbXBsYXRlUmVxdWVzdBorLnN3aXRjaGJvYXJkLnYxLkNsZWFyUG9saWN5VGVtcGxhdGVSZXNwb25zZRJuChNMaXN0UG9saWN5VGVtcGxhdGVzEiouc3dpdGNoYm9hcmQudjEuTGlzdFBvbGljeVRlbXBsYXRlc1JlcXVlc3QaKy5zd2l0Y2hib2FyZC52MS5MaXN0UG9saWN5VGVtcGxhdGVzUmVzcG9uc2USegoXTGlzdFBvbGljeVRlbXBsYXRlQXVkaXQSLi5zd2l0Y2hib2FyZC52MS5MaXN0UG9saWN5VGVtcGxhdGVBdWRpdFJlcXVlc3QaLy5zd2l0Y2hib2FyZC52MS5MaXN0UG9saWN5VGVtcGxhdGVBdWRpdFJlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_timestamp, file_switchboard_v1_queue]);
 
 /**
  * A fixed calendar window in a time zone.
@@ -373,6 +373,14 @@ export type GetPolicyResponse = Message<"switchboard.v1.GetPolicyResponse"> & {
    * @generated from field: switchboard.v1.Headroom headroom = 2;
    */
   headroom?: Headroom | undefined;
+
+  /**
+   * The pattern of the policy template the policy is (e.g.
+   * "investigations:*"); empty when it is the queue's own (SetPolicy).
+   *
+   * @generated from field: string template_pattern = 3;
+   */
+  templatePattern: string;
 };
 
 /**
@@ -504,6 +512,369 @@ export type ListPolicyAuditResponse = Message<"switchboard.v1.ListPolicyAuditRes
  */
 export const ListPolicyAuditResponseSchema: GenMessage<ListPolicyAuditResponse> = /*@__PURE__*/
   messageDesc(file_switchboard_v1_admission, 14);
+
+/**
+ * A policy template: the limits of every queue of an endpoint whose name
+ * starts with the pattern's prefix and that has no policy of its own. Of
+ * several matching templates, the one with the longest prefix governs.
+ *
+ * @generated from message switchboard.v1.PolicyTemplate
+ */
+export type PolicyTemplate = Message<"switchboard.v1.PolicyTemplate"> & {
+  /**
+   * The endpoint (an agent may leave it empty: its own).
+   *
+   * @generated from field: string endpoint_id = 1;
+   */
+  endpointId: string;
+
+  /**
+   * A queue-name prefix followed by "*", e.g. "investigations:*" ("*" alone:
+   * every queue of the endpoint). The prefix has the characters of a queue
+   * name and at most 64 of them.
+   *
+   * @generated from field: string pattern = 2;
+   */
+  pattern: string;
+
+  /**
+   * The most todos of each queue claimed at once.
+   *
+   * @generated from field: optional int32 max_in_flight = 3;
+   */
+  maxInFlight?: number | undefined;
+
+  /**
+   * The most claims each queue may admit in one window (requires window).
+   *
+   * @generated from field: optional int32 max_claims_per_window = 4;
+   */
+  maxClaimsPerWindow?: number | undefined;
+
+  /**
+   * @generated from field: switchboard.v1.Window window = 5;
+   */
+  window?: Window | undefined;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp updated_at = 6;
+   */
+  updatedAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message switchboard.v1.PolicyTemplate.
+ * Use `create(PolicyTemplateSchema)` to create a new message.
+ */
+export const PolicyTemplateSchema: GenMessage<PolicyTemplate> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_admission, 15);
+
+/**
+ * @generated from message switchboard.v1.SetPolicyTemplateRequest
+ */
+export type SetPolicyTemplateRequest = Message<"switchboard.v1.SetPolicyTemplateRequest"> & {
+  /**
+   * The endpoint, pattern, limits and window; updated_at is ignored.
+   *
+   * @generated from field: switchboard.v1.PolicyTemplate policy_template = 1;
+   */
+  policyTemplate?: PolicyTemplate | undefined;
+};
+
+/**
+ * Describes the message switchboard.v1.SetPolicyTemplateRequest.
+ * Use `create(SetPolicyTemplateRequestSchema)` to create a new message.
+ */
+export const SetPolicyTemplateRequestSchema: GenMessage<SetPolicyTemplateRequest> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_admission, 16);
+
+/**
+ * @generated from message switchboard.v1.SetPolicyTemplateResponse
+ */
+export type SetPolicyTemplateResponse = Message<"switchboard.v1.SetPolicyTemplateResponse"> & {
+  /**
+   * @generated from field: switchboard.v1.PolicyTemplate policy_template = 1;
+   */
+  policyTemplate?: PolicyTemplate | undefined;
+
+  /**
+   * How many queues' policies the change wrote.
+   *
+   * @generated from field: int32 queues_changed = 2;
+   */
+  queuesChanged: number;
+};
+
+/**
+ * Describes the message switchboard.v1.SetPolicyTemplateResponse.
+ * Use `create(SetPolicyTemplateResponseSchema)` to create a new message.
+ */
+export const SetPolicyTemplateResponseSchema: GenMessage<SetPolicyTemplateResponse> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_admission, 17);
+
+/**
+ * @generated from message switchboard.v1.GetPolicyTemplateRequest
+ */
+export type GetPolicyTemplateRequest = Message<"switchboard.v1.GetPolicyTemplateRequest"> & {
+  /**
+   * The endpoint (an agent may leave it empty: its own).
+   *
+   * @generated from field: string endpoint_id = 1;
+   */
+  endpointId: string;
+
+  /**
+   * @generated from field: string pattern = 2;
+   */
+  pattern: string;
+};
+
+/**
+ * Describes the message switchboard.v1.GetPolicyTemplateRequest.
+ * Use `create(GetPolicyTemplateRequestSchema)` to create a new message.
+ */
+export const GetPolicyTemplateRequestSchema: GenMessage<GetPolicyTemplateRequest> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_admission, 18);
+
+/**
+ * @generated from message switchboard.v1.GetPolicyTemplateResponse
+ */
+export type GetPolicyTemplateResponse = Message<"switchboard.v1.GetPolicyTemplateResponse"> & {
+  /**
+   * @generated from field: switchboard.v1.PolicyTemplate policy_template = 1;
+   */
+  policyTemplate?: PolicyTemplate | undefined;
+};
+
+/**
+ * Describes the message switchboard.v1.GetPolicyTemplateResponse.
+ * Use `create(GetPolicyTemplateResponseSchema)` to create a new message.
+ */
+export const GetPolicyTemplateResponseSchema: GenMessage<GetPolicyTemplateResponse> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_admission, 19);
+
+/**
+ * @generated from message switchboard.v1.ClearPolicyTemplateRequest
+ */
+export type ClearPolicyTemplateRequest = Message<"switchboard.v1.ClearPolicyTemplateRequest"> & {
+  /**
+   * The endpoint (an agent may leave it empty: its own).
+   *
+   * @generated from field: string endpoint_id = 1;
+   */
+  endpointId: string;
+
+  /**
+   * @generated from field: string pattern = 2;
+   */
+  pattern: string;
+};
+
+/**
+ * Describes the message switchboard.v1.ClearPolicyTemplateRequest.
+ * Use `create(ClearPolicyTemplateRequestSchema)` to create a new message.
+ */
+export const ClearPolicyTemplateRequestSchema: GenMessage<ClearPolicyTemplateRequest> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_admission, 20);
+
+/**
+ * @generated from message switchboard.v1.ClearPolicyTemplateResponse
+ */
+export type ClearPolicyTemplateResponse = Message<"switchboard.v1.ClearPolicyTemplateResponse"> & {
+  /**
+   * The template that was removed.
+   *
+   * @generated from field: switchboard.v1.PolicyTemplate policy_template = 1;
+   */
+  policyTemplate?: PolicyTemplate | undefined;
+
+  /**
+   * How many queues' policies the change wrote.
+   *
+   * @generated from field: int32 queues_changed = 2;
+   */
+  queuesChanged: number;
+};
+
+/**
+ * Describes the message switchboard.v1.ClearPolicyTemplateResponse.
+ * Use `create(ClearPolicyTemplateResponseSchema)` to create a new message.
+ */
+export const ClearPolicyTemplateResponseSchema: GenMessage<ClearPolicyTemplateResponse> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_admission, 21);
+
+/**
+ * @generated from message switchboard.v1.ListPolicyTemplatesRequest
+ */
+export type ListPolicyTemplatesRequest = Message<"switchboard.v1.ListPolicyTemplatesRequest"> & {
+  /**
+   * The endpoint (an agent may leave it empty: its own).
+   *
+   * @generated from field: string endpoint_id = 1;
+   */
+  endpointId: string;
+};
+
+/**
+ * Describes the message switchboard.v1.ListPolicyTemplatesRequest.
+ * Use `create(ListPolicyTemplatesRequestSchema)` to create a new message.
+ */
+export const ListPolicyTemplatesRequestSchema: GenMessage<ListPolicyTemplatesRequest> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_admission, 22);
+
+/**
+ * @generated from message switchboard.v1.ListPolicyTemplatesResponse
+ */
+export type ListPolicyTemplatesResponse = Message<"switchboard.v1.ListPolicyTemplatesResponse"> & {
+  /**
+   * @generated from field: repeated switchboard.v1.PolicyTemplate policy_templates = 1;
+   */
+  policyTemplates: PolicyTemplate[];
+};
+
+/**
+ * Describes the message switchboard.v1.ListPolicyTemplatesResponse.
+ * Use `create(ListPolicyTemplatesResponseSchema)` to create a new message.
+ */
+export const ListPolicyTemplatesResponseSchema: GenMessage<ListPolicyTemplatesResponse> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_admission, 23);
+
+/**
+ * One audited template change.
+ *
+ * @generated from message switchboard.v1.PolicyTemplateAuditEntry
+ */
+export type PolicyTemplateAuditEntry = Message<"switchboard.v1.PolicyTemplateAuditEntry"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * @generated from field: string endpoint_id = 2;
+   */
+  endpointId: string;
+
+  /**
+   * @generated from field: string pattern = 3;
+   */
+  pattern: string;
+
+  /**
+   * @generated from field: switchboard.v1.PolicyAction action = 4;
+   */
+  action: PolicyAction;
+
+  /**
+   * The human who made it, or who vended the agent credential that did.
+   *
+   * @generated from field: string actor_human_id = 5;
+   */
+  actorHumanId: string;
+
+  /**
+   * Set when an agent (endpoint credential) made the change.
+   *
+   * @generated from field: string actor_endpoint_id = 6;
+   */
+  actorEndpointId: string;
+
+  /**
+   * @generated from field: string actor_credential_id = 7;
+   */
+  actorCredentialId: string;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp at = 8;
+   */
+  at?: Timestamp | undefined;
+
+  /**
+   * Unset when there was no template before.
+   *
+   * @generated from field: switchboard.v1.PolicyTemplate before = 9;
+   */
+  before?: PolicyTemplate | undefined;
+
+  /**
+   * Unset after a clear.
+   *
+   * @generated from field: switchboard.v1.PolicyTemplate after = 10;
+   */
+  after?: PolicyTemplate | undefined;
+
+  /**
+   * How many queues' policies the change wrote.
+   *
+   * @generated from field: int32 queues_changed = 11;
+   */
+  queuesChanged: number;
+};
+
+/**
+ * Describes the message switchboard.v1.PolicyTemplateAuditEntry.
+ * Use `create(PolicyTemplateAuditEntrySchema)` to create a new message.
+ */
+export const PolicyTemplateAuditEntrySchema: GenMessage<PolicyTemplateAuditEntry> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_admission, 24);
+
+/**
+ * @generated from message switchboard.v1.ListPolicyTemplateAuditRequest
+ */
+export type ListPolicyTemplateAuditRequest = Message<"switchboard.v1.ListPolicyTemplateAuditRequest"> & {
+  /**
+   * The endpoint (an agent may leave it empty: its own).
+   *
+   * @generated from field: string endpoint_id = 1;
+   */
+  endpointId: string;
+
+  /**
+   * @generated from field: string pattern = 2;
+   */
+  pattern: string;
+
+  /**
+   * 1 to 500; defaults to 50.
+   *
+   * @generated from field: int32 page_size = 3;
+   */
+  pageSize: number;
+
+  /**
+   * @generated from field: string page_token = 4;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message switchboard.v1.ListPolicyTemplateAuditRequest.
+ * Use `create(ListPolicyTemplateAuditRequestSchema)` to create a new message.
+ */
+export const ListPolicyTemplateAuditRequestSchema: GenMessage<ListPolicyTemplateAuditRequest> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_admission, 25);
+
+/**
+ * @generated from message switchboard.v1.ListPolicyTemplateAuditResponse
+ */
+export type ListPolicyTemplateAuditResponse = Message<"switchboard.v1.ListPolicyTemplateAuditResponse"> & {
+  /**
+   * @generated from field: repeated switchboard.v1.PolicyTemplateAuditEntry entries = 1;
+   */
+  entries: PolicyTemplateAuditEntry[];
+
+  /**
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message switchboard.v1.ListPolicyTemplateAuditResponse.
+ * Use `create(ListPolicyTemplateAuditResponseSchema)` to create a new message.
+ */
+export const ListPolicyTemplateAuditResponseSchema: GenMessage<ListPolicyTemplateAuditResponse> = /*@__PURE__*/
+  messageDesc(file_switchboard_v1_admission, 26);
 
 /**
  * The length of a calendar window.
@@ -746,6 +1117,67 @@ export const AdmissionService: GenService<{
     methodKind: "unary";
     input: typeof ListPolicyAuditRequestSchema;
     output: typeof ListPolicyAuditResponseSchema;
+  },
+  /**
+   * Creates or replaces a policy template: the policy of every queue of the
+   * endpoint whose name matches its pattern and that has no policy of its
+   * own (the longest matching pattern wins), from the moment the queue's
+   * first todo is ingested. Each queue keeps its own window counter and
+   * in-flight count. Applied to every matching queue in one transaction
+   * (counts in the current window kept, reopened queues rung once) and
+   * audited once. An agent (with the set_admission_policy grant) may not set
+   * limits looser than what a human set on the template, or on the longest
+   * template whose pattern encloses it.
+   *
+   * @generated from rpc switchboard.v1.AdmissionService.SetPolicyTemplate
+   */
+  setPolicyTemplate: {
+    methodKind: "unary";
+    input: typeof SetPolicyTemplateRequestSchema;
+    output: typeof SetPolicyTemplateResponseSchema;
+  },
+  /**
+   * One policy template (NOT_FOUND when the endpoint has none with the pattern).
+   *
+   * @generated from rpc switchboard.v1.AdmissionService.GetPolicyTemplate
+   */
+  getPolicyTemplate: {
+    methodKind: "unary";
+    input: typeof GetPolicyTemplateRequestSchema;
+    output: typeof GetPolicyTemplateResponseSchema;
+  },
+  /**
+   * Removes a policy template: each queue it governed falls back to its next
+   * longest matching template, or to no policy, in one transaction; audited
+   * once. An agent (with the clear_admission_policy grant) may clear a
+   * template a human set only when what its queues fall back to is no looser.
+   *
+   * @generated from rpc switchboard.v1.AdmissionService.ClearPolicyTemplate
+   */
+  clearPolicyTemplate: {
+    methodKind: "unary";
+    input: typeof ClearPolicyTemplateRequestSchema;
+    output: typeof ClearPolicyTemplateResponseSchema;
+  },
+  /**
+   * Every policy template of an endpoint, by pattern (at most 1000).
+   *
+   * @generated from rpc switchboard.v1.AdmissionService.ListPolicyTemplates
+   */
+  listPolicyTemplates: {
+    methodKind: "unary";
+    input: typeof ListPolicyTemplatesRequestSchema;
+    output: typeof ListPolicyTemplatesResponseSchema;
+  },
+  /**
+   * The audit trail of a template's changes, newest first.
+   *
+   * @generated from rpc switchboard.v1.AdmissionService.ListPolicyTemplateAudit
+   */
+  listPolicyTemplateAudit: {
+    methodKind: "unary";
+    input: typeof ListPolicyTemplateAuditRequestSchema;
+    output: typeof ListPolicyTemplateAuditResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_switchboard_v1_admission, 0);

@@ -1,0 +1,103 @@
+"""Policy templates (issue 32) on a Citus cluster, with an endpoint on each
+worker: a queue created by a delegated ingest gets its template's policy on
+the worker (fn_templates.sql), a template change from the coordinator writes
+every matching queue's policy row on the endpoint's shard, and GetPolicy,
+ClearPolicy's fallback and a template's clear work there as on one server."""
+
+from __future__ import annotations
+
+import asyncpg
+from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, queue_pb2
+
+from tests.cluster.placing import tenants_on_each_worker
+from tests.support.admission import ingest, set_policy, window
+from tests.support.citus_cluster import CitusCluster
+from tests.support.client import Client, Tenant
+from tests.support.processes import ServerProcess
+
+PAUSED = admission_pb2.DEFERRAL_REASON_PAUSED
+WINDOW_EXHAUSTED = admission_pb2.DEFERRAL_REASON_WINDOW_EXHAUSTED
+
+
+async def exercise(setup: Client, other: Client, tenant: Tenant) -> None:
+    """Every template behaviour once, on one endpoint (its worker's shards)."""
+    ep = tenant.endpoint_id
+
+    async def set_template(pattern: str, **limits: int) -> int:
+        msg = admission_pb2.PolicyTemplate(endpoint_id=ep, pattern=pattern)
+        if "max_in_flight" in limits:
+            msg.max_in_flight = limits["max_in_flight"]
+        if "max_claims_per_window" in limits:
+            msg.max_claims_per_window = limits["max_claims_per_window"]
+            msg.window.CopyFrom(window())
+        resp = await setup.admission.SetPolicyTemplate(
+            admission_pb2.SetPolicyTemplateRequest(policy_template=msg),
+            metadata=tenant.human,
+        )
+        return resp.queues_changed
+
+    async def governing(queue: str) -> tuple[str, admission_pb2.AdmissionPolicy]:
+        resp = await other.admission.GetPolicy(
+            admission_pb2.GetPolicyRequest(queue=queue_pb2.QueueRef(name=queue)),
+            metadata=tenant.agent,
+        )
+        return resp.template_pattern, resp.policy
+
+    async def claim(queue: str) -> dispatch_pb2.ClaimNextResponse:
+        return await other.dispatch.ClaimNext(
+            dispatch_pb2.ClaimNextRequest(queues=[queue]), metadata=tenant.agent
+        )
+
+    await ingest(setup, tenant.agent, "acct:old", 2)
+    assert await set_template("acct:*", max_claims_per_window=1) == 1
+    assert await set_template("acct:vip:*", max_in_flight=0) == 0
+    # New queues, made by the delegated ingest on the worker.
+    await ingest(setup, tenant.agent, "acct:new", 2)
+    await ingest(setup, tenant.agent, "acct:vip:1", 1)
+    assert (await governing("acct:new"))[0] == "acct:*"
+    assert (await governing("acct:vip:1"))[0] == "acct:vip:*"
+    for queue in ("acct:old", "acct:new"):
+        assert not (await claim(queue)).empty
+        assert (await claim(queue)).deferred[0].reason == WINDOW_EXHAUSTED
+    assert (await claim("acct:vip:1")).deferred[0].reason == PAUSED
+
+    # A change from the coordinator, counts carried.
+    assert await set_template("acct:*", max_claims_per_window=2) == 2
+    got = await claim("acct:new")
+    assert got.headroom.window_used == 2
+
+    # Own policy, then its fallback; a template cleared.
+    await set_policy(setup, tenant.human, "acct:old", endpoint_id=ep, max_in_flight=9)
+    assert (await governing("acct:old"))[0] == ""
+    await setup.admission.ClearPolicy(
+        admission_pb2.ClearPolicyRequest(queue=queue_pb2.QueueRef(endpoint_id=ep, name="acct:old")),
+        metadata=tenant.human,
+    )
+    assert (await governing("acct:old"))[0] == "acct:*"
+    cleared = await setup.admission.ClearPolicyTemplate(
+        admission_pb2.ClearPolicyTemplateRequest(endpoint_id=ep, pattern="acct:vip:*"),
+        metadata=tenant.human,
+    )
+    assert cleared.queues_changed == 1
+    assert (await governing("acct:vip:1"))[0] == "acct:*"
+    assert not (await claim("acct:vip:1")).empty
+    audit = await setup.admission.ListPolicyTemplateAudit(
+        admission_pb2.ListPolicyTemplateAuditRequest(endpoint_id=ep, pattern="acct:*"),
+        metadata=tenant.human,
+    )
+    assert [e.queues_changed for e in audit.entries] == [2, 1]
+
+
+async def test_templates_on_each_worker(
+    citus: CitusCluster, cluster_dsn: str, replicas: list[ServerProcess]
+) -> None:
+    setup = Client(replicas[0].address)
+    other = Client(replicas[1].address)
+    conn = await asyncpg.connect(cluster_dsn)
+    try:
+        for tenant, _ in await tenants_on_each_worker(setup, conn, citus):
+            await exercise(setup, other, tenant)
+    finally:
+        await conn.close()
+        await setup.close()
+        await other.close()
