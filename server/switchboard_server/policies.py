@@ -8,13 +8,14 @@ from __future__ import annotations
 import enum
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, time, timedelta
 from typing import Any
 
 from switchboard_server import errors
 from switchboard_server.db.admission import PolicyRow, QueueAdmission
 from switchboard_server.db.admission_report import (
+    PolicyLimitColumns,
     ReportedDeferral,
     ReportedHeadroom,
     ReportedPolicy,
@@ -151,18 +152,22 @@ def policy_of(row: PolicyRow, endpoint_id: uuid.UUID, queue: str) -> Policy:
     )
 
 
+def limit_columns(limits: Limits) -> PolicyLimitColumns:
+    """Limits as a policy (or template) row stores them."""
+    window = limits.window
+    return PolicyLimitColumns(
+        max_in_flight=limits.max_in_flight,
+        max_claims_per_window=limits.max_claims_per_window,
+        window_period=window.period.value if window else None,
+        window_zone=window.zone if window else None,
+        window_start=window.start.strftime("%H:%M") if window else None,
+        window_weekday=window.weekday if window else None,
+    )
+
+
 def policy_json(policy: Policy) -> dict[str, Any]:
     """The audit (and claim response) form of a policy."""
-    window = policy.limits.window
-    return {
-        "max_in_flight": policy.limits.max_in_flight,
-        "max_claims_per_window": policy.limits.max_claims_per_window,
-        "window_period": window.period.value if window else None,
-        "window_zone": window.zone if window else None,
-        "window_start": window.start.strftime("%H:%M") if window else None,
-        "window_weekday": window.weekday if window else None,
-        "updated_at": policy.updated_at.isoformat(),
-    }
+    return {**asdict(limit_columns(policy.limits)), "updated_at": policy.updated_at.isoformat()}
 
 
 def policy_from_json(data: Mapping[str, Any], endpoint_id: uuid.UUID, queue: str) -> Policy:

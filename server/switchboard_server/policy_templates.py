@@ -45,11 +45,16 @@ from switchboard_server.db import Database, clock
 from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import templates as template_queries
 from switchboard_server.db.admission import PolicyRow
-from switchboard_server.db.admission_report import PolicyLimitColumns
 from switchboard_server.db.database import Conn, rerun_on_conflict
 from switchboard_server.db.templates import TemplateRow
 from switchboard_server.model import AuditEntry, Grant, Principal, PrincipalKind, Revision
-from switchboard_server.policies import Limits, Policy, policy_from_json, policy_json
+from switchboard_server.policies import (
+    Limits,
+    Policy,
+    limit_columns,
+    policy_from_json,
+    policy_json,
+)
 from switchboard_server.policy_windows import (
     REFRESH_INDEX,
     RETRY_BROKEN_SCHEDULE,
@@ -159,18 +164,6 @@ def _agent(principal: Principal) -> bool:
     return principal.kind is PrincipalKind.ENDPOINT
 
 
-def _columns(limits: Limits) -> PolicyLimitColumns:
-    window = limits.window
-    return PolicyLimitColumns(
-        max_in_flight=limits.max_in_flight,
-        max_claims_per_window=limits.max_claims_per_window,
-        window_period=window.period.value if window else None,
-        window_zone=window.zone if window else None,
-        window_start=window.start.strftime("%H:%M") if window else None,
-        window_weekday=window.weekday if window else None,
-    )
-
-
 class PolicyTemplates:
     """Template operations on behalf of an authenticated principal."""
 
@@ -264,7 +257,7 @@ class PolicyTemplates:
                 endpoint_id=endpoint,
                 owner_id=scope.owner_id,
                 prefix=prefix,
-                limits=_columns(limits),
+                limits=limit_columns(limits),
                 window_bounds=bounds,
                 schedule_refresh_at=refresh_at,
                 human_limits=human,
