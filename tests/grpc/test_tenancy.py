@@ -507,6 +507,21 @@ ALL_RPCS: dict[str, Callable[[Client, Metadata | None], Awaitable[Any]]] = {
     "ListPolicyAudit": lambda c, m: c.admission.ListPolicyAudit(
         admission_pb2.ListPolicyAuditRequest(queue=queue_pb2.QueueRef(name="work")), metadata=m
     ),
+    "SetPolicyTemplate": lambda c, m: c.admission.SetPolicyTemplate(
+        admission_pb2.SetPolicyTemplateRequest(), metadata=m
+    ),
+    "GetPolicyTemplate": lambda c, m: c.admission.GetPolicyTemplate(
+        admission_pb2.GetPolicyTemplateRequest(pattern="work:*"), metadata=m
+    ),
+    "ClearPolicyTemplate": lambda c, m: c.admission.ClearPolicyTemplate(
+        admission_pb2.ClearPolicyTemplateRequest(pattern="work:*"), metadata=m
+    ),
+    "ListPolicyTemplates": lambda c, m: c.admission.ListPolicyTemplates(
+        admission_pb2.ListPolicyTemplatesRequest(), metadata=m
+    ),
+    "ListPolicyTemplateAudit": lambda c, m: c.admission.ListPolicyTemplateAudit(
+        admission_pb2.ListPolicyTemplateAuditRequest(), metadata=m
+    ),
     # The one server stream: an auth failure ends it before any message.
     "WatchReopen": lambda c, m: _first_doorbell(c, m),
 }
