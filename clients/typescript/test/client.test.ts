@@ -377,6 +377,36 @@ describe("the client against a real server", () => {
     await refused(Code.NotFound, () => human.admission.clearPolicy({ queue }));
   });
 
+  test("AdmissionService templates: SetPolicyTemplate, GetPolicyTemplate, ListPolicyTemplates, ListPolicyTemplateAudit, ClearPolicyTemplate", { timeout: 60_000 }, async () => {
+    const endpointId = server.endpointId;
+    const set = await human.admission.setPolicyTemplate({
+      policyTemplate: { endpointId, pattern: "account:*", maxInFlight: 3 },
+    });
+    assert.equal(set.policyTemplate?.pattern, "account:*");
+    assert.equal(set.policyTemplate?.maxInFlight, 3);
+    await refused(Code.InvalidArgument, () =>
+      human.admission.setPolicyTemplate({ policyTemplate: { endpointId, pattern: "account", maxInFlight: 3 } }),
+    );
+    // A queue born after the template is governed by it from its first todo.
+    await agent.dispatch.ingest({ queue: { name: "account:42" }, payload: bytes("x") });
+    const governed = await human.admission.getPolicy({ queue: queueRef("account:42", endpointId) });
+    assert.equal(governed.policy?.maxInFlight, 3);
+    assert.equal(governed.templatePattern, "account:*");
+
+    const got = await human.admission.getPolicyTemplate({ endpointId, pattern: "account:*" });
+    assert.equal(got.policyTemplate?.maxInFlight, 3);
+    const listed = await human.admission.listPolicyTemplates({ endpointId });
+    assert.deepEqual(listed.policyTemplates.map((t) => t.pattern), ["account:*"]);
+    const audit = await human.admission.listPolicyTemplateAudit({ endpointId, pattern: "account:*" });
+    assert.deepEqual(audit.entries.map((e) => e.action), [PolicyAction.SET]);
+
+    const cleared = await human.admission.clearPolicyTemplate({ endpointId, pattern: "account:*" });
+    assert.equal(cleared.policyTemplate?.pattern, "account:*");
+    assert.equal(cleared.queuesChanged, 1);
+    await refused(Code.NotFound, () => human.admission.getPolicyTemplate({ endpointId, pattern: "account:*" }));
+    await refused(Code.NotFound, () => human.admission.getPolicy({ queue: queueRef("account:42", endpointId) }));
+  });
+
   test("ScheduleService: create, get, list, update, pause, resume, audit, delete; and refusals", { timeout: 60_000 }, async () => {
     const schedule = {
       queue: queueRef("reports", server.endpointId),
