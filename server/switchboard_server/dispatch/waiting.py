@@ -244,10 +244,10 @@ async def hold(
             waiter.rearm()
             claimed_from, answer = await attempt()
             if claimed_from is not None:
-                # There may be more: the next waiter tries too (this one's own
-                # wake, if any, was used by this try).
+                # There may be more: leaving, this caller hands a wake for that
+                # queue to the next (its own wake, if any, was used by this try).
                 waiter.rearm()
-                waits.ring(endpoint_id, claimed_from, 1)
+                waiter.wake(claimed_from)
                 return answer
             left = ends - loop.time()
             if left <= 0 or waits.closed.is_set():
