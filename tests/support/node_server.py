@@ -12,7 +12,9 @@ request per stdin line with one JSON line on stdout (``{"seq": n, "result": ...}
   "address", "operatorToken", "humanToken", "endpointId", "endpointToken"}``; with ``tls``
   the server serves TLS with a certificate of a fresh test CA (and, ``mutual``, requires a
   client certificate of it), and the answer adds the PEM paths ``ca``, ``clientCert`` and
-  ``clientKey``;
+  ``clientKey``; the answer's ``httpAddress`` serves ``/metrics``;
+- ``{"op": "replica", "id"}``: one more ``switchboard serve`` over that server's database (same
+  environment), as a new server: ``{"id", "address", "httpAddress"}``;
 - ``{"op": "kill", "id"}`` stops that server (SIGTERM); ``{"op": "start", "id"}`` starts it
   again on the same address and database;
 - ``{"op": "move_clock", "id", "seconds"}``, ``{"op": "set_clock", "id", "at"}`` (ISO 8601)
@@ -89,6 +91,15 @@ class _Harness:
                 env = {**served.env, "SWITCHBOARD_LISTEN": served.address}
                 served.process = await ServerProcess.start(served.dsn, env)
             return served.address
+        if op == "replica":
+            process = await ServerProcess.start(served.dsn, served.env)
+            db = await Database.connect(served.dsn, min_size=1, max_size=2)
+            self.servers.append(_Served(served.dsn, db, served.env, process, process.address))
+            return {
+                "id": len(self.servers) - 1,
+                "address": process.address,
+                "httpAddress": process.http_address,
+            }
         if op == "move_clock":
             await move_clock(served.db, timedelta(seconds=float(request["seconds"])))
             return (await db_now(served.db)).isoformat()
@@ -137,6 +148,7 @@ class _Harness:
         return {
             "id": len(self.servers) - 1,
             "address": process.address,
+            "httpAddress": process.http_address,
             "operatorToken": OPERATOR_TOKEN,
             "humanToken": tenant.human_token,
             "endpointId": tenant.endpoint_id,

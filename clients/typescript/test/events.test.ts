@@ -1,8 +1,8 @@
 /**
  * The worker's events against real server processes: `claimed` and `settled` (completed,
- * failed, dead-lettered, lost, released), `deferred` and `doorbell` on a budgeted queue,
- * `doorbell` on a new todo, `error` for a refused and for a retried `ClaimNext`, and a
- * listener that throws.
+ * failed, dead-lettered, lost, released), `deferred` on a budgeted queue, no `doorbell` (the
+ * worker waits in held claims, not on a doorbell stream) for a new todo, `error` for a refused
+ * and for a retried `ClaimNext`, and a listener that throws.
  */
 import assert from "node:assert/strict";
 import { after, afterEach, before, describe, test } from "node:test";
@@ -11,7 +11,6 @@ import {
   Code,
   ConnectError,
   DeferralReason,
-  DoorbellCause,
   PermanentFailure,
   Worker,
   WindowPeriod,
@@ -145,7 +144,7 @@ describe("the worker's events against a real server", () => {
     assert.deepEqual(JSON.parse(JSON.stringify(seen.settled)), seen.settled);
   });
 
-  test("a budgeted queue: claimed (cut short), deferred with its boundary, then the WINDOW_BOUNDARY doorbell", { timeout: TEST_TIMEOUT }, async () => {
+  test("a budgeted queue: claimed (cut short), deferred with its boundary, then claimed by the held claim at the boundary", { timeout: TEST_TIMEOUT }, async () => {
     const { server, agent, human } = await setUp();
     const noon = new Date(Date.now() + 86_400_000);
     noon.setUTCHours(12, 0, 0, 0);
@@ -180,28 +179,25 @@ describe("the worker's events against a real server", () => {
 
     await harness.moveClock(server.id, (boundary.getTime() - (await harness.now(server.id)).getTime()) / 1000 + 1);
     await run;
-    const bell = seen.doorbell.find((e) => e.cause === DoorbellCause.WINDOW_BOUNDARY);
-    assert.ok(bell, JSON.stringify(seen.doorbell));
-    assert.equal(bell.queue, "budgeted");
-    assert.equal(bell.endpointId, server.endpointId);
-    assert.ok(bell.at instanceof Date && bell.at.getTime() >= boundary.getTime(), String(bell.at));
-    assert.equal(bell.doorbell.cause, DoorbellCause.WINDOW_BOUNDARY);
-    assert.equal(seen.doorbell.length, worker.stats.doorbells);
+    // The held ClaimNext took the last todo at the boundary: a second 'claimed', no doorbell.
+    assert.equal(seen.claimed.length, 2);
+    assert.deepEqual(seen.claimed[1]!.todos.map((t) => t.id), [ids[2]]);
+    assert.ok(!seen.claimed[1]!.cutShort);
+    assert.deepEqual(seen.doorbell, []);
+    assert.equal(worker.stats.doorbells, 0);
     assert.deepEqual(new Set(seen.claimed.flatMap((e) => e.todos.map((t) => t.id))), new Set(ids));
-    assert.equal(JSON.parse(JSON.stringify(bell)).doorbell.cause, "DOORBELL_CAUSE_WINDOW_BOUNDARY");
   });
 
-  test("doorbell: an idle worker hears CREATED for a new todo, then claims it", { timeout: TEST_TIMEOUT }, async () => {
+  test("no doorbell: an idle worker's held ClaimNext claims a new todo, told as 'claimed'", { timeout: TEST_TIMEOUT }, async () => {
     const { agent } = await setUp();
     const worker = workerFor(agent, "quiet", {});
     const seen = record(worker);
     const run = worker.run({ maxTodos: 1 });
-    await eventually(() => worker.watching.isSet && worker.stats.idleWaits >= 1);
+    await eventually(() => worker.watching.isSet);
     const [id] = await ingest(agent, "quiet", 1);
     await run;
-    const created = seen.doorbell.filter((e) => e.cause === DoorbellCause.CREATED);
-    assert.equal(created.length, 1, JSON.stringify(seen.doorbell));
-    assert.equal(created[0]!.queue, "quiet");
+    assert.deepEqual(seen.doorbell, []);
+    assert.equal(worker.stats.rpcCalls.ClaimNext, 1, "the held call claimed it");
     assert.deepEqual(seen.claimed.flatMap((e) => e.todos.map((t) => t.id)), [id]);
     assert.deepEqual(seen.settled, [{ todoId: id, outcome: "completed", permanent: false }]);
   });

@@ -21,6 +21,8 @@ function python(): string {
 export interface ServerInfo {
   id: number;
   address: string;
+  /** Serves `/metrics`. */
+  httpAddress: string;
   operatorToken: string;
   humanToken: string;
   endpointId: string;
@@ -89,6 +91,11 @@ export class Harness {
    */
   server(options: { env?: Record<string, string>; tls?: "server" | "mutual" } = {}): Promise<ServerInfo> {
     return this.request<ServerInfo>("server", { env: options.env ?? {}, tls: options.tls ?? null });
+  }
+
+  /** One more server process over server `id`'s database (its replica), as a new server id. */
+  replica(id: number): Promise<{ id: number; address: string; httpAddress: string }> {
+    return this.request("replica", { id });
   }
 
   /** Stops a server (SIGTERM); {@link start} brings it back on the same address. */

@@ -1,13 +1,13 @@
 /**
- * The Worker against real server processes: a batched drain, a budgeted queue woken by its
- * window boundary's doorbell, a lease taken over mid-handler, and a server restart mid-drain.
+ * The Worker against real server processes: a batched drain, a budgeted queue whose held claim
+ * takes the rest at its window boundary, a lease taken over mid-handler, and a server restart
+ * mid-drain. (tests/contract/worker_scenarios.json, run by contract.test.ts, has the rest.)
  */
 import assert from "node:assert/strict";
 import { after, afterEach, before, describe, test } from "node:test";
 
 import {
   DeferralReason,
-  DoorbellCause,
   PermanentFailure,
   TodoState,
   Worker,
@@ -147,7 +147,7 @@ describe("the worker against a real server", () => {
     assert.equal(b.todo?.lastError, "PermanentFailure: bad payload");
   });
 
-  test("a budgeted queue: claims 5, sleeps to the boundary, wakes on WINDOW_BOUNDARY", { timeout: TEST_TIMEOUT }, async () => {
+  test("a budgeted queue: claims 5, then one held ClaimNext waits for the boundary and takes the rest", { timeout: TEST_TIMEOUT }, async () => {
     const { server, agent, human } = await setUp();
     const noon = new Date(Date.now() + 86_400_000);
     noon.setUTCHours(12, 0, 0, 0);
@@ -171,31 +171,28 @@ describe("the worker against a real server", () => {
     });
     const run = worker.run({ maxTodos: 8 });
 
-    // One batch of 5, cut short by the budget: settled, then asleep until the boundary.
-    await eventually(() => worker.stats.completed === 5 && worker.stats.deferredWaits >= 1);
+    // One batch of 5, cut short by the budget: settled, then one ClaimNext held at the server.
+    await eventually(() => worker.stats.completed === 5 && worker.watching.isSet);
     const [deferred] = worker.lastDeferred;
     assert.equal(deferred?.queue?.name, "budgeted");
     assert.equal(deferred?.reason, DeferralReason.WINDOW_EXHAUSTED);
     assert.ok(deferred?.exact);
     assert.deepEqual(new Set(seen), new Set(ids.slice(0, 5)));
-    const rpcs = () => {
-      const { WatchReopen: _, ...unary } = worker.stats.rpcCalls;
-      return Object.values(unary).reduce((a, b) => a + b, 0);
-    };
+    const rpcs = () => Object.values(worker.stats.rpcCalls).reduce((a, b) => a + b, 0);
     const before = rpcs();
-    const claims = worker.stats.rpcCalls.ClaimNext;
     await sleep(1500);
     assert.equal(rpcs(), before, "no RPC while deferred");
     const s = worker.stats;
     assert.deepEqual([s.claimed, s.batches, s.cutShort, s.failed], [5, 1, 1, 0]);
-    // Only a doorbell ever woke it: the stream's ATTACHED ring may cross the first claim.
-    assert.ok(claims <= 1 + s.doorbells, JSON.stringify(s));
+    assert.equal(s.rpcCalls.ClaimNext, 2, JSON.stringify(s.rpcCalls));
 
-    // The server's clock crosses the boundary; the reopen sweep rings the doorbell.
+    // The server's clock crosses the boundary; the held claim takes the other three.
     await harness.moveClock(server.id, (boundary.getTime() - (await harness.now(server.id)).getTime()) / 1000 + 1);
     await run;
-    assert.ok(Date.now() < boundary.getTime() - 12 * 3_600_000, "woken by the doorbell, not the local clock");
-    assert.equal(worker.lastDoorbell?.cause, DoorbellCause.WINDOW_BOUNDARY);
+    assert.ok(Date.now() < boundary.getTime() - 12 * 3_600_000, "woken by the server, not the local clock");
+    assert.equal(worker.stats.rpcCalls.ClaimNext, 2, "the held ClaimNext claimed them");
+    assert.equal(worker.stats.rpcCalls.WatchReopen, 0);
+    assert.equal(worker.lastDoorbell, undefined);
     assert.deepEqual(new Set(seen), new Set(ids));
     assert.deepEqual([worker.stats.claimed, worker.stats.completed], [8, 8]);
   });
@@ -275,7 +272,7 @@ describe("the worker against a real server", () => {
     assert.deepEqual(new Set(handled.keys()), new Set(ids));
     const s = worker.stats;
     assert.deepEqual([s.claimed, s.completed, s.lost, s.unsettled], [400, 400, 0, 0]);
-    assert.ok(s.rpcCalls.WatchReopen >= 2, "the doorbell stream was reopened");
+    assert.equal(s.rpcCalls.WatchReopen, 0, "no doorbell stream: the claims are held");
     assert.deepEqual(await outcomes(harness, server.id), [{ state: "done", n: 400, completed: 400 }]);
   });
 

@@ -27,7 +27,11 @@ export interface ClaimedEvent {
   readonly cutShort: boolean;
 }
 
-/** `doorbell`: a `WatchReopen` doorbell rang (the worker wakes if it was idle). */
+/**
+ * `doorbell`: a `WatchReopen` doorbell rang. UNUSED since the worker waits in held `ClaimNext`
+ * calls instead of a `WatchReopen` stream: it never fires (a held claim that claims is told as
+ * `claimed`; the server does not say which event woke it). Kept so listeners still compile.
+ */
 export interface DoorbellEvent {
   /** The queue's name. */
   readonly queue: string;
@@ -89,6 +93,7 @@ export interface WorkerErrorInfo {
 /** The worker's events and their listeners' arguments. */
 export interface WorkerEventMap {
   claimed: [event: ClaimedEvent];
+  /** Never emitted any more: see {@link DoorbellEvent}. */
   doorbell: [event: DoorbellEvent];
   settled: [event: SettledEvent];
   deferred: [event: DeferredEvent];
@@ -134,6 +139,7 @@ export class WorkerEvents extends EventEmitter<WorkerEventMap> {
     this.notify("claimed", { todos, cutShort });
   }
 
+  /** Unused by the worker since it holds claims instead of watching doorbells. */
   protected notifyDoorbell(doorbell: Doorbell): void {
     this.notify("doorbell", { ...queueOf(doorbell.queue), cause: doorbell.cause, at: dateOf(doorbell.at), doorbell });
   }

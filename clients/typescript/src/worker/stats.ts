@@ -44,13 +44,19 @@ export class WorkerStats {
   lost = 0;
   /** Todos the worker gave up settling (the call kept failing until the lease ran out). */
   unsettled = 0;
-  /** Waits after an empty `ClaimNext` (or a batch cut short) that listed deferred queues. */
+  /**
+   * Empty `ClaimNext` answers that listed deferred queues: a held claim whose wait ended while
+   * admission deferred the work there is (or, with `stopWhenIdle`, the last claim).
+   */
   deferredWaits = 0;
-  /** Waits after an empty `ClaimNext` with nothing deferred (no work at all). */
+  /** Empty `ClaimNext` answers with nothing deferred (no work at all). */
   idleWaits = 0;
-  /** Doorbells received on the `WatchReopen` stream. */
+  /**
+   * Always 0: the worker opens no `WatchReopen` stream any more (its held claims are woken by
+   * the events that ring doorbells); kept for old readers.
+   */
   doorbells = 0;
-  /** RPCs started, by method name, retries included. */
+  /** RPCs started, by method name, retries included (`WatchReopen` stays 0: kept for old readers). */
   rpcCalls: Record<WorkerRpc, number> = Object.fromEntries(
     WORKER_RPCS.map((name) => [name, 0]),
   ) as Record<WorkerRpc, number>;
