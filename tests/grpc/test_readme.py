@@ -257,5 +257,6 @@ async def test_cli_example_works(newcomer: Newcomer) -> None:
         text = (await newcomer.paste(script + CLI_EXAMPLE.text())).split("=== cli", 1)[1]
     assert "sbe_" in text  # the vended credential's token, shown once
     assert "America/Los_Angeles" in text  # the policy as set
+    assert "accounts:*  10 per hour from :00 UTC" in text  # the template, listed
     assert "0 todos match (dry run: nothing requeued)" in text
     assert "requeued 0 todos" in text
