@@ -216,6 +216,9 @@ async def test_readme_quickstart_works_from_a_fresh_clone_and_pasted_twice(
     assert '"deduplicated": true' in walkthrough
     assert "DEFERRAL_REASON_PAUSED" in walkthrough
     assert "POLICY_ACTION_SET" in walkthrough
+    # A queue born under a template says so; the template was set once and cleared.
+    assert '"template_pattern": "accounts:*"' in walkthrough
+    assert '"queues_changed": 1' in walkthrough  # the clear, over accounts:acme
     # The operator's calls: found by key and by error, cancelled, requeued, audited.
     assert "TODO_STATE_CANCELLED" in walkthrough and "TODO_ACTION_REQUEUE" in walkthrough
     # The batch of three was extended and settled, each item applied.
