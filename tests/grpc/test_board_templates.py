@@ -116,6 +116,28 @@ async def test_the_front_page_groups_a_templates_queues_the_most_constrained_fir
     assert queues_in(rows) == ["triage"]
 
 
+async def test_a_board_of_only_template_governed_queues_shows_their_section(
+    client: Client, tenant: Tenant, board: Board
+) -> None:
+    await client.admission.SetPolicyTemplate(
+        admission_pb2.SetPolicyTemplateRequest(
+            policy_template=admission_pb2.PolicyTemplate(
+                endpoint_id=tenant.endpoint_id, pattern="acct:*", max_in_flight=0
+            )
+        ),
+        metadata=tenant.human,
+    )
+    await client.dispatch.Ingest(
+        dispatch_pb2.IngestRequest(queue=queue_pb2.QueueRef(name="acct:1"), payload=b"x"),
+        metadata=tenant.agent,
+    )
+    _, page, _ = await board.get("/board")
+    assert "No queues yet" not in page
+    assert '<table class="queues">' not in page  # no queue of its own: no such table
+    assert queues_in(section(page, "acct:*")) == ["acct:1"]
+    assert "paused" in section(page, "acct:*")
+
+
 async def test_a_templates_page_finds_its_queues_by_prefix_or_deferral_capped_with_a_count(
     client: Client, tenant: Tenant, board: Board, monkeypatch: pytest.MonkeyPatch
 ) -> None:
