@@ -322,6 +322,7 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
             await asyncio.wait_for(nodes.connected.wait(), 30)
             hub.sources = lambda: (listener, *nodes.listeners)
         metrics = Metrics(settings.metrics_queue_labels)
+        await metrics.templates.read(db)
         metrics.count_subscriptions(lambda: hub.subscribers)
         metrics.count_held_claims(lambda: waits.waiting)
         readiness = Readiness()

@@ -14,6 +14,9 @@ No owner, endpoint or team label, ever. The ``queue`` label takes at most
 ``queue_labels`` distinct names: counters keep the first names this process
 sees and count the rest as ``__other__`` (``QueueLabels``); database gauges
 keep the names with the largest values (``metrics_scrape.fold_queues``).
+Before either, a queue a policy template's pattern matches is named by the
+pattern (``metrics_scrape.TemplateNames``): one series for all of a
+template's queues, however many accounts it has.
 """
 
 from __future__ import annotations
@@ -38,7 +41,12 @@ from prometheus_client.registry import Collector
 
 from switchboard_server import tracing
 from switchboard_server.db import Database
-from switchboard_server.metrics_scrape import OTHER_QUEUE, PER_PROCESS, scrape_families
+from switchboard_server.metrics_scrape import (
+    OTHER_QUEUE,
+    PER_PROCESS,
+    TemplateNames,
+    scrape_families,
+)
 from switchboard_server.model import AttemptOutcome, ClaimOutcome, TodoState
 from switchboard_server.policies import Deferral
 
@@ -57,13 +65,17 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 
 
 class QueueLabels:
-    """First come, first named: at most ``cap`` distinct queue names, then ``__other__``."""
+    """First come, first named: at most ``cap`` distinct queue names, then
+    ``__other__``; a queue a template's pattern matches is named by the pattern
+    (``templates``)."""
 
-    def __init__(self, cap: int) -> None:
+    def __init__(self, cap: int, templates: TemplateNames | None = None) -> None:
         self._cap = cap
         self._names: set[str] = set()
+        self._templates = templates or TemplateNames()
 
     def __call__(self, queue: str) -> str:
+        queue = self._templates(queue)
         if queue in self._names:
             return queue
         if len(self._names) < self._cap:
@@ -78,7 +90,9 @@ class Metrics:
     def __init__(self, queue_labels: int = 50) -> None:
         self.registry = CollectorRegistry()
         self.queue_labels = queue_labels
-        self._queue = QueueLabels(queue_labels)
+        #: The policy templates' patterns, learnt at each scrape (and ``read_templates``).
+        self.templates = TemplateNames()
+        self._queue = QueueLabels(queue_labels, self.templates)
         #: Each (method, code)'s children of the RPC count and duration, looked
         #: up once: ``labels()`` validates and locks on every call.
         self._rpc_children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
@@ -314,7 +328,7 @@ class Metrics:
 
     async def render(self, db: Database, accept: str | None) -> tuple[bytes, str]:
         """The exposition for a scrape (format chosen from ``accept``) and its content type."""
-        families = await scrape_families(db, self.queue_labels)
+        families = await scrape_families(db, self.queue_labels, self.templates)
         encode, content_type = choose_encoder(accept or "")
         return encode(_Scrape(self.registry, families)), content_type
 

@@ -5,6 +5,13 @@ notify-hook outbox), the same on every replica, and this process's connection
 pool. Owns the fold of the ``queue`` label for those gauges: the names with
 the largest values (ties by name) keep their label, the rest are summed (or,
 for ages, maxed) into ``__other__``, so that every replica renders the same.
+
+Before that fold, a queue whose name matches a policy template's pattern
+(of any endpoint: the metrics have no endpoint label) is labelled with the
+pattern, its longest match (``TemplateNames``): a template's thousands of
+queues, one per account, are one series, for these gauges and the process's
+counters alike. The empty pattern (``*``) is left out: it would name every
+queue of every endpoint.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ from __future__ import annotations
 import logging
 import operator
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -33,6 +40,42 @@ PER_PROCESS = "Per process: sum over replicas."
 _SHARED = "Derived from the database at scrape time: the same on every replica (do not sum)."
 
 _DEFERRAL_REASONS = frozenset(r.value for r in DeferralReason)
+
+
+class TemplateNames:
+    """The ``queue`` label of a queue name: the pattern of the longest template
+    prefix it starts with, else the name. The prefixes are read at each scrape
+    (and at start), so a new template's queues are labelled by its pattern
+    from the next scrape on."""
+
+    def __init__(self) -> None:
+        self._by_length: dict[int, frozenset[str]] = {}
+        #: The prefixes' lengths, longest first (a lookup tries each once).
+        self._lengths: tuple[int, ...] = ()
+
+    def learn(self, prefixes: Iterable[str]) -> None:
+        """Replaces the prefixes (the empty one ignored)."""
+        by_length: dict[int, set[str]] = defaultdict(set)
+        for prefix in prefixes:
+            if prefix:
+                by_length[len(prefix)].add(prefix)
+        self._by_length = {n: frozenset(p) for n, p in by_length.items()}
+        self._lengths = tuple(sorted(by_length, reverse=True))
+
+    async def read(self, db: Database) -> None:
+        """Learns the prefixes from the database (kept as they were when it cannot answer)."""
+        try:
+            async with db.connection() as conn:
+                self.learn(await metric_queries.template_prefixes(conn))
+        except errors.Retryable as exc:
+            log.warning("policy template prefixes not read", extra={"error": exc.message[:200]})
+
+    def __call__(self, queue: str) -> str:
+        by_length = self._by_length
+        for n in self._lengths:
+            if queue[:n] in by_length[n]:
+                return queue[:n] + "*"
+        return queue
 
 
 def top_queues(totals: Mapping[str, float], cap: int) -> set[str]:
@@ -62,22 +105,40 @@ def fold_queues(
     return folded
 
 
-async def scrape_families(db: Database, queue_labels: int) -> list[Metric]:
+async def scrape_families(
+    db: Database, queue_labels: int, templates: TemplateNames | None = None
+) -> list[Metric]:
     """The pool's families, then the database gauges (none when the database
     cannot answer: the scrape still serves the process's own series)."""
-    return _pool_families(db) + await DatabaseGauges(queue_labels).families(db)
+    gauges = DatabaseGauges(queue_labels, templates or TemplateNames())
+    return _pool_families(db) + await gauges.families(db)
+
+
+def _gather(
+    pairs: Iterable[tuple[tuple[str, str], float]],
+    combine: Callable[[float, float], float] = operator.add,
+) -> dict[tuple[str, str], float]:
+    """``(label, queue) -> value``, the values of a key given twice combined
+    (the queues of one template's pattern)."""
+    gathered: dict[tuple[str, str], float] = {}
+    for key, value in pairs:
+        gathered[key] = combine(gathered[key], value) if key in gathered else value
+    return gathered
 
 
 class DatabaseGauges:
-    """The database gauges of one scrape, their queues capped at ``queue_labels``."""
+    """The database gauges of one scrape, their queues labelled by template
+    pattern (``templates``, learnt from this scrape) and capped at ``queue_labels``."""
 
-    def __init__(self, queue_labels: int) -> None:
+    def __init__(self, queue_labels: int, templates: TemplateNames) -> None:
         self.queue_labels = queue_labels
+        self.templates = templates
 
     async def families(self, db: Database) -> list[Metric]:
         """Every database gauge, read in one connection; none when it cannot answer."""
         try:
             async with db.connection() as conn:
+                prefixes = await metric_queries.template_prefixes(conn)
                 policies = await metric_queries.policy_statuses(conn)
                 live = await metric_queries.live_todos(conn)
                 dead = await metric_queries.dead_todos(conn)
@@ -90,12 +151,14 @@ class DatabaseGauges:
                 "database gauges left out of this scrape", extra={"error": exc.message[:200]}
             )
             return []
+        self.templates.learn(prefixes)
+        name = self.templates
         by_status = dict.fromkeys(POLICY_STATUSES, 0)
         deferred: dict[tuple[str, str], float] = defaultdict(float)
         for row in policies:
             by_status[row.status] = by_status.get(row.status, 0) + 1
             if row.pending and row.status in _DEFERRAL_REASONS:
-                deferred[(row.status, row.queue)] += row.pending
+                deferred[(row.status, name(row.queue))] += row.pending
         policies_family = GaugeMetricFamily(
             "switchboard_admission_policies",
             "Admission policies by status: admitting, paused, window_exhausted, in_flight_full, "
@@ -116,14 +179,14 @@ class DatabaseGauges:
             "Live todos by state (pending, claimed) and queue (the largest queues by name, the "
             "rest as __other__).",
             "state",
-            {(row.state, row.queue): float(row.todos) for row in live},
+            _gather(((row.state, name(row.queue)), float(row.todos)) for row in live),
         )
         dead_family = self._folded(
             "switchboard_dead_todos",
             "Dead todos (the dead-letter backlog: not yet requeued, nor removed by retention) "
             "by queue (the largest backlogs by name, the rest as __other__).",
             None,
-            {("", row.queue): float(row.todos) for row in dead},
+            _gather((("", name(row.queue)), float(row.todos)) for row in dead),
         )
         return [
             policies_family,
@@ -141,16 +204,17 @@ class DatabaseGauges:
         flight: dict[tuple[str, str], float] = {}
         resets: dict[tuple[str, str], float] = {}
         for row in policies:
+            queue = self.templates(row.queue)
             if row.window_limit is not None:
-                _add(window, ("limit", row.queue), row.window_limit)
-                _add(window, ("used", row.queue), row.window_used or 0)
+                _add(window, ("limit", queue), row.window_limit)
+                _add(window, ("used", queue), row.window_used or 0)
                 if row.window_end is not None:
-                    key = ("reset", row.queue)
+                    key = ("reset", queue)
                     at = row.window_end.timestamp()
                     resets[key] = min(resets.get(key, at), at)
             if row.in_flight_limit is not None:
-                _add(flight, ("limit", row.queue), row.in_flight_limit)
-                _add(flight, ("in_flight", row.queue), row.in_flight or 0)
+                _add(flight, ("limit", queue), row.in_flight_limit)
+                _add(flight, ("in_flight", queue), row.in_flight or 0)
         families: list[Metric] = []
         for name, kind, doc, values in (
             (
@@ -210,7 +274,7 @@ class DatabaseGauges:
             "the queues of one name has waited, among queues whose gate does not defer them "
             "(the longest waits by name, the rest as __other__).",
             None,
-            {("", row.queue): row.value for row in waiting},
+            _gather(((("", self.templates(row.queue)), row.value) for row in waiting), max),
             max,
         )
         overdue = self._folded(
@@ -219,19 +283,20 @@ class DatabaseGauges:
             "the time its deferral was to be checked again (a window's end, a lease's expiry); "
             "negative while that time is ahead. Long past it: a reopen that did not happen.",
             "reason",
-            {(row.reason, row.queue): row.value for row in gates},
+            _gather((((row.reason, self.templates(row.queue)), row.value) for row in gates), max),
             max,
         )
         return [waited, overdue]
 
     def _hook_families(self, outbox: Sequence[metric_queries.HookOutboxRow]) -> list[Metric]:
         """The notify-hook outbox: undelivered deliveries and failures in a row."""
+        name = self.templates
         backlog = self._folded(
             "switchboard_hook_outbox_deliveries",
             "Notify-hook deliveries not yet acknowledged by their receiver, by queue "
             "(the largest by name, the rest as __other__).",
             None,
-            {("", row.queue): float(row.deliveries) for row in outbox},
+            _gather((("", name(row.queue)), float(row.deliveries)) for row in outbox),
         )
         streak = self._folded(
             "switchboard_hook_consecutive_failures",
@@ -239,7 +304,9 @@ class DatabaseGauges:
             "attempts of one: its receiver's failures in a row (a queue's deliveries go out in "
             "order; 0: none failed yet; the most failing queues by name, the rest as __other__).",
             None,
-            {("", row.queue): float(row.failures) for row in outbox},
+            _gather(
+                ((("", self.templates(row.queue)), float(row.failures)) for row in outbox), max
+            ),
             max,
         )
         return [backlog, streak]

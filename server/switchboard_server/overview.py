@@ -107,6 +107,7 @@ def _policy(row: QueueOverviewRow) -> Policy | None:
         row.name,
         Limits(row.max_in_flight, row.max_claims_per_window, window),
         row.policy_updated_at,
+        row.template_prefix + "*" if row.template_prefix is not None else None,
     )
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from switchboard_dispatch.v1 import dispatch_pb2, todo_pb2
+from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, todo_pb2
 from switchboard_server.app import App
 from switchboard_server.auth import Authenticator
 from switchboard_server.config import Settings
@@ -147,6 +147,15 @@ async def test_each_page_is_one_snapshot_and_one_checkout(
     dead = await make_dead(client, tenant, QUEUE, ["a", "b"])
     await ingest(client, tenant.agent, QUEUE, 2)
     queue = f"/board/queues/{tenant.endpoint_id}/{QUEUE}"
+    await client.admission.SetPolicyTemplate(
+        admission_pb2.SetPolicyTemplateRequest(
+            policy_template=admission_pb2.PolicyTemplate(
+                endpoint_id=tenant.endpoint_id, pattern="acct:*", max_in_flight=1
+            )
+        ),
+        metadata=tenant.human,
+    )
+    await ingest(client, tenant.agent, "acct:1", 1)
     counting = Counting(server)
     with counting.logging(monkeypatch):
         pages = {
@@ -156,6 +165,7 @@ async def test_each_page_is_one_snapshot_and_one_checkout(
             "rows": board.get("/board/fragments/queues"),
             "counts": board.get(queue + "/fragments/counts"),
             "search": board.get(f"/board/search?q={dead[0]}"),
+            "template": board.get(f"/board/templates/{tenant.endpoint_id}/acct%3A%2A?prefix=a"),
             "confirm": board.post(
                 queue + "/todos/confirm", [("action", "requeue"), ("scope", "all")]
             ),

@@ -232,6 +232,69 @@ async def test_an_agent_sees_its_own_queues_without_naming_its_endpoint(
     assert "PERMISSION_DENIED" in denied.err and "clear_admission_policy" in denied.err
 
 
+async def test_a_template_governs_an_accounts_queue_and_is_listed_audited_and_cleared(
+    sb: Cli, client: Client, tenant: Tenant
+) -> None:
+    ep, human = tenant.endpoint_id, tenant.human_token
+    ran = await sb(
+        "policy", "template", "set", "investigations:*", "--endpoint", ep,
+        "--max-claims-per-window", "100", "--max-in-flight", "5",
+        token=human,
+    )  # fmt: skip
+    assert ran.code == 0, ran.err
+    assert row(ran.out, "limits") == ["limits", "5 in flight, 100 per day from 00:00 UTC"]
+    assert row(ran.out, "queues changed") == ["queues changed", "0"]
+    await ingest(client, tenant.agent, "investigations:acme", 1)
+    await ingest(client, tenant.agent, "triage", 1)
+
+    # A queue born after the template has its policy, and says whose it is.
+    got = await sb("policy", "get", "investigations:acme", "--endpoint", ep, token=human)
+    assert got.code == 0, got.err
+    assert row(got.out, "from") == ["from", "template investigations:*"]
+    assert row(got.out, "window")[1].startswith("0/100 used")
+    await sb("policy", "set", "triage", "--endpoint", ep, "--max-in-flight", "1", token=human)
+    own = await sb("policy", "get", "triage", "--endpoint", ep, token=human)
+    assert row(own.out, "from") == ["from", "its own policy"]
+    as_json = await sb(
+        "policy", "get", "investigations:acme", "--endpoint", ep, "--json", token=human
+    )
+    assert as_json.json()["template_pattern"] == "investigations:*"
+
+    listed = await sb("policy", "template", "list", "--endpoint", ep, token=human)
+    assert row(listed.out, "investigations:*")[:2] == [
+        "investigations:*", "5 in flight, 100 per day from 00:00 UTC"
+    ]  # fmt: skip
+    shown = await sb("policy", "template", "get", "investigations:*", token=tenant.endpoint_token)
+    assert shown.code == 0 and row(shown.out, "pattern") == ["pattern", "investigations:*"]
+
+    cleared = await sb(
+        "policy", "template", "clear", "investigations:*", "--endpoint", ep, token=human
+    )
+    assert cleared.code == 0, cleared.err
+    assert cleared.out.strip() == (
+        "cleared the template investigations:* "
+        "(was: 5 in flight, 100 per day from 00:00 UTC; queues changed: 1)"
+    )
+    audit = await sb(
+        "policy", "template", "audit", "investigations:*", "--endpoint", ep, token=human
+    )
+    assert audit.code == 0, audit.err
+    clear, set_ = ([c.strip() for c in line.split("  ") if c.strip()] for line in audit.lines()[1:])
+    limits = "5 in flight, 100 per day from 00:00 UTC"
+    assert clear[1:] == ["clear", f"human {tenant.human_id}", limits, "-", "1"]
+    assert set_[1:] == ["set", f"human {tenant.human_id}", "-", limits, "0"]
+    assert (await sb("policy", "template", "list", "--endpoint", ep, token=human)).out.strip() == (
+        "no policy templates"
+    )
+    missing = await sb(
+        "policy", "template", "get", "investigations:*", "--endpoint", ep, token=human
+    )
+    assert missing.code == 4, missing.err
+    # The same usage errors as a policy's, named after the command.
+    bare = await sb("policy", "template", "set", "x:*", "--endpoint", ep, token=human)
+    assert bare.code == 2 and "policy template set: give --max-in-flight" in bare.err
+
+
 # ----------------------------------------------------------------------- admin
 
 
@@ -519,6 +582,12 @@ async def test_every_command_has_help_with_examples(sb: Cli) -> None:
         ["policy", "set"],
         ["policy", "clear"],
         ["policy", "audit"],
+        ["policy", "template"],
+        ["policy", "template", "set"],
+        ["policy", "template", "get"],
+        ["policy", "template", "clear"],
+        ["policy", "template", "list"],
+        ["policy", "template", "audit"],
         ["todos"],
         ["todos", "list"],
         ["todos", "show"],

@@ -428,6 +428,55 @@ async def test_database_gauges_are_the_same_on_every_replica(
     assert sum(series(one, "switchboard_todos_claimed_total").values()) == 2
 
 
+async def test_a_templates_queues_are_one_series_named_by_its_pattern(
+    server: server_app.App, client: Client, tenant: Tenant
+) -> None:
+    """Issue 32: a template's queues, one per account, are aggregated under its
+    pattern, in the database gauges and the process's counters alike (once a
+    scrape has read the templates), so that 3,000 accounts are one series."""
+    await client.admission.SetPolicyTemplate(
+        admission_pb2.SetPolicyTemplateRequest(
+            policy_template=admission_pb2.PolicyTemplate(
+                endpoint_id=tenant.endpoint_id,
+                pattern="acct:*",
+                max_in_flight=5,
+                max_claims_per_window=1,
+                window=admission_pb2.Window(
+                    period=admission_pb2.WINDOW_PERIOD_DAY, time_zone="UTC", start="00:00"
+                ),
+            )
+        ),
+        metadata=tenant.human,
+    )
+    await scrape(server)  # the process learns the templates' patterns
+    accounts = [f"acct:{i}" for i in range(1, 6)]
+    for name in accounts:
+        await ingest(client, tenant.agent, name, 2)
+        assert (await claim_next(client, tenant, name)).todo.queue.name == name
+    await ingest(client, tenant.agent, "solo", 1)
+    # Each account's day is spent: a claim over them all is refused.
+    assert (await claim_next(client, tenant, *accounts)).empty
+
+    families, samples = await scrape(server)
+    assert_no_tenant_labels(families)
+    queues = {dict(k).get("queue") for (_, k) in samples} - {None}
+    assert queues == {"acct:*", "solo"}
+    assert value(samples, "switchboard_todos_claimed_total", queue="acct:*") == 5
+    refused = series(samples, "switchboard_admission_refusals_total")
+    assert {dict(k)["queue"] for k in refused} == {"acct:*"}
+    assert value(samples, "switchboard_todos", state="pending", queue="acct:*") == 5
+    assert value(samples, "switchboard_todos", state="claimed", queue="acct:*") == 5
+    assert value(samples, "switchboard_todos", state="pending", queue="solo") == 1
+    deferred = "switchboard_deferred_todos"
+    assert value(samples, deferred, reason="window_exhausted", queue="acct:*") == 5
+    assert value(samples, "switchboard_admission_window_limit", queue="acct:*") == 5
+    assert value(samples, "switchboard_admission_window_used", queue="acct:*") == 5
+    assert value(samples, "switchboard_admission_in_flight_limit", queue="acct:*") == 25
+    assert value(samples, "switchboard_admission_in_flight", queue="acct:*") == 5
+    # Policies are counted one per queue (by status, no queue label).
+    assert value(samples, "switchboard_admission_policies", status="window_exhausted") == 5
+
+
 async def test_bulk_cancels_and_requeues_are_counted_per_todo(
     server: server_app.App, client: Client, tenant: Tenant
 ) -> None:

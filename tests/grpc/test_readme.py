@@ -216,6 +216,9 @@ async def test_readme_quickstart_works_from_a_fresh_clone_and_pasted_twice(
     assert '"deduplicated": true' in walkthrough
     assert "DEFERRAL_REASON_PAUSED" in walkthrough
     assert "POLICY_ACTION_SET" in walkthrough
+    # A queue born under a template says so; the template was set once and cleared.
+    assert '"template_pattern": "accounts:*"' in walkthrough
+    assert '"queues_changed": 1' in walkthrough  # the clear, over accounts:acme
     # The operator's calls: found by key and by error, cancelled, requeued, audited.
     assert "TODO_STATE_CANCELLED" in walkthrough and "TODO_ACTION_REQUEUE" in walkthrough
     # The batch of three was extended and settled, each item applied.
@@ -257,5 +260,6 @@ async def test_cli_example_works(newcomer: Newcomer) -> None:
         text = (await newcomer.paste(script + CLI_EXAMPLE.text())).split("=== cli", 1)[1]
     assert "sbe_" in text  # the vended credential's token, shown once
     assert "America/Los_Angeles" in text  # the policy as set
+    assert "accounts:*  10 per hour from :00 UTC" in text  # the template, listed
     assert "0 todos match (dry run: nothing requeued)" in text
     assert "requeued 0 todos" in text

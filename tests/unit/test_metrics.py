@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from switchboard_server.config import Settings
 from switchboard_server.metrics import Metrics, QueueLabels
-from switchboard_server.metrics_scrape import OTHER_QUEUE, fold_queues, top_queues
+from switchboard_server.metrics_scrape import OTHER_QUEUE, TemplateNames, fold_queues, top_queues
 from switchboard_server.model import TodoState
 
 
@@ -79,3 +79,29 @@ def test_cancels_and_requeues_count_each_todo_changed_under_the_cap() -> None:
     assert sample(requeued, queue="a", **{"from": "cancelled"}) == 1
     # The claimed ones also ended their attempts.
     assert sample("switchboard_todo_attempts_total", outcome="cancelled") == 2
+
+
+def test_a_templates_queues_are_one_label_its_pattern_the_longest_match() -> None:
+    names = TemplateNames()
+    assert names("acct:1") == "acct:1"  # nothing learnt yet
+    names.learn(["acct:", "acct:vip:", "", "acct:"])
+    assert names("acct:1") == "acct:*"
+    assert names("acct:vip:7") == "acct:vip:*"
+    assert names("acct:") == "acct:*"
+    assert names("acct") == "acct"
+    assert names("triage") == "triage"  # the empty prefix ("*") names nothing
+    names.learn([])
+    assert names("acct:1") == "acct:1"
+
+
+def test_counters_name_a_templates_queues_by_its_pattern_within_the_cap() -> None:
+    names = TemplateNames()
+    names.learn(["acct:"])
+    label = QueueLabels(2, names)
+    assert [label(q) for q in ("acct:1", "acct:2", "solo", "acct:3", "other")] == [
+        "acct:*",
+        "acct:*",
+        "solo",
+        "acct:*",
+        OTHER_QUEUE,
+    ]

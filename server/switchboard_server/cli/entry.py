@@ -15,6 +15,7 @@ from switchboard_server.cli import (
     admin,
     common,
     policy,
+    policy_templates,
     queues,
     schedules,
     server_commands,
@@ -71,7 +72,7 @@ def parser() -> argparse.ArgumentParser:
     admin_sub = admin_parser.add_subparsers(dest="admin_command", required=True, metavar="COMMAND")
     server_commands.add_bootstrap(admin_sub)
     admin.add_admin_commands(admin_sub)
-    policy.add_commands(sub)
+    policy_templates.add_commands(policy.add_commands(sub))
     todos.add_commands(sub)
     queues.add_command(sub)
     schedules.add_commands(sub)

@@ -128,8 +128,9 @@ def window_text(window: admission_pb2.Window) -> str:
     return f"{period} from {day}{window.start} {window.time_zone}"
 
 
-def policy_summary(policy: admission_pb2.AdmissionPolicy) -> str:
-    """A policy on one line: ``5 in flight, 100 per day from 00:00 UTC``."""
+def policy_summary(policy: admission_pb2.AdmissionPolicy | admission_pb2.PolicyTemplate) -> str:
+    """A policy (or a template's limits) on one line: ``5 in flight, 100 per day
+    from 00:00 UTC``."""
     parts = []
     if policy.HasField("max_in_flight"):
         parts.append(f"{policy.max_in_flight} in flight")

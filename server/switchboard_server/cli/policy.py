@@ -4,7 +4,7 @@ over gRPC."""
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from switchboard_dispatch.v1 import admission_pb2, queue_pb2
 
@@ -38,12 +38,15 @@ def _queue(args: argparse.Namespace) -> queue_pb2.QueueRef:
 
 
 def _policy_fields(
-    policy: admission_pb2.AdmissionPolicy, headroom: admission_pb2.Headroom | None
+    policy: admission_pb2.AdmissionPolicy,
+    headroom: admission_pb2.Headroom | None,
+    template_pattern: str = "",
 ) -> str:
     pairs = [
         ("queue", policy.queue.name),
         ("endpoint", policy.queue.endpoint_id),
         ("limits", policy_summary(policy)),
+        ("from", f"template {template_pattern}" if template_pattern else "its own policy"),
         ("updated at", when(policy.updated_at)),
     ]
     if headroom is not None and headroom.HasField("window_limit"):
@@ -63,25 +66,30 @@ def _policy_fields(
 policy_get = unary(
     lambda c: c.admission.GetPolicy,
     lambda args: admission_pb2.GetPolicyRequest(queue=_queue(args)),
-    lambda got: _policy_fields(got.policy, got.headroom if got.HasField("headroom") else None),
+    lambda got: _policy_fields(
+        got.policy, got.headroom if got.HasField("headroom") else None, got.template_pattern
+    ),
 )
 
 
-def policy_request(args: argparse.Namespace) -> admission_pb2.AdmissionPolicy:
-    """The policy the flags describe (the whole policy: SetPolicy replaces)."""
+Limited = TypeVar("Limited", admission_pb2.AdmissionPolicy, admission_pb2.PolicyTemplate)
+
+
+def with_limits(command: str, args: argparse.Namespace, message: Limited) -> Limited:
+    """``message`` (a policy or a template) with the limits ``LIMIT_FLAGS`` describe
+    (all of them: a set replaces)."""
     if args.max_in_flight is None and args.max_claims_per_window is None:
-        raise UsageError("policy set: give --max-in-flight, --max-claims-per-window or both")
+        raise UsageError(f"{command}: give --max-in-flight, --max-claims-per-window or both")
     window_flags = [args.window, args.zone, args.start, args.weekday]
     if args.max_claims_per_window is None and any(f is not None for f in window_flags):
         raise UsageError(
-            "policy set: --window, --zone, --start and --weekday need --max-claims-per-window"
+            f"{command}: --window, --zone, --start and --weekday need --max-claims-per-window"
         )
-    policy = admission_pb2.AdmissionPolicy(queue=_queue(args))
     if args.max_in_flight is not None:
-        policy.max_in_flight = args.max_in_flight
+        message.max_in_flight = args.max_in_flight
     if args.max_claims_per_window is not None:
-        policy.max_claims_per_window = args.max_claims_per_window
-        policy.window.CopyFrom(
+        message.max_claims_per_window = args.max_claims_per_window
+        message.window.CopyFrom(
             admission_pb2.Window(
                 period=PERIODS[args.window or "day"],
                 time_zone=args.zone or "UTC",
@@ -91,7 +99,12 @@ def policy_request(args: argparse.Namespace) -> admission_pb2.AdmissionPolicy:
                 else admission_pb2.WEEKDAY_UNSPECIFIED,
             )
         )
-    return policy
+    return message
+
+
+def policy_request(args: argparse.Namespace) -> admission_pb2.AdmissionPolicy:
+    """The policy the flags describe (the whole policy: SetPolicy replaces)."""
+    return with_limits("policy set", args, admission_pb2.AdmissionPolicy(queue=_queue(args)))
 
 
 #: Creates or replaces a queue's policy.
@@ -135,10 +148,27 @@ POLICY_EXAMPLES = """\
   switchboard policy set investigations --endpoint $EP --max-in-flight 0   # pause
   switchboard policy clear investigations --endpoint $EP
   switchboard policy audit investigations --endpoint $EP --json
+  # 100 claims a day for every queue named investigations:<account>:
+  switchboard policy template set 'investigations:*' --endpoint $EP --max-claims-per-window 100
 """
 
 
 _QUEUE = (flag("queue", help="queue name"), endpoint_flag())
+
+#: The limits of a policy or a template (``with_limits`` reads them).
+LIMIT_FLAGS = (
+    flag("--max-in-flight", type=int, metavar="N", help="most todos claimed at once"),
+    flag(
+        "--max-claims-per-window",
+        type=int,
+        metavar="N",
+        help="most claims per window (0 pauses)",
+    ),
+    flag("--window", choices=sorted(PERIODS), help="window length (default day)"),
+    flag("--zone", metavar="IANA", help="time zone of the window (default UTC)"),
+    flag("--start", metavar="HH:MM", help="local start of the window (default 00:00)"),
+    flag("--weekday", choices=list(WEEKDAYS), help="first day of a week window"),
+)
 
 
 _COMMANDS = (
@@ -160,17 +190,7 @@ _COMMANDS = (
         policy_set,
         [
             *_QUEUE,
-            flag("--max-in-flight", type=int, metavar="N", help="most todos claimed at once"),
-            flag(
-                "--max-claims-per-window",
-                type=int,
-                metavar="N",
-                help="most claims per window (0 pauses)",
-            ),
-            flag("--window", choices=sorted(PERIODS), help="window length (default day)"),
-            flag("--zone", metavar="IANA", help="time zone of the window (default UTC)"),
-            flag("--start", metavar="HH:MM", help="local start of the window (default 00:00)"),
-            flag("--weekday", choices=list(WEEKDAYS), help="first day of a week window"),
+            *LIMIT_FLAGS,
         ],
     ),
     Command(
@@ -190,12 +210,13 @@ _COMMANDS = (
 )
 
 
-def add_commands(sub: Subparsers) -> None:
-    """Registers ``policy`` and its subcommands."""
-    group(
+def add_commands(sub: Subparsers) -> Subparsers:
+    """Registers ``policy`` and its subcommands; returns its subcommands' parsers
+    (``policy template`` joins them)."""
+    return group(
         sub,
         "policy",
-        "read and change queues' admission policies",
+        "read and change queues' admission policies and policy templates",
         POLICY_EXAMPLES,
         "policy_command",
         _COMMANDS,

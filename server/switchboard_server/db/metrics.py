@@ -144,3 +144,13 @@ async def hook_outbox(conn: Conn) -> list[HookOutboxRow]:
     except asyncpg.PostgresError as exc:
         raise errors.Unavailable(f"cannot read the notify-hook outbox: {exc}") from exc
     return [HookOutboxRow(r["queue"], int(r["deliveries"]), int(r["failures"])) for r in rows]
+
+
+async def template_prefixes(conn: Conn) -> list[str]:
+    """The prefixes of every endpoint's policy templates, but the empty one
+    (``metrics_template_prefixes``)."""
+    try:
+        rows = await fetch_many(conn, "metrics_template_prefixes")
+    except asyncpg.PostgresError as exc:
+        raise errors.Unavailable(f"cannot read policy templates: {exc}") from exc
+    return [r["prefix"] for r in rows]

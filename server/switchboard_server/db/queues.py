@@ -27,6 +27,8 @@ class QueueOverviewRow(PolicyLimitColumns):
     dead: int
     policy_id: int | None
     policy_updated_at: datetime | None
+    #: The prefix of the template the policy is (``None``: the queue's own, or none).
+    template_prefix: str | None
     window_started_at: datetime | None
     window_ends_at: datetime | None
     window_used: int | None

@@ -227,6 +227,7 @@ def add_board(app: web.Application, deps: Services, proxies: Proxies | None = No
     app.router.add_post(queue + "/pause", guard(actions.pause))
     app.router.add_post(queue + "/resume", guard(actions.resume))
     app.router.add_get("/board/search", guard(pages.search))
+    app.router.add_get("/board/templates/{endpoint_id}/{pattern}", guard(pages.template_page))
     app.router.add_get(r"/board/todos/{todo_id:\d+}", guard(pages.todo_page))
     app.router.add_get("/board/static/{name}", board.static)
     app.on_response_prepare.append(_security_headers)

@@ -40,6 +40,7 @@ from switchboard_server.web.board_forms import (
     todo_ids,
 )
 from switchboard_server.web.board_plumbing import Plumbing
+from switchboard_server.web.board_templates import GROUP_SHOWN, TEMPLATE_PAGE, matching, split
 from switchboard_server.web.sessions import Session
 from switchboard_server.web.templating import WEEKDAYS
 
@@ -86,10 +87,13 @@ class Pages:
         for q in queues:
             if q.deferred and q.status is not None and q.status.reason is not None:
                 totals[q.status.reason] += q.deferred
+        own, groups = split(queues)
         return self._p.html(
             "board.html",
             session=session,
-            queues=queues,
+            queues=own,
+            groups=groups,
+            group_shown=GROUP_SHOWN,
             schedules=schedules,
             more_schedules=len(schedules) == BOARD_SCHEDULES,
             deferred_by_reason=[(r.value, totals[r]) for r in DeferralReason if totals[r]],
@@ -102,7 +106,39 @@ class Pages:
         _session, principal = await self._p.signed_in(request)
         async with self._deps.snapshot() as conn:
             queues = await self._deps.overview.queues(principal, conn=conn)
-        return self._p.html("fragment_queue_rows.html", queues=queues)
+        return self._p.html("fragment_queue_rows.html", queues=split(queues)[0])
+
+    async def template_page(self, request: web.Request) -> web.StreamResponse:
+        """One policy template's queues, the most constrained first: those whose
+        name starts with ``?prefix=``, only those deferring work with
+        ``?deferred=1``, at most ``TEMPLATE_PAGE`` of them."""
+        session, principal = await self._p.signed_in(request)
+        try:
+            endpoint_id = uuid.UUID(request.match_info["endpoint_id"])
+        except ValueError as exc:
+            raise errors.NotFound("template not found") from exc
+        pattern = request.match_info["pattern"]
+        prefix = request.query.get("prefix", "")[:MAX_SEARCH]
+        deferred_only = request.query.get("deferred") == "1"
+        async with self._deps.snapshot() as conn:
+            template = await self._deps.templates.get(principal, endpoint_id, pattern, conn=conn)
+            queues = await self._deps.overview.queues(principal, endpoint_id, conn=conn)
+        groups = [g for g in split(queues)[1] if g.pattern == pattern]
+        governed = groups[0].queues if groups else []
+        found = matching(governed, prefix, deferred_only)
+        return self._p.html(
+            "template.html",
+            session=session,
+            observed_at=queues[0].observed_at if queues else None,
+            policy_template=template,
+            endpoint_name=queues[0].endpoint_name if queues else str(endpoint_id),
+            governed=len(governed),
+            deferred_queues=groups[0].deferred_queues if groups else 0,
+            found=found[:TEMPLATE_PAGE],
+            matched=len(found),
+            prefix=prefix,
+            deferred_only=deferred_only,
+        )
 
     async def queue_counts(self, request: web.Request) -> web.StreamResponse:
         """A queue's budget and counts, as its page renders them (the script's refresh)."""

@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 import jinja2
 
-from switchboard_server.policies import Policy
+from switchboard_server.policies import Limits, Policy
 from switchboard_server.windows import UnknownZoneError, load_zone
 
 WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
@@ -84,7 +84,11 @@ def policy_text(policy: Policy | None) -> str:
     """A policy in one line, e.g. ``at most 5 in flight; 100 claims per day from 00:00 …``."""
     if policy is None:
         return "none (admits everything)"
-    limits = policy.limits
+    return limits_text(policy.limits)
+
+
+def limits_text(limits: Limits) -> str:
+    """A policy's (or a template's) limits in one line."""
     parts = []
     if limits.max_in_flight is not None:
         parts.append(
@@ -108,6 +112,11 @@ def queue_url(endpoint_id: uuid.UUID, queue: str) -> str:
     return f"/board/queues/{endpoint_id}/{quote(queue, safe='')}"
 
 
+def template_url(endpoint_id: uuid.UUID, pattern: str) -> str:
+    """The board's page of one policy template's queues."""
+    return f"/board/templates/{endpoint_id}/{quote(pattern, safe='')}"
+
+
 class Renderer:
     """The board's Jinja2 environment."""
 
@@ -121,9 +130,15 @@ class Renderer:
             lstrip_blocks=True,
         )
         self.env.filters.update(
-            iso=iso, in_zone=in_zone, relative=relative, policy_text=policy_text
+            iso=iso,
+            in_zone=in_zone,
+            relative=relative,
+            policy_text=policy_text,
+            limits_text=limits_text,
         )
-        self.env.globals.update(static=self.static_url, queue_url=queue_url)
+        self.env.globals.update(
+            static=self.static_url, queue_url=queue_url, template_url=template_url
+        )
 
     def static_url(self, name: str) -> str:
         """The URL of a static file, versioned by its content."""

@@ -109,3 +109,11 @@ SELECT q.name AS queue, g.reason,
 SELECT o.queue, count(*)::bigint AS deliveries, max(o.attempts)::bigint AS failures
   FROM hook_outbox o
  GROUP BY o.queue;
+
+-- name: metrics_template_prefixes :many
+-- The distinct queue-name prefixes of every endpoint's policy templates but
+-- the empty one ("*"): the metrics label a matching queue with its template's
+-- pattern, so that a template's thousands of queues are one series.
+SELECT DISTINCT t.prefix
+  FROM policy_templates t
+ WHERE t.prefix <> '';

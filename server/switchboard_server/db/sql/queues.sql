@@ -3,7 +3,8 @@
 -- (:name), in one statement (no per-queue round-trips): pending, ready (pending
 -- and past its retry time, so claimable but for a budget), claimed and dead
 -- (todos_dead_idx) counts, the active policy, the current window's bounds and units charged
--- (also when paused), and the derived admission from sb_queue_admission
+-- (also when paused), the prefix of the template the policy is (template_prefix;
+-- NULL for a queue's own), and the derived admission from sb_queue_admission
 -- (unlocked, failing closed). The current window is the last stored
 -- boundary at or before now, as in sb_admission_eval; none when the
 -- schedule does not cover now.
@@ -31,6 +32,7 @@ WITH clock AS MATERIALIZED (
                AS dead,
            p.id AS policy_id, p.max_in_flight, p.max_claims_per_window, p.window_period,
            p.window_zone, p.window_start, p.window_weekday, p.updated_at AS policy_updated_at,
+           pt.prefix AS template_prefix,
            cw.started_at AS window_started_at, cw.ends_at AS window_ends_at,
            CASE WHEN cw.started_at IS NOT NULL THEN coalesce(c.units, 0) END AS window_used,
            clock.now AS observed_at
@@ -39,6 +41,8 @@ WITH clock AS MATERIALIZED (
       JOIN queues q ON q.endpoint_id = e.id AND q.owner_id = e.owner_id
       LEFT JOIN admission_policies p
         ON p.endpoint_id = q.endpoint_id AND p.id = q.policy_id AND p.active
+      LEFT JOIN policy_templates pt
+        ON pt.endpoint_id = p.endpoint_id AND pt.id = p.template_id
       LEFT JOIN LATERAL (
           SELECT max(b.i) AS i
             FROM generate_subscripts(p.window_bounds, 1) AS b (i)

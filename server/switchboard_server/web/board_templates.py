@@ -1,0 +1,92 @@
+"""The board's view of policy templates (issue 32): the queues a template
+governs, grouped under it rather than one row each among the owner's queues
+(an endpoint may have thousands, one per account), the most constrained
+first, and found among thousands by a name prefix or "deferred only".
+
+Pure functions over the overview's ``QueueSummary`` rows, which the pages
+read from one snapshot.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from switchboard_server.overview import QueueSummary
+from switchboard_server.policies import Limits
+
+#: A template's queues shown under it on the board's front page.
+GROUP_SHOWN = 10
+#: The most queues a template's page lists (with how many matched).
+TEMPLATE_PAGE = 200
+
+
+@dataclass(frozen=True)
+class TemplateGroup:
+    """The queues of one endpoint that one template governs."""
+
+    endpoint_id: uuid.UUID
+    endpoint_name: str
+    pattern: str
+    limits: Limits
+    #: The queues, the most constrained first.
+    queues: list[QueueSummary]
+
+    @property
+    def deferred_queues(self) -> int:
+        """How many of its queues defer work now (the accounts over budget)."""
+        return sum(1 for q in self.queues if q.deferred)
+
+    @property
+    def deferred_todos(self) -> int:
+        """The todos its queues defer now."""
+        return sum(q.deferred for q in self.queues)
+
+
+def _fill(used: int | None, limit: int | None) -> float:
+    """How full a budget is: 0 without a limit, above 1 when a limit of 0 pauses."""
+    if limit is None or used is None:
+        return 0.0
+    return used / limit if limit else 2.0
+
+
+def most_constrained_first(q: QueueSummary) -> tuple[bool, float, int, str]:
+    """A sort key: deferring queues first, then the fullest budget (window or in
+    flight), then the most pending, then by name."""
+    fill = max(
+        _fill(q.window_used, q.window_limit),
+        _fill(q.claimed if q.in_flight_limit is not None else None, q.in_flight_limit),
+    )
+    return (not q.deferred, -fill, -q.pending, q.queue)
+
+
+def split(
+    queues: Iterable[QueueSummary],
+) -> tuple[list[QueueSummary], list[TemplateGroup]]:
+    """The queues without a template's policy (in their order), and a group per
+    template with queues, by endpoint then pattern."""
+    own: list[QueueSummary] = []
+    grouped: dict[tuple[str, uuid.UUID, str], list[QueueSummary]] = {}
+    for q in queues:
+        pattern = q.policy.template if q.policy is not None else None
+        if pattern is None:
+            own.append(q)
+        else:
+            grouped.setdefault((q.endpoint_name, q.endpoint_id, pattern), []).append(q)
+    groups = []
+    for (endpoint_name, endpoint_id, pattern), members in sorted(grouped.items()):
+        assert members[0].policy is not None
+        members.sort(key=most_constrained_first)
+        groups.append(
+            TemplateGroup(endpoint_id, endpoint_name, pattern, members[0].policy.limits, members)
+        )
+    return own, groups
+
+
+def matching(
+    queues: Sequence[QueueSummary], prefix: str, deferred_only: bool
+) -> list[QueueSummary]:
+    """The queues whose name starts with ``prefix`` (and that defer work, with
+    ``deferred_only``), in their order."""
+    return [q for q in queues if q.queue.startswith(prefix) and (q.deferred or not deferred_only)]

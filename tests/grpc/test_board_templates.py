@@ -1,0 +1,180 @@
+"""The board groups a policy template's queues (issue 32) over plain HTTP: a
+section per template with its pattern and limits, its queues each with
+used/limit, the most constrained first, and the queues over budget found
+among many by a name prefix or "deferring work only", capped with a count."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from urllib.parse import quote
+
+import pytest
+from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, queue_pb2
+from switchboard_server.app import App
+from switchboard_server.web import board_pages, board_templates
+
+from tests.support.admission import set_policy, window
+from tests.support.board_http import Board, signed_in
+from tests.support.client import Client, Tenant, make_tenant
+
+#: The accounts' queues: acct:000 to acct:059, two todos each.
+ACCOUNTS = [f"acct:{i:03}" for i in range(60)]
+#: The accounts whose day's claim is spent (so their second todo is deferred).
+SPENT = ["acct:007", "acct:042"]
+
+
+@pytest.fixture
+async def board(server: App, tenant: Tenant) -> AsyncIterator[Board]:
+    """The tenant's human, signed in to the board over plain HTTP."""
+    async with signed_in(f"http://{server.http_address}", tenant.human_token) as b:
+        yield b
+
+
+def queues_in(html: str) -> list[str]:
+    """The queues of a page's rows, in order."""
+    return re.findall(r'<tr data-queue="([^"]+)"', html)
+
+
+def section(html: str, pattern: str) -> str:
+    """The board's section of a template."""
+    match = re.search(
+        rf'<section class="template"[^>]*data-template="{re.escape(pattern)}".*?</section>',
+        html,
+        re.S,
+    )
+    assert match, f"no section for {pattern} in the page"
+    return match[0]
+
+
+def template_path(tenant: Tenant, pattern: str) -> str:
+    return f"/board/templates/{tenant.endpoint_id}/{quote(pattern, safe='')}"
+
+
+async def accounts(client: Client, tenant: Tenant) -> None:
+    """A template of one claim a day and two in flight over ``acct:*``, its 60
+    queues, two of them with the day's claim spent; and a queue of its own."""
+    await client.admission.SetPolicyTemplate(
+        admission_pb2.SetPolicyTemplateRequest(
+            policy_template=admission_pb2.PolicyTemplate(
+                endpoint_id=tenant.endpoint_id,
+                pattern="acct:*",
+                max_in_flight=2,
+                max_claims_per_window=1,
+                window=window(),
+            )
+        ),
+        metadata=tenant.human,
+    )
+    items = [
+        dispatch_pb2.IngestRequest(queue=queue_pb2.QueueRef(name=name), payload=b"x")
+        for name in ACCOUNTS
+        for _ in range(2)
+    ]
+    await client.dispatch.IngestTodos(
+        dispatch_pb2.IngestTodosRequest(todos=items), metadata=tenant.agent
+    )
+    for name in SPENT:
+        claimed = await client.dispatch.ClaimNext(
+            dispatch_pb2.ClaimNextRequest(claimant="w", queues=[name]), metadata=tenant.agent
+        )
+        assert claimed.todo.queue.name == name
+    await client.dispatch.Ingest(
+        dispatch_pb2.IngestRequest(queue=queue_pb2.QueueRef(name="triage"), payload=b"x"),
+        metadata=tenant.agent,
+    )
+    await set_policy(
+        client, tenant.human, "triage", endpoint_id=tenant.endpoint_id, max_in_flight=3
+    )
+
+
+async def test_the_front_page_groups_a_templates_queues_the_most_constrained_first(
+    client: Client, tenant: Tenant, board: Board
+) -> None:
+    await accounts(client, tenant)
+    status, page, _ = await board.get("/board")
+    assert status == 200
+    # The queues of their own stay in the table of queues; the template's are not there.
+    main = page.split('<section class="template"', 1)[0]
+    assert queues_in(main) == ["triage"]
+    group = section(page, "acct:*")
+    assert "Each queue: at most 2 in flight; 1 claims per day, from 00:00 UTC." in group
+    assert '<strong class="governed">60</strong> queues' in group
+    assert '<strong class="over-budget">2</strong> deferring work (2 todos)' in group
+    # Its ten most constrained queues: the spent ones first, then the fullest.
+    shown = queues_in(group)
+    assert shown[:2] == SPENT and len(shown) == board_templates.GROUP_SHOWN
+    assert "(10 of 60)" in group
+    spent_row = re.search(r'<tr data-queue="acct:007".*?</tr>', group, re.S)
+    assert spent_row
+    assert '<span class="full">1 / 1</span>' in spent_row[0]  # the window, used / limit
+    assert "1 / 2" in spent_row[0]  # in flight, used / limit
+    assert "window_exhausted" in spent_row[0]
+    assert f'href="{template_path(tenant, "acct:*")}?deferred=1"' in group
+    # The refresh of the rows renders the same table of queues of their own.
+    _, rows, _ = await board.get("/board/fragments/queues")
+    assert queues_in(rows) == ["triage"]
+
+
+async def test_a_board_of_only_template_governed_queues_shows_their_section(
+    client: Client, tenant: Tenant, board: Board
+) -> None:
+    await client.admission.SetPolicyTemplate(
+        admission_pb2.SetPolicyTemplateRequest(
+            policy_template=admission_pb2.PolicyTemplate(
+                endpoint_id=tenant.endpoint_id, pattern="acct:*", max_in_flight=0
+            )
+        ),
+        metadata=tenant.human,
+    )
+    await client.dispatch.Ingest(
+        dispatch_pb2.IngestRequest(queue=queue_pb2.QueueRef(name="acct:1"), payload=b"x"),
+        metadata=tenant.agent,
+    )
+    _, page, _ = await board.get("/board")
+    assert "No queues yet" not in page
+    assert '<table class="queues">' not in page  # no queue of its own: no such table
+    assert queues_in(section(page, "acct:*")) == ["acct:1"]
+    assert "paused" in section(page, "acct:*")
+
+
+async def test_a_templates_page_finds_its_queues_by_prefix_or_deferral_capped_with_a_count(
+    client: Client, tenant: Tenant, board: Board, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await accounts(client, tenant)
+    path = template_path(tenant, "acct:*")
+    status, page, _ = await board.get(path)
+    assert status == 200
+    assert "<strong>60</strong> queues governed, <strong>2</strong> deferring work now" in page
+    assert "at most 2 in flight; 1 claims per day, from 00:00 UTC" in page
+    assert queues_in(page)[:2] == SPENT and len(queues_in(page)) == 60
+
+    _, deferred, _ = await board.get(path + "?deferred=1")
+    assert queues_in(deferred) == SPENT
+    assert "2 queues match." in deferred
+    _, by_prefix, _ = await board.get(path + "?prefix=" + quote("acct:04"))
+    assert queues_in(by_prefix) == ["acct:042", *(f"acct:04{i}" for i in range(10) if i != 2)]
+    _, both, _ = await board.get(path + "?deferred=1&prefix=" + quote("acct:04"))
+    assert queues_in(both) == ["acct:042"]
+    assert "1 queue matches." in both
+
+    # Past the cap: the most constrained, and how many matched.
+    monkeypatch.setattr(board_pages, "TEMPLATE_PAGE", 5)
+    _, capped, _ = await board.get(path)
+    assert len(queues_in(capped)) == 5 and queues_in(capped)[:2] == SPENT
+    assert "60 queues match; the 5 most constrained are shown" in capped
+
+
+async def test_a_template_page_is_not_found_for_another_owner_or_no_template(
+    client: Client, tenant: Tenant, board: Board
+) -> None:
+    await accounts(client, tenant)
+    globex = await make_tenant(client, "globex", endpoint="globex-agent")
+    for path in (
+        template_path(tenant, "other:*"),
+        f"/board/templates/{globex.endpoint_id}/{quote('acct:*', safe='')}",
+        "/board/templates/not-a-uuid/x",
+    ):
+        status, page, _ = await board.get(path)
+        assert status == 404, (path, page[:300])
+        assert "acct:0" not in page
