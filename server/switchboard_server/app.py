@@ -281,6 +281,7 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
         keyring = await open_keyring(db, settings)
         hub = DoorbellHub(db, settings.doorbell_heartbeat)
         waits = ClaimWaits(settings.combine_max)
+        hub.rung = waits.ring  # rings wake held ClaimNext calls too
         authenticator = Authenticator(db, settings.operator_token)
         #: Set when a gate was made due (a freed slot, a policy change) on any replica.
         reopen_due = asyncio.Event()
@@ -293,7 +294,7 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
         listener = Listener(
             db.dsn,
             {
-                DOORBELL_CHANNEL: functools.partial(_ring, hub, waits),
+                DOORBELL_CHANNEL: hub.on_payload,
                 DUE_CHANNEL: waits.on_due,
                 AUTH_CHANNEL: lambda payload, _source: authenticator.forget_payload(payload),
                 REOPEN_CHANNEL: lambda _payload, _source: reopen_due.set(),
@@ -312,7 +313,7 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
                 db.dsn,
                 functools.partial(_worker_nodes, db),
                 {
-                    DOORBELL_CHANNEL: functools.partial(_ring, hub, waits),
+                    DOORBELL_CHANNEL: hub.on_payload,
                     DUE_CHANNEL: waits.on_due,
                     REOPEN_CHANNEL: lambda _payload, _source: reopen_due.set(),
                 },
@@ -448,12 +449,6 @@ class GenericHandlersOnly:
         self, service_name: str, method_handlers: dict[str, grpc.RpcMethodHandler[Any, Any]]
     ) -> None:
         """Left out: the same handlers came as a generic handler (see the class)."""
-
-
-def _ring(hub: DoorbellHub, waits: ClaimWaits, payload: str, source: object) -> None:
-    """A ring heard: to the WatchReopen streams and the held ClaimNext calls."""
-    hub.on_payload(payload, source)
-    waits.on_ring(payload, source)
 
 
 def _grpc_server(services: Services, hub: DoorbellHub) -> tuple[grpc.aio.Server, HealthServicer]:

@@ -121,6 +121,8 @@ class DoorbellHub:
         self.snapshots = 0
         #: Where rings come from (set once the listeners run).
         self.sources: Callable[[], Sequence[RingSource]] = tuple
+        #: Told of every ring too (endpoint, queue, pending): the held ClaimNext calls.
+        self.rung: Callable[[uuid.UUID, str, int], object] = lambda *_: None
         #: How long an attach waits for the listeners to catch up before it
         #: goes on without (a listener hanging without losing its connection).
         self.catch_up_limit = timedelta(seconds=10)
@@ -231,6 +233,7 @@ class DoorbellHub:
         except (ValueError, KeyError, TypeError):
             log.error("ignoring a malformed doorbell payload", extra={"payload": payload[:200]})
             return
+        self.rung(bell.endpoint_id, bell.queue, bell.pending)
         for sub in list(self._subs.get(bell.endpoint_id, ())):
             sub.offer(bell, source)
 

@@ -9,11 +9,13 @@ import json
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
 import pytest
 from switchboard_server.db import Database
 from switchboard_server.dispatch import Dispatcher
 from switchboard_server.dispatch.waiting import ClaimWaits, Waiter, hold
+from switchboard_server.doorbells import DoorbellHub
 from switchboard_server.model import AttemptOutcome, TodoState
 
 from tests.support.dispatching import make_tenant, todo_in
@@ -93,8 +95,11 @@ async def test_due_times_wake_one_caller_each_at_their_time() -> None:
 async def test_payloads_from_the_listener() -> None:
     waits = ClaimWaits()
     with _many(waits, 4) as waiters:
+        # A ring reaches held calls through the doorbell hub, which parses it once.
+        hub = DoorbellHub(cast(Database, None), timedelta(seconds=30))
+        hub.rung = waits.ring
         ring = {"endpoint_id": str(ENDPOINT), "queue": "a", "cause": "created", "pending": 2}
-        waits.on_ring(json.dumps({**ring, "at": datetime.now(UTC).isoformat()}))
+        hub.on_payload(json.dumps({**ring, "at": datetime.now(UTC).isoformat()}))
         assert _woken(waiters) == [0, 1]
         # A due time is read against the database's now, not this process's clock.
         db_now = datetime(2001, 1, 1, tzinfo=UTC)
@@ -104,7 +109,7 @@ async def test_payloads_from_the_listener() -> None:
         await asyncio.sleep(0.3)
         assert _woken(waiters) == [0, 1, 2]
         for bad in ("not json", "[1]", json.dumps({"queue": "a"})):
-            waits.on_ring(bad)
+            hub.on_payload(bad)
             waits.on_due(bad)
         assert _woken(waiters) == [0, 1, 2]
 

@@ -7,7 +7,8 @@ heard: rings (``sb_ring``: creation, reopens at a window boundary, a freed
 slot, a policy change or resume, all held back while admission defers the
 queue) and due times (``sb_announce_due``: a todo released, reaped, failed
 with a backoff, created or requeued with a delay) arrive on every replica
-by NOTIFY (``db.listener``); a due time becomes a timer here.
+by NOTIFY (``db.listener``): a ring through the doorbell hub, which parses
+it once (``DoorbellHub.rung``); a due time becomes a timer here.
 
 What one event costs the database is bounded, whatever the number of
 waiters: a ring for a queue wakes at most as many of that queue's waiters as
@@ -151,19 +152,7 @@ class ClaimWaits:
             self._timer = None
         self._due.clear()
 
-    # The listener's channels.
-
-    def on_ring(self, payload: str, _source: object = None) -> None:
-        """A doorbell ring (``switchboard_doorbell``)."""
-        data = _decode(payload)
-        if data is None:
-            return
-        try:
-            endpoint_id, queue = uuid.UUID(str(data["endpoint_id"])), str(data["queue"])
-            pending = int(str(data["pending"]))
-        except (ValueError, KeyError, TypeError):
-            return  # the hub logs malformed rings
-        self.ring(endpoint_id, queue, pending)
+    # The listener's due channel (rings come through the doorbell hub: ``ring``).
 
     def on_due(self, payload: str, _source: object = None) -> None:
         """A queue's pending todos come due at a time (``switchboard_due``)."""
