@@ -11,7 +11,7 @@ measured in one run on a fresh database (an embedded PostgreSQL unless
    exhausted too. K callers make single-todo ``ClaimNext`` calls (no queues
    named: the endpoint's eligible queues) for a fixed time and complete each
    claim: p50/p99 and PostgreSQL CPU per claim, rounds interleaved
-   (templates, explicit, templates, ...).
+   (templates then explicit, then explicit then templates, ...).
 2. **Idle cost**: PostgreSQL CPU over an idle window with nothing set up,
    with the N template queues, and with the N explicit policies beside them.
 3. **A template change**: ``SetPolicyTemplate`` raising the limit over the N

@@ -149,7 +149,9 @@ class TemplatesBench:
         for kind in ("templates", "explicit"):
             await self.claim_round(kind, -1)
         for r in range(p.rounds):
-            for kind in ("templates", "explicit"):
+            # ABBA: neither kind always goes first.
+            kinds = ("templates", "explicit") if r % 2 == 0 else ("explicit", "templates")
+            for kind in kinds:
                 await self.claim_round(kind, r)
         await self.template_change()
 

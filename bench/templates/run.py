@@ -194,7 +194,8 @@ async def run_templates(
     header = (
         f"{started_at:%Y-%m-%d %H:%M} UTC, commit `{commit}`, policy-templates {params.mode} "
         f"run ({params.queues:,} queues an endpoint, {params.exhausted:,} window-exhausted, "
-        f"{params.callers} callers, {params.rounds} round{'s' if params.rounds > 1 else ''} "
+        f"{params.callers} callers, a {params.warmup_seconds:g} s warm-up and "
+        f"{params.rounds} round{'s' if params.rounds > 1 else ''} "
         f"of {params.claim_seconds:g} s a kind, {params.idle_seconds:g} s idle windows), "
         f"{mach['cpu_model']} x {mach['logical_cpus']}, PostgreSQL {postgres_version}"
         f"{' (embedded)' if cluster.embedded else ''}, a server with default settings, "
