@@ -25,6 +25,7 @@ runs only; ``--quick`` writes to ``bench/results/tmp/``).
 
 ``python -m bench --idle`` runs the idle bench instead (``bench/idle/``);
 ``python -m bench --held`` the held-claims bench (``bench/held/``);
+``python -m bench --templates`` the policy-templates bench (``bench/templates/``);
 ``python -m bench --profile`` shows where the database time goes
 (``bench/profile.py``).
 """
@@ -127,6 +128,13 @@ def parser() -> argparse.ArgumentParser:
         help="the held-claims bench instead (bench/held/): what 1,000 callers held in "
         "ClaimNext(wait) cost an idle database, their ingest → claimed latency against "
         "WatchReopen and polling, and the claims one todo costs for 1,000 held callers",
+    )
+    p.add_argument(
+        "--templates",
+        action="store_true",
+        help="the policy-templates bench instead (bench/templates/): ClaimNext and PostgreSQL "
+        "CPU over 3,000 queues under one template against 3,000 explicit policies, their idle "
+        "cost, and a template change's time and its effect on another endpoint's claims",
     )
     p.add_argument(
         "--held-callers",
@@ -262,6 +270,16 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--idle and --held take neither --combine-max nor --runs")
     if args.idle and args.held:
         p.error("--idle and --held are two benches: run them one at a time")
+    if args.templates and (
+        args.idle
+        or args.held
+        or args.profile
+        or args.only
+        or args.combine_max is not None
+        or args.runs
+        or args.idle_seconds is not None
+    ):
+        p.error("--templates takes only --quick, --database-url, --no-readme, --keep, --strict")
     if args.idle_seconds is not None and not (args.idle or args.held):
         p.error("--idle-seconds needs --idle or --held")
     if args.held_callers is not None and not args.held:
@@ -280,6 +298,18 @@ def main(argv: list[str] | None = None) -> int:
             from bench.profile import run_profile
 
             return asyncio.run(run_profile(args.quick, args.database_url, args.runs))
+        if args.templates:
+            from bench.templates import run_templates
+
+            return asyncio.run(
+                run_templates(
+                    quick=args.quick,
+                    database_url=args.database_url,
+                    readme=not args.no_readme,
+                    keep=args.keep,
+                    strict=args.strict,
+                )
+            )
         if args.held:
             from bench.held import run_held
 

@@ -76,6 +76,10 @@ NOT_RUN: dict[Block, str] = {
         "a full held-claims run takes about 10 minutes; tests/bench/test_held.py runs "
         "`python -m bench --held --quick` (what scripts/bench execs) with fewer callers"
     ),
+    Block("docs/performance.md", "sh", "scripts/bench --templates"): (
+        "a full policy-templates run takes a few minutes; tests/bench/test_templates.py runs "
+        "`python -m bench --templates --quick` (what scripts/bench execs)"
+    ),
     Block("docs/performance.md", "sh", "scripts/bench --idle"): (
         "a full idle run takes about 4 minutes; tests/bench/test_quick.py runs "
         "`python -m bench --idle --quick`"
