@@ -13,7 +13,9 @@ What must hold, whatever a move did to a claim under way (Citus lets a SELECT,
 ``FOR UPDATE`` included, read the old placement during a move, while writes
 wait and land on the new one; functions/fn_shards.sql):
 
-- no todo claimed twice: no two claim answers name one todo at one attempt;
+- no todo claimed twice: no two claim answers name one todo at one attempt,
+  and no two leases of one todo were live at once (each claim answered at a
+  later attempt was made once the lease before it had lapsed);
 - every answered claim is an attempt: ended (in ``attempts``) or running (the
   todo still claimed at that attempt), so units charged equal attempts;
 - no window unit spent twice: the units each answer says it spent (its
@@ -25,9 +27,9 @@ wait and land on the new one; functions/fn_shards.sql):
 Before each transaction held its shard group first (2026-12-06), this test
 failed in each of 5 runs: todos claimed twice at one attempt (two answers for
 one todo's attempt 1; 2 to 5 todos a run) in four, answered claims that were
-no attempt in the fifth. With it, it passed in every run since (see the
-closing note of issue 27). ``test_shard_group_hold.py`` shows the cause
-deterministically.
+no attempt in the fifth. With it, it passed in every run since (4 of 4 in
+that session, 2 of 2 in the audit of 2026-12-07). ``test_shard_group_hold.py``
+shows the cause deterministically.
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ class Answer:
 
     #: (todo id, attempt) of each todo it claimed.
     claims: list[tuple[str, int]]
+    #: Each claim's lease, as the database's clock gave it: (claimed at, expires at),
+    #: in microseconds.
+    leases: list[tuple[int, int]]
     #: The window units it spent, as its headroom said: (first, last).
     units: tuple[int, int]
     #: Its window's end (seconds), so that units are compared within a window.
@@ -131,6 +136,10 @@ async def claimer(client: Client, tenant: Tenant, seed: int, rec: Record) -> Non
             rec.answers.append(
                 Answer(
                     [(c.todo.id, c.todo.attempt) for c in claims],
+                    [
+                        (c.todo.updated_at.ToMicroseconds(), c.lease.expires_at.ToMicroseconds())
+                        for c in claims
+                    ],
                     (h.window_used - len(claims) + 1, h.window_used),
                     h.resets_at.seconds,
                     h.in_flight_used,
@@ -260,6 +269,19 @@ async def test_moves_keep_every_claim_once_and_every_budget_exact(
     # No todo claimed twice at one attempt.
     twice = [c for c, n in Counter(claims).items() if n > 1]
     assert twice == [], twice
+    # No two live leases of one todo: a later attempt was claimed (the todo's
+    # updated_at, the claim's clock) no sooner than the lease before it expired.
+    leases: dict[str, list[tuple[int, int, int]]] = {}
+    for a in rec.answers:
+        for (todo, attempt), (claimed_at, expires_at) in zip(a.claims, a.leases, strict=True):
+            leases.setdefault(todo, []).append((attempt, claimed_at, expires_at))
+    overlapping = [
+        (todo, earlier, later)
+        for todo, held in leases.items()
+        for earlier, later in itertools.pairwise(sorted(held))
+        if later[1] < earlier[2]
+    ]
+    assert overlapping == [], overlapping[:5]
     # Every answered claim is an attempt, ended or running; and nothing else is.
     assert set(claims) - (ended | running) == set(), sorted(set(claims) - (ended | running))[:5]
     assert ended & running == set()

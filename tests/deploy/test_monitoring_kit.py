@@ -4,15 +4,21 @@ test_monitoring_live.py)."""
 
 from __future__ import annotations
 
+import argparse
 import re
+import shlex
 import subprocess
 
 import aiohttp
+import asyncpg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from switchboard_server import app as server_app
+from switchboard_server.cli import entry
 
-from tests.support.markdown import anchors
+from tests.support.admission import ingest
+from tests.support.client import Client, make_tenant
+from tests.support.markdown import anchors, fenced_blocks, split
 from tests.support.prometheus import (
     RULE_TESTS,
     RULES,
@@ -147,6 +153,73 @@ def test_every_alert_has_a_unit_test_a_runbook_entry_and_no_tenant_labels() -> N
                 "reason",
                 "instance",
             }
+
+
+def runbook_sections() -> dict[str, str]:
+    """The runbook's prose (code blocks left out) under each second-level heading."""
+    _, prose = split(RUNBOOK.read_text())
+    sections: dict[str, str] = {}
+    heading = ""
+    for line in prose:
+        if line.startswith("## "):
+            heading = line[3:].strip()
+            sections[heading] = ""
+        elif heading:
+            sections[heading] += line + "\n"
+    return sections
+
+
+def test_the_runbook_says_what_each_alert_means_and_names_real_panels_and_commands() -> None:
+    sections = runbook_sections()
+    assert list(sections) == [rule.alert for rule in alert_rules()]
+    for name, text in sections.items():
+        # What it means, how to confirm it, what to do: in that order.
+        parts = [text.find(f"**{part}.**") for part in ("Means", "Confirm", "Do")]
+        assert -1 not in parts and parts == sorted(parts), name
+    panels: dict[str, set[str]] = {}
+    row = ""
+    for panel in dashboard()["panels"]:
+        if panel["type"] == "row":
+            row = panel["title"]
+        panels.setdefault(row, set()).add(panel["title"])
+    text = re.sub(r"\s+", " ", "".join(sections.values()))
+    # Dashboard references, *Row / Panel* or *Panel* (or a row): on the dashboard.
+    named = re.findall(r"(?<![*\w])\*([^*]+?)\*(?![*\w])", re.sub(r"\*\*[^*]+\*\*", "", text))
+    assert len(named) >= 10, named
+    for reference in named:
+        if " / " in reference:
+            row, title = reference.split(" / ")
+            assert title in panels.get(row, set()), reference
+        else:
+            assert reference in set().union(*panels.values()), reference
+    # Command lines: each one the switchboard command accepts.
+    commands = re.findall(r"`(switchboard [^`]+)`", text)
+    assert len(commands) >= 10, commands
+    for command in commands:
+        args = [a.replace("TODO_ID", "5").replace("ID", "7") for a in shlex.split(command)[1:]]
+        args = [a for a in args if a != "..."]
+        try:
+            entry.parser().parse_args(args)
+        except (SystemExit, argparse.ArgumentError):
+            pytest.fail(f"the runbook's {command!r} is not a command line switchboard accepts")
+
+
+async def test_the_runbooks_query_names_a_queues_owners_and_endpoints(
+    client: Client, dsn: str
+) -> None:
+    (query,) = fenced_blocks(RUNBOOK, "sql")
+    tenants = [await make_tenant(client, name) for name in ("acme", "globex")]
+    for tenant in tenants:
+        await ingest(client, tenant.agent, "reports")
+    await ingest(client, tenants[0].agent, "other")
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(query)
+    finally:
+        await conn.close()
+    assert sorted((r["owner"], r["endpoint"], str(r["endpoint_id"])) for r in rows) == sorted(
+        (name, "agent", t.endpoint_id) for name, t in zip(("acme", "globex"), tenants, strict=True)
+    )
 
 
 def test_without_prometheus_the_kit_tests_skip_except_in_ci(

@@ -282,6 +282,14 @@ async def test_every_panel_returns_data_and_exactly_the_scenes_alerts_fire(
             }
             firing = await wait_for_alerts(prom, expected)
             assert set(firing) == set(expected), firing
+            # Every rule, those the scene must not fire too, evaluated without an
+            # error (a rule whose evaluation fails fires nothing), and its
+            # expression answers a query.
+            for group in (await prom.api("rules"))["groups"]:
+                for rule in group["rules"]:
+                    assert (rule["health"], rule.get("lastError", "")) == ("ok", ""), rule
+            for rule in alert_rules():
+                await prom.query(rule.expr)
 
             for query in panel_queries():
                 result = await prom.wait_for(query.resolved(), WITHIN)
