@@ -210,17 +210,7 @@ class PolicyTemplates:
     ) -> TemplateChange:
         """Creates or replaces a template and applies it to every queue it
         governs, in one transaction; audited once."""
-        try:
-            limits.validate()
-        except errors.InvalidArgument as exc:
-            raise errors.InvalidArgument(
-                [
-                    errors.FieldViolation(
-                        "policy_template" + v.field.removeprefix("policy"), v.description
-                    )
-                    for v in exc.violations
-                ]
-            ) from None
+        limits.validate("policy_template")
         scope, endpoint = policy_scope(
             principal, endpoint_id, Grant.SET_ADMISSION_POLICY, "policy_template.endpoint_id"
         )
