@@ -77,22 +77,6 @@ class AdmissionControl:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def get(
-        self,
-        principal: Principal,
-        endpoint_id: uuid.UUID | None,
-        queue: str,
-        *,
-        conn: Conn | None = None,
-    ) -> Policy:
-        """The active policy of a queue."""
-        q = _Queue.named(principal, endpoint_id, queue, None)
-        async with self._db.transaction(within=conn) as conn:
-            _queue_id, row = await _active(conn, q)
-        if row is None:
-            raise errors.NotFound("no admission policy for this queue")
-        return q.policy(row)
-
     async def get_with_use(
         self,
         principal: Principal,
