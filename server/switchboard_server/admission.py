@@ -36,7 +36,7 @@ from switchboard_server.policies import (
     policy_json,
     policy_of,
 )
-from switchboard_server.policy_windows import REFRESH_INDEX, carry_count, current_window, schedule
+from switchboard_server.policy_windows import carry_count, current_window, schedule_for
 
 
 @dataclass(frozen=True)
@@ -326,13 +326,8 @@ async def _store(
     """Stores ``limits`` as the locked row's active policy; audited as a ``set``."""
     before = q.policy(row) if row.active else None
     now = await clock.now(conn)
-    # Without a window limit the old schedule is kept: the current
-    # window's count carries over if a window limit comes back.
-    bounds: list[datetime] = list(row.window_bounds)
-    refresh_at = None
+    bounds, refresh_at = schedule_for(limits.window, now, row.window_bounds)
     if limits.window is not None:
-        bounds = schedule(limits.window, now)
-        refresh_at = bounds[REFRESH_INDEX]
         await carry_count(conn, row, now, bounds[0])
     stored = await _write(conn, row, limit_columns(limits), bounds, refresh_at, active=True)
     after = q.policy(stored)

@@ -60,6 +60,7 @@ from switchboard_server.policy_windows import (
     RETRY_BROKEN_SCHEDULE,
     carry_count,
     schedule,
+    schedule_for,
     spec_of,
 )
 from switchboard_server.windows import WindowSpecError
@@ -239,11 +240,9 @@ class PolicyTemplates:
                     "set a template looser than what a human set",
                 )
             now = await clock.now(conn)
-            bounds: list[datetime] = list(current.window_bounds) if current else []
-            refresh_at = None
-            if limits.window is not None:
-                bounds = schedule(limits.window, now)
-                refresh_at = bounds[REFRESH_INDEX]
+            bounds, refresh_at = schedule_for(
+                limits.window, now, current.window_bounds if current else ()
+            )
             human = (
                 limits_json(limits, endpoint, now)
                 if not _agent(principal)
