@@ -13,27 +13,62 @@ refresher in ``policy_windows.py``.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
 from switchboard_server import errors, policy_templates
-from switchboard_server.access import Scope, actor_of, policy_scope
+from switchboard_server.access import actor_of, policy_scope
 from switchboard_server.db import Database, clock
 from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import doorbells as doorbell_queries
 from switchboard_server.db.admission import PolicyRow
+from switchboard_server.db.admission_report import PolicyLimitColumns
 from switchboard_server.db.database import Conn, rerun_on_conflict
 from switchboard_server.model import AuditEntry, Grant, Principal, PrincipalKind, Revision
 from switchboard_server.policies import (
     Headroom,
     Limits,
     Policy,
+    limit_columns,
     paused,
     policy_from_json,
     policy_json,
     policy_of,
 )
-from switchboard_server.policy_windows import REFRESH_INDEX, carry_count, current_window, schedule
+from switchboard_server.policy_windows import carry_count, current_window, schedule_for
+
+
+@dataclass(frozen=True)
+class _Queue:
+    """A queue as the caller named it, in the scope the caller may act in
+    (``policy_scope``): its owner, endpoint and name."""
+
+    owner_id: uuid.UUID
+    endpoint: uuid.UUID
+    name: str
+
+    @classmethod
+    def named(
+        cls,
+        principal: Principal,
+        endpoint_id: uuid.UUID | None,
+        queue: str,
+        grant: Grant | None,
+        field: str = "queue.endpoint_id",
+    ) -> _Queue:
+        scope, endpoint = policy_scope(principal, endpoint_id, grant, field)
+        return cls(scope.owner_id, endpoint, queue)
+
+    def policy(self, row: PolicyRow) -> Policy:
+        """The queue's policy stored in ``row``."""
+        return policy_of(row, self.endpoint, self.name)
+
+    def revision(self, audited: admission_queries.AuditRow) -> Revision[Policy]:
+        """The change an audit row of the queue records."""
+        return Revision.read(
+            audited.before, audited.after, lambda j: policy_from_json(j, self.endpoint, self.name)
+        )
 
 
 class AdmissionControl:
@@ -41,22 +76,6 @@ class AdmissionControl:
 
     def __init__(self, db: Database) -> None:
         self._db = db
-
-    async def get(
-        self,
-        principal: Principal,
-        endpoint_id: uuid.UUID | None,
-        queue: str,
-        *,
-        conn: Conn | None = None,
-    ) -> Policy:
-        """The active policy of a queue."""
-        scope, endpoint = policy_scope(principal, endpoint_id, None)
-        async with self._db.transaction(within=conn) as conn:
-            _queue_id, row = await _active(conn, scope, endpoint, queue)
-        if row is None:
-            raise errors.NotFound("no admission policy for this queue")
-        return policy_of(row, endpoint, queue)
 
     async def get_with_use(
         self,
@@ -67,12 +86,12 @@ class AdmissionControl:
         conn: Conn | None = None,
     ) -> tuple[Policy, Headroom | None]:
         """The active policy of a queue and its use now (``None`` when nothing evaluates)."""
-        scope, endpoint = policy_scope(principal, endpoint_id, None)
+        q = _Queue.named(principal, endpoint_id, queue, None)
         async with self._db.transaction(within=conn) as conn:
-            queue_id, row = await _active(conn, scope, endpoint, queue)
+            queue_id, row = await _active(conn, q)
             if queue_id is None or row is None:
                 raise errors.NotFound("no admission policy for this queue")
-            policy = policy_of(row, endpoint, queue)
+            policy = q.policy(row)
             return policy, await _use_now(conn, row, queue_id, policy)
 
     @rerun_on_conflict
@@ -92,13 +111,13 @@ class AdmissionControl:
         begins on (``Database.transaction_on``).
         """
         limits.validate()
-        scope, endpoint = policy_scope(
-            principal, endpoint_id, Grant.SET_ADMISSION_POLICY, "policy.queue.endpoint_id"
+        q = _Queue.named(
+            principal, endpoint_id, queue, Grant.SET_ADMISSION_POLICY, "policy.queue.endpoint_id"
         )
         async with self._db.transaction_on(conn) as conn:
-            row = await _locked(conn, scope, endpoint, queue, "endpoint not found", create=True)
+            row = await _locked(conn, q, "endpoint not found", create=True)
             await policy_templates.check_override(conn, principal, row, limits)
-            return await _store(conn, principal, row, endpoint, queue, limits)
+            return await _store(conn, principal, row, q, limits)
 
     @rerun_on_conflict
     async def pause(
@@ -112,10 +131,10 @@ class AdmissionControl:
         """Pauses a queue: its policy with 0 in flight (its window kept), or a
         policy of 0 in flight when it has none. An ordinary ``set``, audited as
         one; ``FailedPrecondition`` when the queue is paused already."""
-        scope, endpoint = policy_scope(principal, endpoint_id, Grant.SET_ADMISSION_POLICY)
+        q = _Queue.named(principal, endpoint_id, queue, Grant.SET_ADMISSION_POLICY)
         async with self._db.transaction_on(conn) as conn:
-            row = await _locked(conn, scope, endpoint, queue, "queue not found")
-            current = policy_of(row, endpoint, queue) if row.active else None
+            row = await _locked(conn, q, "queue not found")
+            current = q.policy(row) if row.active else None
             if current is not None and paused(current):
                 raise errors.FailedPrecondition("the queue is paused already")
             limits = (
@@ -123,7 +142,7 @@ class AdmissionControl:
                 if current is not None
                 else Limits(0, None, None)
             )
-            return await _store(conn, principal, row, endpoint, queue, limits)
+            return await _store(conn, principal, row, q, limits)
 
     async def resume_target(
         self,
@@ -134,12 +153,12 @@ class AdmissionControl:
         conn: Conn | None = None,
     ) -> Resume | None:
         """What ``resume`` would restore, when the queue is paused (see ``before_pause``)."""
-        scope, endpoint = policy_scope(principal, endpoint_id, None)
+        q = _Queue.named(principal, endpoint_id, queue, None)
         async with self._db.transaction(within=conn) as conn:
-            queue_id, row = await _active(conn, scope, endpoint, queue)
-            if queue_id is None or row is None or not paused(policy_of(row, endpoint, queue)):
+            queue_id, row = await _active(conn, q)
+            if queue_id is None or row is None or not paused(q.policy(row)):
                 return None
-            return await before_pause(conn, queue_id, scope.owner_id, endpoint, queue)
+            return await before_pause(conn, queue_id, q)
 
     @rerun_on_conflict
     async def resume(
@@ -154,12 +173,12 @@ class AdmissionControl:
         a ``set`` of it, or a ``clear`` when it had none, audited as such.
         Returns the restored policy (``None``: none). ``FailedPrecondition``
         when the queue is not paused or no earlier policy is recorded."""
-        scope, endpoint = policy_scope(principal, endpoint_id, Grant.SET_ADMISSION_POLICY)
+        q = _Queue.named(principal, endpoint_id, queue, Grant.SET_ADMISSION_POLICY)
         async with self._db.transaction_on(conn) as conn:
-            row = await _locked(conn, scope, endpoint, queue, "queue not found")
-            if not row.active or not paused(policy_of(row, endpoint, queue)):
+            row = await _locked(conn, q, "queue not found")
+            if not row.active or not paused(q.policy(row)):
                 raise errors.FailedPrecondition("the queue is not paused")
-            target = await before_pause(conn, row.queue_id, scope.owner_id, endpoint, queue)
+            target = await before_pause(conn, row.queue_id, q)
             if target is None:
                 raise errors.FailedPrecondition(
                     "no policy from before the pause is recorded: set one instead"
@@ -172,16 +191,9 @@ class AdmissionControl:
                         "this credential lacks the 'clear_admission_policy' grant, which "
                         "resuming to no policy needs"
                     )
-                await _clear(conn, principal, row, endpoint, queue)
-                await policy_templates.fall_back(
-                    conn,
-                    endpoint_id=endpoint,
-                    owner_id=scope.owner_id,
-                    queue_id=row.queue_id,
-                    queue=queue,
-                )
+                await _clear(conn, principal, row, q)
                 return None
-            return await _store(conn, principal, row, endpoint, queue, target.policy.limits)
+            return await _store(conn, principal, row, q, target.policy.limits)
 
     @rerun_on_conflict
     async def clear(
@@ -193,25 +205,16 @@ class AdmissionControl:
         conn: Conn | None = None,
     ) -> Policy:
         """Removes a queue's policy; audited. Its counters are kept."""
-        scope, endpoint = policy_scope(principal, endpoint_id, Grant.CLEAR_ADMISSION_POLICY)
+        q = _Queue.named(principal, endpoint_id, queue, Grant.CLEAR_ADMISSION_POLICY)
         async with self._db.transaction_on(conn) as conn:
-            row = await _locked(conn, scope, endpoint, queue, "no admission policy for this queue")
+            row = await _locked(conn, q, "no admission policy for this queue")
             if not row.active:
                 raise errors.NotFound("no admission policy for this queue")
             if row.template_id is not None:
                 raise errors.FailedPrecondition(
                     "the queue's policy is its template's: clear or change the template"
                 )
-            cleared = await _clear(conn, principal, row, endpoint, queue)
-            # Its own policy gone, the queue's template (if any) governs it.
-            await policy_templates.fall_back(
-                conn,
-                endpoint_id=endpoint,
-                owner_id=scope.owner_id,
-                queue_id=row.queue_id,
-                queue=queue,
-            )
-            return cleared
+            return await _clear(conn, principal, row, q)
 
     async def audit(
         self,
@@ -225,74 +228,55 @@ class AdmissionControl:
     ) -> list[AuditEntry[str, Revision[Policy]]]:
         """A page of a queue's policy changes, newest first: each entry's
         subject is the queue's name."""
-        scope, endpoint = policy_scope(principal, endpoint_id, None)
+        q = _Queue.named(principal, endpoint_id, queue, None)
         async with self._db.transaction(within=conn) as conn:
-            queue_id = await _queue_id(conn, scope, endpoint, queue, "queue not found")
-            rows = await admission_queries.list_audit(
-                conn,
-                queue_id=queue_id,
-                owner_id=scope.owner_id,
-                endpoint_id=endpoint,
-                before_id=before_id,
-                limit=limit,
-            )
-        return [
-            AuditEntry.of(
-                r,
-                endpoint,
-                queue,
-                Revision.read(r.before, r.after, lambda j: policy_from_json(j, endpoint, queue)),
-            )
-            for r in rows
-        ]
+            queue_id = await _queue_id(conn, q, "queue not found")
+            rows = await _audit_page(conn, queue_id, q, before_id, limit)
+        return [AuditEntry.of(r, q.endpoint, q.name, q.revision(r)) for r in rows]
 
 
-async def _active(
-    conn: Conn, scope: Scope, endpoint: uuid.UUID, queue: str
-) -> tuple[int | None, PolicyRow | None]:
+async def _active(conn: Conn, q: _Queue) -> tuple[int | None, PolicyRow | None]:
     """The queue's id and its active policy, unlocked (``None`` for none)."""
     queue_id = await admission_queries.queue_find(
-        conn, endpoint_id=endpoint, owner_id=scope.owner_id, name=queue
+        conn, endpoint_id=q.endpoint, owner_id=q.owner_id, name=q.name
     )
     if queue_id is None:
         return None, None
     return queue_id, await admission_queries.get_active_policy(
-        conn, queue_id=queue_id, endpoint_id=endpoint
+        conn, queue_id=queue_id, endpoint_id=q.endpoint
     )
 
 
-async def _queue_id(
-    conn: Conn,
-    scope: Scope,
-    endpoint: uuid.UUID,
-    queue: str,
-    missing: str,
-    *,
-    create: bool = False,
-) -> int:
+async def _queue_id(conn: Conn, q: _Queue, missing: str, *, create: bool = False) -> int:
     """The queue's id; ``NotFound(missing)`` when there is no such queue (with
     ``create``: the queue is made, unless the endpoint is not the owner's)."""
     find = admission_queries.queue_upsert if create else admission_queries.queue_find
-    queue_id = await find(conn, endpoint_id=endpoint, owner_id=scope.owner_id, name=queue)
+    queue_id = await find(conn, endpoint_id=q.endpoint, owner_id=q.owner_id, name=q.name)
     if queue_id is None:
         raise errors.NotFound(missing)
     return queue_id
 
 
-async def _locked(
-    conn: Conn,
-    scope: Scope,
-    endpoint: uuid.UUID,
-    queue: str,
-    missing: str,
-    *,
-    create: bool = False,
-) -> PolicyRow:
+async def _locked(conn: Conn, q: _Queue, missing: str, *, create: bool = False) -> PolicyRow:
     """The queue's policy row (made if it has none), locked for a change
     (``NotFound`` as ``_queue_id``)."""
-    queue_id = await _queue_id(conn, scope, endpoint, queue, missing, create=create)
+    queue_id = await _queue_id(conn, q, missing, create=create)
     return await admission_queries.lock_policy(
-        conn, queue_id=queue_id, owner_id=scope.owner_id, endpoint_id=endpoint
+        conn, queue_id=queue_id, owner_id=q.owner_id, endpoint_id=q.endpoint
+    )
+
+
+async def _audit_page(
+    conn: Conn, queue_id: int, q: _Queue, before_id: int | None, limit: int
+) -> list[admission_queries.AuditRow]:
+    """A page of the queue's audit rows, newest first (before ``before_id``)."""
+    return await admission_queries.list_audit(
+        conn,
+        queue_id=queue_id,
+        owner_id=q.owner_id,
+        endpoint_id=q.endpoint,
+        before_id=before_id,
+        limit=limit,
     )
 
 
@@ -309,9 +293,7 @@ class Resume:
 RESUME_SCAN = 1000
 
 
-async def before_pause(
-    conn: Conn, queue_id: int, owner_id: uuid.UUID, endpoint: uuid.UUID, queue: str
-) -> Resume | None:
+async def before_pause(conn: Conn, queue_id: int, q: _Queue) -> Resume | None:
     """The policy a paused queue had before it was paused, from its audit trail.
 
     Newest first, the entries whose ``after`` is paused lead back to the one
@@ -324,21 +306,13 @@ async def before_pause(
     before_id: int | None = None
     seen = 0
     while seen < RESUME_SCAN:
-        rows = await admission_queries.list_audit(
-            conn,
-            queue_id=queue_id,
-            owner_id=owner_id,
-            endpoint_id=endpoint,
-            before_id=before_id,
-            limit=100,
-        )
+        rows = await _audit_page(conn, queue_id, q, before_id, 100)
         for r in rows:
-            after = policy_from_json(r.after, endpoint, queue) if r.after else None
-            if after is None or not paused(after):
+            change = q.revision(r)
+            if change.after is None or not paused(change.after):
                 return None
-            prior = policy_from_json(r.before, endpoint, queue) if r.before else None
-            if prior is None or not paused(prior):
-                return Resume(prior, r.id)
+            if change.before is None or not paused(change.before):
+                return Resume(change.before, r.id)
         if len(rows) < 100:
             return None
         seen += len(rows)
@@ -347,66 +321,59 @@ async def before_pause(
 
 
 async def _store(
-    conn: Conn,
-    principal: Principal,
-    row: PolicyRow,
-    endpoint: uuid.UUID,
-    queue: str,
-    limits: Limits,
+    conn: Conn, principal: Principal, row: PolicyRow, q: _Queue, limits: Limits
 ) -> Policy:
     """Stores ``limits`` as the locked row's active policy; audited as a ``set``."""
-    before = policy_of(row, endpoint, queue) if row.active else None
+    before = q.policy(row) if row.active else None
     now = await clock.now(conn)
-    # Without a window limit the old schedule is kept: the current
-    # window's count carries over if a window limit comes back.
-    bounds: list[datetime] = list(row.window_bounds)
-    refresh_at = None
+    bounds, refresh_at = schedule_for(limits.window, now, row.window_bounds)
     if limits.window is not None:
-        bounds = schedule(limits.window, now)
-        refresh_at = bounds[REFRESH_INDEX]
         await carry_count(conn, row, now, bounds[0])
-    stored = await admission_queries.store_policy(
-        conn,
-        policy_id=row.id,
-        endpoint_id=row.endpoint_id,
-        active=True,
-        max_in_flight=limits.max_in_flight,
-        max_claims_per_window=limits.max_claims_per_window,
-        window_period=limits.window.period.value if limits.window else None,
-        window_zone=limits.window.zone if limits.window else None,
-        window_start=limits.window.start.strftime("%H:%M") if limits.window else None,
-        window_weekday=limits.window.weekday if limits.window else None,
-        window_bounds=bounds,
-        schedule_refresh_at=refresh_at,
-    )
-    after = policy_of(stored, endpoint, queue)
+    stored = await _write(conn, row, limit_columns(limits), bounds, refresh_at, active=True)
+    after = q.policy(stored)
     await _audit(conn, principal, stored, "set", before, after)
     await doorbell_queries.recheck_gate(conn, endpoint_id=row.endpoint_id, queue_id=row.queue_id)
     return after
 
 
-async def _clear(
-    conn: Conn, principal: Principal, row: PolicyRow, endpoint: uuid.UUID, queue: str
-) -> Policy:
-    """Deactivates the locked row's active policy (counters kept); audited as a ``clear``."""
-    before = policy_of(row, endpoint, queue)
-    stored = await admission_queries.store_policy(
+async def _clear(conn: Conn, principal: Principal, row: PolicyRow, q: _Queue) -> Policy:
+    """Deactivates the locked row's active policy (counters and schedule kept);
+    audited as a ``clear``. Its own policy gone, the queue's template (if any)
+    then governs it (``policy_templates.fall_back``)."""
+    before = q.policy(row)
+    stored = await _write(conn, row, row, row.window_bounds, row.schedule_refresh_at, active=False)
+    await _audit(conn, principal, stored, "clear", before, None)
+    await doorbell_queries.recheck_gate(conn, endpoint_id=row.endpoint_id, queue_id=row.queue_id)
+    await policy_templates.fall_back(
+        conn, endpoint_id=q.endpoint, owner_id=q.owner_id, queue_id=row.queue_id, queue=q.name
+    )
+    return before
+
+
+async def _write(
+    conn: Conn,
+    row: PolicyRow,
+    limits: PolicyLimitColumns,
+    bounds: Sequence[datetime],
+    refresh_at: datetime | None,
+    *,
+    active: bool,
+) -> PolicyRow:
+    """Writes the locked row: its limits, window schedule and whether it is active."""
+    return await admission_queries.store_policy(
         conn,
         policy_id=row.id,
         endpoint_id=row.endpoint_id,
-        active=False,
-        max_in_flight=row.max_in_flight,
-        max_claims_per_window=row.max_claims_per_window,
-        window_period=row.window_period,
-        window_zone=row.window_zone,
-        window_start=row.window_start,
-        window_weekday=row.window_weekday,
-        window_bounds=row.window_bounds,
-        schedule_refresh_at=row.schedule_refresh_at,
+        active=active,
+        max_in_flight=limits.max_in_flight,
+        max_claims_per_window=limits.max_claims_per_window,
+        window_period=limits.window_period,
+        window_zone=limits.window_zone,
+        window_start=limits.window_start,
+        window_weekday=limits.window_weekday,
+        window_bounds=bounds,
+        schedule_refresh_at=refresh_at,
     )
-    await _audit(conn, principal, stored, "clear", before, None)
-    await doorbell_queries.recheck_gate(conn, endpoint_id=row.endpoint_id, queue_id=row.queue_id)
-    return before
 
 
 async def _use_now(conn: Conn, row: PolicyRow, queue_id: int, policy: Policy) -> Headroom | None:

@@ -48,35 +48,37 @@ class Limits:
     max_claims_per_window: int | None
     window: WindowSpec | None
 
-    def validate(self) -> None:
-        """Raises ``InvalidArgument`` naming each bad field."""
+    def validate(self, field: str = "policy") -> None:
+        """Raises ``InvalidArgument`` naming each bad field, within the request's
+        ``field`` (``policy``, or ``policy_template`` for a template)."""
         problems: list[errors.FieldViolation] = []
         if self.max_in_flight is None and self.max_claims_per_window is None:
             problems.append(
                 errors.FieldViolation(
-                    "policy", "set max_in_flight, max_claims_per_window or both (0 pauses)"
+                    field, "set max_in_flight, max_claims_per_window or both (0 pauses)"
                 )
             )
         if self.max_in_flight is not None and not 0 <= self.max_in_flight <= MAX_IN_FLIGHT_LIMIT:
             problems.append(
                 errors.FieldViolation(
-                    "policy.max_in_flight", f"must be between 0 and {MAX_IN_FLIGHT_LIMIT}"
+                    f"{field}.max_in_flight", f"must be between 0 and {MAX_IN_FLIGHT_LIMIT}"
                 )
             )
         if self.max_claims_per_window is not None:
             if not 0 <= self.max_claims_per_window <= MAX_CLAIMS_LIMIT:
                 problems.append(
                     errors.FieldViolation(
-                        "policy.max_claims_per_window", f"must be between 0 and {MAX_CLAIMS_LIMIT}"
+                        f"{field}.max_claims_per_window",
+                        f"must be between 0 and {MAX_CLAIMS_LIMIT}",
                     )
                 )
             if self.window is None:
                 problems.append(
-                    errors.FieldViolation("policy.window", "required with max_claims_per_window")
+                    errors.FieldViolation(f"{field}.window", "required with max_claims_per_window")
                 )
         elif self.window is not None:
             problems.append(
-                errors.FieldViolation("policy.window", "only applies with max_claims_per_window")
+                errors.FieldViolation(f"{field}.window", "only applies with max_claims_per_window")
             )
         if problems:
             raise errors.InvalidArgument(problems)

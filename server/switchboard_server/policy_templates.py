@@ -60,6 +60,7 @@ from switchboard_server.policy_windows import (
     RETRY_BROKEN_SCHEDULE,
     carry_count,
     schedule,
+    schedule_for,
     spec_of,
 )
 from switchboard_server.windows import WindowSpecError
@@ -141,10 +142,13 @@ def ceiling_of(
     return policy_from_json(human, endpoint_id, "").limits
 
 
-def ceiling_problems(limits: Limits, ceiling: Limits) -> list[str]:
-    """How ``limits`` are looser than ``ceiling`` (none: within it). A limit the
-    ceiling sets must be set and no higher; a window limit must keep its window."""
-    problems = []
+def ceiling_problems(limits: Limits, ceiling: Limits | None) -> list[str]:
+    """How ``limits`` are looser than ``ceiling`` (none: within it, or no
+    ceiling). A limit the ceiling sets must be set and no higher; a window
+    limit must keep its window."""
+    problems: list[str] = []
+    if ceiling is None:
+        return problems
     if ceiling.max_in_flight is not None and (
         limits.max_in_flight is None or limits.max_in_flight > ceiling.max_in_flight
     ):
@@ -162,6 +166,13 @@ def ceiling_problems(limits: Limits, ceiling: Limits) -> list[str]:
 
 def _agent(principal: Principal) -> bool:
     return principal.kind is PrincipalKind.ENDPOINT
+
+
+def _refuse_looser(problems: list[str], refused: str) -> None:
+    """``PermissionDenied`` listing ``problems`` (how an agent's change would
+    be looser than what a human set), when there are any."""
+    if problems:
+        raise errors.PermissionDenied(f"an agent cannot {refused}: " + "; ".join(problems))
 
 
 class PolicyTemplates:
@@ -210,17 +221,7 @@ class PolicyTemplates:
     ) -> TemplateChange:
         """Creates or replaces a template and applies it to every queue it
         governs, in one transaction; audited once."""
-        try:
-            limits.validate()
-        except errors.InvalidArgument as exc:
-            raise errors.InvalidArgument(
-                [
-                    errors.FieldViolation(
-                        "policy_template" + v.field.removeprefix("policy"), v.description
-                    )
-                    for v in exc.violations
-                ]
-            ) from None
+        limits.validate("policy_template")
         scope, endpoint = policy_scope(
             principal, endpoint_id, Grant.SET_ADMISSION_POLICY, "policy_template.endpoint_id"
         )
@@ -234,19 +235,14 @@ class PolicyTemplates:
                     f"an endpoint has at most {MAX_TEMPLATES} policy templates"
                 )
             if _agent(principal):
-                ceiling = ceiling_of(rows, prefix, endpoint)
-                problems = ceiling_problems(limits, ceiling) if ceiling else []
-                if problems:
-                    raise errors.PermissionDenied(
-                        "an agent cannot set a template looser than what a human set: "
-                        + "; ".join(problems)
-                    )
+                _refuse_looser(
+                    ceiling_problems(limits, ceiling_of(rows, prefix, endpoint)),
+                    "set a template looser than what a human set",
+                )
             now = await clock.now(conn)
-            bounds: list[datetime] = list(current.window_bounds) if current else []
-            refresh_at = None
-            if limits.window is not None:
-                bounds = schedule(limits.window, now)
-                refresh_at = bounds[REFRESH_INDEX]
+            bounds, refresh_at = schedule_for(
+                limits.window, now, current.window_bounds if current else ()
+            )
             human = (
                 limits_json(limits, endpoint, now)
                 if not _agent(principal)
@@ -296,16 +292,12 @@ class PolicyTemplates:
             if _agent(principal) and current.human_limits is not None:
                 fallback = longest_match(rest, prefix)
                 ceiling = policy_from_json(current.human_limits, endpoint, "").limits
-                problems = (
+                _refuse_looser(
                     ceiling_problems(template_of(fallback).limits, ceiling)
                     if fallback is not None
-                    else ["its queues would have no limit"]
+                    else ["its queues would have no limit"],
+                    "clear a template a human set when its queues would fall back to looser limits",
                 )
-                if problems:
-                    raise errors.PermissionDenied(
-                        "an agent cannot clear a template a human set when its queues would "
-                        "fall back to looser limits: " + "; ".join(problems)
-                    )
             now = await clock.now(conn)
             await template_queries.delete(conn, endpoint_id=endpoint, template_id=current.id)
             changed = await _reconcile(conn, endpoint, prefix, rest, current.id, now)
@@ -475,13 +467,10 @@ async def check_override(conn: Conn, principal: Principal, row: PolicyRow, limit
     governing = next((t for t in templates if t.id == row.template_id), None)
     if governing is None:
         return
-    ceiling = ceiling_of(templates, governing.prefix, row.endpoint_id)
-    problems = ceiling_problems(limits, ceiling) if ceiling else []
-    if problems:
-        raise errors.PermissionDenied(
-            "an agent cannot override a template a human set with looser limits: "
-            + "; ".join(problems)
-        )
+    _refuse_looser(
+        ceiling_problems(limits, ceiling_of(templates, governing.prefix, row.endpoint_id)),
+        "override a template a human set with looser limits",
+    )
 
 
 async def refresh_template_schedules(db: Database, batch: int = 100) -> int:

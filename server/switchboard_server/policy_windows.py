@@ -49,6 +49,19 @@ def schedule(spec: WindowSpec, now: datetime, length: int = SCHEDULE_LENGTH) -> 
     return bounds
 
 
+def schedule_for(
+    window: WindowSpec | None, now: datetime, kept: Sequence[datetime]
+) -> tuple[list[datetime], datetime | None]:
+    """The schedule to store with new limits (a policy's or a template's) and
+    when to extend it: from ``now`` for their ``window``; without a window
+    limit the ``kept`` schedule, never extended, so that the current window's
+    count carries over if a window limit comes back."""
+    if window is None:
+        return list(kept), None
+    bounds = schedule(window, now)
+    return bounds, bounds[REFRESH_INDEX]
+
+
 def current_window(bounds: Sequence[datetime], now: datetime) -> tuple[datetime, datetime] | None:
     """The stored window (start, end) containing ``now``, if the schedule covers it."""
     for start, end in itertools.pairwise(bounds):
