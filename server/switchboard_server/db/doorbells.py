@@ -10,9 +10,17 @@ from datetime import datetime
 
 from switchboard_server.db import distribute
 from switchboard_server.db.database import Conn
-from switchboard_server.db.queries import execute, fetch_many
+from switchboard_server.db.queries import Row, execute, fetch_many
 
 log = logging.getLogger(__name__)
+
+#: A gate the reopen sweep re-evaluated: its queue's id, the cause and
+#: whether it rang.
+Reopened = tuple[int, str, bool]
+
+
+def _reopened(rows: Sequence[Row]) -> list[Reopened]:
+    return [(r["queue_id"], r["cause"], r["rang"]) for r in rows]
 
 
 @dataclass(frozen=True)
@@ -37,10 +45,10 @@ async def snapshot(
     return [WaitingQueue(r["queue"], r["pending"], r["at"]) for r in rows]
 
 
-async def reopen_sweep(conn: Conn, batch: int) -> list[tuple[int, str, bool]]:
+async def reopen_sweep(conn: Conn, batch: int) -> list[Reopened]:
     """Reopens due deferred gates that admit again: (queue id, cause, rang)."""
     rows = await fetch_many(conn, "gate_reopen_sweep", batch=batch)
-    return [(r["queue_id"], r["cause"], r["rang"]) for r in rows]
+    return _reopened(rows)
 
 
 async def recheck_gate(conn: Conn, *, endpoint_id: uuid.UUID, queue_id: int) -> None:
@@ -56,7 +64,7 @@ async def due_gate_endpoint_groups(conn: Conn) -> list[list[uuid.UUID]]:
 
 async def reopen_sweep_of(
     conn: Conn, *, endpoint_ids: Sequence[uuid.UUID], batch: int
-) -> list[tuple[int, str, bool]]:
+) -> list[Reopened]:
     """``reopen_sweep`` for endpoints of one shard group, in one call delegated
     to the group's node (outside any transaction block)."""
     rows = await fetch_many(
@@ -66,4 +74,4 @@ async def reopen_sweep_of(
         endpoint_ids=endpoint_ids,
         batch=batch,
     )
-    return [(r["queue_id"], r["cause"], r["rang"]) for r in rows]
+    return _reopened(rows)

@@ -7,6 +7,8 @@ scrape then leaves these gauges out rather than failing.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -16,6 +18,16 @@ from switchboard_server import errors
 from switchboard_server.db import clock
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import fetch_many
+
+
+@contextlib.contextmanager
+def _unavailable(doing: str) -> Iterator[None]:
+    """A database error in the block as ``errors.Unavailable`` ("cannot
+    <doing>: <the error>")."""
+    try:
+        yield
+    except asyncpg.PostgresError as exc:
+        raise errors.Unavailable(f"cannot {doing}: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -52,18 +64,14 @@ class DeadTodosRow:
 
 async def clock_now(conn: Conn) -> datetime:
     """The shared clock's now (``clock_now``), for the queries that take it."""
-    try:
+    with _unavailable("read the clock"):
         return await clock.now(conn)
-    except asyncpg.PostgresError as exc:
-        raise errors.Unavailable(f"cannot read the clock: {exc}") from exc
 
 
 async def policy_statuses(conn: Conn) -> list[PolicyStatusRow]:
     """Every policy's status (``metrics_policies``)."""
-    try:
+    with _unavailable("read admission policies"):
         rows = await fetch_many(conn, "metrics_policies")
-    except asyncpg.PostgresError as exc:
-        raise errors.Unavailable(f"cannot read admission policies: {exc}") from exc
     return [
         PolicyStatusRow(
             r["queue"],
@@ -81,19 +89,15 @@ async def policy_statuses(conn: Conn) -> list[PolicyStatusRow]:
 
 async def live_todos(conn: Conn) -> list[LiveTodosRow]:
     """Pending and claimed todos per queue name (``metrics_live_todos``)."""
-    try:
+    with _unavailable("count todos"):
         rows = await fetch_many(conn, "metrics_live_todos")
-    except asyncpg.PostgresError as exc:
-        raise errors.Unavailable(f"cannot count todos: {exc}") from exc
     return [LiveTodosRow(r["queue"], r["state"], int(r["todos"])) for r in rows]
 
 
 async def dead_todos(conn: Conn) -> list[DeadTodosRow]:
     """Dead todos (not yet removed by retention) per queue name (``metrics_dead_todos``)."""
-    try:
+    with _unavailable("count dead todos"):
         rows = await fetch_many(conn, "metrics_dead_todos")
-    except asyncpg.PostgresError as exc:
-        raise errors.Unavailable(f"cannot count dead todos: {exc}") from exc
     return [DeadTodosRow(r["queue"], int(r["todos"])) for r in rows]
 
 
@@ -119,38 +123,30 @@ class HookOutboxRow:
 async def eligible_pending(conn: Conn, now: datetime) -> list[QueueValueRow]:
     """Seconds the oldest claimable pending todo of each queue name not deferred
     by its gate has waited at ``now`` (``metrics_eligible_pending``)."""
-    try:
+    with _unavailable("read pending todos"):
         rows = await fetch_many(conn, "metrics_eligible_pending", now=now)
-    except asyncpg.PostgresError as exc:
-        raise errors.Unavailable(f"cannot read pending todos: {exc}") from exc
     return [QueueValueRow(r["queue"], float(r["waited"])) for r in rows]
 
 
 async def deferred_gates(conn: Conn, now: datetime) -> list[QueueValueRow]:
     """Seconds past its next check at ``now`` of the most overdue deferred gate,
     per queue name and reason (``metrics_deferred_gates``)."""
-    try:
+    with _unavailable("read queue gates"):
         rows = await fetch_many(conn, "metrics_deferred_gates", now=now)
-    except asyncpg.PostgresError as exc:
-        raise errors.Unavailable(f"cannot read queue gates: {exc}") from exc
     return [QueueValueRow(r["queue"], float(r["overdue"]), r["reason"]) for r in rows]
 
 
 async def hook_outbox(conn: Conn) -> list[HookOutboxRow]:
     """Undelivered notify-hook deliveries and failures in a row per queue name
     (``metrics_hook_outbox``)."""
-    try:
+    with _unavailable("read the notify-hook outbox"):
         rows = await fetch_many(conn, "metrics_hook_outbox")
-    except asyncpg.PostgresError as exc:
-        raise errors.Unavailable(f"cannot read the notify-hook outbox: {exc}") from exc
     return [HookOutboxRow(r["queue"], int(r["deliveries"]), int(r["failures"])) for r in rows]
 
 
 async def template_prefixes(conn: Conn) -> list[str]:
     """The prefixes of every endpoint's policy templates, but the empty one
     (``metrics_template_prefixes``)."""
-    try:
+    with _unavailable("read policy templates"):
         rows = await fetch_many(conn, "metrics_template_prefixes")
-    except asyncpg.PostgresError as exc:
-        raise errors.Unavailable(f"cannot read policy templates: {exc}") from exc
     return [r["prefix"] for r in rows]

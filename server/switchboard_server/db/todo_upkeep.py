@@ -9,14 +9,21 @@ from datetime import timedelta
 
 from switchboard_server.db import distribute
 from switchboard_server.db.database import Conn
-from switchboard_server.db.queries import fetch_many, fetch_value
+from switchboard_server.db.queries import Row, fetch_many, fetch_value
 from switchboard_server.model import TodoState
 
+#: A reaped todo: its id, its new state (pending or dead) and its queue's id.
+Reaped = tuple[int, TodoState, int]
 
-async def reap_lapsed(conn: Conn, *, batch: int) -> list[tuple[int, TodoState, int]]:
+
+def _reaped(rows: Sequence[Row]) -> list[Reaped]:
+    return [(r["id"], TodoState(r["state"]), r["queue_id"]) for r in rows]
+
+
+async def reap_lapsed(conn: Conn, *, batch: int) -> list[Reaped]:
     """Returns up to ``batch`` lapsed leases to pending (or dead): (id, new state, queue id)."""
     rows = await fetch_many(conn, "todo_reap_lapsed", batch=batch)
-    return [(r["id"], TodoState(r["state"]), r["queue_id"]) for r in rows]
+    return _reaped(rows)
 
 
 async def delete_finished(conn: Conn, *, older_than: timedelta, batch: int) -> int:
@@ -32,7 +39,7 @@ async def lapsed_endpoint_groups(conn: Conn) -> list[list[uuid.UUID]]:
 
 async def reap_lapsed_of(
     conn: Conn, *, endpoint_ids: Sequence[uuid.UUID], batch: int
-) -> list[tuple[int, TodoState, int]]:
+) -> list[Reaped]:
     """``reap_lapsed`` for endpoints of one shard group, in one call delegated
     to the group's node (outside any transaction block: a call inside one is
     not delegated)."""
@@ -43,7 +50,7 @@ async def reap_lapsed_of(
         endpoint_ids=endpoint_ids,
         batch=batch,
     )
-    return [(r["id"], TodoState(r["state"]), r["queue_id"]) for r in rows]
+    return _reaped(rows)
 
 
 async def finished_endpoint_groups(conn: Conn, *, older_than: timedelta) -> list[list[uuid.UUID]]:

@@ -35,10 +35,7 @@ DECLARE
     v_ended integer;
 BEGIN
     PERFORM sb_hold_shard_groups_of(p_owner_id, p_endpoint_id, p_ids);
-    PERFORM 1 FROM todos t
-     WHERE t.id = ANY (p_ids) AND t.owner_id = p_owner_id
-       AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
-     ORDER BY t.id FOR UPDATE;
+    PERFORM sb_lock_todos(p_owner_id, p_endpoint_id, p_ids);
     -- The claimed ones' attempts end, read from their rows before the
     -- UPDATE below voids their leases (an INSERT from todos, so that on a
     -- Citus cluster it runs on the endpoint's shards, as the rest does; from
@@ -135,10 +132,7 @@ DECLARE
     v_was text[];
 BEGIN
     PERFORM sb_hold_shard_groups_of(p_owner_id, p_endpoint_id, p_ids);
-    PERFORM 1 FROM todos t
-     WHERE t.id = ANY (p_ids) AND t.owner_id = p_owner_id
-       AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
-     ORDER BY t.id FOR UPDATE;
+    PERFORM sb_lock_todos(p_owner_id, p_endpoint_id, p_ids);
     WITH target AS (
         SELECT i.ord, t.id, t.state AS was
           FROM unnest(p_ids) WITH ORDINALITY AS i (id, ord)

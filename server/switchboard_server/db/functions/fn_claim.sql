@@ -130,10 +130,7 @@ DECLARE
     v_no_takeover bigint[] := '{}';
 BEGIN
     PERFORM sb_hold_shard_groups(ARRAY[p_endpoint_id]);
-    PERFORM 1 FROM endpoints e WHERE e.id = p_endpoint_id AND e.owner_id = p_owner_id;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'endpoint not found' USING ERRCODE = 'SB404';
-    END IF;
+    PERFORM sb_check_endpoint(p_owner_id, p_endpoint_id);
     FOR v_queue IN
         SELECT q.id, q.name, q.policy_id, coalesce(g.deferred, false) AS gate_deferred,
                head.priority AS head_priority, head.next_retry_at AS head_retry,

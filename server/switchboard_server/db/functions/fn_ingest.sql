@@ -75,10 +75,7 @@ DECLARE
     v_made bigint[];
 BEGIN
     PERFORM sb_hold_shard_groups(ARRAY[p_endpoint_id]);
-    PERFORM 1 FROM endpoints e WHERE e.id = p_endpoint_id AND e.owner_id = p_owner_id;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'endpoint not found' USING ERRCODE = 'SB404';
-    END IF;
+    PERFORM sb_check_endpoint(p_owner_id, p_endpoint_id);
     LOOP
         SELECT array_agg(q.id ORDER BY u.ord) INTO v_queue_ids
           FROM unnest(p_queues) WITH ORDINALITY AS u (name, ord)
@@ -245,6 +242,19 @@ BEGIN
       LEFT JOIN (SELECT unnest(v_dup_ords) AS ord, unnest(v_dup_rows) AS row) AS d
         ON d.ord = i.ord
      ORDER BY i.ord;
+END;
+$$;
+
+-- Raises SB404 (the server's NotFound) unless the endpoint p_endpoint_id is
+-- the owner's: the first check of a call for one endpoint (ingest,
+-- ClaimNext), after its shard group is held.
+CREATE OR REPLACE FUNCTION sb_check_endpoint(p_owner_id uuid, p_endpoint_id uuid) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM endpoints e WHERE e.id = p_endpoint_id AND e.owner_id = p_owner_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'endpoint not found' USING ERRCODE = 'SB404';
+    END IF;
 END;
 $$;
 

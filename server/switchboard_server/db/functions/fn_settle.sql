@@ -67,9 +67,7 @@ DECLARE
 BEGIN
     PERFORM sb_hold_shard_groups_of(p_owner_id, p_endpoint_id, p_ids);
     IF cardinality(p_ids) > 1 THEN
-        PERFORM 1 FROM todos t
-         WHERE t.id = ANY (p_ids) AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
-         ORDER BY t.id FOR UPDATE;
+        PERFORM sb_lock_todos(p_owner_id, p_endpoint_id, p_ids);
     END IF;
     -- What the statements after it need of each settled todo comes back as
     -- arrays of its own (ids, endpoints, queues, the attempt ended), not read
@@ -202,9 +200,7 @@ DECLARE
 BEGIN
     PERFORM sb_hold_shard_groups_of(p_owner_id, p_endpoint_id, p_ids);
     IF cardinality(p_ids) > 1 THEN
-        PERFORM 1 FROM todos t
-         WHERE t.id = ANY (p_ids) AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
-         ORDER BY t.id FOR UPDATE;
+        PERFORM sb_lock_todos(p_owner_id, p_endpoint_id, p_ids);
     END IF;
     WITH extended AS (
         UPDATE todos t
@@ -310,5 +306,20 @@ BEGIN
     RETURN ARRAY(SELECT ROW(t.*)::todos FROM todos t
                   WHERE t.endpoint_id = p_endpoint_id AND t.id = ANY (p_ids)
                     AND t.owner_id = p_owner_id);
+END;
+$$;
+
+-- Locks the todos with these ids in the caller's scope (an endpoint's, or
+-- when p_endpoint_id is NULL any of the owner's), in id order: what a call
+-- on several todos by ids that it may have to wait for takes first (settle,
+-- heartbeat, cancel, requeue), so that two such calls never deadlock.
+CREATE OR REPLACE FUNCTION sb_lock_todos(p_owner_id uuid, p_endpoint_id uuid, p_ids bigint[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM todos t
+     WHERE t.id = ANY (p_ids) AND t.owner_id = p_owner_id
+       AND (p_endpoint_id IS NULL OR t.endpoint_id = p_endpoint_id)
+     ORDER BY t.id FOR UPDATE;
 END;
 $$;
