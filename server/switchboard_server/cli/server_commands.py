@@ -88,12 +88,12 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 async def _migrate(settings: Settings, distribute: bool, shard_count: int | None) -> int:
-    from switchboard_server import app
+    from switchboard_server import startup
     from switchboard_server.db import distribute as distribution
 
-    db, embedded = await app.open_database(settings)
+    db, embedded = await startup.open_database(settings)
     try:
-        await app.run_migrations(db)
+        await startup.run_migrations(db)
         print("schema is up to date")
         if distribute:
             if embedded is not None:
@@ -120,12 +120,12 @@ async def _migrate(settings: Settings, distribute: bool, shard_count: int | None
 
 
 async def _bootstrap(settings: Settings, label: str) -> int:
-    from switchboard_server import app
+    from switchboard_server import startup
     from switchboard_server.tenancy import bootstrap_operator
 
-    db, embedded = await app.open_database(settings)
+    db, embedded = await startup.open_database(settings)
     try:
-        await app.run_migrations(db)
+        await startup.run_migrations(db)
         minted = await bootstrap_operator(db, label)
     finally:
         await db.close()
