@@ -7,7 +7,9 @@ the keys that seal hook secrets. ``app.py`` starts a server with them;
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from switchboard_server import errors, sealing
@@ -101,6 +103,21 @@ async def run_migrations(db: Database) -> None:
         log.info(
             "migration applied", extra={"version": migration.version, "migration": migration.name}
         )
+
+
+@contextlib.asynccontextmanager
+async def migrated(settings: Settings) -> AsyncIterator[tuple[Database, EmbeddedPostgres | None]]:
+    """The database opened and migrated, for a command that needs nothing
+    else (``switchboard migrate``, ``admin bootstrap``): closed, and the
+    embedded PostgreSQL stopped, on the way out."""
+    db, embedded = await open_database(settings)
+    try:
+        await run_migrations(db)
+        yield db, embedded
+    finally:
+        await db.close()
+        if embedded is not None:
+            await asyncio.to_thread(embedded.stop)
 
 
 async def open_keyring(db: Database, settings: Settings) -> sealing.Keyring:
