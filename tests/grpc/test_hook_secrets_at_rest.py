@@ -295,7 +295,7 @@ async def test_plaintext_secrets_are_sealed_at_start_and_none_remain(
                 )
 
             keyed = dataclasses.replace(settings, database_url=dsn)
-            caplog.set_level(logging.INFO, logger="switchboard_server.app")
+            caplog.set_level(logging.INFO, logger="switchboard_server.startup")
             apps = await asyncio.gather(server_app.start(keyed), server_app.start(keyed))
             try:
                 sealing_lines = [

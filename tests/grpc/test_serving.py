@@ -1,5 +1,5 @@
 """How the gRPC server takes calls: every service through generic handlers,
-one pending call request for all of them (``app.GenericHandlersOnly``)."""
+one pending call request for all of them (``servicers.grpc_server.GenericHandlersOnly``)."""
 
 from __future__ import annotations
 

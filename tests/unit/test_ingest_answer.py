@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 from switchboard_dispatch.v1 import dispatch_pb2, queue_pb2, todo_pb2
 from switchboard_server.model import IngestedTodos, NewTodos, Todo, TodoState
-from switchboard_server.servicers import convert
+from switchboard_server.servicers import convert, ingest_answer
 
 ENDPOINT = uuid.UUID("6f1c1b1e-3f5b-4c1a-9a8e-0d2b7c9e4f11")
 NOW = datetime(2026, 12, 1, 19, 30, 0, 123456, tzinfo=UTC)
@@ -65,7 +65,7 @@ def test_new_todos_of_every_id_length_and_shape() -> None:
         [NOW] * n,
         nexts,
     )
-    got = dispatch_pb2.IngestTodosResponse.FromString(convert.ingest_todos_answer(values))
+    got = dispatch_pb2.IngestTodosResponse.FromString(ingest_answer.ingest_todos_answer(values))
     want = dispatch_pb2.IngestTodosResponse(
         results=[
             dispatch_pb2.IngestResult(
@@ -84,7 +84,7 @@ def test_new_todos_of_every_id_length_and_shape() -> None:
         ]
     )
     assert got == want
-    assert convert.ingest_todos_response(values) == want
+    assert ingest_answer.ingest_todos_response(values) == want
 
 
 def test_keys_and_deduplicated_todos() -> None:
@@ -128,7 +128,7 @@ def test_keys_and_deduplicated_todos() -> None:
         [NOW, NOW, NOW, NOW],
         [None, None, existing, None],
     )
-    got = dispatch_pb2.IngestTodosResponse.FromString(convert.ingest_todos_answer(values))
+    got = dispatch_pb2.IngestTodosResponse.FromString(ingest_answer.ingest_todos_answer(values))
     keyed = expected_todo(123456789, "q", "application/octet-stream", 5, 0, None, NOW, NOW)
     keyed.idempotency_key = "k" * 200
     webhook = expected_todo(123456790, "q", "application/octet-stream", 5, 0, None, NOW, NOW)

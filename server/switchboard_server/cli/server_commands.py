@@ -88,12 +88,10 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 async def _migrate(settings: Settings, distribute: bool, shard_count: int | None) -> int:
-    from switchboard_server import app
+    from switchboard_server import startup
     from switchboard_server.db import distribute as distribution
 
-    db, embedded = await app.open_database(settings)
-    try:
-        await app.run_migrations(db)
+    async with startup.migrated(settings) as (db, embedded):
         print("schema is up to date")
         if distribute:
             if embedded is not None:
@@ -112,25 +110,15 @@ async def _migrate(settings: Settings, distribute: bool, shard_count: int | None
                 f"{len(done.distributed)} distributed tables, {done.propagated} functions on "
                 f"every node, {len(done.delegated)} delegated"
             )
-    finally:
-        await db.close()
-        if embedded is not None:
-            await asyncio.to_thread(embedded.stop)
     return 0
 
 
 async def _bootstrap(settings: Settings, label: str) -> int:
-    from switchboard_server import app
+    from switchboard_server import startup
     from switchboard_server.tenancy import bootstrap_operator
 
-    db, embedded = await app.open_database(settings)
-    try:
-        await app.run_migrations(db)
+    async with startup.migrated(settings) as (db, _embedded):
         minted = await bootstrap_operator(db, label)
-    finally:
-        await db.close()
-        if embedded is not None:
-            await asyncio.to_thread(embedded.stop)
     print(f"operator credential {minted.credential.id} created; the token is shown once:")
     print(minted.token)
     return 0

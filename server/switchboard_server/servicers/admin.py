@@ -6,7 +6,7 @@ from switchboard_dispatch.v1 import admin_pb2, admin_pb2_grpc
 
 from switchboard_server.servicers import convert
 from switchboard_server.servicers.interceptor import Context, current_principal
-from switchboard_server.servicers.validate import MAX_LABEL, MAX_NAME, Violations
+from switchboard_server.servicers.validate import MAX_LABEL, Violations
 from switchboard_server.tenancy import Tenancy, expand_presets
 
 
@@ -35,9 +35,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     async def CreateOwner(
         self, request: admin_pb2.CreateOwnerRequest, context: Context
     ) -> admin_pb2.CreateOwnerResponse:
-        name = Violations.checked(
-            lambda v: v.text("name", request.name, maximum=MAX_NAME, required=True)
-        )
+        name = Violations.checked(lambda v: v.name("name", request.name))
         owner = await self._tenancy.create_owner(current_principal(), name)
         return admin_pb2.CreateOwnerResponse(owner=convert.owner(owner))
 
@@ -52,7 +50,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     ) -> admin_pb2.CreateHumanResponse:
         v = Violations()
         owner_id = v.parse_uuid("owner_id", request.owner_id, required=False)
-        name = v.text("name", request.name, maximum=MAX_NAME, required=True)
+        name = v.name("name", request.name)
         v.check()
         human, minted = await self._tenancy.create_human(current_principal(), owner_id, name)
         return admin_pb2.CreateHumanResponse(
@@ -64,9 +62,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     async def CreateEndpoint(
         self, request: admin_pb2.CreateEndpointRequest, context: Context
     ) -> admin_pb2.CreateEndpointResponse:
-        name = Violations.checked(
-            lambda v: v.text("name", request.name, maximum=MAX_NAME, required=True)
-        )
+        name = Violations.checked(lambda v: v.name("name", request.name))
         endpoint = await self._tenancy.create_endpoint(current_principal(), name)
         return admin_pb2.CreateEndpointResponse(endpoint=convert.endpoint(endpoint))
 

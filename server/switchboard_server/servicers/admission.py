@@ -7,13 +7,12 @@ import uuid
 from switchboard_dispatch.v1 import admission_pb2, admission_pb2_grpc, queue_pb2
 
 from switchboard_server.admission import AdmissionControl
-from switchboard_server.policies import Limits
 from switchboard_server.policy_templates import PolicyTemplates
 from switchboard_server.servicers import convert
 from switchboard_server.servicers.interceptor import Context, current_principal
-from switchboard_server.servicers.policy_fields import window_of
+from switchboard_server.servicers.policy_fields import limits_of, window_of
 from switchboard_server.servicers.policy_templates import PolicyTemplateCalls
-from switchboard_server.servicers.sizes import answer_page
+from switchboard_server.servicers.sizes import read_page
 from switchboard_server.servicers.validate import Violations
 
 
@@ -51,12 +50,9 @@ class AdmissionServicer(PolicyTemplateCalls, admission_pb2_grpc.AdmissionService
         endpoint_id, name = _queue(v, "policy.queue", p.queue)
         window = window_of(v, p)
         v.check()
-        limits = Limits(
-            p.max_in_flight if p.HasField("max_in_flight") else None,
-            p.max_claims_per_window if p.HasField("max_claims_per_window") else None,
-            window,
+        policy = await self._control.set(
+            current_principal(), endpoint_id, name, limits_of(p, window)
         )
-        policy = await self._control.set(current_principal(), endpoint_id, name, limits)
         return admission_pb2.SetPolicyResponse(policy=convert.policy(policy))
 
     async def ClearPolicy(
@@ -71,12 +67,14 @@ class AdmissionServicer(PolicyTemplateCalls, admission_pb2_grpc.AdmissionService
     ) -> admission_pb2.ListPolicyAuditResponse:
         v = Violations()
         endpoint_id, name = _queue(v, "queue", request.queue)
-        page_size, before = v.page(request)
-        v.check()
-        entries = await self._control.audit(
-            current_principal(), endpoint_id, name, before, page_size + 1
-        )
-        page, token = answer_page(
-            entries, page_size, convert.policy_audit_entry, lambda e: e.id, budget=None
+        page, token = await read_page(
+            v,
+            request,
+            lambda before, limit: self._control.audit(
+                current_principal(), endpoint_id, name, before, limit
+            ),
+            convert.policy_audit_entry,
+            lambda e: e.id,
+            budget=None,
         )
         return admission_pb2.ListPolicyAuditResponse(entries=page, next_page_token=token)

@@ -11,7 +11,7 @@ from datetime import timedelta
 from switchboard_dispatch.v1 import dispatch_pb2
 
 from switchboard_server import dispatch, tracing
-from switchboard_server.servicers import convert
+from switchboard_server.servicers import ingest_answer
 from switchboard_server.servicers.dispatch_part import DispatchPart
 from switchboard_server.servicers.interceptor import Context, current_principal
 from switchboard_server.servicers.validate import (
@@ -40,7 +40,7 @@ class IngestRpcs(DispatchPart):
             current_principal(), item, tracing.traceparent(context.invocation_metadata())
         )
         return dispatch_pb2.IngestResponse(
-            todo=convert.ingested_todo(result), deduplicated=result.deduplicated
+            todo=ingest_answer.ingested_todo(result), deduplicated=result.deduplicated
         )
 
     async def IngestTodos(
@@ -62,7 +62,7 @@ class IngestRpcs(DispatchPart):
         results = await self._dispatcher.ingest_many(
             current_principal(), endpoint_id, columns, endpoint_field
         )
-        return convert.ingest_todos_response(results)
+        return ingest_answer.ingest_todos_response(results)
 
 
 _QUEUE = operator.attrgetter("queue")

@@ -9,7 +9,7 @@ from switchboard_server import dispatch
 from switchboard_server.servicers import convert
 from switchboard_server.servicers.dispatch_part import DispatchPart
 from switchboard_server.servicers.interceptor import Context, current_principal
-from switchboard_server.servicers.sizes import MAX_ATTEMPTS_LISTED, answer_page
+from switchboard_server.servicers.sizes import MAX_ATTEMPTS_LISTED, read_page
 from switchboard_server.servicers.validate import (
     MAX_DEDUP_PART,
     MAX_ERROR_FILTER,
@@ -105,12 +105,14 @@ class ReadRpcs(DispatchPart):
     ) -> dispatch_pb2.ListTodoAuditResponse:
         v = Violations()
         endpoint_id = v.parse_uuid("endpoint_id", request.endpoint_id, required=False)
-        page_size, before = v.page(request)
-        v.check()
-        entries = await self._dispatcher.audit(
-            current_principal(), endpoint_id, before, page_size + 1
-        )
-        page, token = answer_page(
-            entries, page_size, convert.todo_audit_entry, lambda e: e.id, budget=None
+        page, token = await read_page(
+            v,
+            request,
+            lambda before, limit: self._dispatcher.audit(
+                current_principal(), endpoint_id, before, limit
+            ),
+            convert.todo_audit_entry,
+            lambda e: e.id,
+            budget=None,
         )
         return dispatch_pb2.ListTodoAuditResponse(entries=page, next_page_token=token)

@@ -1,9 +1,11 @@
-"""What a policy and a policy template message share: the window, checked."""
+"""What a policy and a policy template message share: the window, checked,
+and the limits they set."""
 
 from __future__ import annotations
 
 from switchboard_dispatch.v1 import admission_pb2
 
+from switchboard_server.policies import Limits
 from switchboard_server.servicers import convert
 from switchboard_server.servicers.validate import MAX_START, MAX_ZONE, Violations
 from switchboard_server.windows import WindowSpec, WindowSpecError
@@ -39,3 +41,16 @@ def window_of(
         v.add(f"{field}.{name}", exc.message)
         return None
     return spec
+
+
+def limits_of(
+    policy: admission_pb2.AdmissionPolicy | admission_pb2.PolicyTemplate,
+    window: WindowSpec | None,
+) -> Limits:
+    """The limits a policy (or template) message sets, with its window
+    (``window_of``, checked): an unset limit is none."""
+    return Limits(
+        policy.max_in_flight if policy.HasField("max_in_flight") else None,
+        policy.max_claims_per_window if policy.HasField("max_claims_per_window") else None,
+        window,
+    )

@@ -9,12 +9,12 @@ from typing import Protocol
 from switchboard_dispatch.v1 import admission_pb2
 
 from switchboard_server.model import AuditEntry, Revision
-from switchboard_server.policies import Limits, Policy
+from switchboard_server.policies import Policy
 from switchboard_server.policy_templates import WILDCARD, PolicyTemplate, PolicyTemplates
 from switchboard_server.servicers import convert
 from switchboard_server.servicers.interceptor import Context, current_principal
-from switchboard_server.servicers.policy_fields import window_of
-from switchboard_server.servicers.sizes import answer_page
+from switchboard_server.servicers.policy_fields import limits_of, window_of
+from switchboard_server.servicers.sizes import read_page
 from switchboard_server.servicers.validate import QUEUE_NAME, Violations
 
 
@@ -104,12 +104,9 @@ class PolicyTemplateCalls:
         pattern = pattern_of(v, "policy_template.pattern", t.pattern)
         window = window_of(v, t, "policy_template.window")
         v.check()
-        limits = Limits(
-            t.max_in_flight if t.HasField("max_in_flight") else None,
-            t.max_claims_per_window if t.HasField("max_claims_per_window") else None,
-            window,
+        change = await self._templates.set(
+            current_principal(), endpoint_id, pattern, limits_of(t, window)
         )
-        change = await self._templates.set(current_principal(), endpoint_id, pattern, limits)
         return admission_pb2.SetPolicyTemplateResponse(
             policy_template=template_message(change.template), queues_changed=change.queues
         )
@@ -144,10 +141,14 @@ class PolicyTemplateCalls:
     ) -> admission_pb2.ListPolicyTemplateAuditResponse:
         v = Violations()
         endpoint_id, pattern = _named(v, request)
-        page_size, before = v.page(request)
-        v.check()
-        entries = await self._templates.audit(
-            current_principal(), endpoint_id, pattern, before, page_size + 1
+        page, token = await read_page(
+            v,
+            request,
+            lambda before, limit: self._templates.audit(
+                current_principal(), endpoint_id, pattern, before, limit
+            ),
+            _audit_entry,
+            lambda e: e.id,
+            budget=None,
         )
-        page, token = answer_page(entries, page_size, _audit_entry, lambda e: e.id, budget=None)
         return admission_pb2.ListPolicyTemplateAuditResponse(entries=page, next_page_token=token)

@@ -19,7 +19,7 @@ from switchboard_server.recurrence import (
 from switchboard_server.schedules import Schedule, Schedules
 from switchboard_server.servicers import convert
 from switchboard_server.servicers.interceptor import Context, current_principal
-from switchboard_server.servicers.sizes import answer_page
+from switchboard_server.servicers.sizes import read_page
 from switchboard_server.servicers.validate import (
     DEFAULT_MAX_ATTEMPTS,
     MAX_ATTEMPTS_LIMIT,
@@ -120,6 +120,15 @@ def _definition(v: Violations, msg: schedule_pb2.Schedule) -> tuple[Definition, 
     return definition, recurrence
 
 
+def _checked_definition(v: Violations, msg: schedule_pb2.Schedule) -> tuple[Definition, Recurrence]:
+    """``_definition``, once every field of the request is checked (the
+    request's others ``v`` has read already too)."""
+    definition, recurrence = _definition(v, msg)
+    v.check()
+    assert recurrence is not None
+    return definition, recurrence
+
+
 def schedule(value: Schedule) -> schedule_pb2.Schedule:
     """The wire form of a schedule."""
     row = value.row
@@ -180,9 +189,7 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServiceServicer):
             "schedule.queue.endpoint_id", s.queue.endpoint_id, required=False
         )
         queue = v.queue_name("schedule.queue.name", s.queue.name)
-        definition, recurrence = _definition(v, s)
-        v.check()
-        assert recurrence is not None
+        definition, recurrence = _checked_definition(v, s)
         created = await self._schedules.create(
             current_principal(), endpoint_id, queue, definition, recurrence
         )
@@ -199,12 +206,15 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServiceServicer):
     ) -> schedule_pb2.ListSchedulesResponse:
         v = Violations()
         endpoint_id = v.parse_uuid("endpoint_id", request.endpoint_id, required=False)
-        page_size, after = v.page(request)
-        v.check()
-        found = await self._schedules.list_page(
-            current_principal(), endpoint_id, after, page_size + 1
+        page, token = await read_page(
+            v,
+            request,
+            lambda after, limit: self._schedules.list_page(
+                current_principal(), endpoint_id, after, limit
+            ),
+            schedule,
+            lambda s: s.row.id,
         )
-        page, token = answer_page(found, page_size, schedule, lambda s: s.row.id)
         return schedule_pb2.ListSchedulesResponse(schedules=page, next_page_token=token)
 
     async def UpdateSchedule(
@@ -212,9 +222,7 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServiceServicer):
     ) -> schedule_pb2.UpdateScheduleResponse:
         v = Violations()
         sid = v.schedule_id("schedule.id", request.schedule.id)
-        definition, recurrence = _definition(v, request.schedule)
-        v.check()
-        assert recurrence is not None
+        definition, recurrence = _checked_definition(v, request.schedule)
         updated = await self._schedules.update(current_principal(), sid, definition, recurrence)
         return schedule_pb2.UpdateScheduleResponse(schedule=schedule(updated))
 
@@ -248,8 +256,11 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServiceServicer):
     ) -> schedule_pb2.ListScheduleAuditResponse:
         v = Violations()
         sid = v.schedule_id("schedule_id", request.schedule_id)
-        page_size, before = v.page(request)
-        v.check()
-        entries = await self._schedules.audit(current_principal(), sid, before, page_size + 1)
-        page, token = answer_page(entries, page_size, schedule_audit_entry, lambda e: e.id)
+        page, token = await read_page(
+            v,
+            request,
+            lambda before, limit: self._schedules.audit(current_principal(), sid, before, limit),
+            schedule_audit_entry,
+            lambda e: e.id,
+        )
         return schedule_pb2.ListScheduleAuditResponse(entries=page, next_page_token=token)

@@ -21,7 +21,7 @@ is bounded by that budget plus, per todo, what the rest exceeds 1 KiB by
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import TypeVar
 
 from google.protobuf import descriptor
@@ -42,6 +42,8 @@ from switchboard_server.servicers.validate import (
     MAX_START,
     MAX_TODO_ID_DIGITS,
     MAX_ZONE,
+    PageRequest,
+    Violations,
     page_token_after,
 )
 
@@ -227,3 +229,20 @@ def answer_page(
     page = [build(i) for i in kept] if budget is None else fill_page(kept, build, budget)
     more = len(found) > len(page)
     return page, page_token_after(item_id(found[len(page) - 1])) if more and page else ""
+
+
+async def read_page(
+    v: Violations,
+    request: PageRequest,
+    read: Callable[[int | None, int], Awaitable[Sequence[T]]],
+    build: Callable[[T], M],
+    item_id: Callable[[T], int],
+    budget: int | None = PAGE_BYTES,
+) -> tuple[list[M], str]:
+    """A listing's answer: ``request``'s page size and token checked with the
+    rest of ``v`` (every problem raised at once), then ``read(position,
+    limit)`` of one item more than the page from the token's position, and its
+    page (``answer_page``)."""
+    page_size, position = v.page(request)
+    v.check()
+    return answer_page(await read(position, page_size + 1), page_size, build, item_id, budget)

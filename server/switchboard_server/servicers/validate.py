@@ -161,6 +161,11 @@ class Violations:
             )
         return value
 
+    def name(self, field: str, value: str) -> str:
+        """An owner's, human's or endpoint's name: required, at most ``MAX_NAME``
+        characters of one-line text."""
+        return self.text(field, value, maximum=MAX_NAME, required=True)
+
     def queue_names(self, field: str, values: Iterable[str]) -> list[str]:
         """A list of queue names (may be empty)."""
         names = list(values)
