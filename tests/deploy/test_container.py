@@ -71,10 +71,18 @@ class Image:
     wheels: pathlib.Path
 
 
+def _clean_env() -> dict[str, str]:
+    """This process's environment without ``PYTHONPATH``: a path into a checkout (one
+    with ``clients/python/switchboard_dispatch.egg-info``, which ``pip wheel`` leaves)
+    would make pip in the image's venv take the client as installed already."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 def _pip(python: str, *args: str, cwd: pathlib.Path = ROOT) -> None:
     done = subprocess.run(
         [python, "-m", "pip", "--disable-pip-version-check", *args],
         cwd=cwd,
+        env=_clean_env(),
         capture_output=True,
         text=True,
         check=False,
@@ -111,7 +119,9 @@ def image() -> Iterator[Image]:
         _pip(sys.executable, "wheel", "--no-deps", "--wheel-dir", str(app), "./clients/python", ".")
         # runtime stage: a clean venv, offline from those wheels only.
         venv = scratch / "venv"
-        subprocess.run([python, "-m", "venv", str(venv)], check=True, timeout=PIP_TIMEOUT)
+        subprocess.run(
+            [python, "-m", "venv", str(venv)], env=_clean_env(), check=True, timeout=PIP_TIMEOUT
+        )
         vpy = str(venv / "bin" / "python")
         offline = ("install", "--isolated", "--no-index", "--no-cache-dir")
         _pip(vpy, *offline, *map(str, sorted((wheels / "deps").glob("*.whl"))))
@@ -202,6 +212,7 @@ def _resolve_offline(extras: str, *find_links: pathlib.Path) -> subprocess.Compl
             f"switchboard-dispatch-server[{extras}]",
         ],
         capture_output=True, text=True, check=False, timeout=PIP_TIMEOUT, cwd="/",
+        env=_clean_env(),
     )  # fmt: skip
 
 

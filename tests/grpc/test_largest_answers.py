@@ -1,6 +1,7 @@
 """Answers that carry todos at the limits of every field reach their reader
 through the client package's channel: the largest todo by GetTodo (its
-payload, result, error and names at their limits), by Claim and ClaimNext;
+payload, result, error and names at their limits), by Claim and ClaimNext
+(and WatchReopen's doorbell for its queue, the longest name);
 a ListTodos page, a ClaimNext batch and an IngestTodos answer of 500 todos
 whose texts are at their limits (each character 4 bytes of UTF-8; their dedup
 keys' delivery ids excepted, so that 500 fit in one request). The lists that
@@ -28,6 +29,7 @@ from switchboard_server.servicers.validate import (
 
 from tests.support.admission import set_policy
 from tests.support.client import Client, Tenant
+from tests.support.doorbells import Bells
 
 WIDE = "\U0001f600"  # 4 bytes of UTF-8
 CONTENT_TYPE = WIDE * MAX_CONTENT_TYPE
@@ -83,8 +85,15 @@ async def test_the_largest_todo_is_read_back_by_get_todo_and_claimed(
     package: Client, tenant: Tenant
 ) -> None:
     c = package
+    # WatchReopen's answer, a doorbell, carries no todo: its queue's name (the
+    # longest) is its only text of any length.
+    bells = Bells(c, tenant.agent, queues=(QUEUE,))
+    await bells.ready()
     ingested = await c.dispatch.Ingest(item(0, b"p" * MAX_PAYLOAD_BYTES), metadata=tenant.agent)
     todo_id = ingested.todo.id
+    bell = await bells.next()
+    assert (bell.queue.name, bell.queue.endpoint_id) == (QUEUE, tenant.endpoint_id)
+    await bells.close()
     await claim_fail_requeue(c, tenant, todo_id)
     # The largest todo, claimed: by id, then (once more failed and requeued) by ClaimNext.
     claimed = await claim_fail_requeue(c, tenant, todo_id)

@@ -100,3 +100,13 @@ def test_every_setting_read_from_the_environment_is_in_the_operations_table() ->
     table = (ROOT / "docs" / "operations.md").read_text()
     rows = set(re.findall(r"^\| `(SWITCHBOARD_[A-Z_]+)`", table, flags=re.MULTILINE))
     assert read - rows == set()
+
+
+def test_the_readme_gives_the_boards_address_before_its_quickstart() -> None:
+    """Issue 28 item 13: a newcomer who ran ``scripts/serve`` learns where the board is
+    (the default HTTP listener's ``/board``; ``/`` redirects there, tests/grpc/test_board.py)."""
+    text = (ROOT / "README.md").read_text()
+    quickstart = text.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    address = f"http://{config.Settings().http_listen}/board"
+    assert f"<{address}>" in quickstart
+    assert "`/` redirects there" in quickstart

@@ -9,7 +9,7 @@
  * await sb.close(); // waits for calls in flight, then ends the connection cleanly
  * ```
  *
- * Like the Python `switchboard.connect.channel`: a connection is TLS when any of
+ * Like the Python `switchboard_dispatch.connect.channel`: a connection is TLS when any of
  * `cacert`, `cert`, `key` is given, when `tls` is true, or when the target starts with
  * `https://` (port 443 by default then). Without `cacert` a TLS connection trusts Node's
  * default roots. `cert` and `key` (mutual TLS) go together. Files are PEM, read once here.
@@ -42,7 +42,7 @@ export const DEFAULT_TARGET = "127.0.0.1:50051";
 /**
  * The largest message a connection receives: more than the largest answer the server
  * sends (a page of 500 todos with every field at its limit is about 10 MiB), as in the
- * Python client's `switchboard.connect.MAX_RECEIVE_BYTES`.
+ * Python client's `switchboard_dispatch.connect.MAX_RECEIVE_BYTES`.
  */
 export const MAX_RECEIVE_BYTES = 16 * 1024 * 1024;
 

@@ -29,6 +29,7 @@ import {
   queueRef,
   richError,
   type Connection,
+  type Todo,
 } from "../src/index.js";
 import { Harness, type ServerInfo } from "./harness.js";
 
@@ -237,7 +238,7 @@ describe("the client against a real server", () => {
     await refused(Code.InvalidArgument, () => agent.dispatch.settleTodos({ settlements: [] }));
   });
 
-  test("the largest answers: the largest todo by GetTodo, a ListTodos page of 500 at their limits", { timeout: 120_000 }, async () => {
+  test("the largest answers: the largest todo by GetTodo, Claim and ClaimNext, a ListTodos page and a ClaimNext batch of 500 at their limits", { timeout: 120_000 }, async () => {
     // Every text at its limit, each character 4 bytes of UTF-8 (MAX_RECEIVE_BYTES lets them in).
     const wide = (n: number) => "\u{1F600}".repeat(n);
     const contentType = wide(255);
@@ -251,19 +252,49 @@ describe("the client against a real server", () => {
       dedup: { webhookId: wide(200), deliveryId: `${n}` },
       maxAttempts: 100,
     });
+    // WatchReopen's answer, a doorbell, carries no todo: its queue's name (the longest) is
+    // its only text of any length.
+    const stopWatching = new AbortController();
+    let subscribed!: () => void;
+    const watching = new Promise<void>((r) => (subscribed = r));
+    const bells = agent.dispatch
+      .watchReopen({ queues: [queue] }, { signal: stopWatching.signal, onHeader: () => subscribed() })
+      [Symbol.asyncIterator]();
+    const bell = bells.next();
+    await watching;
     const todoId = (await agent.dispatch.ingest(item(-1, new Uint8Array(1024 * 1024).fill(112)))).todo!.id;
-    let claimed = await agent.dispatch.claim({ todoId, claimant });
-    await agent.dispatch.fail({ todoId, leaseId: claimed.lease!.leaseId, error, permanent: true });
+    assert.equal((await bell).value?.doorbell?.queue?.name, queue);
+    stopWatching.abort();
+    await bells.return?.();
+
+    const first = await agent.dispatch.claim({ todoId, claimant });
+    await agent.dispatch.fail({ todoId, leaseId: first.lease!.leaseId, error, permanent: true });
     await human.dispatch.requeueTodo({ todoId });
-    claimed = await agent.dispatch.claim({ todoId, claimant });
-    assert.equal(claimed.todo!.lastError, error);
+    // The largest todo (its longest error now) by Claim, by ClaimNext alone and in a batch.
+    const largest = (todo: Todo | undefined) => {
+      assert.ok(todo);
+      assert.equal(todo.id, todoId);
+      assert.equal(todo.payload.length, 1024 * 1024);
+      assert.equal(todo.lastError, error);
+      assert.equal(todo.claimant, claimant);
+    };
+    const byId = await agent.dispatch.claim({ todoId, claimant });
+    largest(byId.todo);
+    await agent.dispatch.release({ todoId, leaseId: byId.lease!.leaseId });
+    const next = await agent.dispatch.claimNext({ queues: [queue], claimant });
+    largest(next.todo);
+    await agent.dispatch.release({ todoId, leaseId: next.lease!.leaseId });
+    const inBatch = await agent.dispatch.claimNext({ queues: [queue], claimant, maxTodos: 2 });
+    assert.equal(inBatch.claimed.length, 1);
+    largest(inBatch.claimed[0]!.todo);
     const result = { data: new Uint8Array(64 * 1024).fill(114), contentType };
-    await agent.dispatch.complete({ todoId, leaseId: claimed.lease!.leaseId, result });
+    await agent.dispatch.complete({ todoId, leaseId: inBatch.claimed[0]!.lease!.leaseId, result });
     const got = await agent.dispatch.getTodo({ todoId });
     assert.equal(got.todo!.payload.length, 1024 * 1024);
+    assert.equal(got.todo!.lastError, error);
     assert.deepEqual(got.todo!.result!.data, result.data);
     assert.equal(got.todo!.result!.contentType, contentType);
-    assert.deepEqual(got.attempts.map((a) => a.error), [error, ""]);
+    assert.deepEqual(got.attempts.map((a) => a.error), [error, "", "", ""]);
 
     for (let start = 0; start < 500; start += 250) {
       const todos = Array.from({ length: 250 }, (_, i) => item(start + i));
