@@ -456,6 +456,19 @@ async def fall_back(
     await template_queries.recheck_gates(conn, endpoint_id=endpoint_id, queue_ids=[queue_id])
 
 
+async def now_governing(
+    conn: Conn, *, endpoint_id: uuid.UUID, owner_id: uuid.UUID, queue: str
+) -> Policy | None:
+    """The policy the queue's longest matching template would give it now
+    (``fall_back``'s), or ``None`` when no template matches."""
+    templates = await template_queries.templates(conn, endpoint_id=endpoint_id, owner_id=owner_id)
+    target = longest_match(templates, queue)
+    if target is None:
+        return None
+    template = template_of(target)
+    return Policy(endpoint_id, queue, template.limits, template.updated_at, template.pattern)
+
+
 async def check_override(conn: Conn, principal: Principal, row: PolicyRow, limits: Limits) -> None:
     """An agent's SetPolicy on a queue that a template governs (its locked
     ``row``) may not be looser than what a human set on that template."""

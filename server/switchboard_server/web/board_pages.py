@@ -65,6 +65,8 @@ NOTICES = {
     "resumed": "Queue resumed: the policy it had before the pause is back (audited).",
     "resumed_none": "Queue resumed: it had no policy before the pause, so the policy is "
     "cleared (audited).",
+    "resumed_template": "Queue resumed: its policy template governs it again, with the "
+    "template's limits as they are now (audited as a clear of the pause).",
 }
 
 
