@@ -85,11 +85,12 @@ class Pages:
             schedules = await self._deps.schedules.list_page(
                 principal, None, None, BOARD_SCHEDULES, conn=conn
             )
+            templates = await self._deps.templates.readable(principal, conn=conn)
         totals: Counter[DeferralReason] = Counter()
         for q in queues:
             if q.deferred and q.status is not None and q.status.reason is not None:
                 totals[q.status.reason] += q.deferred
-        own, groups = split(queues)
+        own, groups = split(queues, templates)
         return self._p.html(
             "board.html",
             session=session,
