@@ -14,6 +14,7 @@ import uuid
 from datetime import UTC, datetime
 
 from switchboard_server.db import Database
+from switchboard_server.db.database import Conn
 from switchboard_server.model import Principal, PrincipalKind
 from switchboard_server.policies import Limits
 from switchboard_server.policy_templates import PolicyTemplates
@@ -50,17 +51,23 @@ VALUES ($1, $2, $3, $4, $5, $6, sb_now(), $7, $8);
 """
 
 
+async def owner_with(conn: Conn, *endpoints: str) -> tuple[uuid.UUID, list[uuid.UUID]]:
+    """A new owner and its new endpoints of these names."""
+    owner = await conn.fetchval("INSERT INTO owners (name) VALUES ('o') RETURNING id")
+    made = [
+        await conn.fetchval(
+            "INSERT INTO endpoints (owner_id, name) VALUES ($1, $2) RETURNING id", owner, name
+        )
+        for name in endpoints
+    ]
+    return owner, made
+
+
 async def test_a_previous_release_sets_a_policy_its_rows_get_the_queues_endpoint(
     db: Database,
 ) -> None:
     async with db.connection() as conn:
-        owner = await conn.fetchval("INSERT INTO owners (name) VALUES ('o') RETURNING id")
-        endpoint = await conn.fetchval(
-            "INSERT INTO endpoints (owner_id, name) VALUES ($1, 'e') RETURNING id", owner
-        )
-        other = await conn.fetchval(
-            "INSERT INTO endpoints (owner_id, name) VALUES ($1, 'f') RETURNING id", owner
-        )
+        owner, (endpoint, other) = await owner_with(conn, "e", "f")
         queue = await conn.fetchval(
             "INSERT INTO queues (owner_id, endpoint_id, name) VALUES ($1, $2, 'q') RETURNING id",
             owner,
@@ -147,12 +154,9 @@ async def test_a_previous_release_setting_a_templates_queue_makes_it_the_queues_
     endpoint_id, says which queue was written): a later template change
     leaves it alone, and it is no template's when read."""
     async with db.connection() as conn:
-        owner = await conn.fetchval("INSERT INTO owners (name) VALUES ('o') RETURNING id")
+        owner, (endpoint,) = await owner_with(conn, "e")
         human = await conn.fetchval(
             "INSERT INTO humans (owner_id, name) VALUES ($1, 'h') RETURNING id", owner
-        )
-        endpoint = await conn.fetchval(
-            "INSERT INTO endpoints (owner_id, name) VALUES ($1, 'e') RETURNING id", owner
         )
     principal = Principal(uuid.uuid4(), PrincipalKind.HUMAN, owner, human, None, None, frozenset())
     templates = PolicyTemplates(db)
