@@ -19,7 +19,7 @@ from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, queue_pb2
 from switchboard_server.db.database import Conn
 
 from tests.support.admission import window
-from tests.support.client import Client, Tenant
+from tests.support.client import Client, Tenant, completions
 
 QUEUES = 24
 TODOS_PER_QUEUE = 6
@@ -53,19 +53,7 @@ async def claimer(client: Client, tenant: Tenant, seed: int, ingested: asyncio.E
             continue
         claimed.extend(c.todo.id for c in resp.claimed)
         await asyncio.sleep(rng.uniform(0, 0.005))
-        await client.dispatch.SettleTodos(
-            dispatch_pb2.SettleTodosRequest(
-                settlements=[
-                    dispatch_pb2.Settlement(
-                        todo_id=c.todo.id,
-                        lease_id=c.lease.lease_id,
-                        complete=dispatch_pb2.CompleteAction(),
-                    )
-                    for c in resp.claimed
-                ]
-            ),
-            metadata=tenant.agent,
-        )
+        await client.dispatch.SettleTodos(completions(list(resp.claimed)), metadata=tenant.agent)
 
 
 async def set_template(client: Client, tenant: Tenant, window_limit: int = WINDOW_LIMIT) -> int:
