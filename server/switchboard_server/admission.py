@@ -170,9 +170,11 @@ class AdmissionControl:
         conn: Conn | None = None,
     ) -> Policy | None:
         """Puts back the policy the queue had before it was paused (``before_pause``):
-        a ``set`` of it, or a ``clear`` when it had none, audited as such.
-        Returns the restored policy (``None``: none). ``FailedPrecondition``
-        when the queue is not paused or no earlier policy is recorded."""
+        a ``set`` of it, or a ``clear`` when it had none or its template's
+        (audited as such; the template then governs the queue again, with its
+        limits as they are now). Returns the restored policy (``None``: none).
+        ``FailedPrecondition`` when the queue is not paused or no earlier
+        policy is recorded."""
         q = _Queue.named(principal, endpoint_id, queue, Grant.SET_ADMISSION_POLICY)
         async with self._db.transaction_on(conn) as conn:
             row = await _locked(conn, q, "queue not found")
@@ -183,16 +185,20 @@ class AdmissionControl:
                 raise errors.FailedPrecondition(
                     "no policy from before the pause is recorded: set one instead"
                 )
-            if target.policy is None:
-                if Grant.CLEAR_ADMISSION_POLICY not in principal.grants and (
-                    principal.kind is PrincipalKind.ENDPOINT
+            if target.policy is None or target.policy.template is not None:
+                if target.policy is None and (
+                    Grant.CLEAR_ADMISSION_POLICY not in principal.grants
+                    and principal.kind is PrincipalKind.ENDPOINT
                 ):
                     raise errors.PermissionDenied(
                         "this credential lacks the 'clear_admission_policy' grant, which "
                         "resuming to no policy needs"
                     )
+                # No policy of its own before the pause (none, or its
+                # template's): the pause is cleared, and the template that
+                # matches the queue now (if any) governs it again (_clear).
                 await _clear(conn, principal, row, q)
-                return None
+                return target.policy
             return await _store(conn, principal, row, q, target.policy.limits)
 
     @rerun_on_conflict
@@ -300,8 +306,12 @@ async def before_pause(conn: Conn, queue_id: int, q: _Queue) -> Resume | None:
     that paused the queue: the newest whose ``before`` is not paused (or is
     no policy). Its ``before`` is what resuming restores: edits made while
     paused are skipped, and a pause set by hand (0 in the policy form) is
-    undone the same way. ``None`` when the trail does not say (an entry
-    whose ``after`` is not paused comes first, or none within ``RESUME_SCAN``).
+    undone the same way. A template's policy (a pause is the queue's own,
+    so template changes do not lift it) is restored as the template that
+    matches the queue now (``policy_templates.now_governing``: its limits
+    as they are now; no policy when none matches). ``None`` when the trail
+    does not say (an entry whose ``after`` is not paused comes first, or
+    none within ``RESUME_SCAN``).
     """
     before_id: int | None = None
     seen = 0
@@ -311,8 +321,14 @@ async def before_pause(conn: Conn, queue_id: int, q: _Queue) -> Resume | None:
             change = q.revision(r)
             if change.after is None or not paused(change.after):
                 return None
-            if change.before is None or not paused(change.before):
-                return Resume(change.before, r.id)
+            prior = change.before
+            if prior is not None and prior.template is not None:
+                prior = await policy_templates.now_governing(
+                    conn, endpoint_id=q.endpoint, owner_id=q.owner_id, queue=q.name
+                )
+                return Resume(prior, r.id)
+            if prior is None or not paused(prior):
+                return Resume(prior, r.id)
         if len(rows) < 100:
             return None
         seen += len(rows)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 import uuid
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, time, timedelta
 from typing import Any
 
@@ -168,13 +168,19 @@ def limit_columns(limits: Limits) -> PolicyLimitColumns:
 
 
 def policy_json(policy: Policy) -> dict[str, Any]:
-    """The audit (and claim response) form of a policy."""
-    return {**asdict(limit_columns(policy.limits)), "updated_at": policy.updated_at.isoformat()}
+    """The audit (and claim response) form of a policy; a template's policy
+    names its pattern (``template``), so that resuming a pause knows it."""
+    data = {**asdict(limit_columns(policy.limits)), "updated_at": policy.updated_at.isoformat()}
+    if policy.template is not None:
+        data["template"] = policy.template
+    return data
 
 
 def policy_from_json(data: Mapping[str, Any], endpoint_id: uuid.UUID, queue: str) -> Policy:
     """The inverse of ``policy_json`` (also reads ``sb_policy_json``)."""
-    return reported_policy_of(reported_policy(data), endpoint_id, queue)
+    policy = reported_policy_of(reported_policy(data), endpoint_id, queue)
+    template = data.get("template")
+    return replace(policy, template=str(template)) if template else policy
 
 
 def reported_policy_of(reported: ReportedPolicy, endpoint_id: uuid.UUID, queue: str) -> Policy:

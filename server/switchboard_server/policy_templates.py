@@ -40,7 +40,7 @@ from datetime import datetime
 from typing import Any
 
 from switchboard_server import errors
-from switchboard_server.access import actor_of, policy_scope
+from switchboard_server.access import actor_of, policy_scope, require_tenant
 from switchboard_server.db import Database, clock
 from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import templates as template_queries
@@ -214,6 +214,19 @@ class PolicyTemplates:
                 conn, endpoint_id=endpoint, owner_id=scope.owner_id
             )
         return [template_of(r) for r in rows]
+
+    async def readable(
+        self, principal: Principal, *, conn: Conn | None = None
+    ) -> list[tuple[str, PolicyTemplate]]:
+        """Every template the caller may read (a human's whole owner, an
+        agent's own endpoint), each with its endpoint's name: by endpoint
+        name, then pattern."""
+        scope = require_tenant(principal, Grant.READ)
+        async with self._db.transaction(within=conn) as conn:
+            rows = await template_queries.readable(
+                conn, owner_id=scope.owner_id, endpoint_id=scope.endpoint_id
+            )
+        return [(name, template_of(row)) for name, row in rows]
 
     @rerun_on_conflict
     async def set(
@@ -454,6 +467,19 @@ async def fall_back(
         schedule_refresh_at=refresh_at,
     )
     await template_queries.recheck_gates(conn, endpoint_id=endpoint_id, queue_ids=[queue_id])
+
+
+async def now_governing(
+    conn: Conn, *, endpoint_id: uuid.UUID, owner_id: uuid.UUID, queue: str
+) -> Policy | None:
+    """The policy the queue's longest matching template would give it now
+    (``fall_back``'s), or ``None`` when no template matches."""
+    templates = await template_queries.templates(conn, endpoint_id=endpoint_id, owner_id=owner_id)
+    target = longest_match(templates, queue)
+    if target is None:
+        return None
+    template = template_of(target)
+    return Policy(endpoint_id, queue, template.limits, template.updated_at, template.pattern)
 
 
 async def check_override(conn: Conn, principal: Principal, row: PolicyRow, limits: Limits) -> None:

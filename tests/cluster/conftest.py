@@ -19,6 +19,7 @@ from datetime import timedelta
 
 import pytest
 
+from tests.cluster.observer import Observed
 from tests.support.citus_cluster import CitusCluster, missing
 from tests.support.processes import ServerProcess
 
@@ -101,3 +102,13 @@ def migrate_cli(dsn: str, *args: str) -> str:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
+
+
+@pytest.fixture
+async def observed(citus: CitusCluster, cluster_dsn: str) -> AsyncIterator[Observed]:
+    """The claim observer, removed after the test."""
+    made = Observed(citus)
+    try:
+        yield made
+    finally:
+        await made.remove()

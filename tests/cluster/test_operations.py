@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import asyncpg
 from prometheus_client.parser import text_string_to_metric_families
-from switchboard_dispatch.v1 import dispatch_pb2, queue_pb2, schedule_pb2
+from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, queue_pb2, schedule_pb2
 
 from tests.cluster.placing import tenants_on_each_worker
 from tests.support.admission import ingest, set_policy
@@ -105,6 +105,15 @@ async def test_metrics_and_the_board_read_endpoints_on_each_worker(
                 metadata=tenant.agent,
             )
             claimed_ids[tenant.endpoint_id] = first.todo.id
+            # A policy template that governs no queue yet: listed on the board.
+            await setup.admission.SetPolicyTemplate(
+                admission_pb2.SetPolicyTemplateRequest(
+                    policy_template=admission_pb2.PolicyTemplate(
+                        endpoint_id=tenant.endpoint_id, pattern=f"ops-none-{tag}:*", max_in_flight=1
+                    )
+                ),
+                metadata=tenant.human,
+            )
             answers = [
                 await setup.dispatch.ClaimNext(
                     dispatch_pb2.ClaimNextRequest(claimant="w", queues=[budgeted_q]),
@@ -158,6 +167,7 @@ async def test_metrics_and_the_board_read_endpoints_on_each_worker(
             async with signed_in(base, tenant, replicas[1]) as http:
                 overview = await page(http, f"{base}/board")
                 assert open_q in overview and budgeted_q in overview
+                assert overview.count(f'data-template="ops-none-{tag}:*"') == 1
                 queue_page = await page(
                     http, f"{base}/board/queues/{tenant.endpoint_id}/{budgeted_q}"
                 )

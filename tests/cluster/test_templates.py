@@ -2,18 +2,32 @@
 worker: a queue created by a delegated ingest gets its template's policy on
 the worker (fn_templates.sql), a template change from the coordinator writes
 every matching queue's policy row on the endpoint's shard, and GetPolicy,
-ClearPolicy's fallback and a template's clear work there as on one server."""
+ClearPolicy's fallback and a template's clear work there as on one server;
+and brand-new queues ingested through both replicas while claimers on both
+drain them are budgeted from their first todo, on each worker (the one-server
+acceptance test's workload, tests/support/template_workload.py, with the
+shards' claim observer)."""
 
 from __future__ import annotations
 
 import asyncpg
 from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, queue_pb2
 
+from tests.cluster.observer import Observed
 from tests.cluster.placing import tenants_on_each_worker
 from tests.support.admission import ingest, set_policy, window
 from tests.support.citus_cluster import CitusCluster
 from tests.support.client import Client, Tenant
 from tests.support.processes import ServerProcess
+from tests.support.template_workload import (
+    PATTERN,
+    QUEUES,
+    WINDOW_LIMIT,
+    assert_budgeted,
+    brand_new_queues,
+    queue_names,
+    set_template,
+)
 
 PAUSED = admission_pb2.DEFERRAL_REASON_PAUSED
 WINDOW_EXHAUSTED = admission_pb2.DEFERRAL_REASON_WINDOW_EXHAUSTED
@@ -101,3 +115,38 @@ async def test_templates_on_each_worker(
         await conn.close()
         await setup.close()
         await other.close()
+
+
+async def test_brand_new_queues_are_budgeted_from_their_first_todo_on_each_worker(
+    citus: CitusCluster, cluster_dsn: str, replicas: list[ServerProcess], observed: Observed
+) -> None:
+    clients = [Client(r.address) for r in replicas]
+    conn = await asyncpg.connect(cluster_dsn)
+    try:
+        placed = await tenants_on_each_worker(clients[0], conn, citus)
+        for tenant, port in placed:
+            await observed.add(tenant.endpoint_id, port)
+        for tenant, port in placed:
+            claimed = await brand_new_queues(clients, tenant)
+            observations = await observed.of(tenant.endpoint_id, port)
+            await assert_budgeted(
+                conn, tenant.endpoint_id, claimed, [dict(o) for o in observations]
+            )
+            # GetPolicy names the template on the other replica; a change
+            # from the coordinator reaches every new queue.
+            for name in queue_names()[:: QUEUES // 4]:
+                resp = await clients[1].admission.GetPolicy(
+                    admission_pb2.GetPolicyRequest(queue=queue_pb2.QueueRef(name=name)),
+                    metadata=tenant.agent,
+                )
+                assert resp.template_pattern == PATTERN, name
+                assert resp.headroom.window_used == WINDOW_LIMIT
+            assert await set_template(clients[1], tenant, WINDOW_LIMIT + 1) == QUEUES
+            raised = await clients[0].dispatch.ClaimNext(
+                dispatch_pb2.ClaimNextRequest(queues=queue_names()[-1:]), metadata=tenant.agent
+            )
+            assert raised.headroom.window_used == WINDOW_LIMIT + 1
+    finally:
+        await conn.close()
+        for c in clients:
+            await c.close()

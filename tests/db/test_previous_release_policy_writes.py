@@ -3,14 +3,21 @@ the release before it keeps changing policies (SetPolicy, ClearPolicy,
 pause, resume). Its statements insert policies, their audit rows and window
 counters without ``endpoint_id`` (now NOT NULL, in their keys), and carry a
 window's count with ``ON CONFLICT (policy_id, window_start)``; the rows get
-their queue's endpoint, and this release's claims honour the policy."""
+their queue's endpoint, and this release's claims honour the policy. And over
+migration 0020 (policy templates): the policy such a server sets on a queue
+a template governs is the queue's own, as this release's SetPolicy makes it."""
 
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import UTC, datetime
 
 from switchboard_server.db import Database
+from switchboard_server.db.database import Conn
+from switchboard_server.model import Principal, PrincipalKind
+from switchboard_server.policies import Limits
+from switchboard_server.policy_templates import PolicyTemplates
 
 # The previous release's statements, verbatim (db/sql/admission.sql before
 # migration 0016): what its replicas run during the upgrade.
@@ -44,17 +51,23 @@ VALUES ($1, $2, $3, $4, $5, $6, sb_now(), $7, $8);
 """
 
 
+async def owner_with(conn: Conn, *endpoints: str) -> tuple[uuid.UUID, list[uuid.UUID]]:
+    """A new owner and its new endpoints of these names."""
+    owner = await conn.fetchval("INSERT INTO owners (name) VALUES ('o') RETURNING id")
+    made = [
+        await conn.fetchval(
+            "INSERT INTO endpoints (owner_id, name) VALUES ($1, $2) RETURNING id", owner, name
+        )
+        for name in endpoints
+    ]
+    return owner, made
+
+
 async def test_a_previous_release_sets_a_policy_its_rows_get_the_queues_endpoint(
     db: Database,
 ) -> None:
     async with db.connection() as conn:
-        owner = await conn.fetchval("INSERT INTO owners (name) VALUES ('o') RETURNING id")
-        endpoint = await conn.fetchval(
-            "INSERT INTO endpoints (owner_id, name) VALUES ($1, 'e') RETURNING id", owner
-        )
-        other = await conn.fetchval(
-            "INSERT INTO endpoints (owner_id, name) VALUES ($1, 'f') RETURNING id", owner
-        )
+        owner, (endpoint, other) = await owner_with(conn, "e", "f")
         queue = await conn.fetchval(
             "INSERT INTO queues (owner_id, endpoint_id, name) VALUES ($1, $2, 'q') RETURNING id",
             owner,
@@ -129,3 +142,59 @@ async def test_a_previous_release_sets_a_policy_its_rows_get_the_queues_endpoint
             endpoint,
         )
         assert [r["outcome"] for r in again] == ["empty"]
+
+
+async def test_a_previous_release_setting_a_templates_queue_makes_it_the_queues_own(
+    db: Database,
+) -> None:
+    """Rolling upgrades over migration 0020 (policy templates): a server of
+    the previous release sets a policy on a queue a template governs. Its
+    statements know no template_id, yet the policy is the queue's own from
+    then on, as SetPolicy makes it now (its audit row, which comes without
+    endpoint_id, says which queue was written): a later template change
+    leaves it alone, and it is no template's when read."""
+    async with db.connection() as conn:
+        owner, (endpoint,) = await owner_with(conn, "e")
+        human = await conn.fetchval(
+            "INSERT INTO humans (owner_id, name) VALUES ($1, 'h') RETURNING id", owner
+        )
+    principal = Principal(uuid.uuid4(), PrincipalKind.HUMAN, owner, human, None, None, frozenset())
+    templates = PolicyTemplates(db)
+    await templates.set(principal, endpoint, "acct:*", Limits(2, None, None))
+    async with db.connection() as conn:
+        for name in ("acct:1", "acct:2"):
+            await conn.fetch(
+                "SELECT * FROM sb_ingest_todos($1, $2, ARRAY[$3], ARRAY['x'::bytea],"
+                " ARRAY['text/plain'], ARRAY[5], ARRAY['0'::interval], NULL, NULL, NULL, NULL,"
+                " NULL, NULL)",
+                owner,
+                endpoint,
+                name,
+            )
+        queue = await conn.fetchval("SELECT id FROM queues WHERE name = 'acct:1'")
+        async with conn.transaction():
+            await conn.execute(PREVIOUS_ENSURE_ROW, queue, owner)
+            policy = await conn.fetchrow(PREVIOUS_LOCK, queue)
+            assert policy is not None and policy["template_id"] is not None
+            await conn.fetchrow(
+                PREVIOUS_STORE, policy["id"], 7, None, None, None, None, None, True, [], None
+            )
+            await conn.execute(
+                PREVIOUS_AUDIT_INSERT,
+                queue,
+                owner,
+                "set",
+                None,
+                human,
+                None,
+                json.dumps({"max_in_flight": 2}),
+                json.dumps({"max_in_flight": 7}),
+            )
+    changed = await templates.set(principal, endpoint, "acct:*", Limits(3, None, None))
+    assert changed.queues == 1  # acct:2 only
+    async with db.connection() as conn:
+        rows = await conn.fetch(
+            "SELECT q.name, p.max_in_flight, p.template_id IS NOT NULL AS templated"
+            "  FROM queues q JOIN admission_policies p ON p.id = q.policy_id ORDER BY q.name"
+        )
+    assert [tuple(r) for r in rows] == [("acct:1", 7, False), ("acct:2", 3, True)]

@@ -138,6 +138,38 @@ async def test_a_board_of_only_template_governed_queues_shows_their_section(
     assert "paused" in section(page, "acct:*")
 
 
+async def test_a_template_that_governs_no_queue_yet_is_on_the_front_page(
+    client: Client, tenant: Tenant, board: Board
+) -> None:
+    """A template set before any account exists is listed with its limits, and
+    says that no queue matches it yet; another owner's template is not."""
+    globex = await make_tenant(client, "globex", endpoint="globex-agent")
+    for who, pattern in ((tenant, "acct:*"), (globex, "other:*")):
+        await client.admission.SetPolicyTemplate(
+            admission_pb2.SetPolicyTemplateRequest(
+                policy_template=admission_pb2.PolicyTemplate(
+                    endpoint_id=who.endpoint_id, pattern=pattern, max_in_flight=4
+                )
+            ),
+            metadata=who.human,
+        )
+    _, page, _ = await board.get("/board")
+    assert "No queues yet" not in page
+    group = section(page, "acct:*")
+    assert "Each queue: at most 4 in flight." in group
+    assert '<strong class="governed">0</strong> queues' in group
+    assert "No queue of agent matches it yet" in group and queues_in(group) == []
+    assert 'data-template="other:*"' not in page
+
+    await client.dispatch.Ingest(
+        dispatch_pb2.IngestRequest(queue=queue_pb2.QueueRef(name="acct:1"), payload=b"x"),
+        metadata=tenant.agent,
+    )
+    _, page, _ = await board.get("/board")
+    assert page.count('data-template="acct:*"') == 1
+    assert queues_in(section(page, "acct:*")) == ["acct:1"]
+
+
 async def test_a_templates_page_finds_its_queues_by_prefix_or_deferral_capped_with_a_count(
     client: Client, tenant: Tenant, board: Board, monkeypatch: pytest.MonkeyPatch
 ) -> None:

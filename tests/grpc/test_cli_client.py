@@ -260,6 +260,20 @@ async def test_a_template_governs_an_accounts_queue_and_is_listed_audited_and_cl
     )
     assert as_json.json()["template_pattern"] == "investigations:*"
 
+    # The queue view names each queue's template, in a last column.
+    view = await sb("queues", "--endpoint", ep, token=human)
+    assert view.code == 0, view.err
+    assert view.lines()[0].split()[-2:] == ["DEFERRED", "TEMPLATE"]
+    assert row(view.out, "investigations:acme") == [
+        "investigations:acme", "1", "0", "0/100", view.lines()[1].split()[4], "0/5", "-",
+        "investigations:*",
+    ]  # fmt: skip
+    assert row(view.out, "triage")[-2:] == ["-", "-"]
+    view = await sb("queues", "--endpoint", ep, "--json", token=human)
+    by_name = {q["queue"]: q for q in view.json()["queues"]}
+    assert by_name["investigations:acme"]["template_pattern"] == "investigations:*"
+    assert by_name["triage"]["template_pattern"] is None
+
     listed = await sb("policy", "template", "list", "--endpoint", ep, token=human)
     assert row(listed.out, "investigations:*")[:2] == [
         "investigations:*", "5 in flight, 100 per day from 00:00 UTC"

@@ -477,6 +477,48 @@ async def test_a_templates_queues_are_one_series_named_by_its_pattern(
     assert value(samples, "switchboard_admission_policies", status="window_exhausted") == 5
 
 
+async def test_a_new_templates_queues_are_named_by_its_pattern_from_the_next_scrape(
+    server: server_app.App, client: Client, tenant: Tenant
+) -> None:
+    """A template set after the process last read the patterns (a scrape that
+    found none): the next scrape reads them before its gauges, so its gauges
+    already name the template's queues by the pattern; the process's counters
+    name the claims counted after that scrape by the pattern too (those
+    counted before it keep the queue's name, up to the label cap)."""
+    await scrape(server)  # no template yet
+    await client.admission.SetPolicyTemplate(
+        admission_pb2.SetPolicyTemplateRequest(
+            policy_template=admission_pb2.PolicyTemplate(
+                endpoint_id=tenant.endpoint_id, pattern="new:*", max_in_flight=5
+            )
+        ),
+        metadata=tenant.human,
+    )
+    await ingest(client, tenant.agent, "new:1", 2)
+    assert (await claim_next(client, tenant, "new:1")).todo.queue.name == "new:1"
+
+    _, samples = await scrape(server)
+    gauges = {
+        dict(k)["queue"]
+        for (name, k) in samples
+        if name in ("switchboard_todos", "switchboard_admission_in_flight_limit")
+    }
+    assert gauges == {"new:*"}
+    assert value(samples, "switchboard_todos", state="pending", queue="new:*") == 1
+    claimed = series(samples, "switchboard_todos_claimed_total")
+    assert claimed == {frozenset({("queue", "new:1")}): 1}
+
+    await ingest(client, tenant.agent, "new:2", 1)
+    assert (await claim_next(client, tenant, "new:2")).todo.queue.name == "new:2"
+    _, samples = await scrape(server)
+    assert value(samples, "switchboard_todos_claimed_total", queue="new:*") == 1
+    assert {dict(k)["queue"] for k in series(samples, "switchboard_todos_claimed_total")} == {
+        "new:1",
+        "new:*",
+    }
+    assert value(samples, "switchboard_todos", state="claimed", queue="new:*") == 2
+
+
 async def test_bulk_cancels_and_requeues_are_counted_per_todo(
     server: server_app.App, client: Client, tenant: Tenant
 ) -> None:

@@ -236,6 +236,50 @@ async def test_resuming_to_no_policy_of_its_own_falls_back_to_the_template(
     assert not (await claim_next(client, tenant.agent, "inv:a")).empty
 
 
+async def test_pausing_a_templates_queue_keeps_it_the_templates_on_resume(
+    client: Client, tenant: Tenant, db: Database
+) -> None:
+    """A pause is a state of the queue, not a policy of its own: a template
+    change while it is paused does not lift the pause, and resuming puts the
+    queue back under its template, with the template's limits as they are
+    then, so that later template changes reach it again. A pause set by hand
+    (SetPolicy of 0 in flight) resumes the same way; and one whose template
+    was cleared meanwhile resumes to the template that governs it now."""
+    ep = tenant.endpoint_id
+    endpoint = uuid.UUID(ep)
+    await set_template(client, tenant.human, "inv:*", endpoint_id=ep, max_in_flight=2)
+    await ingest(client, tenant.agent, "inv:a", 3)
+    admission = AdmissionControl(db)
+    human = await Authenticator(db, None).authenticate(f"Bearer {tenant.human_token}")
+
+    await admission.pause(human, endpoint, "inv:a")
+    assert (await claim_next(client, tenant.agent, "inv:a")).deferred[0].reason == PAUSED
+    # Raised while paused: the pause holds.
+    await set_template(client, tenant.human, "inv:*", endpoint_id=ep, max_in_flight=3)
+    assert (await claim_next(client, tenant.agent, "inv:a")).deferred[0].reason == PAUSED
+    target = await admission.resume_target(human, endpoint, "inv:a")
+    assert target is not None and target.policy is not None
+    assert (target.policy.template, target.policy.limits.max_in_flight) == ("inv:*", 3)
+    restored = await admission.resume(human, endpoint, "inv:a")
+    assert restored is not None and restored.template == "inv:*"
+    pattern, policy = await governing(client, tenant.agent, "", "inv:a")
+    assert (pattern, policy.max_in_flight) == ("inv:*", 3)
+    # The template reaches it again.
+    resp = await set_template(client, tenant.human, "inv:*", endpoint_id=ep, max_in_flight=1)
+    assert resp.queues_changed == 1
+    assert (await governing(client, tenant.agent, "", "inv:a"))[1].max_in_flight == 1
+
+    # Paused by hand, its template cleared meanwhile for a shorter one.
+    await set_template(client, tenant.human, "*", endpoint_id=ep, max_in_flight=5)
+    await set_policy(client, tenant.human, "inv:a", endpoint_id=ep, max_in_flight=0)
+    await clear_template(client, tenant.human, ep, "inv:*")
+    restored = await admission.resume(human, endpoint, "inv:a")
+    assert restored is not None and restored.template == "*"
+    pattern, policy = await governing(client, tenant.agent, "", "inv:a")
+    assert (pattern, policy.max_in_flight) == ("*", 5)
+    assert not (await claim_next(client, tenant.agent, "inv:a")).empty
+
+
 async def test_clearing_a_template_falls_back_to_the_next_longest_then_to_none(
     client: Client, tenant: Tenant
 ) -> None:

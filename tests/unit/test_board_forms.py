@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from datetime import UTC, datetime, time, timedelta
 
@@ -77,6 +78,8 @@ def test_policy_values_round_trip_through_the_form() -> None:
     assert parse_limits(values) == (policy.limits, {})
     assert policy_text(policy) == "7 claims per week, from Monday 09:30 Europe/Berlin"
     assert policy_text(None) == "none (admits everything)"
+    governed = dataclasses.replace(policy, template="inv:*")
+    assert policy_text(governed).endswith("Europe/Berlin (template inv:*)")
 
 
 def test_payloads_show_as_text_or_hex() -> None:

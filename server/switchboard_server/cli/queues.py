@@ -8,8 +8,9 @@ The server has no queue-summary RPC, so the view is assembled client-side:
    pending and claimed counts, and the pending todos' derived admission
    statuses counted by deferral reason;
 3. per queue found (and each ``--queue`` named), one GetPolicy: the limits,
-   and the budget's use now (window units charged and ``resets_at``,
-   in-flight), read by the server as the claim path reads them.
+   the budget's use now (window units charged and ``resets_at``,
+   in-flight), read by the server as the claim path reads them, and the
+   policy template whose policy it is (a TEMPLATE column, when any is).
 
 So it costs ``ceil((pending + claimed) / 500)`` ListTodos calls per endpoint
 plus one GetPolicy per queue, and it is not one snapshot: counts can move
@@ -58,6 +59,8 @@ class QueueView:
     eligible_at: dict[str, tuple[timestamp_pb2.Timestamp, bool]] = field(default_factory=dict)
     policy: admission_pb2.AdmissionPolicy | None = None
     headroom: admission_pb2.Headroom | None = None
+    #: The pattern of the policy template whose policy it is ("": its own, or none).
+    template: str = ""
 
     def count(self, todo: todo_pb2.Todo) -> None:
         """Adds one listed todo."""
@@ -126,6 +129,7 @@ class QueueView:
             out["next_eligible_at"] = eligible_at
         out["policy"] = to_dict(self.policy) if self.policy is not None else None
         out["headroom"] = to_dict(self.headroom) if self.headroom is not None else None
+        out["template_pattern"] = self.template or None
         return out
 
 
@@ -187,13 +191,16 @@ async def _add_policy(conn: Connection, view: QueueView) -> None:
         raise
     view.policy = got.policy
     view.headroom = got.headroom if got.HasField("headroom") else None
+    view.template = got.template_pattern
 
 
 HEADERS = ("QUEUE", "PENDING", "CLAIMED", "WINDOW", "RESETS AT", "IN FLIGHT", "DEFERRED")
 
 
 def render(views: list[QueueView], by_endpoint: bool) -> str:
-    """The view as a table (with an ENDPOINT column when it spans endpoints)."""
+    """The view as a table (with an ENDPOINT column when it spans endpoints,
+    and a TEMPLATE column, last, when a policy template governs any queue)."""
+    templated = any(v.template for v in views)
     rows = []
     for v in views:
         row = [
@@ -207,9 +214,11 @@ def render(views: list[QueueView], by_endpoint: bool) -> str:
         ]
         if by_endpoint:
             row.insert(0, v.endpoint_name or v.endpoint_id)
+        if templated:
+            row.append(v.template or NONE)
         rows.append(row)
     headers = ["ENDPOINT", *HEADERS] if by_endpoint else list(HEADERS)
-    return table(headers, rows)
+    return table([*headers, "TEMPLATE"] if templated else headers, rows)
 
 
 async def queues(conn: Connection, args: argparse.Namespace, out: Output) -> int:
@@ -231,10 +240,11 @@ QUEUES_EXAMPLES = """\
 
 cost: built client-side (the server has no queue-summary call): per endpoint,
 ListTodos of every pending and claimed todo in pages of 500, then one
-GetPolicy per queue (its limits, and the window's units charged, reset time
-and in-flight count as the server counts them). Counts are read page by page,
-not as one snapshot. Queues with no pending or claimed todo appear only when
-named with --queue.
+GetPolicy per queue (its limits, the window's units charged, reset time
+and in-flight count as the server counts them, and the policy template
+whose policy it is: a TEMPLATE column when any queue has one). Counts are
+read page by page, not as one snapshot. Queues with no pending or claimed
+todo appear only when named with --queue.
 """
 
 

@@ -32,7 +32,8 @@ class PolicyRow(PolicyLimitColumns):
     endpoint_id: uuid.UUID
     #: The template an active policy was made from (``None``: the queue's own).
     template_id: int | None = None
-    #: That template's prefix, where the query reads it (``policy_get_active``).
+    #: That template's prefix, where the query reads it (``policy_get_active``,
+    #: ``policy_lock``).
     template_prefix: str | None = None
 
 

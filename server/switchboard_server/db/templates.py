@@ -78,6 +78,17 @@ async def templates(
     return [_template(r) for r in rows]
 
 
+async def readable(
+    conn: Conn, *, owner_id: uuid.UUID, endpoint_id: uuid.UUID | None
+) -> list[tuple[str, TemplateRow]]:
+    """The templates of the owner's endpoints (of one, when given), each with
+    its endpoint's name; by endpoint name, then prefix."""
+    rows = await fetch_many(
+        conn, "template_list_readable", owner_id=owner_id, endpoint_id=endpoint_id
+    )
+    return [(str(r["endpoint_name"]), _template(r)) for r in rows]
+
+
 async def store(
     conn: Conn,
     *,

@@ -178,7 +178,8 @@ class Actions:
         raise act.done("done=paused")
 
     async def resume(self, request: web.Request) -> web.StreamResponse:
-        """Resumes the queue through ``AdmissionControl.resume`` (a ``set`` or ``clear``)."""
+        """Resumes the queue through ``AdmissionControl.resume`` (a ``set`` or
+        ``clear``: back to no policy, or to its template)."""
         async with self._acting(request) as act:
             try:
                 restored = await self._deps.admission.resume(
@@ -186,4 +187,6 @@ class Actions:
                 )
             except errors.FailedPrecondition as exc:
                 raise Refused(409, "Not resumed", exc.message) from None
-        raise act.done("done=resumed" if restored is not None else "done=resumed_none")
+        if restored is None:
+            raise act.done("done=resumed_none")
+        raise act.done("done=resumed" if restored.template is None else "done=resumed_template")

@@ -65,6 +65,8 @@ NOTICES = {
     "resumed": "Queue resumed: the policy it had before the pause is back (audited).",
     "resumed_none": "Queue resumed: it had no policy before the pause, so the policy is "
     "cleared (audited).",
+    "resumed_template": "Queue resumed: its policy template governs it again, with the "
+    "template's limits as they are now (audited as a clear of the pause).",
 }
 
 
@@ -83,11 +85,12 @@ class Pages:
             schedules = await self._deps.schedules.list_page(
                 principal, None, None, BOARD_SCHEDULES, conn=conn
             )
+            templates = await self._deps.templates.readable(principal, conn=conn)
         totals: Counter[DeferralReason] = Counter()
         for q in queues:
             if q.deferred and q.status is not None and q.status.reason is not None:
                 totals[q.status.reason] += q.deferred
-        own, groups = split(queues)
+        own, groups = split(queues, templates)
         return self._p.html(
             "board.html",
             session=session,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from switchboard_server.overview import QueueSummary
 from switchboard_server.policies import Limits
+from switchboard_server.policy_templates import PolicyTemplate
 
 #: A template's queues shown under it on the board's front page.
 GROUP_SHOWN = 10
@@ -63,24 +64,32 @@ def most_constrained_first(q: QueueSummary) -> tuple[bool, float, int, str]:
 
 def split(
     queues: Iterable[QueueSummary],
+    templates: Iterable[tuple[str, PolicyTemplate]] = (),
 ) -> tuple[list[QueueSummary], list[TemplateGroup]]:
     """The queues without a template's policy (in their order), and a group per
-    template with queues, by endpoint then pattern."""
+    template, by endpoint then pattern: one per template with queues, and one
+    (empty) per template of ``templates`` (endpoint name, template) that
+    governs none yet."""
     own: list[QueueSummary] = []
     grouped: dict[tuple[str, uuid.UUID, str], list[QueueSummary]] = {}
+    limits: dict[tuple[str, uuid.UUID, str], Limits] = {}
+    for endpoint_name, template in templates:
+        key = (endpoint_name, template.endpoint_id, template.pattern)
+        grouped[key] = []
+        limits[key] = template.limits
     for q in queues:
-        pattern = q.policy.template if q.policy is not None else None
-        if pattern is None:
+        policy = q.policy
+        if policy is None or policy.template is None:
             own.append(q)
         else:
-            grouped.setdefault((q.endpoint_name, q.endpoint_id, pattern), []).append(q)
+            key = (q.endpoint_name, q.endpoint_id, policy.template)
+            grouped.setdefault(key, []).append(q)
+            limits.setdefault(key, policy.limits)
     groups = []
-    for (endpoint_name, endpoint_id, pattern), members in sorted(grouped.items()):
-        assert members[0].policy is not None
+    for key, members in sorted(grouped.items()):
         members.sort(key=most_constrained_first)
-        groups.append(
-            TemplateGroup(endpoint_id, endpoint_name, pattern, members[0].policy.limits, members)
-        )
+        endpoint_name, endpoint_id, pattern = key
+        groups.append(TemplateGroup(endpoint_id, endpoint_name, pattern, limits[key], members))
     return own, groups
 
 

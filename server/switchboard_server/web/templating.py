@@ -81,10 +81,12 @@ def relative(at: datetime, now: datetime) -> str:
 
 
 def policy_text(policy: Policy | None) -> str:
-    """A policy in one line, e.g. ``at most 5 in flight; 100 claims per day from 00:00 …``."""
+    """A policy in one line, e.g. ``at most 5 in flight; 100 claims per day from 00:00 …``
+    (``… (template inv:*)`` when it is a template's)."""
     if policy is None:
         return "none (admits everything)"
-    return limits_text(policy.limits)
+    text = limits_text(policy.limits)
+    return f"{text} (template {policy.template})" if policy.template is not None else text
 
 
 def limits_text(limits: Limits) -> str:

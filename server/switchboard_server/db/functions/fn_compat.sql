@@ -251,7 +251,13 @@ $$;
 -- (SetPolicy, ClearPolicy, pause, resume). A row that comes without it gets
 -- its queue's (by queue_id) or its policy's (window_counters, by policy_id).
 -- Rows of this release name it, and the trigger's WHEN skips them without a
--- call. Not on a Citus cluster: `migrate --distribute` drops these triggers
+-- call. Over migration 0020 (policy templates), such a server's policy
+-- change also makes the queue's policy its own (template_id cleared, as
+-- this release's SetPolicy, pause, resume and ClearPolicy write it): its
+-- statements know no template_id, and its audit row (written after the
+-- policy row, in the same transaction, holding that row's lock) says which
+-- queue's policy it wrote; else a later template change would overwrite the
+-- policy it set. Not on a Citus cluster: `migrate --distribute` drops these triggers
 -- (Citus distributes no table with triggers, and no server of a release
 -- before 0016 runs against a cluster), and they are not made again there.
 -- Dropped in 0.4.
@@ -263,6 +269,11 @@ BEGIN
           FROM admission_policies p WHERE p.id = NEW.policy_id;
     ELSE
         SELECT q.endpoint_id INTO NEW.endpoint_id FROM queues q WHERE q.id = NEW.queue_id;
+    END IF;
+    IF TG_TABLE_NAME = 'policy_audit' THEN
+        UPDATE admission_policies p SET template_id = NULL
+         WHERE p.endpoint_id = NEW.endpoint_id AND p.queue_id = NEW.queue_id
+           AND p.template_id IS NOT NULL;
     END IF;
     RETURN NEW;
 END;

@@ -16,8 +16,14 @@ INSERT INTO admission_policies (queue_id, owner_id, endpoint_id) VALUES (:queue_
 ON CONFLICT ON CONSTRAINT admission_policies_queue_key DO NOTHING;
 
 -- name: policy_lock :one
--- The queue's policy row, locked: serializes changes with budgeted claims.
-SELECT * FROM admission_policies WHERE queue_id = :queue_id AND endpoint_id = :endpoint_id FOR UPDATE;
+-- The queue's policy row, locked: serializes changes with budgeted claims;
+-- with the prefix of the template it was made from (NULL: the queue's own),
+-- so that a change's audit says whose policy it replaced.
+SELECT p.*, t.prefix AS template_prefix
+  FROM admission_policies p
+  LEFT JOIN policy_templates t ON t.endpoint_id = p.endpoint_id AND t.id = p.template_id
+ WHERE p.queue_id = :queue_id AND p.endpoint_id = :endpoint_id
+   FOR UPDATE OF p;
 
 -- name: policy_get_active :one
 -- The active policy of a queue (:queue_id, of endpoint :endpoint_id), unlocked,

@@ -17,6 +17,17 @@ SELECT * FROM policy_templates
  WHERE endpoint_id = :endpoint_id AND owner_id = :owner_id
  ORDER BY prefix;
 
+-- name: template_list_readable :many
+-- The templates of owner :owner_id's endpoints (only :endpoint_id's when given), with
+-- each endpoint's name, by endpoint name, endpoint and prefix: the board's front page
+-- lists every one, those that govern no queue yet too.
+SELECT t.*, e.name AS endpoint_name
+  FROM policy_templates t
+  JOIN endpoints e ON e.id = t.endpoint_id AND e.owner_id = t.owner_id
+ WHERE t.owner_id = :owner_id
+   AND (:endpoint_id::uuid IS NULL OR t.endpoint_id = :endpoint_id)
+ ORDER BY e.name, t.endpoint_id, t.prefix;
+
 -- name: template_store :one
 -- Creates or replaces the endpoint's template of :prefix, changed at :now (the shared
 -- clock's: on Citus, DO UPDATE may call no function that reads a table).
