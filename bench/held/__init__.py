@@ -20,8 +20,11 @@ with default settings:
    with 1 and with 2 replicas: the claim transactions each replica ran (its
    ``/metrics``) and the claim statements the database ran.
 
-Not measured: the drain scenarios with the worker helpers on the held
-claim (the Python helper has no wait option yet). Results:
+PostgreSQL's idle CPU is compared without the autovacuum workers that start
+or end in a window (listed; ``cost.py`` says why), and
+``python -m bench.held.idle_rounds`` repeats the idle measurements in ABBA
+rounds. The drain scenarios with the worker helpers on the held claim are
+``python -m bench.helper_drain`` (``bench/helper_drain.py``). Results:
 ``bench/results/<date>-<commit>-held.json``, ``bench/results/latest-held.md``
 and the table in ``docs/performance.md``. The machine's other load counts in
 the CPU figures (nothing is subtracted; the load average is recorded): the

@@ -11,6 +11,15 @@ window as the idle bench does), top-level statements/s (pg_stat_statements),
 claim transactions (the server's /metrics), the server's CPU and, at the end
 of the window, its RSS. The calls are then cancelled.
 
+PostgreSQL's CPU is also given without the processes that started or ended
+in the window (``postgres_cpu_pct_steady``, their titles in
+``postgres_processes_came_or_went``): an autovacuum worker the launcher
+starts on its own schedule (every ``autovacuum_naptime`` over the databases,
+template1 among them, whatever the callers do) costs 10-50 ms, more than
+the whole window's idle work, and lands in one window or another by the
+phase of that schedule. That is what made 1,000 callers over 10 endpoints
+look like 1.42 times none in the first runs (bench/held/idle_rounds.py).
+
 The entry claims (each call's first try, combined into shared transactions)
 are what a re-issue every ``wait_seconds`` costs; they are measured apart,
 from the issue to the end of the settle.
@@ -30,6 +39,7 @@ import asyncpg
 from bench import sql
 from bench.held.callers import HeldCalls, Spot, claims_settled
 from bench.held.probes import (
+    ProcessWatch,
     Reading,
     cpu_ms_by_kind,
     postgres_cpu_seconds,
@@ -103,10 +113,14 @@ async def measure(bench: HeldBench, key: str, label: str, spots: list[Spot]) -> 
             window = max(left, 1)
     bench.progress.step(f"idle, {label}: {window:.3g} s")
     load_before = os.getloadavg()[0]
-    r0 = await bench.probe.read(servers)
+    # Both CPU readings before the probe's own queries, which count in both.
     processes0 = postgres_processes(bench.cluster)
+    r0 = await bench.probe.read(servers)
+    watch = ProcessWatch(bench.cluster)
+    watch.start()
     t0 = time.monotonic()
     await asyncio.sleep(window)
+    came_or_went = await watch.stop()
     processes1 = postgres_processes(bench.cluster)
     cpu_pg = postgres_cpu_seconds(bench.cluster)
     cpu_servers = [server_cpu_seconds(s) for s in servers]
@@ -117,6 +131,7 @@ async def measure(bench: HeldBench, key: str, label: str, spots: list[Spot]) -> 
     r1.postgres_cpu, r1.server_cpu = cpu_pg, cpu_servers
     t_read = time.monotonic()
     wall = t1 - t0
+    by_kind = cpu_ms_by_kind(processes0, processes1)
     answered = calls.answered_before(t_read)
     if spots:
         await calls.close(bench.scraper, servers)
@@ -133,8 +148,13 @@ async def measure(bench: HeldBench, key: str, label: str, spots: list[Spot]) -> 
         "server_rss_mib": [r / 2**20 for r in rss],
         "claim_transactions_in_window": sum(r1.claim_transactions) - sum(r0.claim_transactions),
         "answered_in_window": answered,
-        # Where PostgreSQL's CPU went in the window.
-        "postgres_cpu_ms_by_process": cpu_ms_by_kind(processes0, processes1),
+        # Where PostgreSQL's CPU went in the window: the processes alive through it, by
+        # kind; those that started or ended in it (their CPU is the total's rest).
+        "postgres_cpu_ms_by_process": by_kind,
+        "postgres_processes_came_or_went": came_or_went,
+        "postgres_cpu_pct_steady": sum(by_kind.values()) / 1000 / wall * 100
+        if by_kind
+        else math.nan,
         "loadavg_1m_before": round(load_before, 2),
         "loadavg_1m_after": round(os.getloadavg()[0], 2),
     }

@@ -11,6 +11,7 @@ second or so that pg_stat_database's counters lag.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import pathlib
@@ -120,6 +121,57 @@ def cpu_ms_by_kind(
         if pid in before:
             out[kind] = out.get(kind, 0.0) + (seconds - before[pid][1]) * 1000
     return {kind: round(ms, 2) for kind, ms in sorted(out.items())}
+
+
+def process_titles(cluster: Cluster) -> dict[int, str]:
+    """The embedded PostgreSQL's processes now: pid → title (none with a given URL)."""
+    embedded = cluster._embedded
+    out: dict[int, str] = {}
+    if embedded is None:
+        return out
+    with contextlib.suppress(OSError, ValueError, IndexError, psutil.Error):
+        pid = int((embedded.pgdata / "postmaster.pid").read_text().split()[0])
+        for proc in psutil.Process(pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error, OSError):
+                out[proc.pid] = " ".join(proc.cmdline()).strip()
+    return out
+
+
+class ProcessWatch:
+    """The embedded PostgreSQL's processes that start or end during a window, seen by
+    sampling the process list every 50 ms (``start``, then ``stop``): the autovacuum
+    workers the launcher starts on its own schedule, a new connection."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self._before: set[int] = set()
+        self._seen: dict[int, str] = {}
+        self._stopping = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Notes the processes alive now and samples until ``stop``."""
+        self._before = set(process_titles(self.cluster))
+        self._task = asyncio.create_task(self._sample())
+
+    async def _sample(self) -> None:
+        while not self._stopping.is_set():
+            self._seen.update(process_titles(self.cluster))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), 0.05)
+
+    async def stop(self) -> list[str]:
+        """The titles of the processes that started or ended since ``start``, sorted."""
+        self._stopping.set()
+        if self._task is not None:
+            await self._task
+        after = set(process_titles(self.cluster))
+        came_or_went = {
+            title
+            for pid, title in self._seen.items()
+            if pid not in self._before or pid not in after
+        }
+        return sorted(came_or_went)
 
 
 def server_cpu_seconds(server: ServerProcess) -> float:

@@ -36,30 +36,42 @@ def _mean(*values: float) -> float:
     return sum(values) / len(values)
 
 
+def idle_cpu(m: dict[str, Any]) -> float:
+    """PostgreSQL's CPU in an idle window without the autovacuum workers that started or
+    ended in it (the launcher's schedule, not the callers': see cost.py); with any other
+    process that came or went, the whole cluster's."""
+    came_or_went = m.get("postgres_processes_came_or_went", [])
+    if all("autovacuum worker" in title for title in came_or_went):
+        return float(m.get("postgres_cpu_pct_steady", m["postgres_cpu_pct"]))
+    return float(m["postgres_cpu_pct"])
+
+
 def idle_targets(bench: HeldBench) -> list[Target]:
     """Held callers against none: PostgreSQL CPU, statements, and the entry claims."""
     m = bench.idle
     zero = (m["zero.before"], m["zero.after"])
-    ref_cpu = _mean(*(z["postgres_cpu_pct"] for z in zero))
+    ref_cpu = _mean(*(idle_cpu(z) for z in zero))
+    ref_total = _mean(*(z["postgres_cpu_pct"] for z in zero))
     rate_key = "statements_per_s" if bench.probe.statements else "transactions_per_s"
     rate_name = "top-level statements/s" if bench.probe.statements else "transactions/s"
     ref_rate = _mean(*(z[rate_key] for z in zero))
     out: list[Target] = []
     for key in ("one_endpoint", "spread"):
         v = m[key]
-        cpu = v["postgres_cpu_pct"]
+        cpu = idle_cpu(v)
         rss, rss_ref = sum(v["server_rss_mib"]), sum(zero[0]["server_rss_mib"])
         out.append(
             Target(
                 f"Idle PostgreSQL CPU, {v['label']} ({v['queues']} idle queues), "
-                f"{v['seconds']:.0f} s inside the wait",
+                f"{v['seconds']:.0f} s inside the wait, autovacuum workers apart",
                 "n/a (not embedded)" if math.isnan(cpu) else f"{cpu:.2f}% of a core",
                 f"no callers: {ref_cpu:.2f}% (mean of 2)",
                 _ratio(cpu, ref_cpu),
                 f"indistinguishable (≤ {CPU_NOISE_RATIO:g} times or +{CPU_NOISE_POINTS:g} points)",
                 not math.isnan(cpu)
                 and cpu <= max(ref_cpu * CPU_NOISE_RATIO, ref_cpu + CPU_NOISE_POINTS),
-                f"server {sum(v['server_cpu_pct']):.2f}% of a core (none: "
+                f"with autovacuum workers {v['postgres_cpu_pct']:.2f}% (none: "
+                f"{ref_total:.2f}%); server {sum(v['server_cpu_pct']):.2f}% of a core (none: "
                 f"{_mean(*(sum(z['server_cpu_pct']) for z in zero)):.2f}%), RSS "
                 f"{rss:.1f} MiB, {rss - rss_ref:+.1f} over none before = "
                 f"{(rss - rss_ref) * 1024 / v['callers']:.0f} KiB a held call",
@@ -88,7 +100,7 @@ def idle_targets(bench: HeldBench) -> list[Target]:
         )
         # PostgreSQL's CPU from the issue to the window above what it spends
         # idle over as long: the entry claims' cost, paid once a wait.
-        above = e["postgres_cpu_s"] - ref_cpu / 100 * e["seconds"]
+        above = e["postgres_cpu_s"] - ref_total / 100 * e["seconds"]
         out.append(
             Target(
                 f"Entry claims, {v['label']} (each call's first try; a re-issue every {wait:g} s)",
@@ -169,7 +181,7 @@ def sections_of(bench: HeldBench) -> list[Section]:
     idle = Section(
         [
             "idle, nothing ingested",
-            "PostgreSQL CPU, % of a core",
+            "PostgreSQL CPU, % of a core (with processes that came or went)",
             "transactions/s (of which wrote)",
             "top-level statements/s (all)",
             "claim transactions in the window",
@@ -187,7 +199,12 @@ def sections_of(bench: HeldBench) -> list[Section]:
         idle.rows.append(
             [
                 f"{m['label']} ({m['seconds']:.0f} s)",
-                f"{m['postgres_cpu_pct']:.2f}",
+                f"{idle_cpu(m):.2f} ({m['postgres_cpu_pct']:.2f}"
+                + "".join(
+                    f"; {t.removeprefix('postgres: ')}"
+                    for t in m.get("postgres_processes_came_or_went", [])
+                )
+                + ")",
                 f"{m['transactions_per_s']:.2f} ({m['write_transactions_per_s']:.2f})",
                 statements,
                 f"{m['claim_transactions_in_window']:.0f}",
@@ -290,8 +307,8 @@ async def run_held(
         "run are what counts."
     )
     bench.notes.append(
-        "The drain scenarios with the worker helpers on the held claim are not measured here: "
-        "the bench's drain scenarios run gRPC loops of their own, not the helpers."
+        "The drain scenarios with the worker helpers on the held claim are measured apart "
+        "(`python -m bench.helper_drain`: bench/results/latest-helper-drain.md)."
     )
     if not bench.probe.statements:
         bench.notes.append(

@@ -42,8 +42,11 @@ async def test_quick_held_bench_measures_idle_cost_latency_and_the_herd() -> Non
         assert m["answered_in_window"] == 0
         assert m["postgres_cpu_pct"] is not None and m["postgres_cpu_pct"] >= 0
         assert m["transactions_per_s"] > 0 and m["server_rss_mib"][0] > 0
-        # The server's sessions, among PostgreSQL's processes.
+        # The server's sessions, among PostgreSQL's processes; the CPU of those alive
+        # through the window (without an autovacuum worker that came or went).
         assert "client backends" in m["postgres_cpu_ms_by_process"]
+        assert 0 <= m["postgres_cpu_pct_steady"] <= m["postgres_cpu_pct"] + 0.5
+        assert isinstance(m["postgres_processes_came_or_went"], list)
     for key in ("one_endpoint", "spread"):
         # Each call's first try, combined at most into one transaction a call.
         assert 0 < idle[key]["entry"]["claim_transactions"] <= 20

@@ -83,6 +83,8 @@ class ScriptedHandler:
     cancelled: int = 0
     running_max: int = 0
     running: dict[str, Todo] = field(default_factory=dict)
+    #: The todos whose handlers returned or raised, in order.
+    done: list[str] = field(default_factory=list)
 
     def action(self, todo: Todo) -> str:
         """What to do with ``todo``: by its payload, else by its attempt, else the default."""
@@ -113,9 +115,11 @@ class ScriptedHandler:
             raise
         except Exception:
             self.finished += 1
+            self.done.append(todo.id)
             raise
         else:
             self.finished += 1
+            self.done.append(todo.id)
         finally:
             del self.running[todo.id]
 
@@ -195,11 +199,19 @@ async def claim(run: Run, step: Json) -> None:
         assert int(not got.empty) == step["expect_claimed"], got
 
 
-async def cancel_running(run: Run, step: Json) -> None:
-    for todo_id in list(run.handler.running):
+async def cancel_todos(run: Run, step: Json, todo_ids: list[str]) -> None:
+    for todo_id in todo_ids:
         await run.client(step).dispatch.CancelTodo(
             dispatch_pb2.CancelTodoRequest(todo_id=todo_id), metadata=run.tenant.human
         )
+
+
+async def cancel_running(run: Run, step: Json) -> None:
+    await cancel_todos(run, step, list(run.handler.running))
+
+
+async def cancel_finished(run: Run, step: Json) -> None:
+    await cancel_todos(run, step, list(run.handler.done))
 
 
 async def shift_clock(run: Run, step: Json) -> None:
@@ -222,6 +234,7 @@ ACTIONS: dict[str, Callable[[Run, Json], Any]] = {
     "set_policy": policy,
     "claim": claim,
     "cancel_running": cancel_running,
+    "cancel_finished": cancel_finished,
     "move_clock": shift_clock,
     "stop": stop,
     "check": check,
@@ -262,7 +275,7 @@ def within(value: float, bounds: Json, what: str) -> None:
 
 
 async def expect(run: Run, what: Json) -> None:
-    """Checks ``todos``, ``attempts``, ``handler``, ``rpcs`` and ``held_claims``."""
+    """Checks ``todos``, ``attempts``, ``handler``, ``outcomes``, ``rpcs`` and ``held_claims``."""
     if "todos" in what:
         todos = await run.todos()
         states = Counter(
@@ -276,6 +289,9 @@ async def expect(run: Run, what: Json) -> None:
         within(max(attempts), what["attempts"], "attempts (max)")
     for name, value in what.get("handler", {}).items():
         assert getattr(run.handler, name) == value, (name, getattr(run.handler, name))
+    assert run.worker is not None
+    for name, value in what.get("outcomes", {}).items():
+        assert getattr(run.worker.stats, name) == value, (name, run.worker.stats)
     for method, bounds in what.get("rpcs", {}).items():
         within(run.counter.calls[method], bounds, method)
     if "held_claims" in what:

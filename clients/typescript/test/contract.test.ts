@@ -22,6 +22,7 @@ import {
   type Connection,
   type Todo,
   type WorkerOptions,
+  type WorkerStats,
 } from "../src/index.js";
 import { Harness, ROOT, quiet, sleep, type ServerInfo } from "./harness.js";
 
@@ -38,6 +39,8 @@ class ScriptedHandler {
   cancelled = 0;
   running_max = 0;
   readonly running = new Map<string, Todo>();
+  /** The todos whose handlers returned or threw, in order. */
+  readonly done: string[] = [];
 
   constructor(private readonly spec: Json) {}
 
@@ -62,6 +65,7 @@ class ScriptedHandler {
         return; // gives up: the worker already stopped waiting for it
       }
       this.finished += 1;
+      this.done.push(todo.id);
       if (action === "fail") throw new Error("the scenario fails this attempt");
       if (action === "fail_permanently") throw new PermanentFailure("the scenario fails this todo for good");
       assert.equal(action, "complete");
@@ -139,10 +143,8 @@ async function claim(r: Run, step: Json): Promise<void> {
   if (step.expect_claimed !== undefined) assert.equal(got.empty ? 0 : 1, step.expect_claimed, JSON.stringify(got));
 }
 
-async function cancelRunning(r: Run, step: Json): Promise<void> {
-  for (const todoId of [...r.handler.running.keys()]) {
-    await r.humans[step.replica ?? 0]!.dispatch.cancelTodo({ todoId });
-  }
+async function cancelTodos(r: Run, step: Json, todoIds: string[]): Promise<void> {
+  for (const todoId of todoIds) await r.humans[step.replica ?? 0]!.dispatch.cancelTodo({ todoId });
 }
 
 async function stop(r: Run, step: Json): Promise<void> {
@@ -154,7 +156,8 @@ const ACTIONS: Record<string, (r: Run, step: Json) => Promise<void>> = {
   ingest,
   set_policy: policy,
   claim,
-  cancel_running: cancelRunning,
+  cancel_running: (r, step) => cancelTodos(r, step, [...r.handler.running.keys()]),
+  cancel_finished: (r, step) => cancelTodos(r, step, [...r.handler.done]),
   move_clock: async (r, step) => void (await harness.moveClock(r.primary.id, step.seconds)),
   stop,
   check: (r, step) => expect(r, step),
@@ -202,7 +205,7 @@ function bounded(value: number, bounds: Json, what: string): void {
   );
 }
 
-/** Checks `todos`, `attempts`, `handler`, `rpcs` and `held_claims`. */
+/** Checks `todos`, `attempts`, `handler`, `outcomes`, `rpcs` and `held_claims`. */
 async function expect(r: Run, what: Json): Promise<void> {
   if (what.todos !== undefined) {
     const states: Record<string, number> = {};
@@ -221,6 +224,11 @@ async function expect(r: Run, what: Json): Promise<void> {
   }
   for (const [name, value] of Object.entries((what.handler ?? {}) as Record<string, number>)) {
     assert.equal(r.handler[name as "started"], value, `handler ${name}`);
+  }
+  for (const [name, value] of Object.entries((what.outcomes ?? {}) as Record<string, number>)) {
+    // The Python helper's counter names, in camel case: dead_lettered is deadLettered.
+    const key = name.replace(/_([a-z])/g, (_, c: string) => c.toUpperCase()) as keyof WorkerStats;
+    assert.equal(r.worker.stats[key], value, `worker stats ${name}: ${JSON.stringify(r.worker.stats)}`);
   }
   for (const [method, bounds] of Object.entries((what.rpcs ?? {}) as Record<string, Json>)) {
     bounded(r.calls.get(method) ?? 0, bounds, `${method} calls (${JSON.stringify(Object.fromEntries(r.calls))})`);

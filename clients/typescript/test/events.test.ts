@@ -1,6 +1,6 @@
 /**
  * The worker's events against real server processes: `claimed` and `settled` (completed,
- * failed, dead-lettered, lost, released), `deferred` on a budgeted queue, no `doorbell` (the
+ * failed, dead-lettered, lost, cancelled, released), `deferred` on a budgeted queue, no `doorbell` (the
  * worker waits in held claims, not on a doorbell stream) for a new todo, `error` for a refused
  * and for a retried `ClaimNext`, and a listener that throws.
  */
@@ -225,6 +225,50 @@ describe("the worker's events against a real server", () => {
     await run;
     assert.deepEqual(seen.settled, [{ todoId: id, outcome: "lost", permanent: false }]);
     assert.equal(worker.stats.lost, 1);
+  });
+
+  test("settled 'cancelled': a todo an operator cancels while its handler runs (heartbeat, Complete)", { timeout: TEST_TIMEOUT }, async () => {
+    const { agent, human } = await setUp();
+    // The first todo's heartbeat says it was cancelled: its handler is aborted. The second's
+    // handler returns before any heartbeat: its Complete is refused as cancelled.
+    const [beaten, completed] = (await ingest(agent, "work", 2)) as [string, string];
+    let gate!: () => void;
+    const opened = new Promise<void>((r) => (gate = r));
+    const started: string[] = [];
+    let aborted = 0;
+    const handler = (todo: Todo, signal: AbortSignal) =>
+      new Promise<void>((resolve) => {
+        started.push(todo.id);
+        signal.addEventListener("abort", () => {
+          aborted += 1;
+          resolve();
+        });
+        if (todo.id === completed) void opened.then(resolve);
+      });
+    const beating = workerFor(agent, "work", { leaseMs: 30_000, heartbeatEveryMs: 200, handler });
+    const seen = record(beating);
+    const run = beating.run({ maxTodos: 1 });
+    await eventually(() => started.length === 1);
+    assert.equal(started[0], beaten);
+    await human.dispatch.cancelTodo({ todoId: beaten });
+    await run; // the next heartbeat says cancelled: counted, never thrown
+    assert.equal(aborted, 1);
+    assert.deepEqual(seen.settled, [{ todoId: beaten, outcome: "cancelled", permanent: false }]);
+    assert.deepEqual([beating.stats.cancelled, beating.stats.lost, beating.stats.released], [1, 0, 0]);
+    assert.equal(beating.stats.rpcCalls.Heartbeat >= 1, true);
+    assert.equal(beating.stats.rpcCalls.Release, 0);
+
+    const settling = workerFor(agent, "work", { leaseMs: 30_000, heartbeatEveryMs: 20_000, handler });
+    const seen2 = record(settling);
+    const run2 = settling.run({ maxTodos: 1 });
+    await eventually(() => started.length === 2);
+    await human.dispatch.cancelTodo({ todoId: completed });
+    gate();
+    await run2;
+    assert.deepEqual(seen2.settled, [{ todoId: completed, outcome: "cancelled", permanent: false }]);
+    assert.deepEqual([settling.stats.cancelled, settling.stats.lost, settling.stats.completed], [1, 0, 0]);
+    assert.equal(settling.stats.rpcCalls.Complete, 1, "refused as cancelled: not retried");
+    assert.deepEqual(seen.error.concat(seen2.error), []);
   });
 
   test("settled 'released': a handler still running when the stop's grace runs out", { timeout: TEST_TIMEOUT }, async () => {

@@ -6,6 +6,7 @@
 import { Code, ConnectError } from "@connectrpc/connect";
 
 import type { DeferredQueue } from "../gen/switchboard/v1/admission_pb.js";
+import { ErrorInfoSchema } from "../gen/google/rpc/error_details_pb.js";
 import { BatchItemStatus } from "../gen/switchboard/v1/dispatch_pb.js";
 import type { Todo } from "../gen/switchboard/v1/todo_pb.js";
 import type { SettledOutcome, WorkerErrorInfo } from "./events.js";
@@ -33,6 +34,17 @@ export const TRANSIENT_CODES: ReadonlySet<Code> = new Set([
 
 /** Codes that mean the lease is no longer ours (taken over, reaped, or the todo is gone). */
 export const LEASE_LOST_CODES: ReadonlySet<Code> = new Set([Code.FailedPrecondition, Code.NotFound]);
+
+/**
+ * Whether a refused lease call says the todo was cancelled (`CancelTodo`): `FAILED_PRECONDITION`
+ * with `ErrorInfo` reason `TODO_CANCELLED`.
+ */
+export function wasCancelled(err: ConnectError): boolean {
+  return (
+    err.code === Code.FailedPrecondition &&
+    err.findDetails(ErrorInfoSchema).some((info) => info.reason === "TODO_CANCELLED")
+  );
+}
 
 /** Per-item refusals of a batch call: the lease is no longer ours. */
 export const REFUSED: ReadonlySet<BatchItemStatus> = new Set([

@@ -46,11 +46,12 @@ export interface DoorbellEvent {
 
 /**
  * How the worker was done with a todo: settled (`completed`, `failed`, `released`), taken
- * from it (`lost`: the lease went stale), or given up on (`unsettled`: the settlement kept
- * failing until the lease ran out, the reaper takes it back). One per claimed todo, counted
- * in the `worker.stats` counter of the same name.
+ * from it (`lost`: the lease went stale; `cancelled`: an operator cancelled the todo, its
+ * heartbeat or settlement said so), or given up on (`unsettled`: the settlement kept failing
+ * until the lease ran out, the reaper takes it back). One per claimed todo, counted in the
+ * `worker.stats` counter of the same name.
  */
-export type SettledOutcome = "completed" | "failed" | "released" | "lost" | "unsettled";
+export type SettledOutcome = "completed" | "failed" | "released" | "lost" | "cancelled" | "unsettled";
 
 /** `settled`: the worker is done with a todo. */
 export interface SettledEvent {

@@ -55,9 +55,13 @@ export class Handlers {
     this.#done(held, { cancelled: true });
   }
 
-  /** The server said the lease is no longer ours: stop working on the todo. */
-  leaseLost(held: Held, why: string): void {
+  /**
+   * The server said the lease is no longer ours (`cancelled`: because the todo was cancelled):
+   * stop working on the todo.
+   */
+  leaseLost(held: Held, why: string, cancelled: boolean): void {
     if (held.lost || held.settling || !this.held.holds(held)) return; // gone, or its answer will tell
+    held.cancelled = cancelled;
     this.#lost(held, why);
   }
 
@@ -70,9 +74,21 @@ export class Handlers {
     }
     this.log.warn(`lease on todo ${held.todoId} is stale (${why}); dropping its settlement`);
     this.settler.withdraw(held);
-    this.stats.lost += 1;
+    this.#countLost(held, "its settlement was dropped");
     this.held.forget(held);
-    this.notify.settled(held.todoId, "lost");
+  }
+
+  /** Counts (and tells) a todo no longer ours: `cancelled` when an operator cancelled it. */
+  #countLost(held: Held, what: string): void {
+    if (held.cancelled) {
+      this.stats.cancelled += 1;
+      this.log.info(`todo ${held.todoId} was cancelled; ${what}`);
+      this.notify.settled(held.todoId, "cancelled");
+    } else {
+      this.stats.lost += 1;
+      this.log.warn(`todo ${held.todoId} was taken over; ${what}`);
+      this.notify.settled(held.todoId, "lost");
+    }
   }
 
   /** Turns a finished handler into its todo's settlement (or drops a lost todo). */
@@ -81,10 +97,8 @@ export class Handlers {
     held.handled = true;
     this.held.finished.set();
     if (held.lost) {
-      this.stats.lost += 1;
-      this.log.warn(`todo ${held.todoId} was taken over; its handler was aborted`);
+      this.#countLost(held, "its handler was aborted");
       this.held.forget(held);
-      this.notify.settled(held.todoId, "lost");
       return;
     }
     const base = { todoId: held.todoId, leaseId: held.leaseId };

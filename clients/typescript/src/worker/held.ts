@@ -30,6 +30,8 @@ export interface Held {
   settling: boolean;
   /** Set when the server said the lease is stale. */
   lost: boolean;
+  /** With `lost`: the lease is void because the todo was cancelled. */
+  cancelled: boolean;
 }
 
 /**
@@ -77,6 +79,7 @@ export class HeldTodos {
       finishedAt: 0,
       settling: false,
       lost: false,
+      cancelled: false,
     };
     this.#byId.set(todoId, held);
     this.added.set();

@@ -10,13 +10,23 @@
 import { Code, ConnectError } from "@connectrpc/connect";
 
 import { BatchItemStatus } from "../gen/switchboard/v1/dispatch_pb.js";
-import { LEASE_LOST_CODES, REFUSED, describe, msDuration, now, type Notify, type WorkerLogger } from "./common.js";
+import { TodoState } from "../gen/switchboard/v1/todo_pb.js";
+import {
+  LEASE_LOST_CODES,
+  REFUSED,
+  describe,
+  msDuration,
+  now,
+  wasCancelled,
+  type Notify,
+  type WorkerLogger,
+} from "./common.js";
 import { waitFor, type Flag } from "./flags.js";
 import type { Held, HeldTodos } from "./held.js";
 import type { Rpc } from "./rpc.js";
 
-/** Told of a lease lost: the todo, and why. */
-export type OnLost = (held: Held, why: string) => void;
+/** Told of a lease lost: the todo, why, and whether because it was cancelled. */
+export type OnLost = (held: Held, why: string, cancelled: boolean) => void;
 
 /** Heartbeats of the leases held (see the module docs). */
 export class LeaseKeeper {
@@ -66,7 +76,7 @@ export class LeaseKeeper {
         if (ending.isSet) return true;
         const e = ConnectError.from(err);
         if (LEASE_LOST_CODES.has(e.code)) {
-          this.onLost(held, e.rawMessage || Code[e.code]);
+          this.onLost(held, e.rawMessage || Code[e.code], wasCancelled(e));
           return true;
         }
         this.log.warn(`heartbeat failed (${describe(e)})`);
@@ -76,7 +86,7 @@ export class LeaseKeeper {
       this.held.extended(held, sent);
       return true;
     }
-    let results: Map<string, { status: BatchItemStatus; message: string }>;
+    let results: Map<string, { status: BatchItemStatus; message: string; state: TodoState }>;
     try {
       const leases = beating.map((h) => ({ todoId: h.todoId, leaseId: h.leaseId }));
       const response = await this.rpc.unary("HeartbeatTodos", (o) => client.heartbeatTodos({ leases, leaseDuration }, o));
@@ -96,7 +106,7 @@ export class LeaseKeeper {
       const result = results.get(held.todoId);
       if (result?.status === BatchItemStatus.APPLIED) this.held.extended(held, sent);
       else if (result !== undefined && REFUSED.has(result.status)) {
-        this.onLost(held, result.message || BatchItemStatus[result.status]);
+        this.onLost(held, result.message || BatchItemStatus[result.status], result.state === TodoState.CANCELLED);
       } else answered = false; // left out, or a status this client does not know
     }
     return answered;

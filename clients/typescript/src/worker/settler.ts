@@ -18,6 +18,7 @@ import {
   TRANSIENT_CODES,
   describe,
   now,
+  wasCancelled,
   type Notify,
   type WorkerLogger,
 } from "./common.js";
@@ -155,7 +156,7 @@ export class Settler {
       } catch (err) {
         const e = ConnectError.from(err);
         if (LEASE_LOST_CODES.has(e.code)) {
-          this.#refused(held, name, e.rawMessage);
+          this.#refused(held, name, e.rawMessage, wasCancelled(e));
           return false;
         }
         const remaining = held.expires - now();
@@ -228,12 +229,24 @@ export class Settler {
       this.#count(s);
       return;
     }
-    this.#refused(held, action, result ? result.message : "missing from the answer");
+    this.#refused(
+      held,
+      action,
+      result ? result.message : "missing from the answer",
+      result?.state === TodoState.CANCELLED,
+    );
   }
 
-  /** A settlement refused for a stale lease: the todo is lost, never retried. */
-  #refused(held: Held, action: string, why: string): void {
+  /** A settlement refused for a stale lease: the todo is lost (or was cancelled), never retried. */
+  #refused(held: Held, action: string, why: string, cancelled: boolean): void {
     held.lost = true;
+    held.cancelled = cancelled;
+    if (cancelled) {
+      this.stats.cancelled += 1;
+      this.log.info(`${action} of todo ${held.todoId} refused: the todo was cancelled`);
+      this.notify.settled(held.todoId, "cancelled");
+      return;
+    }
     this.stats.lost += 1;
     this.log.warn(`${action} of todo ${held.todoId} refused: the lease is stale (${why})`);
     this.notify.settled(held.todoId, "lost");

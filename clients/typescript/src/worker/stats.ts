@@ -18,8 +18,8 @@ export type WorkerRpc = (typeof WORKER_RPCS)[number];
 /**
  * What a worker has done so far (counters only ever grow).
  *
- * Every claimed todo ends up in exactly one of `completed`, `failed`, `released`, `lost` or
- * `unsettled` (once settled; see `worker.held`). Deferrals are counted in `deferredWaits`,
+ * Every claimed todo ends up in exactly one of `completed`, `failed`, `released`, `lost`,
+ * `cancelled` or `unsettled` (once settled; see `worker.held`). Deferrals are counted in `deferredWaits`,
  * never in `failed`.
  */
 export class WorkerStats {
@@ -42,6 +42,12 @@ export class WorkerStats {
    * someone else. Their handlers were aborted or their settlements refused.
    */
   lost = 0;
+  /**
+   * Todos cancelled (`CancelTodo`) while the worker held them: a heartbeat came back refused as
+   * cancelled and the handler was aborted, or the settlement was refused as cancelled. Nothing
+   * more is sent for them.
+   */
+  cancelled = 0;
   /** Todos the worker gave up settling (the call kept failing until the lease ran out). */
   unsettled = 0;
   /**

@@ -209,7 +209,7 @@ export class Worker extends WorkerEvents {
       this.#held,
       lease,
       beat,
-      (held, why) => this.#handlers.leaseLost(held, why),
+      (held, why, cancelled) => this.#handlers.leaseLost(held, why, cancelled),
       log,
       notify,
     );
