@@ -306,6 +306,19 @@ async def test_a_change_keeps_each_queues_count_in_the_current_window(
     assert (await claim_next(client, tenant.agent, "t:1")).deferred[0].reason == WINDOW_EXHAUSTED
     got = await claim_next(client, tenant.agent, "t:2")
     assert got.headroom.window_used == 3
+    # A day that starts at another instant than the current window (the week
+    # above may start when today's UTC day does): the counts carried again.
+    await set_template(
+        client,
+        tenant.human,
+        "t:*",
+        endpoint_id=ep,
+        max_claims_per_window=4,
+        win=window(admission_pb2.WINDOW_PERIOD_DAY, "Pacific/Kiritimati", "00:00"),
+    )
+    assert (await claim_next(client, tenant.agent, "t:1")).deferred[0].reason == WINDOW_EXHAUSTED
+    got = await claim_next(client, tenant.agent, "t:2")
+    assert got.headroom.window_used == 4
 
 
 async def test_a_change_is_seen_by_claims_on_every_queue_at_once(

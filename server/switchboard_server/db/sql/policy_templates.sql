@@ -69,7 +69,8 @@ INSERT INTO admission_policies (queue_id, owner_id, endpoint_id, created_at, upd
 SELECT q.id, q.owner_id, q.endpoint_id, :now, :now FROM queues q
  WHERE q.endpoint_id = :endpoint_id AND left(q.name, length(:prefix)) = :prefix
    AND NOT EXISTS (SELECT 1 FROM admission_policies p
-                    WHERE p.endpoint_id = :endpoint_id AND p.queue_id = q.id)
+                    WHERE p.endpoint_id = q.endpoint_id AND p.endpoint_id = :endpoint_id
+                      AND p.queue_id = q.id)
 ON CONFLICT ON CONSTRAINT admission_policies_queue_key DO NOTHING;
 
 -- name: template_policy_rows_lock :many
