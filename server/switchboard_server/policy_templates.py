@@ -17,11 +17,12 @@ every matching queue without a policy of its own, in one transaction:
   deactivated, its counters kept), the current window's count carried as
   SetPolicy carries it (``policy_windows.carry_count``);
 - each changed queue's deferred gate is made due (one wake-up for all), and
-  each queue whose limits the change tightens (or sets where none were) is
-  re-checked as after a SetPolicy, so a queue that reopens rings once; the
-  change is audited once, with how many queues it wrote;
+  each queue whose limits the change tightens (or sets where none were) and
+  may defer (a used-up window, a full in-flight count) is re-checked as after
+  a SetPolicy, so a queue that reopens rings once; the change is audited
+  once, with how many queues it wrote;
 - set-based, whatever the number of queues: a few statements, none a queue,
-  but for the queues a tightening re-checks; the server reads no window
+  but for the queues a tightening defers; the server reads no window
   schedule of the rows and yields to its event loop as it goes (a change
   over 3,000 queues once held it for a quarter of a second, delaying every
   other call of the process: docs/performance.md).
@@ -389,8 +390,9 @@ async def _reconcile(
     without their window schedules, and each kind of write is one statement
     (a counter carry for each pair of windows, an apply for each template,
     one deactivation, one gate re-check with one wake-up); only the queues
-    whose new limits are tighter than their old ones, or new, are evaluated
-    one by one (``sb_gates_policy_changed``). The rows are handled ``paced``:
+    whose new limits are tighter than their old ones, or new, and that those
+    limits may defer (``_maybe_deferred``), are evaluated one by one
+    (``sb_gates_policy_changed``). The rows are handled ``paced``:
     the event loop serves other calls in between."""
     locked = await template_queries.lock_policies(
         conn, endpoint_id=endpoint, prefix=prefix, now=now
@@ -400,7 +402,7 @@ async def _reconcile(
     carries: dict[tuple[datetime, datetime], list[int]] = {}
     off: list[int] = []
     queue_ids: list[int] = []
-    check_ids: list[int] = []
+    checks: dict[int, list[LockedPolicy]] = {}
     schedules: dict[int, tuple[list[datetime], datetime | None]] = {}
     async for row in paced(locked):
         if row.active and row.template_id is None:
@@ -421,7 +423,7 @@ async def _reconcile(
         moves.setdefault(target.id, []).append(row.id)
         queue_ids.append(row.queue_id)
         if not admits_as_before(row, target, bounds):
-            check_ids.append(row.queue_id)
+            checks.setdefault(target.id, []).append(row)
     for (old_start, new_start), policy_ids in carries.items():
         await template_queries.carry_counts(
             conn,
@@ -442,11 +444,40 @@ async def _reconcile(
         )
     if off:
         await template_queries.deactivate(conn, endpoint_id=endpoint, policy_ids=off)
+    check_ids: list[int] = []
+    for template_id, rows in checks.items():
+        check_ids += await _maybe_deferred(conn, endpoint, by_id[template_id], rows, schedules)
     if queue_ids:
         await template_queries.recheck_gates(
             conn, endpoint_id=endpoint, queue_ids=queue_ids, check_ids=check_ids
         )
     return len(queue_ids)
+
+
+async def _maybe_deferred(
+    conn: Conn,
+    endpoint: uuid.UUID,
+    target: TemplateRow,
+    rows: Sequence[LockedPolicy],
+    schedules: dict[int, tuple[list[datetime], datetime | None]],
+) -> list[int]:
+    """Of ``rows``, just put on ``target`` (and their counts carried), the queues
+    its limits may defer, for ``sb_gates_policy_changed`` to evaluate one by
+    one: those with a used-up window or a full in-flight count (one statement),
+    or every one when the template pauses them or its window cannot be
+    evaluated. A lowering over thousands of queues evaluates the few it
+    defers, not each."""
+    bounds = schedules[target.id][0]
+    windowed = target.max_claims_per_window is not None
+    if target.max_in_flight == 0 or target.max_claims_per_window == 0 or (windowed and not bounds):
+        return [r.queue_id for r in rows]
+    return await template_queries.maybe_deferred(
+        conn,
+        endpoint_id=endpoint,
+        template=target,
+        policy_ids=[r.id for r in rows],
+        window_start=bounds[0] if windowed else None,
+    )
 
 
 def _no_lower(new: int | None, old: int | None) -> bool:

@@ -392,17 +392,20 @@ async def test_a_change_rewrites_no_queue_row_and_reads_no_window_schedule(
     assert isinstance(window_now, datetime)
 
 
+@pytest.mark.parametrize("limit", ["max_in_flight", "max_claims_per_window"])
 async def test_a_tighter_change_marks_the_queues_it_defers_and_a_looser_one_rings_them(
-    client: Client, tenant: Tenant, db: Database
+    client: Client, tenant: Tenant, db: Database, limit: str
 ) -> None:
-    """A change evaluates each queue whose limits it tightens (its gate marked
-    when the new limits defer it), and one that loosens them reopens it: one
-    ring."""
+    """A change evaluates each queue whose limits it tightens and may defer
+    (its gate marked when the new limits do), and one that loosens them
+    reopens it: one ring. acct:1 has two claims (in flight, and counted in
+    the window), acct:2 none."""
     ep = tenant.endpoint_id
-    await set_template(client, tenant.human, "acct:*", endpoint_id=ep, max_in_flight=2)
-    await ingest(client, tenant.agent, "acct:1", 3)
+    await set_template(client, tenant.human, "acct:*", endpoint_id=ep, **{limit: 3})
+    await ingest(client, tenant.agent, "acct:1", 4)
     await ingest(client, tenant.agent, "acct:2", 3)
-    assert not (await claim_next(client, tenant.agent, "acct:1")).empty  # one in flight
+    for _ in range(2):
+        assert not (await claim_next(client, tenant.agent, "acct:1")).empty
     bells = Bells(client, tenant.agent)
     await bells.ready()
 
@@ -411,16 +414,17 @@ async def test_a_tighter_change_marks_the_queues_it_defers_and_a_looser_one_ring
         return (await bells.until("marker"))[:-1]
 
     await sync_point()
-    await set_template(client, tenant.human, "acct:*", endpoint_id=ep, max_in_flight=1)
+    await set_template(client, tenant.human, "acct:*", endpoint_id=ep, **{limit: 2})
     async with db.connection() as conn:
         deferred = await conn.fetch(
             "SELECT q.name, g.reason FROM queue_gates g JOIN queues q ON q.id = g.queue_id"
             " WHERE g.endpoint_id = $1 AND g.deferred",
             uuid.UUID(ep),
         )
-    assert [tuple(r) for r in deferred] == [("acct:1", "in_flight_full")]
+    reason = "in_flight_full" if limit == "max_in_flight" else "window_exhausted"
+    assert [tuple(r) for r in deferred] == [("acct:1", reason)]
     assert await sync_point() == []
-    await set_template(client, tenant.human, "acct:*", endpoint_id=ep, max_in_flight=3)
+    await set_template(client, tenant.human, "acct:*", endpoint_id=ep, **{limit: 3})
     rung = await bells.next()
     assert (rung.queue.name, rung.cause, rung.pending) == ("acct:1", POLICY_CHANGED, 2)
     assert await sync_point() == [], "rung exactly once"

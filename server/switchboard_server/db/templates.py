@@ -247,6 +247,28 @@ async def recheck_gates(
     )
 
 
+async def maybe_deferred(
+    conn: Conn,
+    *,
+    endpoint_id: uuid.UUID,
+    template: TemplateRow,
+    policy_ids: Sequence[int],
+    window_start: datetime | None,
+) -> list[int]:
+    """The queues of the locked rows ``policy_ids`` (on ``template`` now, its
+    current window starting at ``window_start``) that its limits may defer."""
+    rows = await fetch_many(
+        conn,
+        "template_queues_maybe_deferred",
+        endpoint_id=endpoint_id,
+        policy_ids=list(policy_ids),
+        max_claims_per_window=template.max_claims_per_window,
+        max_in_flight=template.max_in_flight,
+        window_start=window_start,
+    )
+    return [r["queue_id"] for r in rows]
+
+
 async def insert_audit(
     conn: Conn,
     *,

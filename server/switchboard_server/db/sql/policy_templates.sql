@@ -138,6 +138,27 @@ UPDATE queues q SET policy_id = NULL
   FROM stored WHERE q.endpoint_id = :endpoint_id AND q.id = stored.queue_id
    AND q.policy_id IS NOT NULL;
 
+-- name: template_queues_maybe_deferred :many
+-- Of the locked rows :policy_ids, just given a template's limits (its window
+-- limit :max_claims_per_window counted from :window_start, the current
+-- window of its schedule; its :max_in_flight), the queues those limits may
+-- defer: a used-up window or as many claimed todos as the limit. A filter,
+-- never narrower than sb_admission_eval (which each queue it keeps still
+-- goes through); a paused template or one whose schedule cannot be
+-- evaluated keeps every queue (policy_templates.py).
+SELECT p.queue_id FROM admission_policies p
+ WHERE p.endpoint_id = :endpoint_id AND p.id = ANY (:policy_ids::bigint[])
+   AND ((:max_claims_per_window::integer IS NOT NULL
+         AND coalesce((SELECT c.units FROM window_counters c
+                        WHERE c.endpoint_id = p.endpoint_id AND c.endpoint_id = :endpoint_id
+                          AND c.policy_id = p.id AND c.window_start = :window_start), 0)
+             >= :max_claims_per_window)
+     OR (:max_in_flight::integer IS NOT NULL
+         AND (SELECT count(*) FROM todos t
+               WHERE t.endpoint_id = p.endpoint_id AND t.endpoint_id = :endpoint_id
+                 AND t.queue_id = p.queue_id AND t.state = 'claimed') >= :max_in_flight))
+ ORDER BY p.queue_id;
+
 -- name: template_gates_recheck :exec
 -- The queues :queue_ids' policies changed (in this transaction): their
 -- deferred gates due at once and one wake-up (sb_gates_policy_changed); of
