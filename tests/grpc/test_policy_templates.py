@@ -294,31 +294,21 @@ async def test_a_change_keeps_each_queues_count_in_the_current_window(
     got = await claim_next(client, tenant.agent, "t:2")
     assert got.headroom.window_used == 2
 
-    # A new window definition carries the current count into the new window.
-    await set_template(
-        client,
-        tenant.human,
-        "t:*",
-        endpoint_id=ep,
-        max_claims_per_window=4,
-        win=window(admission_pb2.WINDOW_PERIOD_WEEK, "UTC", "00:00", admission_pb2.WEEKDAY_MONDAY),
-    )
-    assert (await claim_next(client, tenant.agent, "t:1")).deferred[0].reason == WINDOW_EXHAUSTED
-    got = await claim_next(client, tenant.agent, "t:2")
-    assert got.headroom.window_used == 3
-    # A day that starts at another instant than the current window (the week
-    # above may start when today's UTC day does): the counts carried again.
-    await set_template(
-        client,
-        tenant.human,
-        "t:*",
-        endpoint_id=ep,
-        max_claims_per_window=4,
-        win=window(admission_pb2.WINDOW_PERIOD_DAY, "Pacific/Kiritimati", "00:00"),
-    )
-    assert (await claim_next(client, tenant.agent, "t:1")).deferred[0].reason == WINDOW_EXHAUSTED
-    got = await claim_next(client, tenant.agent, "t:2")
-    assert got.headroom.window_used == 4
+    # A new window definition carries the current count into the new window:
+    # a week, then a day that starts at another instant than the current
+    # window (the week may start when today's UTC day does).
+    moves = [
+        window(admission_pb2.WINDOW_PERIOD_WEEK, "UTC", "00:00", admission_pb2.WEEKDAY_MONDAY),
+        window(admission_pb2.WINDOW_PERIOD_DAY, "Pacific/Kiritimati", "00:00"),
+    ]
+    for used, win in enumerate(moves, start=3):
+        await set_template(
+            client, tenant.human, "t:*", endpoint_id=ep, max_claims_per_window=4, win=win
+        )
+        got = await claim_next(client, tenant.agent, "t:1")
+        assert got.deferred[0].reason == WINDOW_EXHAUSTED
+        got = await claim_next(client, tenant.agent, "t:2")
+        assert got.headroom.window_used == used
 
 
 async def test_a_change_is_seen_by_claims_on_every_queue_at_once(
