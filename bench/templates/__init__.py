@@ -15,8 +15,9 @@ measured in one run on a fresh database (an embedded PostgreSQL unless
 2. **Idle cost**: PostgreSQL CPU over an idle window with nothing set up,
    with the N template queues, and with the N explicit policies beside them.
 3. **A template change**: ``SetPolicyTemplate`` raising the limit over the N
-   queues: the call's wall time, and the claim p99 of a third endpoint's
-   callers during the call against a window before it.
+   queues, then lowering it back: each call's wall time, and the claim p99 of
+   a third endpoint's callers during the call against a window before it (a
+   raise re-checks no queue's gate one by one, a lowering every queue's).
 
 Results: ``bench/results/<date>-<commit>-templates.json`` and
 ``bench/results/latest-templates.md`` (``--quick``: ``bench/results/tmp/``).

@@ -311,20 +311,29 @@ class TemplatesBench:
             self.notes.append(f"claims, {kind}: {len(claimers.errors)} errors")
 
     async def template_change(self) -> None:
-        """SetPolicyTemplate raising the limit, while the other endpoint's callers claim."""
+        """SetPolicyTemplate raising the limit, then lowering it back, each while the other
+        endpoint's callers claim: a raise re-checks no queue's gate one by one (it only
+        loosens), a lowering every queue's."""
         p = self.p
         other = self.tenants["other"]
         names = [f"work:{i}" for i in range(p.other_queues)]
         self.progress.step("the template change: the other endpoint's todos")
         await self.ingest(other, names, max(1, p.other_todos // p.other_queues))
         self.progress.done(f"{p.other_todos:,} todos in {p.other_queues} queues")
-        self.progress.step(f"the template change over {p.queues:,} queues")
-        claimers = Claimers(self.api, other, p.callers, "tpl-other")
+        for kind, limit in (("raise", p.window_limit * 2), ("lower", p.window_limit)):
+            self.change[kind] = await self.measured_change(kind, limit)
+
+    async def measured_change(self, kind: str, limit: int) -> dict[str, Any]:
+        """One SetPolicyTemplate to ``limit`` while the other endpoint's callers claim: its
+        wall time, and their latencies before and during it."""
+        p = self.p
+        self.progress.step(f"the template change over {p.queues:,} queues ({kind})")
+        claimers = Claimers(self.api, self.tenants["other"], p.callers, "tpl-other")
         claimers.start()
         t_start = time.monotonic()
         await asyncio.sleep(p.before_seconds)
         t0 = time.monotonic()
-        response = await self.set_template(p.window_limit * 2)
+        response = await self.set_template(limit)
         t1 = time.monotonic()
         # The callers go on a little: calls begun during the change end after it.
         await asyncio.sleep(0.2)
@@ -332,7 +341,8 @@ class TemplatesBench:
         warm = t_start + min(0.5, p.before_seconds / 4)
         before = [c for c in claimers.calls if warm <= c.start and c.end < t0]
         during = [c for c in claimers.calls if c.start < t1 and c.end > t0]
-        self.change = {
+        change: dict[str, Any] = {
+            "limit": limit,
             "wall_ms": (t1 - t0) * 1000,
             "queues_changed": response.queues_changed,
             "before": latencies(before),
@@ -341,10 +351,12 @@ class TemplatesBench:
         }
         self.progress.done(
             f"{(t1 - t0) * 1000:.0f} ms for {response.queues_changed} queues; the other "
-            f"endpoint's p99 {self.change['before']['p99_ms']:.1f} ms before, "
-            f"{self.change['during']['p99_ms']:.1f} ms during ({len(during)} calls)"
+            f"endpoint's p99 {change['before']['p99_ms']:.1f} ms before, "
+            f"{change['during']['p99_ms']:.1f} ms during ({len(during)} calls)"
         )
         if response.queues_changed != p.queues:
             self.notes.append(
-                f"the template change wrote {response.queues_changed} queues, not {p.queues}"
+                f"the template change ({kind}) wrote {response.queues_changed} queues, "
+                f"not {p.queues}"
             )
+        return change

@@ -16,9 +16,16 @@ every matching queue without a policy of its own, in one transaction:
 - each queue gets its longest matching template (or none: its policy is
   deactivated, its counters kept), the current window's count carried as
   SetPolicy carries it (``policy_windows.carry_count``);
-- each changed queue's gate is re-checked as after a SetPolicy, so a queue
-  that reopens rings once; the change is audited once, with how many queues
-  it wrote.
+- each changed queue's deferred gate is made due (one wake-up for all), and
+  each queue whose limits the change tightens (or sets where none were) and
+  may defer (a used-up window, a full in-flight count) is re-checked as after
+  a SetPolicy, so a queue that reopens rings once; the change is audited
+  once, with how many queues it wrote;
+- set-based, whatever the number of queues: a few statements, none a queue,
+  but for the queues a tightening defers; the server reads no window
+  schedule of the rows and yields to its event loop as it goes (a change
+  over 3,000 queues once held it for a quarter of a second, delaying every
+  other call of the process: docs/performance.md).
 
 A queue's own policy (SetPolicy) overrides every template; clearing it
 falls back to the template (``AdmissionControl.clear``).
@@ -46,7 +53,8 @@ from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import templates as template_queries
 from switchboard_server.db.admission import PolicyRow
 from switchboard_server.db.database import Conn, rerun_on_conflict
-from switchboard_server.db.templates import TemplateRow
+from switchboard_server.db.rows import paced
+from switchboard_server.db.templates import LockedPolicy, TemplateRow
 from switchboard_server.model import AuditEntry, Grant, Principal, PrincipalKind, Revision
 from switchboard_server.policies import (
     Limits,
@@ -381,20 +389,30 @@ async def _reconcile(
     """Gives every queue of the endpoint whose name starts with ``prefix``, and
     that has no policy of its own, the policy of its longest matching template
     in ``templates`` (or none), under the template lock; the queues written.
-    Rows already on their template are left alone unless it is ``changed_id``."""
+    Rows already on their template are left alone unless it is ``changed_id``.
+
+    Set-based, whatever the number of queues: the rows are locked and read
+    without their window schedules, and each kind of write is one statement
+    (a counter carry for each pair of windows, an apply for each template,
+    one deactivation, one gate re-check with one wake-up); only the queues
+    whose new limits are tighter than their old ones, or new, and that those
+    limits may defer (``_maybe_deferred``), are evaluated one by one
+    (``sb_gates_policy_changed``). The rows are handled ``paced``:
+    the event loop serves other calls in between."""
     locked = await template_queries.lock_policies(
         conn, endpoint_id=endpoint, prefix=prefix, now=now
     )
     by_id = {t.id: t for t in templates}
     moves: dict[int, list[int]] = {}
+    carries: dict[tuple[datetime, datetime], list[int]] = {}
     off: list[int] = []
     queue_ids: list[int] = []
+    checks: dict[int, list[LockedPolicy]] = {}
     schedules: dict[int, tuple[list[datetime], datetime | None]] = {}
-    for item in locked:
-        row = item.row
+    async for row in paced(locked):
         if row.active and row.template_id is None:
             continue  # the queue's own policy overrides every template
-        target = longest_match(templates, item.queue_name)
+        target = longest_match(templates, row.queue_name)
         if target is None:
             if row.active:
                 off.append(row.id)
@@ -405,10 +423,20 @@ async def _reconcile(
         if target.id not in schedules:
             schedules[target.id] = schedule_now(target, now)
         bounds = schedules[target.id][0]
-        if bounds:
-            await carry_count(conn, row, now, bounds[0])
+        if bounds and row.window_now is not None and row.window_now != bounds[0]:
+            carries.setdefault((row.window_now, bounds[0]), []).append(row.id)
         moves.setdefault(target.id, []).append(row.id)
         queue_ids.append(row.queue_id)
+        if not admits_as_before(row, target, bounds):
+            checks.setdefault(target.id, []).append(row)
+    for (old_start, new_start), policy_ids in carries.items():
+        await template_queries.carry_counts(
+            conn,
+            endpoint_id=endpoint,
+            policy_ids=policy_ids,
+            old_start=old_start,
+            new_start=new_start,
+        )
     for template_id, policy_ids in moves.items():
         bounds, refresh_at = schedules[template_id]
         await template_queries.apply(
@@ -421,9 +449,65 @@ async def _reconcile(
         )
     if off:
         await template_queries.deactivate(conn, endpoint_id=endpoint, policy_ids=off)
+    check_ids: list[int] = []
+    for template_id, rows in checks.items():
+        check_ids += await _maybe_deferred(conn, endpoint, by_id[template_id], rows, schedules)
     if queue_ids:
-        await template_queries.recheck_gates(conn, endpoint_id=endpoint, queue_ids=queue_ids)
+        await template_queries.recheck_gates(
+            conn, endpoint_id=endpoint, queue_ids=queue_ids, check_ids=check_ids
+        )
     return len(queue_ids)
+
+
+async def _maybe_deferred(
+    conn: Conn,
+    endpoint: uuid.UUID,
+    target: TemplateRow,
+    rows: Sequence[LockedPolicy],
+    schedules: dict[int, tuple[list[datetime], datetime | None]],
+) -> list[int]:
+    """Of ``rows``, just put on ``target`` (and their counts carried), the queues
+    its limits may defer, for ``sb_gates_policy_changed`` to evaluate one by
+    one: those with a used-up window or a full in-flight count (one statement),
+    or every one when the template pauses them or its window cannot be
+    evaluated. A lowering over thousands of queues evaluates the few it
+    defers, not each."""
+    bounds = schedules[target.id][0]
+    windowed = target.max_claims_per_window is not None
+    if target.max_in_flight == 0 or target.max_claims_per_window == 0 or (windowed and not bounds):
+        return [r.queue_id for r in rows]
+    return await template_queries.maybe_deferred(
+        conn,
+        endpoint_id=endpoint,
+        template=target,
+        policy_ids=[r.id for r in rows],
+        window_start=bounds[0] if windowed else None,
+    )
+
+
+def _no_lower(new: int | None, old: int | None) -> bool:
+    """Whether a limit ``new`` (``None``: none) admits whatever ``old`` admitted."""
+    return new is None or (old is not None and new >= old and new != 0)
+
+
+def admits_as_before(row: LockedPolicy, target: TemplateRow, bounds: Sequence[datetime]) -> bool:
+    """Whether ``target``'s limits (its window schedule ``bounds``, from now)
+    admit whatever the locked row's active policy admitted: no limit lower,
+    none added, a window limit in the same window with a schedule that covers
+    now. Such a queue's gate need not be evaluated after the change (a gate
+    that is not deferred was admitted before); any other is."""
+    if not row.active:
+        return False
+    if not _no_lower(target.max_in_flight, row.max_in_flight):
+        return False
+    if target.max_claims_per_window is None:
+        return True
+    return (
+        _no_lower(target.max_claims_per_window, row.max_claims_per_window)
+        and spec_of(target) == spec_of(row)
+        and bool(bounds)
+        and row.window_now == bounds[0]
+    )
 
 
 def schedule_now(template: TemplateRow, now: datetime) -> tuple[list[datetime], datetime | None]:

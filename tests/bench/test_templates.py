@@ -44,12 +44,14 @@ async def test_quick_templates_bench_measures_claims_idle_cost_and_a_change() ->
     for m in result["idle"].values():
         assert m["postgres_cpu_pct"] is not None and m["postgres_cpu_pct"] >= 0
 
-    # The change wrote every template queue while the other endpoint claimed.
-    change = result["change"]
-    assert change["queues_changed"] == params["queues"]
-    assert change["wall_ms"] > 0 and not change["errors"]
-    assert change["before"]["claims"] > 0
+    # Each change (a raise, a lowering) wrote every template queue while the other
+    # endpoint claimed.
+    assert list(result["change"]) == ["raise", "lower"]
+    for change in result["change"].values():
+        assert change["queues_changed"] == params["queues"]
+        assert change["wall_ms"] > 0 and not change["errors"]
+        assert change["before"]["claims"] > 0
 
     targets = result["targets"]
-    assert len(targets) == 5
+    assert len(targets) == 6
     assert all(isinstance(t["pass"], bool) for t in targets)

@@ -79,6 +79,14 @@ async def exercise(setup: Client, other: Client, tenant: Tenant) -> None:
     assert await set_template("acct:*", max_claims_per_window=2) == 2
     got = await claim("acct:new")
     assert got.headroom.window_used == 2
+    # Into a window that starts at another instant (UTC+14's day): carried on the shard.
+    moved = admission_pb2.PolicyTemplate(endpoint_id=ep, pattern="acct:*", max_claims_per_window=2)
+    moved.window.CopyFrom(window(admission_pb2.WINDOW_PERIOD_DAY, "Pacific/Kiritimati"))
+    await setup.admission.SetPolicyTemplate(
+        admission_pb2.SetPolicyTemplateRequest(policy_template=moved), metadata=tenant.human
+    )
+    await ingest(setup, tenant.agent, "acct:new", 1)
+    assert (await claim("acct:new")).deferred[0].reason == WINDOW_EXHAUSTED
 
     # Own policy, then its fallback; a template cleared.
     await set_policy(setup, tenant.human, "acct:old", endpoint_id=ep, max_in_flight=9)
@@ -99,7 +107,7 @@ async def exercise(setup: Client, other: Client, tenant: Tenant) -> None:
         admission_pb2.ListPolicyTemplateAuditRequest(endpoint_id=ep, pattern="acct:*"),
         metadata=tenant.human,
     )
-    assert [e.queues_changed for e in audit.entries] == [2, 1]
+    assert [e.queues_changed for e in audit.entries] == [2, 2, 1]
 
 
 async def test_templates_on_each_worker(

@@ -10,11 +10,12 @@ columns it has fields for, and any other column is left out.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import json
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     R = TypeVar("R", bound=DataclassInstance)
 else:
     R = TypeVar("R")
+T = TypeVar("T")
 
 
 @functools.cache
@@ -40,6 +42,20 @@ def record(cls: type[R], columns: Mapping[str, Any]) -> R:
 def records(cls: type[R], rows: Iterable[Mapping[str, Any]]) -> list[R]:
     """``record`` of each of ``rows``, in order."""
     return [record(cls, r) for r in rows]
+
+
+#: Items handled between two yields to the event loop (``paced``).
+PACE = 500
+
+
+async def paced(items: Sequence[T], every: int = PACE) -> AsyncIterator[T]:
+    """Each of ``items``, yielding to the event loop after every ``every``: a
+    pass over thousands of rows (a template change's queues) never holds the
+    loop for long, so that the process's other calls go on meanwhile."""
+    for i, item in enumerate(items):
+        if i and i % every == 0:
+            await asyncio.sleep(0)
+        yield item
 
 
 def json_object(value: Any) -> dict[str, Any] | None:

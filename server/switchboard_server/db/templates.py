@@ -9,12 +9,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from switchboard_server.db.admission import PolicyRow
 from switchboard_server.db.admission_report import PolicyLimitColumns
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import execute, fetch_many, fetch_one
 from switchboard_server.db.queues import hold_shard_group
-from switchboard_server.db.rows import AuditColumns, audit_record, json_object, json_text, record
+from switchboard_server.db.rows import (
+    AuditColumns,
+    audit_record,
+    json_object,
+    json_text,
+    paced,
+    record,
+)
 from switchboard_server.model import Actor
 
 
@@ -43,10 +49,17 @@ class TemplateAuditRow(AuditColumns):
 
 
 @dataclass(frozen=True)
-class LockedPolicy:
-    """A policy row locked by a template change, with its queue's name."""
+class LockedPolicy(PolicyLimitColumns):
+    """A policy row locked by a template change: what the change decides on
+    (not its window schedule), and its queue's name."""
 
-    row: PolicyRow
+    id: int
+    queue_id: int
+    active: bool
+    template_id: int | None
+    #: The start of its stored window containing the change's now (``None``:
+    #: no stored window covers it).
+    window_now: datetime | None
     queue_name: str
 
 
@@ -169,15 +182,29 @@ async def lock_policies(
         conn, "template_policy_rows_ensure", endpoint_id=endpoint_id, prefix=prefix, now=now
     )
     rows = await fetch_many(
-        conn, "template_policy_rows_lock", endpoint_id=endpoint_id, prefix=prefix
+        conn, "template_policy_rows_lock", endpoint_id=endpoint_id, prefix=prefix, now=now
     )
-    locked = []
-    for r in rows:
-        fields = dict(r)
-        name = fields.pop("queue_name")
-        fields["window_bounds"] = tuple(fields["window_bounds"] or ())
-        locked.append(LockedPolicy(record(PolicyRow, fields), name))
-    return locked
+    return [record(LockedPolicy, r) async for r in paced(rows)]
+
+
+async def carry_counts(
+    conn: Conn,
+    *,
+    endpoint_id: uuid.UUID,
+    policy_ids: Sequence[int],
+    old_start: datetime,
+    new_start: datetime,
+) -> None:
+    """The count of window ``old_start`` of each of the locked rows ``policy_ids``
+    carried into window ``new_start`` (never lowered), in one statement."""
+    await execute(
+        conn,
+        "template_counters_carry",
+        endpoint_id=endpoint_id,
+        policy_ids=list(policy_ids),
+        old_start=old_start,
+        new_start=new_start,
+    )
 
 
 async def apply(
@@ -213,11 +240,44 @@ async def deactivate(conn: Conn, *, endpoint_id: uuid.UUID, policy_ids: Sequence
     await execute(conn, "template_deactivate", endpoint_id=endpoint_id, policy_ids=list(policy_ids))
 
 
-async def recheck_gates(conn: Conn, *, endpoint_id: uuid.UUID, queue_ids: Sequence[int]) -> None:
-    """Each queue's gate re-checked as after a SetPolicy."""
+async def recheck_gates(
+    conn: Conn,
+    *,
+    endpoint_id: uuid.UUID,
+    queue_ids: Sequence[int],
+    check_ids: Sequence[int] | None = None,
+) -> None:
+    """The queues' deferred gates made due (one wake-up), and each of
+    ``check_ids`` (default: every queue) re-checked as after a SetPolicy."""
     await execute(
-        conn, "template_gates_recheck", endpoint_id=endpoint_id, queue_ids=list(queue_ids)
+        conn,
+        "template_gates_recheck",
+        endpoint_id=endpoint_id,
+        queue_ids=list(queue_ids),
+        check_ids=list(queue_ids if check_ids is None else check_ids),
     )
+
+
+async def maybe_deferred(
+    conn: Conn,
+    *,
+    endpoint_id: uuid.UUID,
+    template: TemplateRow,
+    policy_ids: Sequence[int],
+    window_start: datetime | None,
+) -> list[int]:
+    """The queues of the locked rows ``policy_ids`` (on ``template`` now, its
+    current window starting at ``window_start``) that its limits may defer."""
+    rows = await fetch_many(
+        conn,
+        "template_queues_maybe_deferred",
+        endpoint_id=endpoint_id,
+        policy_ids=list(policy_ids),
+        max_claims_per_window=template.max_claims_per_window,
+        max_in_flight=template.max_in_flight,
+        window_start=window_start,
+    )
+    return [r["queue_id"] for r in rows]
 
 
 async def insert_audit(

@@ -253,25 +253,54 @@ $$;
 -- A queue's policy was set or cleared (in this transaction, under its lock):
 -- a deferred gate is due at once (the sweep, woken, rings POLICY_CHANGED if
 -- it now admits); a queue the new policy defers is marked, so that it rings
--- when it reopens.
+-- when it reopens (sb_gates_policy_changed, for one queue).
 CREATE OR REPLACE FUNCTION sb_gate_policy_changed(p_endpoint_id uuid, p_queue_id bigint)
 RETURNS void
 LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM sb_gates_policy_changed(p_endpoint_id, ARRAY[p_queue_id], ARRAY[p_queue_id]);
+END;
+$$;
+
+-- The policies of the queues p_queue_ids changed (in this transaction, under
+-- their locks; a template change writes thousands at once): their deferred
+-- gates are due at once, in one statement, and every replica's sweep is
+-- woken by one notification (it rings POLICY_CHANGED once for each queue it
+-- reopens); each queue of p_check_ids whose gate is not deferred is
+-- evaluated and marked if its new policy defers it, so that it rings when it
+-- reopens. A caller leaves a queue out of p_check_ids only when its new
+-- policy admits whatever its old one did (policy_templates.py, a template
+-- change that loosens): a gate that is not deferred was admitted by the old
+-- policy, since everything that spends or fills a budget, holds a ring back
+-- or refuses a claim marks it. Gates are locked in queue order.
+CREATE OR REPLACE FUNCTION sb_gates_policy_changed(
+    p_endpoint_id uuid, p_queue_ids bigint[], p_check_ids bigint[]
+) RETURNS void
+LANGUAGE plpgsql AS $$
 DECLARE
     v_now timestamptz := sb_now();
+    v_queue_id bigint;
     v_status record;
 BEGIN
-    UPDATE queue_gates g SET next_check_at = v_now
-     WHERE g.endpoint_id = p_endpoint_id AND g.queue_id = p_queue_id AND g.deferred;
+    PERFORM 1 FROM queue_gates l
+     WHERE l.endpoint_id = p_endpoint_id AND l.queue_id = ANY (p_queue_ids) AND l.deferred
+     ORDER BY l.queue_id
+       FOR NO KEY UPDATE;
     IF FOUND THEN
+        UPDATE queue_gates g SET next_check_at = v_now
+         WHERE g.endpoint_id = p_endpoint_id AND g.queue_id = ANY (p_queue_ids) AND g.deferred;
         PERFORM pg_notify('switchboard_reopen', '');
-        RETURN;
     END IF;
-    SELECT s.* INTO v_status FROM sb_queue_admission(p_endpoint_id, p_queue_id, v_now) s;
-    IF v_status.reason IS NOT NULL THEN
-        PERFORM sb_gate_mark(p_endpoint_id, p_queue_id, v_status.reason,
-            sb_gate_next_check(v_status.reason, v_status.eval, v_now), v_now, true);
-    END IF;
+    FOR v_queue_id IN SELECT c.id FROM unnest(p_check_ids) AS c (id) ORDER BY c.id LOOP
+        PERFORM 1 FROM queue_gates g
+         WHERE g.endpoint_id = p_endpoint_id AND g.queue_id = v_queue_id AND g.deferred;
+        CONTINUE WHEN FOUND;
+        SELECT s.* INTO v_status FROM sb_queue_admission(p_endpoint_id, v_queue_id, v_now) s;
+        IF v_status.reason IS NOT NULL THEN
+            PERFORM sb_gate_mark(p_endpoint_id, v_queue_id, v_status.reason,
+                sb_gate_next_check(v_status.reason, v_status.eval, v_now), v_now, true);
+        END IF;
+    END LOOP;
 END;
 $$;
 

@@ -74,23 +74,47 @@ SELECT * FROM policy_templates
 -- Gives every queue of the endpoint whose name starts with :prefix a policy
 -- row (inactive until set), so that a template change can lock each; made at
 -- :now (on Citus the statement runs on the shard, where no default may read
--- the clock's reference table).
+-- the clock's reference table). Only the queues without one are inserted
+-- (the conflict clause is for a concurrent SetPolicy).
 INSERT INTO admission_policies (queue_id, owner_id, endpoint_id, created_at, updated_at)
 SELECT q.id, q.owner_id, q.endpoint_id, :now, :now FROM queues q
  WHERE q.endpoint_id = :endpoint_id AND left(q.name, length(:prefix)) = :prefix
+   AND NOT EXISTS (SELECT 1 FROM admission_policies p
+                    WHERE p.endpoint_id = q.endpoint_id AND p.endpoint_id = :endpoint_id
+                      AND p.queue_id = q.id)
 ON CONFLICT ON CONSTRAINT admission_policies_queue_key DO NOTHING;
 
 -- name: template_policy_rows_lock :many
 -- The policy rows of the endpoint's queues whose name starts with :prefix,
--- with the queue's name, locked in queue id order (two template changes
--- never deadlock; a claim waits, as for a SetPolicy).
-SELECT p.*, q.name AS queue_name
+-- locked in queue id order (two template changes never deadlock; a claim
+-- waits, as for a SetPolicy): what a change decides on, and no more (not the
+-- window schedule: thousands of rows of 64 timestamps each, decoded by the
+-- server, held its event loop for a quarter of a second); window_now is the
+-- start of the stored window containing :now (NULL when none covers it, as
+-- policy_windows.current_window_start).
+SELECT p.id, p.queue_id, p.active, p.template_id, p.max_in_flight, p.max_claims_per_window,
+       p.window_period, p.window_zone, p.window_start, p.window_weekday,
+       CASE WHEN :now::timestamptz < p.window_bounds[cardinality(p.window_bounds)]
+            THEN (SELECT max(b.at) FROM unnest(p.window_bounds) AS b (at)
+                   WHERE b.at <= :now::timestamptz) END AS window_now,
+       q.name AS queue_name
   FROM admission_policies p
   JOIN queues q ON q.endpoint_id = p.endpoint_id AND q.id = p.queue_id
  WHERE p.endpoint_id = :endpoint_id AND q.endpoint_id = :endpoint_id
    AND left(q.name, length(:prefix)) = :prefix
  ORDER BY p.queue_id
    FOR UPDATE OF p;
+
+-- name: template_counters_carry :exec
+-- Carries the count of window :old_start of each locked row :policy_ids into
+-- its new current window :new_start, never lowering it (as
+-- policy_windows.carry_count does for one), in one statement.
+INSERT INTO window_counters AS c (policy_id, window_start, units, endpoint_id)
+SELECT w.policy_id, :new_start, w.units, w.endpoint_id FROM window_counters w
+ WHERE w.endpoint_id = :endpoint_id AND w.policy_id = ANY (:policy_ids::bigint[])
+   AND w.window_start = :old_start AND w.units > 0
+ON CONFLICT (policy_id, window_start, endpoint_id)
+DO UPDATE SET units = greatest(c.units, EXCLUDED.units);
 
 -- name: template_apply :exec
 -- Makes the template :template_id (its limits as given) the active policy of the locked
@@ -109,7 +133,8 @@ WITH stored AS (
     RETURNING p.id, p.queue_id
 )
 UPDATE queues q SET policy_id = stored.id
-  FROM stored WHERE q.endpoint_id = :endpoint_id AND q.id = stored.queue_id;
+  FROM stored WHERE q.endpoint_id = :endpoint_id AND q.id = stored.queue_id
+   AND q.policy_id IS DISTINCT FROM stored.id;
 
 -- name: template_deactivate :exec
 -- The locked rows :policy_ids govern their queues no more (counters kept, as
@@ -121,13 +146,36 @@ WITH stored AS (
     RETURNING p.queue_id
 )
 UPDATE queues q SET policy_id = NULL
-  FROM stored WHERE q.endpoint_id = :endpoint_id AND q.id = stored.queue_id;
+  FROM stored WHERE q.endpoint_id = :endpoint_id AND q.id = stored.queue_id
+   AND q.policy_id IS NOT NULL;
+
+-- name: template_queues_maybe_deferred :many
+-- Of the locked rows :policy_ids, just given a template's limits (its window
+-- limit :max_claims_per_window counted from :window_start, the current
+-- window of its schedule; its :max_in_flight), the queues those limits may
+-- defer: a used-up window or as many claimed todos as the limit. A filter,
+-- never narrower than sb_admission_eval (which each queue it keeps still
+-- goes through); a paused template or one whose schedule cannot be
+-- evaluated keeps every queue (policy_templates.py).
+SELECT p.queue_id FROM admission_policies p
+ WHERE p.endpoint_id = :endpoint_id AND p.id = ANY (:policy_ids::bigint[])
+   AND ((:max_claims_per_window::integer IS NOT NULL
+         AND coalesce((SELECT c.units FROM window_counters c
+                        WHERE c.endpoint_id = p.endpoint_id AND c.endpoint_id = :endpoint_id
+                          AND c.policy_id = p.id AND c.window_start = :window_start), 0)
+             >= :max_claims_per_window)
+     OR (:max_in_flight::integer IS NOT NULL
+         AND (SELECT count(*) FROM todos t
+               WHERE t.endpoint_id = p.endpoint_id AND t.endpoint_id = :endpoint_id
+                 AND t.queue_id = p.queue_id AND t.state = 'claimed') >= :max_in_flight))
+ ORDER BY p.queue_id;
 
 -- name: template_gates_recheck :exec
--- The queues :queue_ids' policies changed (in this transaction): each gate is
--- re-checked as after a SetPolicy (sb_gate_policy_changed), so that each
--- reopened queue rings once.
-SELECT sb_gate_policy_changed(:endpoint_id, q.id) FROM unnest(:queue_ids::bigint[]) AS q (id);
+-- The queues :queue_ids' policies changed (in this transaction): their
+-- deferred gates due at once and one wake-up (sb_gates_policy_changed); of
+-- :check_ids, each gate not deferred is re-checked as after a SetPolicy, so
+-- that each reopened queue rings once.
+SELECT sb_gates_policy_changed(:endpoint_id, :queue_ids::bigint[], :check_ids::bigint[]);
 
 -- name: template_audit_insert :exec
 INSERT INTO policy_template_audit (endpoint_id, owner_id, prefix, action, actor_credential_id,
