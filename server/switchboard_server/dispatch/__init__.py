@@ -12,7 +12,9 @@ transaction. Its parts, by how they run:
   listener's rings and due times, never by polling;
 - ``ingest``: new todos, a statement per call, single ingests combined too;
 - ``reads``: one todo, pages of todos, the audit, in one snapshot each;
-- ``actions``: the operator's cancels and requeues (``Action``), audited;
+- ``actions``: the operator's cancels and requeues by id and ids, audited;
+  ``filtered_actions``: by filter, in paced chunks; ``action_rules``: what
+  each action is (``Action``);
 - ``common``: the tunables and scope checks they share.
 
 ``Dispatcher`` holds one of each and answers every call under one name.
@@ -21,14 +23,10 @@ transaction. Its parts, by how they run:
 from __future__ import annotations
 
 from switchboard_server.db import Database
-from switchboard_server.dispatch.actions import (
-    Action,
-    BulkFilter,
-    BulkItem,
-    BulkProgress,
-    OperatorActions,
-)
+from switchboard_server.dispatch.action_rules import Action, BulkItem
+from switchboard_server.dispatch.actions import OperatorActions
 from switchboard_server.dispatch.common import DispatchSettings
+from switchboard_server.dispatch.filtered_actions import BulkFilter, BulkProgress, FilteredActions
 from switchboard_server.dispatch.ingest import (
     DEFAULT_IDEMPOTENCY_RETENTION,
     DEFAULT_PRIORITY,
@@ -83,7 +81,8 @@ __all__ = [
 
 class Dispatcher:
     """Dispatch operations on behalf of an authenticated principal: each call
-    is its part's (``leases``, ``ingests``, ``reads``, ``actions``), whose
+    is its part's (``leases``, ``ingests``, ``reads``, ``actions``,
+    ``filtered``), whose
     docstrings say what it does.
 
     Claims, refusals, units charged, ended attempts, cancels and requeues are
@@ -106,6 +105,7 @@ class Dispatcher:
         self.ingests = Ingests(db, settings)
         self.reads = Reads(db, settings)
         self.actions = OperatorActions(db, settings, metrics)
+        self.filtered = FilteredActions(db, metrics)
 
         self.ingest = self.ingests.ingest
         self.ingest_many = self.ingests.ingest_many
@@ -130,7 +130,7 @@ class Dispatcher:
         self.cancel = self.actions.cancel
         self.requeue = self.actions.requeue
         self.bulk_by_ids = self.actions.bulk_by_ids
-        self.bulk_by_filter = self.actions.bulk_by_filter
+        self.bulk_by_filter = self.filtered.bulk_by_filter
 
     @property
     def settings(self) -> DispatchSettings:
