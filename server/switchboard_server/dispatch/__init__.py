@@ -5,9 +5,10 @@ This layer owns transaction boundaries. Every state change is one statement
 transaction; reads that combine several statements use an explicit
 transaction. Its parts, by how they run:
 
-- ``leases``: the hot path (Claim, ClaimNext, Heartbeat, Complete, Fail,
-  Release, the batches), a statement per call, concurrent single-todo calls
-  of one endpoint combined into one (``combining.Combiner``);
+- the hot path, a statement per call, concurrent single-todo calls of one
+  endpoint combined into one (``combining.Combiner``): ``leases`` (Claim,
+  ClaimNext), ``heartbeats`` (Heartbeat, HeartbeatTodos), ``settles``
+  (Complete, Fail, Release, SettleTodos), sharing ``lease_items``;
 - ``waiting``: ClaimNext held until something is claimable, woken by the
   listener's rings and due times, never by polling;
 - ``ingest``: new todos, a statement per call, single ingests combined too;
@@ -27,6 +28,7 @@ from switchboard_server.dispatch.action_rules import Action, BulkItem
 from switchboard_server.dispatch.actions import OperatorActions
 from switchboard_server.dispatch.common import DispatchSettings
 from switchboard_server.dispatch.filtered_actions import BulkFilter, BulkProgress, FilteredActions
+from switchboard_server.dispatch.heartbeats import Extension, Heartbeats
 from switchboard_server.dispatch.ingest import (
     DEFAULT_IDEMPOTENCY_RETENTION,
     DEFAULT_PRIORITY,
@@ -34,18 +36,14 @@ from switchboard_server.dispatch.ingest import (
     IngestRequest,
     Ingests,
 )
-from switchboard_server.dispatch.leases import (
-    Claimed,
-    ClaimNextResult,
-    Extension,
-    Leases,
-    refusal_message,
-)
+from switchboard_server.dispatch.lease_items import refusal_message
+from switchboard_server.dispatch.leases import Claimed, ClaimNextResult, Leases
 from switchboard_server.dispatch.reads import (
     Reads,
     TodoFilter,
     TodoView,
 )
+from switchboard_server.dispatch.settles import Settles
 from switchboard_server.dispatch.waiting import ClaimWaits, HeldClaims
 from switchboard_server.metrics import Metrics
 from switchboard_server.model import (
@@ -81,8 +79,8 @@ __all__ = [
 
 class Dispatcher:
     """Dispatch operations on behalf of an authenticated principal: each call
-    is its part's (``leases``, ``ingests``, ``reads``, ``actions``,
-    ``filtered``), whose
+    is its part's (``leases``, ``heartbeats``, ``settles``, ``ingests``,
+    ``reads``, ``actions``, ``filtered``), whose
     docstrings say what it does.
 
     Claims, refusals, units charged, ended attempts, cancels and requeues are
@@ -99,7 +97,9 @@ class Dispatcher:
     ) -> None:
         metrics = metrics or Metrics()
         self._settings = settings
-        self.leases = Leases(db, settings, metrics)
+        self.settles = Settles(db, settings, metrics)
+        self.heartbeats = Heartbeats(db, settings)
+        self.leases = Leases(db, settings, metrics, self.settles)
         #: The calls held in ClaimNext: the listener's rings and due times wake them.
         self.held = HeldClaims(self.leases, waits or ClaimWaits(settings.combine_max))
         self.ingests = Ingests(db, settings)
@@ -112,12 +112,12 @@ class Dispatcher:
 
         self.claim = self.leases.claim
         self.claim_next = self.held.claim_next
-        self.heartbeat = self.leases.heartbeat
-        self.heartbeat_many = self.leases.heartbeat_many
-        self.complete = self.leases.complete
-        self.fail = self.leases.fail
-        self.release = self.leases.release
-        self.settle = self.leases.settle
+        self.heartbeat = self.heartbeats.heartbeat
+        self.heartbeat_many = self.heartbeats.heartbeat_many
+        self.complete = self.settles.complete
+        self.fail = self.settles.fail
+        self.release = self.settles.release
+        self.settle = self.settles.settle
 
         self.get = self.reads.get
         self.get_by_dedup = self.reads.get_by_dedup
