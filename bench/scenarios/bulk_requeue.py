@@ -9,7 +9,7 @@ latency is taken over the usual warm-up and window first (``before``), then
 the human's ``RequeueTodos`` by filter (endpoint, ``dead`` queue, state DEAD)
 runs, repeated with its page token until done, and every claim that started
 and ended while it ran counts as ``during``. The server takes the requeue in
-chunks of 200 todos, a transaction each (``dispatch.BULK_CHUNK``), resting
+chunks of 200 todos, a transaction each (``dispatch.filtered_actions.BULK_CHUNK``), resting
 after each as long as it took (``BULK_REST``), for about 5 s a call
 (``BULK_BUDGET``); a claim never waits for a chunk's locks (other queues'
 rows, and the chunk skips what others hold), so what a claim feels is the

@@ -7,40 +7,17 @@ arrive in order), POSTs them concurrently across queues, deletes those the
 receiver acknowledged with a 2xx and backs the rest off exponentially.
 Delivery is at least once: a receiver dedupes on ``webhook-id``.
 
-Each request is signed in the Standard Webhooks format (``webhook-id``,
-``webhook-timestamp``, ``webhook-signature: v1,<base64>`` per active secret)
-under the hook's secrets, unsealed for the request (``sealing``); only with
-``SWITCHBOARD_HOOKS_LEGACY_SIGNATURE`` also with the deprecated
-``X-Switchboard-Signature: sha256=<hex>`` over the body alone (replayable).
-``switchboard_dispatch.hooks`` in the client package computes and checks both.
-
-Every connection goes through the egress policy (``hook_policy``): the host
-is resolved once per new connection, every address is checked, and the
-connection is made to a checked address, while TLS (SNI and certificate
-verification) still names the URL's host. Redirects are not followed and no
-proxy from the environment is used.
+Each request is signed (``hook_signing``), and every connection goes through
+the egress policy (``hook_egress``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import time
-import typing
 from datetime import timedelta
 
-import httpcore
 import httpx
-from switchboard_dispatch.hooks import (
-    DELIVERY_HEADER,
-    ID_HEADER,
-    SIGNATURE_HEADER,
-    TIMESTAMP_HEADER,
-    WEBHOOK_SIGNATURE_HEADER,
-    sign,
-    signature,
-)
 
 from switchboard_server.backoff import retry_delay
 from switchboard_server.config import Settings
@@ -48,7 +25,9 @@ from switchboard_server.db import Database
 from switchboard_server.db import hooks as hook_queries
 from switchboard_server.db.database import Conn
 from switchboard_server.db.hooks import Delivery
-from switchboard_server.hook_policy import HookPolicy, IPAddress, address_literal, refusal_for
+from switchboard_server.hook_egress import GuardedTransport, PolicyRefused
+from switchboard_server.hook_policy import HookPolicy
+from switchboard_server.hook_signing import body_of, signed_headers, unsealed_secrets
 from switchboard_server.metrics import Metrics
 from switchboard_server.sealing import Keyring, SecretKeyError
 
@@ -65,140 +44,6 @@ MAX_TAKES = 200
 MAX_ERROR = 500
 
 
-def body_of(delivery: Delivery) -> bytes:
-    """The JSON body POSTed for a delivery."""
-    return json.dumps(
-        {
-            "id": delivery.id,
-            "endpoint_id": str(delivery.endpoint_id),
-            "queue": delivery.queue,
-            "cause": delivery.cause,
-            "pending": delivery.pending,
-            "at": delivery.rung_at.isoformat(),
-        },
-        separators=(",", ":"),
-    ).encode("utf-8")
-
-
-class PolicyRefused(httpcore.ConnectError):
-    """A connection the hook egress policy refused (nothing was sent)."""
-
-
-class _GuardedStream(httpcore.AsyncNetworkStream):
-    """A connection to a checked address; plain http only where the policy allows it."""
-
-    def __init__(self, inner: httpcore.AsyncNetworkStream, plaintext_refusal: str | None) -> None:
-        self._inner = inner
-        self._plaintext_refusal = plaintext_refusal
-
-    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
-        return await self._inner.read(max_bytes, timeout)
-
-    async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
-        # Reached only when no TLS was started on the connection: plain http.
-        if self._plaintext_refusal is not None:
-            raise PolicyRefused(f"refused by the hook policy: {self._plaintext_refusal}")
-        await self._inner.write(buffer, timeout)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    async def start_tls(
-        self,
-        ssl_context: typing.Any,
-        server_hostname: str | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
-    ) -> httpcore.AsyncNetworkStream:
-        # httpcore names the URL's host here: SNI and certificate checks use it.
-        return await self._inner.start_tls(ssl_context, server_hostname, timeout)
-
-    def get_extra_info(self, info: str) -> typing.Any:
-        return self._inner.get_extra_info(info)
-
-
-class GuardedBackend(httpcore.AsyncNetworkBackend):
-    """Opens hook connections only to addresses the policy allows.
-
-    The host is resolved once per connection with the policy's resolver;
-    every address is checked (one refused address refuses the host, so a
-    name cannot mix a public and an internal answer), and the connection
-    goes to a checked address, not to a second lookup of the name.
-    """
-
-    def __init__(self, policy: HookPolicy, inner: httpcore.AsyncNetworkBackend | None = None):
-        self._policy = policy
-        self._inner = inner or httpcore.AnyIOBackend()
-
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
-        local_address: str | None = None,
-        socket_options: typing.Iterable[typing.Any] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        addresses = await self._resolve(host, port)
-        # Checked for TLS first; whether plain http may use it is decided on
-        # the first write, since only then is it known that no TLS started.
-        for ip in addresses:
-            why = self._policy.refusal(ip, plaintext=False)
-            if why is not None:
-                raise PolicyRefused(f"refused by the hook policy: {refusal_for(host, ip, why)}")
-        last: Exception | None = None
-        for ip in addresses:
-            try:
-                stream = await self._inner.connect_tcp(
-                    str(ip), port, timeout, local_address, socket_options
-                )
-            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
-                last = exc
-                continue
-            plain = self._policy.refusal(ip, plaintext=True)
-            return _GuardedStream(stream, None if plain is None else refusal_for(host, ip, plain))
-        assert last is not None
-        raise last
-
-    async def connect_unix_socket(
-        self,
-        path: str,
-        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
-        socket_options: typing.Iterable[typing.Any] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        raise PolicyRefused("notify hooks do not use Unix sockets")
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
-
-    async def _resolve(self, host: str, port: int) -> list[IPAddress]:
-        literal = address_literal(host)
-        if literal is not None:
-            return [literal]
-        try:
-            found = list(await self._policy.resolver(host, port))
-        except OSError as exc:
-            raise httpcore.ConnectError(f"cannot resolve {host!r}: {exc}") from exc
-        if not found:
-            raise httpcore.ConnectError(f"cannot resolve {host!r}: no addresses")
-        return found
-
-
-class GuardedTransport(httpx.AsyncHTTPTransport):
-    """httpx's transport over a ``GuardedBackend``: every connection is checked."""
-
-    def __init__(self, policy: HookPolicy, ssl_context: typing.Any = None) -> None:
-        super().__init__(trust_env=False, retries=0)
-        context = ssl_context if ssl_context is not None else httpx.create_ssl_context()
-        # The pool httpx built, again with the guarded backend (httpx has no
-        # argument for it).
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=context,
-            max_connections=100,
-            max_keepalive_connections=20,
-            keepalive_expiry=5.0,
-            network_backend=GuardedBackend(policy),
-        )
-
-
 def open_client(settings: Settings) -> httpx.AsyncClient:
     """The process's HTTP client for hooks (close it with ``aclose``)."""
     return httpx.AsyncClient(
@@ -208,41 +53,6 @@ def open_client(settings: Settings) -> httpx.AsyncClient:
         trust_env=False,
         headers={"User-Agent": "switchboard-hooks"},
     )
-
-
-def signed_headers(
-    delivery: Delivery,
-    body: bytes,
-    secrets: list[str],
-    *,
-    legacy: bool = False,
-    now: float | None = None,
-) -> dict[str, str]:
-    """The signature headers of one attempt under ``secrets`` (the current one
-    first): Standard Webhooks, and with ``legacy`` the deprecated pair too."""
-    msg_id = str(delivery.id)
-    timestamp = int(time.time() if now is None else now)
-    headers = {
-        ID_HEADER: msg_id,
-        TIMESTAMP_HEADER: str(timestamp),
-        WEBHOOK_SIGNATURE_HEADER: " ".join(
-            sign(secret, msg_id, timestamp, body) for secret in secrets
-        ),
-    }
-    if legacy:
-        headers[DELIVERY_HEADER] = msg_id
-        headers[SIGNATURE_HEADER] = signature(secrets[0], body)
-    return headers
-
-
-def unsealed_secrets(keyring: Keyring, delivery: Delivery) -> list[str]:
-    """The secrets that sign a delivery, the current one first (``SecretKeyError``
-    when this replica's keys do not open them)."""
-    return [
-        keyring.unseal(delivery.endpoint_id, sealed)
-        for sealed in (delivery.sealed_secret, delivery.sealed_previous)
-        if sealed is not None
-    ]
 
 
 async def deliver_once(

@@ -17,7 +17,7 @@ import pytest
 from google.protobuf import timestamp_pb2
 from switchboard_dispatch.v1 import admin_pb2, dispatch_pb2, todo_pb2
 from switchboard_server.db import Database
-from switchboard_server.dispatch import actions
+from switchboard_server.dispatch import filtered_actions
 
 from tests.support.admission import ingest
 from tests.support.client import Client, Tenant, add_endpoint, auth, make_tenant
@@ -205,14 +205,14 @@ async def test_filter_goes_in_chunks_and_resumes(
     await seed_dead(db, client, tenant, "big", 2000)
     request = dispatch_pb2.RequeueTodosRequest(filter=flt(tenant.endpoint_id, DEAD))
     # One chunk per call: each call returns a token to go on from.
-    monkeypatch.setattr(actions, "BULK_BUDGET", timedelta(0))
+    monkeypatch.setattr(filtered_actions, "BULK_BUDGET", timedelta(0))
     count, skipped, calls = await requeue_all(client, tenant.human, request)
     assert (count, skipped) == (2000, 0)
-    assert calls >= 2000 // actions.BULK_CHUNK  # at most BULK_CHUNK todos per transaction
+    assert calls >= 2000 // filtered_actions.BULK_CHUNK  # at most BULK_CHUNK todos per transaction
     assert await states(db, "big") == {"pending": 2000}
     audit = await audit_counts(db)
     assert len(audit) == calls and sum(n for _, n, _ in audit) == 2000
-    assert all(n <= actions.BULK_CHUNK for _, n, _ in audit)
+    assert all(n <= filtered_actions.BULK_CHUNK for _, n, _ in audit)
     # Within the default budget one call takes every chunk.
     monkeypatch.undo()
     cancel = dispatch_pb2.CancelTodosRequest(filter=flt(tenant.endpoint_id, PENDING))
@@ -228,9 +228,9 @@ async def test_filter_rests_between_chunks_within_its_budget(
     and the rest counts against its budget: a rest that outlasts the budget
     ends the call with a token, one chunk per call, each todo requeued once."""
     await seed_dead(db, client, tenant, "paced", 200)
-    monkeypatch.setattr(actions, "BULK_CHUNK", 50)
-    monkeypatch.setattr(actions, "BULK_BUDGET", timedelta(milliseconds=300))
-    monkeypatch.setattr(actions, "BULK_REST", 1_000_000.0)
+    monkeypatch.setattr(filtered_actions, "BULK_CHUNK", 50)
+    monkeypatch.setattr(filtered_actions, "BULK_BUDGET", timedelta(milliseconds=300))
+    monkeypatch.setattr(filtered_actions, "BULK_REST", 1_000_000.0)
     request = dispatch_pb2.RequeueTodosRequest(filter=flt(tenant.endpoint_id, DEAD))
     count, skipped, calls = await requeue_all(client, tenant.human, request)
     # The fifth call finds nothing left (the fourth's full chunk could not know).
@@ -245,7 +245,7 @@ async def test_concurrent_bulk_requeue_and_cancel(
     """Requeue (dead -> pending) races cancel (pending -> cancelled) over the same
     1,000 todos: each todo ends in one state, and the audit counts match it."""
     await seed_dead(db, client, tenant, "race", 1000)
-    monkeypatch.setattr(actions, "BULK_CHUNK", 50)
+    monkeypatch.setattr(filtered_actions, "BULK_CHUNK", 50)
     requeue = dispatch_pb2.RequeueTodosRequest(filter=flt(tenant.endpoint_id, DEAD))
     cancel = dispatch_pb2.CancelTodosRequest(filter=flt(tenant.endpoint_id, PENDING))
 

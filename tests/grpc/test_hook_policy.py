@@ -32,8 +32,8 @@ import pytest
 from switchboard_dispatch.v1 import admin_pb2
 from switchboard_server import app as server_app
 from switchboard_server.config import Settings
+from switchboard_server.hook_egress import GuardedTransport
 from switchboard_server.hook_policy import HookPolicy, Refused, address_class
-from switchboard_server.hooks import GuardedTransport
 
 from tests.support.admission import ingest
 from tests.support.client import Client, Tenant, make_tenant

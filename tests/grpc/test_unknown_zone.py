@@ -18,10 +18,10 @@ from datetime import timedelta
 import pytest
 from switchboard_dispatch.v1 import admission_pb2
 from switchboard_server import app as server_app
-from switchboard_server import windows
 from switchboard_server.config import Settings
 from switchboard_server.db import Database
 from switchboard_server.loops import LoopSignals
+from switchboard_server.windows import zones
 
 from tests.grpc.test_admission_status import claim_deferred, claim_next
 from tests.support.admission import ingest, set_policy, window
@@ -100,8 +100,8 @@ async def test_a_zone_known_again_is_admitted_again_with_its_count_kept_and_told
     assert (await claim_next(client, tenant.agent, "A")).headroom.window_used == 1
 
     # The bundled zone database stops knowing the zone (as after a tzdata update).
-    known = windows._zone_keys()
-    monkeypatch.setattr(windows, "_zone_keys", lambda: known - {"Europe/Berlin"})
+    known = zones._zone_keys()
+    monkeypatch.setattr(zones, "_zone_keys", lambda: known - {"Europe/Berlin"})
     with caplog.at_level(logging.WARNING, logger="switchboard_server.policy_windows"):
         await next_full_pass(loop_signals)
         refused = await claim_next(client, tenant.agent, "A")
@@ -114,7 +114,7 @@ async def test_a_zone_known_again_is_admitted_again_with_its_count_kept_and_told
     assert len(told) == 1 and getattr(told[0], "zone", None) == "Europe/Berlin"
 
     # It knows the zone again: the schedule is rebuilt, the window's count kept.
-    monkeypatch.setattr(windows, "_zone_keys", lambda: known)
+    monkeypatch.setattr(zones, "_zone_keys", lambda: known)
     await next_full_pass(loop_signals)
     claimed = await claim_next(client, tenant.agent, "A")
     assert not claimed.empty and claimed.headroom.window_used == 2

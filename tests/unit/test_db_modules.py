@@ -25,7 +25,6 @@ SHARED_BEFORE = {
     "metrics.py",
     "queues.py",
     "schedules.py",
-    "sealing.py",
     "tenancy.py",
     "todos.py",
 }

@@ -5,14 +5,17 @@ This layer owns transaction boundaries. Every state change is one statement
 transaction; reads that combine several statements use an explicit
 transaction. Its parts, by how they run:
 
-- ``leases``: the hot path (Claim, ClaimNext, Heartbeat, Complete, Fail,
-  Release, the batches), a statement per call, concurrent single-todo calls
-  of one endpoint combined into one (``combining.Combiner``);
+- the hot path, a statement per call, concurrent single-todo calls of one
+  endpoint combined into one (``combining.Combiner``): ``leases`` (Claim,
+  ClaimNext), ``heartbeats`` (Heartbeat, HeartbeatTodos), ``settles``
+  (Complete, Fail, Release, SettleTodos), sharing ``lease_items``;
 - ``waiting``: ClaimNext held until something is claimable, woken by the
   listener's rings and due times, never by polling;
 - ``ingest``: new todos, a statement per call, single ingests combined too;
 - ``reads``: one todo, pages of todos, the audit, in one snapshot each;
-- ``actions``: the operator's cancels and requeues (``Action``), audited;
+- ``actions``: the operator's cancels and requeues by id and ids, audited;
+  ``filtered_actions``: by filter, in paced chunks; ``action_rules``: what
+  each action is (``Action``);
 - ``common``: the tunables and scope checks they share.
 
 ``Dispatcher`` holds one of each and answers every call under one name.
@@ -21,14 +24,11 @@ transaction. Its parts, by how they run:
 from __future__ import annotations
 
 from switchboard_server.db import Database
-from switchboard_server.dispatch.actions import (
-    Action,
-    BulkFilter,
-    BulkItem,
-    BulkProgress,
-    OperatorActions,
-)
+from switchboard_server.dispatch.action_rules import Action, BulkItem
+from switchboard_server.dispatch.actions import OperatorActions
 from switchboard_server.dispatch.common import DispatchSettings
+from switchboard_server.dispatch.filtered_actions import BulkFilter, BulkProgress, FilteredActions
+from switchboard_server.dispatch.heartbeats import Extension, Heartbeats
 from switchboard_server.dispatch.ingest import (
     DEFAULT_IDEMPOTENCY_RETENTION,
     DEFAULT_PRIORITY,
@@ -36,18 +36,14 @@ from switchboard_server.dispatch.ingest import (
     IngestRequest,
     Ingests,
 )
-from switchboard_server.dispatch.leases import (
-    Claimed,
-    ClaimNextResult,
-    Extension,
-    Leases,
-    refusal_message,
-)
+from switchboard_server.dispatch.lease_items import refusal_message
+from switchboard_server.dispatch.leases import Claimed, ClaimNextResult, Leases
 from switchboard_server.dispatch.reads import (
     Reads,
     TodoFilter,
     TodoView,
 )
+from switchboard_server.dispatch.settles import Settles
 from switchboard_server.dispatch.waiting import ClaimWaits, HeldClaims
 from switchboard_server.metrics import Metrics
 from switchboard_server.model import (
@@ -83,7 +79,8 @@ __all__ = [
 
 class Dispatcher:
     """Dispatch operations on behalf of an authenticated principal: each call
-    is its part's (``leases``, ``ingests``, ``reads``, ``actions``), whose
+    is its part's (``leases``, ``heartbeats``, ``settles``, ``ingests``,
+    ``reads``, ``actions``, ``filtered``), whose
     docstrings say what it does.
 
     Claims, refusals, units charged, ended attempts, cancels and requeues are
@@ -100,24 +97,27 @@ class Dispatcher:
     ) -> None:
         metrics = metrics or Metrics()
         self._settings = settings
-        self.leases = Leases(db, settings, metrics)
+        self.settles = Settles(db, settings, metrics)
+        self.heartbeats = Heartbeats(db, settings)
+        self.leases = Leases(db, settings, metrics, self.settles)
         #: The calls held in ClaimNext: the listener's rings and due times wake them.
         self.held = HeldClaims(self.leases, waits or ClaimWaits(settings.combine_max))
         self.ingests = Ingests(db, settings)
         self.reads = Reads(db, settings)
         self.actions = OperatorActions(db, settings, metrics)
+        self.filtered = FilteredActions(db, metrics)
 
         self.ingest = self.ingests.ingest
         self.ingest_many = self.ingests.ingest_many
 
         self.claim = self.leases.claim
         self.claim_next = self.held.claim_next
-        self.heartbeat = self.leases.heartbeat
-        self.heartbeat_many = self.leases.heartbeat_many
-        self.complete = self.leases.complete
-        self.fail = self.leases.fail
-        self.release = self.leases.release
-        self.settle = self.leases.settle
+        self.heartbeat = self.heartbeats.heartbeat
+        self.heartbeat_many = self.heartbeats.heartbeat_many
+        self.complete = self.settles.complete
+        self.fail = self.settles.fail
+        self.release = self.settles.release
+        self.settle = self.settles.settle
 
         self.get = self.reads.get
         self.get_by_dedup = self.reads.get_by_dedup
@@ -130,7 +130,7 @@ class Dispatcher:
         self.cancel = self.actions.cancel
         self.requeue = self.actions.requeue
         self.bulk_by_ids = self.actions.bulk_by_ids
-        self.bulk_by_filter = self.actions.bulk_by_filter
+        self.bulk_by_filter = self.filtered.bulk_by_filter
 
     @property
     def settings(self) -> DispatchSettings:

@@ -1,12 +1,14 @@
-"""The lease hot path: claims (Claim, ClaimNext), lease extensions
-(Heartbeat) and settlements (Complete, Fail, Release, SettleTodos).
+"""The lease hot path's claims (Claim, ClaimNext); its lease extensions
+(Heartbeat: ``heartbeats``) and settlements (Complete, Fail, Release,
+SettleTodos: ``settles``) are parts of their own, sharing ``lease_items``.
 
 Every call is one statement, so the statement is the transaction: one
 round-trip, and a claim's policy lock is released by the commit that ends
 that statement, never held across a round-trip to this process. Concurrent
-single-todo claims, heartbeats and settles of one endpoint share such a
-statement: each has its combiner here (``combining.Combiner``), and what
-one combined transaction answers is shared out among its callers here too.
+single-todo claims of one endpoint share such a statement: their combiner is
+here (``combining.Combiner``), and what one combined transaction answers is
+shared out among its callers here too (heartbeats and settles likewise, each
+in its own module).
 """
 
 from __future__ import annotations
@@ -14,11 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Generic, Protocol, TypeVar
 
 from switchboard_server import errors
 from switchboard_server.access import endpoint_scope, require_tenant
@@ -26,29 +26,22 @@ from switchboard_server.combining import AGAIN, Again, Combiner
 from switchboard_server.db import Database
 from switchboard_server.db import claims as claim_queries
 from switchboard_server.db.admission_report import AdmissionReport
-from switchboard_server.db.database import Conn
 from switchboard_server.dispatch.common import Caller, DispatchSettings
+from switchboard_server.dispatch.settles import WHOLE, Settles
 from switchboard_server.metrics import Metrics
 from switchboard_server.model import (
     ClaimOutcome,
     Grant,
-    ItemOutcome,
     Lease,
     Principal,
     SettleAction,
-    Settled,
-    SettledState,
     Settlement,
     Todo,
-    TodoResult,
     TodoState,
 )
 from switchboard_server.policies import Deferral, Headroom, deferral_of, headroom_of
 
 log = logging.getLogger(__name__)
-
-#: What a heartbeat did with one lease: the outcome, and the new expiry when applied.
-Extension = claim_queries.Extension
 
 
 @dataclass(frozen=True)
@@ -80,75 +73,23 @@ class _ClaimFor:
     lease: timedelta
 
 
-@dataclass(frozen=True)
-class _ExtendFor:
-    """Heartbeats that one transaction may serve together."""
-
-    owner_id: uuid.UUID
-    endpoint_id: uuid.UUID | None
-    lease: timedelta
-
-
-class _Outcome(Protocol):
-    @property
-    def outcome(self) -> ItemOutcome: ...
-
-
-_Answer = TypeVar("_Answer", bound=_Outcome)
-
-
-class _SettleStatement(Protocol[_Answer]):
-    def __call__(
-        self,
-        conn: Conn,
-        *,
-        settlements: Sequence[Settlement],
-        owner_id: uuid.UUID,
-        endpoint_id: uuid.UUID | None,
-        backoff_base: timedelta,
-        backoff_cap: timedelta,
-    ) -> Awaitable[list[_Answer]]: ...
-
-
-@dataclass(frozen=True)
-class _SettleShape(Generic[_Answer]):
-    """What a settle statement answers per item, and how to read from an
-    answer the todo's queue and its state after (``None`` when not found)."""
-
-    statement: _SettleStatement[_Answer]
-    after: Callable[[_Answer], tuple[str | None, TodoState | None]]
-
-
-#: The whole todo after each settlement: what Complete, Fail and Release answer.
-_WHOLE: _SettleShape[Settled] = _SettleShape(
-    claim_queries.settle,
-    lambda r: (r.todo.queue, r.todo.state) if r.todo else (None, None),
-)
-#: Each todo's state after it: what a batch (SettleTodos) answers.
-_STATES: _SettleShape[SettledState] = _SettleShape(
-    claim_queries.settle_states, lambda r: (r.queue, r.state)
-)
-
-
 class Leases:
-    """Claims, extends and settles leases on behalf of an authenticated principal.
+    """Claims todos on behalf of an authenticated principal; a claim whose caller
+    went away is given back at once (through ``settles``).
 
-    Claims, refusals, units charged and ended attempts are counted on
-    ``metrics``; each claim transaction is timed and traced.
+    Claims and refusals are counted on ``metrics``; each claim transaction is
+    timed and traced.
     """
 
-    def __init__(self, db: Database, settings: DispatchSettings, metrics: Metrics) -> None:
+    def __init__(
+        self, db: Database, settings: DispatchSettings, metrics: Metrics, settles: Settles
+    ) -> None:
         self._db = db
         self._settings = settings
         self._metrics = metrics
+        self._settles = settles
         self._claims: Combiner[_ClaimFor, str, ClaimNextResult] = Combiner(
             self._claim_each, max_batch=settings.combine_max, orphaned=self._release_orphan
-        )
-        self._settles: Combiner[Caller, Settlement, Settled] = Combiner(
-            self._settle_each, max_batch=settings.combine_max
-        )
-        self._heartbeats: Combiner[_ExtendFor, tuple[int, uuid.UUID], Extension] = Combiner(
-            self._extend_each, max_batch=settings.combine_max
         )
         self._releasing: set[asyncio.Task[None]] = set()
 
@@ -297,7 +238,7 @@ class Leases:
 
     async def _release(self, caller: Caller, settlements: Sequence[Settlement]) -> None:
         try:
-            await self._settle(caller, settlements, _WHOLE)
+            await self._settles.settle_as(caller, settlements, WHOLE)
         except Exception:
             log.warning("an orphaned claim was not released: its lease will lapse", exc_info=True)
 
@@ -305,142 +246,6 @@ class Leases:
         return [
             deferral_of(d, endpoint_id, self._settings.reaper_interval) for d in admission.deferred
         ]
-
-    async def heartbeat(
-        self, principal: Principal, todo_id: int, lease_id: uuid.UUID, lease: timedelta | None
-    ) -> Lease:
-        """Extends a live lease (concurrent calls of one endpoint, for the same
-        lease length, share a transaction)."""
-        scope = require_tenant(principal, Grant.CLAIM)
-        key = _ExtendFor(scope.owner_id, scope.endpoint_id, lease or self._settings.default_lease)
-        if self._settings.combine_max > 1:
-            outcome, expires_at = await self._heartbeats.submit(key, (todo_id, lease_id))
-        else:
-            ((outcome, expires_at),) = await self._extend(key, [(todo_id, lease_id)])
-        if outcome is not ItemOutcome.APPLIED:
-            raise _refusal(outcome, None)
-        assert expires_at is not None
-        return Lease(lease_id, expires_at)
-
-    async def heartbeat_many(
-        self,
-        principal: Principal,
-        leases: Sequence[tuple[int, uuid.UUID]],
-        lease: timedelta | None,
-    ) -> list[Extension]:
-        """Extends each live lease of (todo, lease) pairs, in one transaction:
-        per item, the outcome and the new expiry. Todo ids must be distinct.
-        (A human's, of several endpoints: see ``claim_queries.endpoints_of``.)"""
-        scope = require_tenant(principal, Grant.CLAIM)
-        key = _ExtendFor(scope.owner_id, scope.endpoint_id, lease or self._settings.default_lease)
-        return await self._extend(key, leases)
-
-    async def _extend(
-        self, key: _ExtendFor, leases: Sequence[tuple[int, uuid.UUID]]
-    ) -> list[Extension]:
-        async with self._db.statement() as conn:
-            return await claim_queries.heartbeat_many(
-                conn,
-                leases=leases,
-                owner_id=key.owner_id,
-                endpoint_id=key.endpoint_id,
-                lease=key.lease,
-            )
-
-    async def _extend_each(
-        self, key: _ExtendFor, leases: list[tuple[int, uuid.UUID]]
-    ) -> list[Extension | Again]:
-        return await _once_per_todo(
-            leases, lambda ref: ref[0], lambda firsts: self._extend(key, firsts)
-        )
-
-    async def settle(
-        self, principal: Principal, settlements: Sequence[Settlement]
-    ) -> list[SettledState]:
-        """Completes, fails or releases claimed todos in one transaction, each
-        applied or refused on its own: per item, the outcome and the todo's
-        state after it. Todo ids must be distinct."""
-        scope = require_tenant(principal, Grant.CLAIM)
-        return await self._settle(Caller(scope.owner_id, scope.endpoint_id), settlements, _STATES)
-
-    async def _settle(
-        self,
-        caller: Caller,
-        settlements: Sequence[Settlement],
-        shape: _SettleShape[_Answer],
-    ) -> list[_Answer]:
-        """One settle statement, answered in ``shape``. Once it committed,
-        counts the attempts the applied settlements ended, and the settled
-        todos by queue and by the state each was left in."""
-        async with self._db.statement() as conn:
-            results = await shape.statement(
-                conn,
-                settlements=settlements,
-                owner_id=caller.owner_id,
-                endpoint_id=caller.endpoint_id,
-                backoff_base=self._settings.backoff_base,
-                backoff_cap=self._settings.backoff_cap,
-            )
-        applied = [
-            (settlement, result)
-            for settlement, result in zip(settlements, results, strict=True)
-            if result.outcome is ItemOutcome.APPLIED
-        ]
-        ended = Counter(settlement.action.ended for settlement, _ in applied)
-        for outcome, count in ended.items():
-            self._metrics.attempts_ended(outcome, count)
-        self._metrics.settled(
-            (queue, state)
-            for queue, state in (shape.after(result) for _, result in applied)
-            if queue is not None and state is not None
-        )
-        return results
-
-    async def _settle_each(
-        self, caller: Caller, settlements: list[Settlement]
-    ) -> list[Settled | Again]:
-        return await _once_per_todo(
-            settlements,
-            lambda s: s.todo_id,
-            lambda firsts: self._settle(caller, firsts, _WHOLE),
-        )
-
-    async def _settle_one(self, principal: Principal, settlement: Settlement) -> Todo:
-        scope = require_tenant(principal, Grant.CLAIM)
-        caller = Caller(scope.owner_id, scope.endpoint_id)
-        if self._settings.combine_max > 1:
-            result = await self._settles.submit(caller, settlement)
-        else:
-            (result,) = await self._settle(caller, [settlement], _WHOLE)
-        if result.outcome is not ItemOutcome.APPLIED or result.todo is None:
-            raise _refusal(result.outcome, result.todo)
-        return result.todo
-
-    async def complete(
-        self,
-        principal: Principal,
-        todo_id: int,
-        lease_id: uuid.UUID,
-        result: TodoResult | None = None,
-    ) -> Todo:
-        """Marks a claimed todo done, keeping the ``result`` given."""
-        return await self._settle_one(
-            principal, Settlement(todo_id, lease_id, SettleAction.COMPLETE, result=result)
-        )
-
-    async def fail(
-        self, principal: Principal, todo_id: int, lease_id: uuid.UUID, error: str, permanent: bool
-    ) -> Todo:
-        """Records a failed attempt: pending after a backoff, or dead."""
-        return await self._settle_one(
-            principal, Settlement(todo_id, lease_id, SettleAction.FAIL, error, permanent)
-        )
-
-    async def release(self, principal: Principal, todo_id: int, lease_id: uuid.UUID) -> Todo:
-        """Gives a claimed todo back at once."""
-        return await self._settle_one(
-            principal, Settlement(todo_id, lease_id, SettleAction.RELEASE)
-        )
 
 
 def _charged(claimed: Claimed) -> bool:
@@ -477,45 +282,3 @@ def _claims(todos: Sequence[Todo], admission: AdmissionReport) -> list[Claimed]:
 def _lease_of(todo: Todo) -> Lease:
     assert todo.lease_id is not None and todo.lease_expires_at is not None
     return Lease(todo.lease_id, todo.lease_expires_at)
-
-
-_Item = TypeVar("_Item")
-_Result = TypeVar("_Result")
-
-
-async def _once_per_todo(
-    items: list[_Item],
-    todo_id: Callable[[_Item], int],
-    run: Callable[[list[_Item]], Awaitable[list[_Result]]],
-) -> list[_Result | Again]:
-    """Combined lease calls: one transaction for the first call on each todo
-    (a statement takes each todo once); a repeat goes again, after it."""
-    seen: set[int] = set()
-    repeated: list[bool] = []
-    for item in items:
-        repeated.append(todo_id(item) in seen)
-        seen.add(todo_id(item))
-    results = iter(await run([i for i, again in zip(items, repeated, strict=True) if not again]))
-    return [AGAIN if again else next(results) for again in repeated]
-
-
-def refusal_message(outcome: ItemOutcome, state: TodoState | None) -> str:
-    """Why a lease call refused one todo (in ``state`` now, when known), for people."""
-    if outcome is ItemOutcome.NOT_FOUND:
-        return "todo not found"
-    if outcome is ItemOutcome.CANCELLED:
-        return "the todo was cancelled: its lease is void"
-    if outcome is ItemOutcome.STALE_LEASE:
-        return "the lease is stale: the todo was taken over by a later claim"
-    if state is not None:
-        return f"the lease is stale: the todo is now {state.value}"
-    return "the lease is stale: the todo is no longer claimed"
-
-
-def _refusal(outcome: ItemOutcome, todo: Todo | None) -> errors.SwitchboardError:
-    message = refusal_message(outcome, todo.state if todo is not None else None)
-    if outcome is ItemOutcome.NOT_FOUND:
-        return errors.NotFound(message)
-    if outcome is ItemOutcome.CANCELLED:
-        return errors.TodoCancelled(message)
-    return errors.StaleLease(message)

@@ -1,0 +1,77 @@
+"""A schedule as its audit records it (its JSON form, and back), and the audit
+entry of a change."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from switchboard_server.access import actor_of
+from switchboard_server.db import schedules as schedule_queries
+from switchboard_server.db.database import Conn
+from switchboard_server.db.schedules import ScheduleRow
+from switchboard_server.model import Principal
+
+
+def schedule_json(row: ScheduleRow) -> dict[str, Any]:
+    """The audit form of a schedule."""
+    return {
+        "id": row.id,
+        "owner_id": str(row.owner_id),
+        "endpoint_id": str(row.endpoint_id),
+        "queue_id": row.queue_id,
+        "queue": row.queue,
+        "name": row.name,
+        "payload": base64.b64encode(row.payload).decode(),
+        "content_type": row.content_type,
+        "max_attempts": row.max_attempts,
+        "time_zone": row.time_zone,
+        "calendar_period": row.calendar_period,
+        "calendar_at": row.calendar_at,
+        "calendar_weekday": row.calendar_weekday,
+        "cron": row.cron,
+        "catch_up": row.catch_up,
+        "paused": row.paused,
+        "next_slot": _iso(row.next_slot),
+        "last_slot": _iso(row.last_slot),
+        "last_todo_id": row.last_todo_id,
+        "todos_created": row.todos_created,
+        "created_at": _iso(row.created_at),
+        "updated_at": _iso(row.updated_at),
+    }
+
+
+def schedule_from_json(data: Mapping[str, Any]) -> ScheduleRow:
+    """The inverse of ``schedule_json``."""
+    fields = dict(data)
+    fields["owner_id"] = uuid.UUID(fields["owner_id"])
+    fields["endpoint_id"] = uuid.UUID(fields["endpoint_id"])
+    fields["payload"] = base64.b64decode(fields["payload"])
+    for key in ("next_slot", "last_slot", "created_at", "updated_at"):
+        fields[key] = datetime.fromisoformat(fields[key]) if fields[key] else None
+    return ScheduleRow(**fields)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+async def audit(
+    conn: Conn,
+    principal: Principal,
+    row: ScheduleRow,
+    action: str,
+    before: ScheduleRow | None,
+    after: ScheduleRow | None,
+) -> None:
+    await schedule_queries.insert_audit(
+        conn,
+        row=row,
+        action=action,
+        actor=actor_of(principal),
+        before=schedule_json(before) if before else None,
+        after=schedule_json(after) if after else None,
+    )
