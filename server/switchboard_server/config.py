@@ -117,7 +117,7 @@ class Settings:
     #: Deprecated: also send ``X-Switchboard-Signature`` (body only, replayable) and
     #: ``X-Switchboard-Delivery`` with every notify-hook delivery.
     hooks_legacy_signature: bool = False
-    #: Keys sealing notify-hook secrets at rest, the encrypting one first (sealing.py).
+    #: Keys sealing notify-hook secrets at rest, the encrypting one first (sealing/).
     secret_keys: tuple[bytes, ...] = field(default=(), repr=False)
     #: A file of such keys, one a line (instead of ``secret_keys``).
     secret_key_file: pathlib.Path | None = None

@@ -1,6 +1,6 @@
 """The operator's calls of ``DispatchService``: CancelTodo and RequeueTodo,
 and CancelTodos and RequeueTodos by ids or by filter (the domain side:
-``dispatch/actions.py``)."""
+``dispatch/actions.py``, by filter ``dispatch/filtered_actions.py``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The workers' lease calls of ``DispatchService``, the hot path: Claim and
 ClaimNext, Heartbeat and HeartbeatTodos, Complete, Fail, Release and
-SettleTodos (the domain side: ``dispatch/leases.py``)."""
+SettleTodos (the domain side: ``dispatch/leases.py``, ``settles.py`` and
+``heartbeats.py``)."""
 
 from __future__ import annotations
 
