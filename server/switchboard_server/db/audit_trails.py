@@ -94,6 +94,7 @@ class Pages(Generic[S, C]):
     trail: ClassVar[Trail]
 
     def entry(self, row: Row) -> AuditEntry[S, C]:
+        """The entry a row of the page reads as (each page class says how)."""
         raise NotImplementedError
 
 
