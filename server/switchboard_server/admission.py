@@ -21,11 +21,20 @@ from switchboard_server import errors, policy_templates
 from switchboard_server.access import actor_of, policy_scope
 from switchboard_server.db import Database, clock
 from switchboard_server.db import admission as admission_queries
+from switchboard_server.db import audit_trails as audit
 from switchboard_server.db import doorbells as doorbell_queries
 from switchboard_server.db.admission import PolicyRow
 from switchboard_server.db.admission_report import PolicyLimitColumns
+from switchboard_server.db.audit_trails import Stored
 from switchboard_server.db.database import Conn, rerun_on_conflict
-from switchboard_server.model import AuditEntry, Grant, Principal, PrincipalKind, Revision
+from switchboard_server.model import (
+    AuditChange,
+    AuditEntry,
+    Grant,
+    Principal,
+    PrincipalKind,
+    Revision,
+)
 from switchboard_server.policies import (
     Headroom,
     Limits,
@@ -64,11 +73,9 @@ class _Queue:
         """The queue's policy stored in ``row``."""
         return policy_of(row, self.endpoint, self.name)
 
-    def revision(self, audited: admission_queries.AuditRow) -> Revision[Policy]:
-        """The change an audit row of the queue records."""
-        return Revision.read(
-            audited.before, audited.after, lambda j: policy_from_json(j, self.endpoint, self.name)
-        )
+    def revision(self, stored: Revision[Stored]) -> Revision[Policy]:
+        """The change an audit entry of the queue records."""
+        return stored.map(lambda j: policy_from_json(j, self.endpoint, self.name))
 
 
 class AdmissionControl:
@@ -238,7 +245,7 @@ class AdmissionControl:
         async with self._db.transaction(within=conn) as conn:
             queue_id = await _queue_id(conn, q, "queue not found")
             rows = await _audit_page(conn, queue_id, q, before_id, limit)
-        return [AuditEntry.of(r, q.endpoint, q.name, q.revision(r)) for r in rows]
+        return [r.read_as(q.name, q.revision(r.change)) for r in rows]
 
 
 async def _active(conn: Conn, q: _Queue) -> tuple[int | None, PolicyRow | None]:
@@ -274,16 +281,10 @@ async def _locked(conn: Conn, q: _Queue, missing: str, *, create: bool = False) 
 
 async def _audit_page(
     conn: Conn, queue_id: int, q: _Queue, before_id: int | None, limit: int
-) -> list[admission_queries.AuditRow]:
-    """A page of the queue's audit rows, newest first (before ``before_id``)."""
-    return await admission_queries.list_audit(
-        conn,
-        queue_id=queue_id,
-        owner_id=q.owner_id,
-        endpoint_id=q.endpoint,
-        before_id=before_id,
-        limit=limit,
-    )
+) -> list[AuditEntry[int, Revision[Stored]]]:
+    """A page of the queue's audit entries, newest first (before ``before_id``)."""
+    trail = audit.PolicyTrail(queue_id=queue_id, owner_id=q.owner_id, endpoint_id=q.endpoint)
+    return await audit.page(conn, of=trail, before_id=before_id, limit=limit)
 
 
 @dataclass(frozen=True)
@@ -318,7 +319,7 @@ async def before_pause(conn: Conn, queue_id: int, q: _Queue) -> Resume | None:
     while seen < RESUME_SCAN:
         rows = await _audit_page(conn, queue_id, q, before_id, 100)
         for r in rows:
-            change = q.revision(r)
+            change = q.revision(r.change)
             if change.after is None or not paused(change.after):
                 return None
             prior = change.before
@@ -427,13 +428,10 @@ async def _audit(
     before: Policy | None,
     after: Policy | None,
 ) -> None:
-    await admission_queries.insert_audit(
+    await audit.record(
         conn,
-        queue_id=row.queue_id,
-        owner_id=row.owner_id,
-        endpoint_id=row.endpoint_id,
-        action=action,
-        actor=actor_of(principal),
-        before=policy_json(before) if before else None,
-        after=policy_json(after) if after else None,
+        subject=audit.PolicyTrail(
+            queue_id=row.queue_id, owner_id=row.owner_id, endpoint_id=row.endpoint_id
+        ),
+        change=AuditChange.revised(action, actor_of(principal), before, after, policy_json),
     )

@@ -50,12 +50,20 @@ from switchboard_server import errors
 from switchboard_server.access import actor_of, policy_scope, require_tenant
 from switchboard_server.db import Database, clock
 from switchboard_server.db import admission as admission_queries
+from switchboard_server.db import audit_trails as audit
 from switchboard_server.db import templates as template_queries
 from switchboard_server.db.admission import PolicyRow
 from switchboard_server.db.database import Conn, rerun_on_conflict
 from switchboard_server.db.rows import paced
 from switchboard_server.db.templates import LockedPolicy, TemplateRow
-from switchboard_server.model import AuditEntry, Grant, Principal, PrincipalKind, Revision
+from switchboard_server.model import (
+    AuditChange,
+    AuditEntry,
+    Grant,
+    Principal,
+    PrincipalKind,
+    Revision,
+)
 from switchboard_server.policies import (
     Limits,
     Policy,
@@ -341,25 +349,14 @@ class PolicyTemplates:
         queues it wrote."""
         scope, endpoint = policy_scope(principal, endpoint_id, None, "endpoint_id")
         async with self._db.transaction(within=conn) as conn:
-            rows = await template_queries.list_audit(
-                conn,
-                endpoint_id=endpoint,
-                owner_id=scope.owner_id,
-                prefix=prefix_of(pattern),
-                before_id=before_id,
-                limit=limit,
+            trail = audit.TemplateTrail(
+                endpoint_id=endpoint, owner_id=scope.owner_id, prefix=prefix_of(pattern)
             )
+            rows = await audit.page(conn, of=trail, before_id=before_id, limit=limit)
         return [
-            AuditEntry.of(
-                r,
-                endpoint,
+            r.read_as(
                 pattern,
-                (
-                    Revision.read(
-                        r.before, r.after, lambda j: policy_from_json(j, endpoint, pattern)
-                    ),
-                    r.queues,
-                ),
+                (r.change[0].map(lambda j: policy_from_json(j, endpoint, pattern)), r.change[1]),
             )
             for r in rows
         ]
@@ -619,14 +616,12 @@ async def _audit(
     after: PolicyTemplate | None,
     queues: int,
 ) -> None:
-    await template_queries.insert_audit(
+    await audit.record(
         conn,
-        endpoint_id=row.endpoint_id,
-        owner_id=row.owner_id,
-        prefix=row.prefix,
-        action=action,
-        actor=actor_of(principal),
-        before=policy_json(_policy(before)) if before else None,
-        after=policy_json(_policy(after)) if after else None,
-        queues=queues,
+        subject=audit.TemplateTrail(
+            endpoint_id=row.endpoint_id, owner_id=row.owner_id, prefix=row.prefix
+        ),
+        change=AuditChange.revised(
+            action, actor_of(principal), before, after, lambda t: policy_json(_policy(t)), queues
+        ),
     )

@@ -17,7 +17,9 @@ from datetime import timedelta
 import asyncpg
 import grpc
 from switchboard_dispatch.v1 import dispatch_pb2, queue_pb2, todo_pb2
+from switchboard_server.db import audit_trails as audit
 from switchboard_server.db import todo_actions as action_queries
+from switchboard_server.model import Actor, AuditChange
 
 from tests.cluster.placing import (
     assert_on_one_worker,
@@ -316,15 +318,8 @@ async def test_an_endpoints_cancel_and_requeue_by_ids_run_on_its_worker_only(
 async def _audited(
     conn: asyncpg.Connection[asyncpg.Record], owner: uuid.UUID, endpoint: uuid.UUID, action: str
 ) -> None:
-    await action_queries.insert_audit(
+    await audit.record(
         conn,
-        owner_id=owner,
-        endpoint_id=endpoint,
-        action=action,
-        todo_id=None,
-        count=3,
-        filter_json=None,
-        actor_credential_id=None,
-        actor_human_id=None,
-        actor_endpoint_id=None,
+        subject=audit.TodoActed(owner, endpoint, None, None),
+        change=AuditChange(action, Actor(None, None, None), count=3),
     )

@@ -10,13 +10,19 @@ query lacks, or misses one, fails here without being run.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import inspect
+import uuid
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
+from switchboard_server.db import audit_trails as audit
 from switchboard_server.db import queries
 from switchboard_server.db.queries import QUERIES, Query, arguments, bind_names, parse
+from switchboard_server.model import Actor, AuditChange
 
 DB = Path(queries.__file__).parent
 
@@ -31,8 +37,14 @@ RUNNERS = {
 
 #: Runner calls whose query is an argument of the wrapper: each call of that
 #: wrapper is checked instead (``endpoint_groups``: its query takes ``:now``
-#: and the call's keywords).
-DYNAMIC = {("distribute.py", "candidates")}
+#: and the call's keywords), or each value that names the query (the audit's
+#: ``record`` and ``page``: each trail's subject and page classes, see
+#: ``trail_errors``).
+DYNAMIC = {
+    ("distribute.py", "candidates"),
+    ("audit_trails.py", "trail.insert"),
+    ("audit_trails.py", "of.trail.page"),
+}
 
 #: Statements issued outside the runners, by position (``sql(name)``): the
 #: benchmark's DB ceiling (bench/sql.py, bench/load.py) and tests. Their
@@ -207,6 +219,62 @@ async def f(conn):
     assert "given ['endpoint_id', 'owner_id', 'queue_id']" in errors[0]
     assert "given ['queue_id']" in errors[1]
     assert "fetch_many on :one" in errors[2]
+
+
+def trail_errors(classes: list[type[Any]], queries: dict[str, Query]) -> list[str]:
+    """What is wrong with each audit subject and page class (db/audit_trails.py): a
+    subject's fields with its change's columns, and a page's fields with the
+    cursor, must be exactly its trail's insert's and page query's names, and
+    those queries ``:exec`` and ``:many``."""
+    errors = []
+    change = AuditChange("x", Actor(None, None, None))
+    for cls in classes:
+        fields = [f.name for f in dataclasses.fields(cls)]
+        trail = cls.trail
+        checks = []
+        if issubclass(cls, audit.Subject):
+            checks.append((trail.insert, "exec", fields + list(trail.change_columns(change))))
+        if issubclass(cls, audit.Pages):
+            checks.append((trail.page, "many", [*fields, "before_id", "limit"]))
+        for name, cardinality, given in checks:
+            query = queries.get(name)
+            if query is None:
+                errors.append(f"{cls.__name__}: no query {name}")
+            elif query.cardinality != cardinality or sorted(query.names) != sorted(given):
+                errors.append(f"{cls.__name__}: {name} takes {query.names}, given {sorted(given)}")
+    return errors
+
+
+def _trail_classes() -> list[type[Any]]:
+    return [
+        cls
+        for _, cls in inspect.getmembers(audit, inspect.isclass)
+        if cls.__module__ == audit.__name__ and dataclasses.is_dataclass(cls)
+    ]
+
+
+def test_each_audit_trail_writes_and_pages_exactly_its_query_names() -> None:
+    classes = _trail_classes()
+    assert trail_errors(classes, QUERIES) == []
+    # Every trail is written and paged by some class.
+    written = {c.trail for c in classes if issubclass(c, audit.Subject)}
+    paged = {c.trail for c in classes if issubclass(c, audit.Pages)}
+    assert written == paged == set(audit.Trail)
+
+
+def test_the_trail_check_finds_a_missing_column_and_a_wrong_cardinality() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class NoOwner(audit.Subject):
+        trail = audit.Trail.POLICY
+        queue_id: int
+        endpoint_id: uuid.UUID
+
+    known = dict(QUERIES)
+    known["template_audit_list"] = replace(known["template_audit_list"], cardinality="one")
+    errors = trail_errors([NoOwner, audit.TemplateTrail], known)
+    assert len(errors) == 2
+    assert "NoOwner: policy_audit_insert takes" in errors[0]
+    assert "TemplateTrail: template_audit_list" in errors[1]
 
 
 def test_no_converted_module_runs_a_named_query_by_position() -> None:

@@ -12,8 +12,7 @@ from switchboard_server.db.admission_report import PolicyLimitColumns
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import execute, fetch_many, fetch_one, fetch_value
 from switchboard_server.db.queues import hold_shard_group
-from switchboard_server.db.rows import AuditColumns, audit_record, json_text, record
-from switchboard_server.model import Actor
+from switchboard_server.db.rows import record
 
 
 @dataclass(frozen=True)
@@ -35,11 +34,6 @@ class PolicyRow(PolicyLimitColumns):
     #: That template's prefix, where the query reads it (``policy_get_active``,
     #: ``policy_lock``).
     template_prefix: str | None = None
-
-
-@dataclass(frozen=True)
-class AuditRow(AuditColumns):
-    """One stored policy change."""
 
 
 @dataclass(frozen=True)
@@ -232,55 +226,6 @@ async def counter_carry(conn: Conn, *, row: PolicyRow, window_start: datetime, u
         units=units,
         endpoint_id=row.endpoint_id,
     )
-
-
-async def insert_audit(
-    conn: Conn,
-    *,
-    queue_id: int,
-    owner_id: uuid.UUID,
-    endpoint_id: uuid.UUID,
-    action: str,
-    actor: Actor,
-    before: Mapping[str, Any] | None,
-    after: Mapping[str, Any] | None,
-) -> None:
-    """Records one policy change."""
-    await execute(
-        conn,
-        "policy_audit_insert",
-        queue_id=queue_id,
-        owner_id=owner_id,
-        action=action,
-        actor_credential_id=actor.credential_id,
-        actor_human_id=actor.human_id,
-        actor_endpoint_id=actor.endpoint_id,
-        before=json_text(before),
-        after=json_text(after),
-        endpoint_id=endpoint_id,
-    )
-
-
-async def list_audit(
-    conn: Conn,
-    *,
-    queue_id: int,
-    owner_id: uuid.UUID,
-    endpoint_id: uuid.UUID,
-    before_id: int | None,
-    limit: int,
-) -> list[AuditRow]:
-    """A page of a queue's policy changes, newest first."""
-    rows = await fetch_many(
-        conn,
-        "policy_audit_list",
-        queue_id=queue_id,
-        owner_id=owner_id,
-        before_id=before_id,
-        limit=limit,
-        endpoint_id=endpoint_id,
-    )
-    return [audit_record(AuditRow, r) for r in rows]
 
 
 async def queue_admission(

@@ -1,5 +1,5 @@
-"""Rows to records, ignoring the columns a record does not know, and the
-JSON columns of an audit row both ways.
+"""Rows to records, ignoring the columns a record does not know, and
+``json`` columns both ways.
 
 A later release may add a column to a table that this release reads with
 ``SELECT *`` (or as a composite value, such as the ``todos`` rows that the
@@ -14,9 +14,7 @@ import asyncio
 import dataclasses
 import functools
 import json
-import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
@@ -71,29 +69,3 @@ def json_object(value: Any) -> dict[str, Any] | None:
 def json_text(value: Mapping[str, Any] | None) -> str | None:
     """A mapping as the text of a ``json`` parameter, or ``None``."""
     return json.dumps(value) if value is not None else None
-
-
-@dataclasses.dataclass(frozen=True)
-class AuditColumns:
-    """What a stored change of the policy and schedule audits holds: who made
-    it, when, and the object before and after it (``None``: created, deleted)."""
-
-    id: int
-    action: str
-    actor_credential_id: uuid.UUID | None
-    actor_human_id: uuid.UUID | None
-    actor_endpoint_id: uuid.UUID | None
-    at: datetime
-    before: dict[str, Any] | None
-    after: dict[str, Any] | None
-
-
-A = TypeVar("A", bound=AuditColumns)
-
-
-def audit_record(cls: type[A], columns: Mapping[str, Any]) -> A:
-    """``record`` of an audit row: its ``before`` and ``after`` (``json``) decoded."""
-    fields = dict(columns)
-    fields["before"] = json_object(fields["before"])
-    fields["after"] = json_object(fields["after"])
-    return record(cls, fields)

@@ -12,9 +12,8 @@ from typing import Any
 from switchboard_server.db.database import Conn, name_taken
 from switchboard_server.db.queries import execute, fetch_many, fetch_one
 from switchboard_server.db.queues import hold_shard_group
-from switchboard_server.db.rows import AuditColumns, audit_record, json_text
 from switchboard_server.db.todos import todo_or_none
-from switchboard_server.model import Actor, Todo
+from switchboard_server.model import Todo
 
 
 @dataclass(frozen=True)
@@ -59,14 +58,6 @@ class Definition:
     calendar_weekday: int | None
     cron: str | None
     catch_up: str
-
-
-@dataclass(frozen=True)
-class AuditRow(AuditColumns):
-    """One stored schedule change."""
-
-    schedule_id: int
-    endpoint_id: uuid.UUID
 
 
 def _row(rec: Mapping[str, Any]) -> ScheduleRow:
@@ -253,50 +244,3 @@ async def fire(
         next_slot=next_slot,
     )
     return todo_or_none(rec)
-
-
-async def insert_audit(
-    conn: Conn,
-    *,
-    row: ScheduleRow,
-    action: str,
-    actor: Actor,
-    before: Mapping[str, Any] | None,
-    after: Mapping[str, Any] | None,
-) -> None:
-    """Records one schedule change."""
-    await execute(
-        conn,
-        "schedule_audit_insert",
-        schedule_id=row.id,
-        owner_id=row.owner_id,
-        endpoint_id=row.endpoint_id,
-        action=action,
-        actor_credential_id=actor.credential_id,
-        actor_human_id=actor.human_id,
-        actor_endpoint_id=actor.endpoint_id,
-        before=json_text(before),
-        after=json_text(after),
-    )
-
-
-async def list_audit(
-    conn: Conn,
-    *,
-    schedule_id: int,
-    owner_id: uuid.UUID,
-    endpoint_id: uuid.UUID | None,
-    before_id: int | None,
-    limit: int,
-) -> list[AuditRow]:
-    """A page of a schedule's changes, newest first."""
-    rows = await fetch_many(
-        conn,
-        "schedule_audit_list",
-        schedule_id=schedule_id,
-        owner_id=owner_id,
-        endpoint_id=endpoint_id,
-        before_id=before_id,
-        limit=limit,
-    )
-    return [audit_record(AuditRow, r) for r in rows]

@@ -13,14 +13,7 @@ from switchboard_server.db.admission_report import PolicyLimitColumns
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import execute, fetch_many, fetch_one
 from switchboard_server.db.queues import hold_shard_group
-from switchboard_server.db.rows import (
-    AuditColumns,
-    audit_record,
-    json_object,
-    json_text,
-    paced,
-    record,
-)
+from switchboard_server.db.rows import json_object, json_text, paced, record
 from switchboard_server.model import Actor
 
 
@@ -38,14 +31,6 @@ class TemplateRow(PolicyLimitColumns):
     #: The limits a human last set (policy JSON), or ``None``.
     human_limits: dict[str, Any] | None
     updated_at: datetime
-
-
-@dataclass(frozen=True)
-class TemplateAuditRow(AuditColumns):
-    """One stored template change."""
-
-    #: How many queues' policies it wrote.
-    queues: int
 
 
 @dataclass(frozen=True)
@@ -278,54 +263,3 @@ async def maybe_deferred(
         window_start=window_start,
     )
     return [r["queue_id"] for r in rows]
-
-
-async def insert_audit(
-    conn: Conn,
-    *,
-    endpoint_id: uuid.UUID,
-    owner_id: uuid.UUID,
-    prefix: str,
-    action: str,
-    actor: Actor,
-    before: Mapping[str, Any] | None,
-    after: Mapping[str, Any] | None,
-    queues: int,
-) -> None:
-    """Records one template change."""
-    await execute(
-        conn,
-        "template_audit_insert",
-        endpoint_id=endpoint_id,
-        owner_id=owner_id,
-        prefix=prefix,
-        action=action,
-        actor_credential_id=actor.credential_id,
-        actor_human_id=actor.human_id,
-        actor_endpoint_id=actor.endpoint_id,
-        before=json_text(before),
-        after=json_text(after),
-        queues=queues,
-    )
-
-
-async def list_audit(
-    conn: Conn,
-    *,
-    endpoint_id: uuid.UUID,
-    owner_id: uuid.UUID,
-    prefix: str,
-    before_id: int | None,
-    limit: int,
-) -> list[TemplateAuditRow]:
-    """A page of a template's changes, newest first."""
-    rows = await fetch_many(
-        conn,
-        "template_audit_list",
-        endpoint_id=endpoint_id,
-        owner_id=owner_id,
-        prefix=prefix,
-        before_id=before_id,
-        limit=limit,
-    )
-    return [audit_record(TemplateAuditRow, r) for r in rows]

@@ -1,5 +1,5 @@
-"""The operator's cancels and requeues, one by one or in bulk chunks, and
-their audit entries (sql/todo_actions.sql)."""
+"""The operator's cancels and requeues, one by one or in bulk chunks
+(sql/todo_actions.sql; their audit entries: db/audit_trails.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from switchboard_server.db.database import Conn
-from switchboard_server.db.queries import execute, fetch_many, fetch_one, fetch_value
+from switchboard_server.db.queries import fetch_many, fetch_one
 from switchboard_server.db.todos import todo_or_none
 from switchboard_server.model import Acted, ActionOutcome, TodoState
 
@@ -152,63 +152,3 @@ async def bulk_chunk(
     )
     assert rec is not None
     return Chunk(list(rec["ids"]), rec["matched"], rec["skipped"], rec["next_after_id"])
-
-
-async def open_audit(
-    conn: Conn,
-    *,
-    owner_id: uuid.UUID,
-    endpoint_id: uuid.UUID,
-    action: str,
-    filter_json: str,
-    actor_credential_id: uuid.UUID | None,
-    actor_human_id: uuid.UUID | None,
-    actor_endpoint_id: uuid.UUID | None,
-) -> int:
-    """Records a bulk call by filter with a count of 0; returns the entry's id."""
-    entry_id = await fetch_value(
-        conn,
-        "todo_audit_open",
-        owner_id=owner_id,
-        endpoint_id=endpoint_id,
-        action=action,
-        filter_json=filter_json,
-        actor_credential_id=actor_credential_id,
-        actor_human_id=actor_human_id,
-        actor_endpoint_id=actor_endpoint_id,
-    )
-    return int(entry_id)
-
-
-async def add_to_audit(conn: Conn, *, entry_id: int, count: int) -> None:
-    """Adds a chunk's changes to a bulk call's audit entry."""
-    await execute(conn, "todo_audit_add", entry_id=entry_id, count=count)
-
-
-async def insert_audit(
-    conn: Conn,
-    *,
-    owner_id: uuid.UUID,
-    endpoint_id: uuid.UUID,
-    action: str,
-    todo_id: int | None,
-    count: int,
-    filter_json: str | None,
-    actor_credential_id: uuid.UUID | None,
-    actor_human_id: uuid.UUID | None,
-    actor_endpoint_id: uuid.UUID | None,
-) -> None:
-    """Records a cancel or requeue."""
-    await execute(
-        conn,
-        "todo_audit_insert",
-        owner_id=owner_id,
-        endpoint_id=endpoint_id,
-        action=action,
-        todo_id=todo_id,
-        count=count,
-        filter_json=filter_json,
-        actor_credential_id=actor_credential_id,
-        actor_human_id=actor_human_id,
-        actor_endpoint_id=actor_endpoint_id,
-    )

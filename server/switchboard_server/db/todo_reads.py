@@ -1,13 +1,11 @@
 """Reads of todos: one todo, its attempts and result, pages of an endpoint's
-todos, and the audit of cancels and requeues (sql/todo_reads.sql)."""
+todos (sql/todo_reads.sql; the audit of cancels and requeues: db/audit_trails.py)."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import fetch_many, fetch_one
@@ -15,43 +13,10 @@ from switchboard_server.db.todos import todo_from_record, todo_or_none
 from switchboard_server.model import (
     Attempt,
     AttemptOutcome,
-    AuditEntry,
     Todo,
     TodoResult,
-    TodoSelection,
     TodoState,
 )
-
-
-async def list_audit(
-    conn: Conn,
-    *,
-    owner_id: uuid.UUID,
-    endpoint_id: uuid.UUID | None,
-    before_id: int | None,
-    limit: int,
-) -> list[AuditEntry[TodoSelection, int]]:
-    """An owner's cancels and requeues (one endpoint's, when given), newest first."""
-    rows = await fetch_many(
-        conn,
-        "todo_audit_list",
-        owner_id=owner_id,
-        endpoint_id=endpoint_id,
-        before_id=before_id,
-        limit=limit,
-    )
-    return [_audit_row(dict(r)) for r in rows]
-
-
-def _audit_row(values: dict[str, Any]) -> AuditEntry[TodoSelection, int]:
-    """A call by ids keeps its ids in the filter column, as ``{"todo_ids": [...]}``."""
-    todo_id, stored, count = values.pop("todo_id"), values.pop("filter"), values.pop("count")
-    todos = TodoSelection(todo_id, stored)
-    if stored is not None and '"todo_ids"' in stored:
-        ids = json.loads(stored).get("todo_ids")
-        if isinstance(ids, list):
-            todos = TodoSelection(todo_id, None, tuple(str(i) for i in ids))
-    return AuditEntry(subject=todos, change=count, **values)
 
 
 async def result(conn: Conn, *, todo_id: int) -> TodoResult | None:

@@ -17,14 +17,14 @@ from typing import Any
 from switchboard_server import errors
 from switchboard_server.access import Scope, actor_of, require_tenant
 from switchboard_server.db import Database
+from switchboard_server.db import audit_trails as audit
 from switchboard_server.db import claims as claim_queries
-from switchboard_server.db import todo_actions as action_queries
 from switchboard_server.db.database import Conn, rerun_on_conflict
 from switchboard_server.dispatch.action_rules import Action, BulkItem, Redo
 from switchboard_server.dispatch.common import DispatchSettings
 from switchboard_server.dispatch.reads import TodoView, views
 from switchboard_server.metrics import Metrics
-from switchboard_server.model import ActionOutcome, Principal, Todo, TodoState
+from switchboard_server.model import ActionOutcome, AuditChange, Principal, Todo, TodoState
 
 log = logging.getLogger(__name__)
 
@@ -191,17 +191,10 @@ async def _audit(
 ) -> None:
     """Records a cancel or requeue: who (a human, or an agent and the human who
     vended its credential), which endpoint, which todo or how many, the filter."""
-    actor = actor_of(principal)
     assert principal.owner_id is not None
-    await action_queries.insert_audit(
+    filter_json = json.dumps(filter_, sort_keys=True) if filter_ is not None else None
+    await audit.record(
         conn,
-        owner_id=principal.owner_id,
-        endpoint_id=endpoint_id,
-        action=action.label,
-        todo_id=todo_id,
-        count=count,
-        filter_json=json.dumps(filter_, sort_keys=True) if filter_ is not None else None,
-        actor_credential_id=actor.credential_id,
-        actor_human_id=actor.human_id,
-        actor_endpoint_id=actor.endpoint_id,
+        subject=audit.TodoActed(principal.owner_id, endpoint_id, todo_id, filter_json),
+        change=AuditChange(action.label, actor_of(principal), count=count),
     )

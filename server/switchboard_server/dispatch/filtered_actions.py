@@ -16,12 +16,13 @@ from typing import Any
 
 from switchboard_server.access import actor_of, endpoint_scope
 from switchboard_server.db import Database
+from switchboard_server.db import audit_trails as audit
 from switchboard_server.db import todo_actions as action_queries
 from switchboard_server.db.database import Conn
 from switchboard_server.dispatch.action_rules import Action, Redo
 from switchboard_server.dispatch.common import require_endpoint
 from switchboard_server.metrics import Metrics
-from switchboard_server.model import Principal, TodoState
+from switchboard_server.model import AuditChange, Principal, TodoState
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,7 @@ class FilteredActions:
                             tx, principal, endpoint_id, action, which, after
                         )
                     if applied:
-                        await action_queries.add_to_audit(tx, entry_id=entry_id, count=applied)
+                        await audit.add_to_bulk(tx, entry_id=entry_id, count=applied)
                     count += applied
             chunks += 1
             if tallies:
@@ -197,18 +198,13 @@ async def _open_audit(
     after: int | None,
 ) -> int:
     """Records a bulk call by filter (count 0, each chunk adds its own)."""
-    actor = actor_of(principal)
     assert principal.owner_id is not None
     filter_ = which.as_json(endpoint_id)
     if after:
         filter_["resumed_after_id"] = str(after)
-    return await action_queries.open_audit(
+    filter_json = json.dumps(filter_, sort_keys=True)
+    return await audit.open_bulk(
         conn,
-        owner_id=principal.owner_id,
-        endpoint_id=endpoint_id,
-        action=action.label,
-        filter_json=json.dumps(filter_, sort_keys=True),
-        actor_credential_id=actor.credential_id,
-        actor_human_id=actor.human_id,
-        actor_endpoint_id=actor.endpoint_id,
+        subject=audit.TodoActed(principal.owner_id, endpoint_id, None, filter_json),
+        change=AuditChange(action.label, actor_of(principal)),
     )

@@ -18,6 +18,7 @@ from switchboard_server import errors
 from switchboard_server.access import Scope, endpoint_scope, require_tenant
 from switchboard_server.db import Database
 from switchboard_server.db import admission as admission_queries
+from switchboard_server.db import audit_trails as audit
 from switchboard_server.db import todo_reads as read_queries
 from switchboard_server.db.database import Conn
 from switchboard_server.dispatch.common import DispatchSettings, require_endpoint
@@ -230,13 +231,8 @@ class Reads:
         async with self._db.transaction(within=conn) as conn:
             if scope.endpoint_id is not None:
                 await require_endpoint(conn, principal, scope)
-            return await read_queries.list_audit(
-                conn,
-                owner_id=scope.owner_id,
-                endpoint_id=scope.endpoint_id,
-                before_id=before,
-                limit=limit,
-            )
+            trail = audit.TodoTrail(owner_id=scope.owner_id, endpoint_id=scope.endpoint_id)
+            return await audit.page(conn, of=trail, before_id=before, limit=limit)
 
     async def watchable_endpoint(
         self, principal: Principal, endpoint_id: uuid.UUID | None

@@ -5,14 +5,14 @@ one module per domain (``from switchboard_server.model import X`` reads any):
 - ``leasing``: a claim's lease, settlements and lease calls' outcomes;
 - ``ingesting``: todos to ingest and what ingest did with them;
 - ``principals``: owners, humans, endpoints, credentials, principals, grants;
-- ``audit_entries``: audited changes (actor, revision, selection, entry).
+- ``audit_entries``: audited changes (actor, revision, selection, entry, change).
 """
 
 from __future__ import annotations
 
 from switchboard_server.model.audit_entries import (
     Actor,
-    AuditedRow,
+    AuditChange,
     AuditEntry,
     Revision,
     TodoSelection,
@@ -60,8 +60,8 @@ __all__ = [
     "Actor",
     "Attempt",
     "AttemptOutcome",
+    "AuditChange",
     "AuditEntry",
-    "AuditedRow",
     "ClaimOutcome",
     "Credential",
     "Endpoint",

@@ -1,6 +1,7 @@
 """Audited changes, of any kind: who made one (``Actor``), what it did to a
 policy or a schedule (``Revision``), which todos an action named
-(``TodoSelection``), and the one read-side entry (``AuditEntry``)."""
+(``TodoSelection``), the one read-side entry (``AuditEntry``) and the one
+write-side change (``AuditChange``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class Actor:
 S = TypeVar("S")
 C = TypeVar("C")
 T = TypeVar("T")
+U = TypeVar("U")
 
 
 @dataclass(frozen=True)
@@ -35,15 +37,12 @@ class Revision(Generic[T]):
     before: T | None
     after: T | None
 
-    @classmethod
-    def read(
-        cls,
-        before: Mapping[str, Any] | None,
-        after: Mapping[str, Any] | None,
-        read: Callable[[Mapping[str, Any]], T],
-    ) -> Revision[T]:
-        """The revision whose stored (JSON) forms are ``before`` and ``after``."""
-        return cls(read(before) if before else None, read(after) if after else None)
+    def map(self, read: Callable[[T], U]) -> Revision[U]:
+        """The revision with ``read`` of each side it has (the audit stores
+        each side as a JSON object: an empty one reads as none)."""
+        return Revision(
+            read(self.before) if self.before else None, read(self.after) if self.after else None
+        )
 
 
 @dataclass(frozen=True)
@@ -55,28 +54,6 @@ class TodoSelection:
     filter: str | None
     #: The ids that changed, when todos were named by id.
     todo_ids: tuple[str, ...] = ()
-
-
-class AuditedRow(Protocol):
-    """A stored audit row: the columns every kind of audit has."""
-
-    @property
-    def id(self) -> int: ...
-
-    @property
-    def action(self) -> str: ...
-
-    @property
-    def actor_credential_id(self) -> uuid.UUID | None: ...
-
-    @property
-    def actor_human_id(self) -> uuid.UUID | None: ...
-
-    @property
-    def actor_endpoint_id(self) -> uuid.UUID | None: ...
-
-    @property
-    def at(self) -> datetime: ...
 
 
 @dataclass(frozen=True)
@@ -97,17 +74,52 @@ class AuditEntry(Generic[S, C]):
     subject: S
     change: C
 
-    @classmethod
-    def of(cls, row: AuditedRow, endpoint_id: uuid.UUID, subject: S, change: C) -> AuditEntry[S, C]:
-        """The entry of a stored audit row, with what its kind adds."""
-        return cls(
-            row.id,
-            endpoint_id,
-            row.action,
-            row.actor_credential_id,
-            row.actor_human_id,
-            row.actor_endpoint_id,
-            row.at,
+    def read_as(self, subject: T, change: U) -> AuditEntry[T, U]:
+        """The same entry with its subject and change as a service tells them
+        (the audit reads them as stored: ids, JSON objects)."""
+        return AuditEntry(
+            self.id,
+            self.endpoint_id,
+            self.action,
+            self.actor_credential_id,
+            self.actor_human_id,
+            self.actor_endpoint_id,
+            self.at,
             subject,
             change,
+        )
+
+
+@dataclass(frozen=True)
+class AuditChange:
+    """One change as an audit trail records it beside its subject
+    (``db/audit_trails.record``): what was done (``action``), by whom, and
+    the object's stored (JSON) form before and after it (``None``: created,
+    deleted), or, for a change of many things, how many it changed (a
+    template's queues, a cancel's or requeue's todos)."""
+
+    action: str
+    actor: Actor
+    before: Mapping[str, Any] | None = None
+    after: Mapping[str, Any] | None = None
+    count: int | None = None
+
+    @classmethod
+    def revised(
+        cls,
+        action: str,
+        actor: Actor,
+        before: T | None,
+        after: T | None,
+        stored: Callable[[T], Mapping[str, Any]],
+        count: int | None = None,
+    ) -> AuditChange:
+        """The change of an object from ``before`` to ``after``, each side
+        as ``stored`` writes it."""
+        return cls(
+            action,
+            actor,
+            stored(before) if before is not None else None,
+            stored(after) if after is not None else None,
+            count,
         )

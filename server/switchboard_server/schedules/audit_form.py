@@ -10,10 +10,10 @@ from datetime import datetime
 from typing import Any
 
 from switchboard_server.access import actor_of
-from switchboard_server.db import schedules as schedule_queries
+from switchboard_server.db import audit_trails
 from switchboard_server.db.database import Conn
 from switchboard_server.db.schedules import ScheduleRow
-from switchboard_server.model import Principal
+from switchboard_server.model import AuditChange, Principal
 
 
 def schedule_json(row: ScheduleRow) -> dict[str, Any]:
@@ -67,11 +67,10 @@ async def audit(
     before: ScheduleRow | None,
     after: ScheduleRow | None,
 ) -> None:
-    await schedule_queries.insert_audit(
+    await audit_trails.record(
         conn,
-        row=row,
-        action=action,
-        actor=actor_of(principal),
-        before=schedule_json(before) if before else None,
-        after=schedule_json(after) if after else None,
+        subject=audit_trails.ScheduleTrail(
+            schedule_id=row.id, owner_id=row.owner_id, endpoint_id=row.endpoint_id
+        ),
+        change=AuditChange.revised(action, actor_of(principal), before, after, schedule_json),
     )

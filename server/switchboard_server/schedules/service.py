@@ -7,7 +7,7 @@ import uuid
 
 from switchboard_server import errors
 from switchboard_server.access import schedule_scope
-from switchboard_server.db import Database, clock
+from switchboard_server.db import Database, audit_trails, clock
 from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import schedules as schedule_queries
 from switchboard_server.db import tenancy as tenancy_queries
@@ -148,23 +148,14 @@ class Schedules:
         deleted): each entry's subject is the schedule's id."""
         owner_id, endpoint = schedule_scope(principal, None, Grant.READ)
         async with self._db.connection() as conn:
-            rows = await schedule_queries.list_audit(
-                conn,
-                schedule_id=schedule_id,
-                owner_id=owner_id,
-                endpoint_id=endpoint,
-                before_id=before_id,
-                limit=limit,
+            trail = audit_trails.ScheduleTrail(
+                schedule_id=schedule_id, owner_id=owner_id, endpoint_id=endpoint
             )
+            rows = await audit_trails.page(conn, of=trail, before_id=before_id, limit=limit)
         if not rows and before_id is None:
             raise errors.NotFound("schedule not found")
         return [
-            AuditEntry.of(
-                r,
-                r.endpoint_id,
-                r.schedule_id,
-                Revision.read(r.before, r.after, lambda j: schedule_of(schedule_from_json(j))),
-            )
+            r.read_as(r.subject, r.change.map(lambda j: schedule_of(schedule_from_json(j))))
             for r in rows
         ]
 
