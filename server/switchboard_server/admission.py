@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from switchboard_server import errors, policy_templates
+from switchboard_server import errors, policy_templates, template_queues
 from switchboard_server.access import actor_of, policy_scope
 from switchboard_server.db import Database, clock
 from switchboard_server.db import admission as admission_queries
@@ -356,12 +356,12 @@ async def _store(
 async def _clear(conn: Conn, principal: Principal, row: PolicyRow, q: _Queue) -> Policy:
     """Deactivates the locked row's active policy (counters and schedule kept);
     audited as a ``clear``. Its own policy gone, the queue's template (if any)
-    then governs it (``policy_templates.fall_back``)."""
+    then governs it (``template_queues.fall_back``)."""
     before = q.policy(row)
     stored = await _write(conn, row, row, row.window_bounds, row.schedule_refresh_at, active=False)
     await _audit(conn, principal, stored, "clear", before, None)
     await doorbell_queries.recheck_gate(conn, endpoint_id=row.endpoint_id, queue_id=row.queue_id)
-    await policy_templates.fall_back(
+    await template_queues.fall_back(
         conn, endpoint_id=q.endpoint, owner_id=q.owner_id, queue_id=row.queue_id, queue=q.name
     )
     return before

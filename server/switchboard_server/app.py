@@ -43,12 +43,13 @@ from switchboard_server.hooks import deliver_once, open_client
 from switchboard_server.loops import LoopSignals, Supervisor, reap_once, retain_once
 from switchboard_server.metrics import Metrics
 from switchboard_server.overview import Overview
-from switchboard_server.policy_templates import PolicyTemplates, refresh_template_schedules
+from switchboard_server.policy_templates import PolicyTemplates
 from switchboard_server.policy_windows import refresh_schedules
 from switchboard_server.schedules import Schedules, fire_due
 from switchboard_server.servicers.grpc_server import SERVICE_NAMES, grpc_publisher, grpc_server
 from switchboard_server.services import Services
 from switchboard_server.startup import open_database, open_keyring, run_migrations
+from switchboard_server.template_queues import refresh_template_schedules
 from switchboard_server.tenancy import Tenancy
 from switchboard_server.web.server import HttpListener, start_http
 

@@ -23,7 +23,7 @@ from switchboard_server.auth import Authenticator
 from switchboard_server.config import Settings
 from switchboard_server.db import Database, clock
 from switchboard_server.db.queries import fetch_many
-from switchboard_server.policy_templates import refresh_template_schedules
+from switchboard_server.template_queues import refresh_template_schedules
 
 from tests.support.admission import ingest, set_policy, window
 from tests.support.client import OPERATOR_TOKEN, Client, Tenant, auth, make_tenant
