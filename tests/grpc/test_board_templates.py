@@ -5,6 +5,7 @@ among many by a name prefix or "deferring work only", capped with a count."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator
 from urllib.parse import quote
@@ -16,7 +17,7 @@ from switchboard_server.web import board_pages, board_templates
 
 from tests.support.admission import set_policy, window
 from tests.support.board_http import Board, signed_in
-from tests.support.client import Client, Tenant, make_tenant
+from tests.support.client import Client, Tenant, completions, make_tenant
 
 #: The accounts' queues: acct:000 to acct:059, two todos each.
 ACCOUNTS = [f"acct:{i:03}" for i in range(60)]
@@ -210,3 +211,85 @@ async def test_a_template_page_is_not_found_for_another_owner_or_no_template(
         status, page, _ = await board.get(path)
         assert status == 404, (path, page[:300])
         assert "acct:0" not in page
+
+
+#: The accounts of the board at scale: acct:0 to acct:2999, one todo each.
+MANY = 3000
+#: Every 75th of them has its day's claim spent: 40 accounts over budget.
+OVER_BUDGET = [f"acct:{i}" for i in range(0, MANY, 75)]
+
+
+async def thousands_of_accounts(client: Client, tenant: Tenant) -> None:
+    """A template of one claim a day over ``MANY`` queues of one todo each (in
+    IngestTodos calls of 500), but ``OVER_BUDGET`` with two, the day's claim
+    spent (claimed at once, completed in one SettleTodos): their second todo
+    is deferred, they are the accounts over budget."""
+    await client.admission.SetPolicyTemplate(
+        admission_pb2.SetPolicyTemplateRequest(
+            policy_template=admission_pb2.PolicyTemplate(
+                endpoint_id=tenant.endpoint_id,
+                pattern="acct:*",
+                max_claims_per_window=1,
+                window=window(),
+            )
+        ),
+        metadata=tenant.human,
+    )
+    todos = [
+        dispatch_pb2.IngestRequest(queue=queue_pb2.QueueRef(name=f"acct:{i}"), payload=b"x")
+        for i in range(MANY)
+        for _ in range(2 if f"acct:{i}" in OVER_BUDGET else 1)
+    ]
+    for start in range(0, len(todos), 500):
+        await client.dispatch.IngestTodos(
+            dispatch_pb2.IngestTodosRequest(todos=todos[start : start + 500]),
+            metadata=tenant.agent,
+        )
+    claims = await asyncio.gather(
+        *(
+            client.dispatch.ClaimNext(
+                dispatch_pb2.ClaimNextRequest(claimant="w", queues=[name]), metadata=tenant.agent
+            )
+            for name in OVER_BUDGET
+        )
+    )
+    assert [c.todo.queue.name for c in claims] == OVER_BUDGET
+    claimed = [dispatch_pb2.ClaimedTodo(todo=c.todo, lease=c.lease) for c in claims]
+    await client.dispatch.SettleTodos(completions(claimed), metadata=tenant.agent)
+
+
+async def test_the_board_at_3000_accounts_stays_bounded_and_finds_those_over_budget(
+    client: Client, tenant: Tenant, board: Board
+) -> None:
+    """Issue 32's "visible on the board at 3,000 accounts": the front page
+    shows the template's count and its ten most constrained queues, not
+    3,000 rows; its page finds the 40 over budget, and one account by prefix."""
+    await thousands_of_accounts(client, tenant)
+    status, page, _ = await board.get("/board")
+    assert status == 200
+    group = section(page, "acct:*")
+    assert f'<strong class="governed">{MANY}</strong> queues' in group
+    assert f'<strong class="over-budget">{len(OVER_BUDGET)}</strong> deferring work' in group
+    shown = queues_in(page)
+    assert len(shown) == board_templates.GROUP_SHOWN and set(shown) <= set(OVER_BUDGET)
+    assert f"({board_templates.GROUP_SHOWN} of {MANY})" in group
+    # Bounded: ten rows of a queue take a few kilobytes, 3,000 would take megabytes.
+    assert len(page) < 100_000, len(page)
+
+    path = template_path(tenant, "acct:*")
+    _, everything, _ = await board.get(path)
+    rows = queues_in(everything)
+    assert len(rows) == board_templates.TEMPLATE_PAGE
+    assert set(rows[: len(OVER_BUDGET)]) == set(OVER_BUDGET)  # the most constrained first
+    capped = f"{MANY} queues match; the {board_templates.TEMPLATE_PAGE} most constrained"
+    assert capped in everything
+
+    _, over, _ = await board.get(path + "?deferred=1")
+    assert sorted(queues_in(over)) == sorted(OVER_BUDGET)  # all 40, and only they
+    assert f"{len(OVER_BUDGET)} queues match." in over
+    assert over.count("window_exhausted") >= len(OVER_BUDGET)
+
+    _, one, _ = await board.get(path + "?prefix=" + quote("acct:2999"))
+    assert queues_in(one) == ["acct:2999"] and "1 queue matches." in one
+    _, spent, _ = await board.get(path + "?deferred=1&prefix=" + quote("acct:1500"))
+    assert queues_in(spent) == ["acct:1500"]  # 1500 = 20 x 75: over budget
