@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import re
+import uuid
 from collections.abc import AsyncIterator
 from urllib.parse import quote
 
 import pytest
 from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, queue_pb2
 from switchboard_server.app import App
+from switchboard_server.db import Database
+from switchboard_server.db import queues as queue_queries
 from switchboard_server.web import board_pages, board_templates
 
-from tests.support.admission import set_policy, window
+from tests.support.admission import ingest, set_policy, window
 from tests.support.board_http import Board, signed_in
 from tests.support.client import Client, Tenant, completions, make_tenant
 
@@ -296,3 +299,72 @@ async def test_the_board_at_3000_accounts_stays_bounded_and_finds_those_over_bud
     assert queues_in(one) == ["acct:2999"] and "1 queue matches." in one
     _, spent, _ = await board.get(path + "?deferred=1&prefix=" + quote("acct:1500"))
     assert queues_in(spent) == ["acct:1500"]  # 1500 = 20 x 75: over budget
+
+
+async def test_the_overview_evaluates_only_queues_that_may_defer_and_agrees_with_the_claims(
+    client: Client, tenant: Tenant, db: Database
+) -> None:
+    """The board's overview calls ``sb_queue_admission`` only for a queue its
+    own counts say may defer (a limit of 0, the window used up or not
+    covered, as many claimed as the in-flight limit): for every kind of
+    queue, template's or own, its reason is the function's."""
+    await client.admission.SetPolicyTemplate(
+        admission_pb2.SetPolicyTemplateRequest(
+            policy_template=admission_pb2.PolicyTemplate(
+                endpoint_id=tenant.endpoint_id,
+                pattern="acct:*",
+                max_in_flight=3,
+                max_claims_per_window=1,
+                window=window(),
+            )
+        ),
+        metadata=tenant.human,
+    )
+    expected = {
+        "free": None,
+        "acct:idle": None,
+        "acct:spent": "window_exhausted",
+        "busy": "in_flight_full",
+        "roomy": None,
+        "paused": "paused",
+        "closed": "paused",
+        "nowindow": "admission_unavailable",
+    }
+    for name in expected:
+        await ingest(client, tenant.agent, name, 2)
+    # Their own policies: (max in flight, max claims a window).
+    own = {
+        "busy": (1, None),
+        "roomy": (2, 5),
+        "paused": (0, None),
+        "closed": (None, 0),
+        "nowindow": (None, 5),
+    }
+    for name, (in_flight, per_window) in own.items():
+        await set_policy(
+            client,
+            tenant.human,
+            name,
+            endpoint_id=tenant.endpoint_id,
+            max_in_flight=in_flight,
+            max_claims_per_window=per_window,
+        )
+    for name in ("acct:spent", "busy", "roomy"):
+        claimed = await client.dispatch.ClaimNext(
+            dispatch_pb2.ClaimNextRequest(claimant="w", queues=[name]), metadata=tenant.agent
+        )
+        assert claimed.todo.queue.name == name
+    async with db.transaction() as conn:
+        await conn.execute(
+            "UPDATE admission_policies p SET window_bounds = '{}' FROM queues q"
+            " WHERE q.policy_id = p.id AND q.name = 'nowindow' AND p.active"
+        )
+        rows = await queue_queries.overview(
+            conn, owner_id=uuid.UUID(tenant.owner_id), endpoint_id=None, name=None
+        )
+        direct = await conn.fetch(
+            "SELECT q.name, a.reason FROM queues q"
+            " LEFT JOIN LATERAL sb_queue_admission(q.endpoint_id, q.id, sb_now()) a ON true"
+        )
+    assert {r.name: r.reason for r in rows} == expected
+    assert {r["name"]: r["reason"] for r in direct} == expected
