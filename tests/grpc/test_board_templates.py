@@ -55,21 +55,31 @@ def template_path(tenant: Tenant, pattern: str) -> str:
     return f"/board/templates/{tenant.endpoint_id}/{quote(pattern, safe='')}"
 
 
+async def set_template(
+    client: Client,
+    who: Tenant,
+    *,
+    in_flight: int | None = None,
+    per_day: int | None = None,
+    pattern: str = "acct:*",
+) -> None:
+    """Sets ``pattern``'s template on ``who``'s endpoint: at most ``in_flight``
+    in flight, ``per_day`` claims a DAY window (from 00:00 UTC)."""
+    template = admission_pb2.PolicyTemplate(endpoint_id=who.endpoint_id, pattern=pattern)
+    if in_flight is not None:
+        template.max_in_flight = in_flight
+    if per_day is not None:
+        template.max_claims_per_window = per_day
+        template.window.CopyFrom(window())
+    await client.admission.SetPolicyTemplate(
+        admission_pb2.SetPolicyTemplateRequest(policy_template=template), metadata=who.human
+    )
+
+
 async def accounts(client: Client, tenant: Tenant) -> None:
     """A template of one claim a day and two in flight over ``acct:*``, its 60
     queues, two of them with the day's claim spent; and a queue of its own."""
-    await client.admission.SetPolicyTemplate(
-        admission_pb2.SetPolicyTemplateRequest(
-            policy_template=admission_pb2.PolicyTemplate(
-                endpoint_id=tenant.endpoint_id,
-                pattern="acct:*",
-                max_in_flight=2,
-                max_claims_per_window=1,
-                window=window(),
-            )
-        ),
-        metadata=tenant.human,
-    )
+    await set_template(client, tenant, in_flight=2, per_day=1)
     items = [
         dispatch_pb2.IngestRequest(queue=queue_pb2.QueueRef(name=name), payload=b"x")
         for name in ACCOUNTS
@@ -123,14 +133,7 @@ async def test_the_front_page_groups_a_templates_queues_the_most_constrained_fir
 async def test_a_board_of_only_template_governed_queues_shows_their_section(
     client: Client, tenant: Tenant, board: Board
 ) -> None:
-    await client.admission.SetPolicyTemplate(
-        admission_pb2.SetPolicyTemplateRequest(
-            policy_template=admission_pb2.PolicyTemplate(
-                endpoint_id=tenant.endpoint_id, pattern="acct:*", max_in_flight=0
-            )
-        ),
-        metadata=tenant.human,
-    )
+    await set_template(client, tenant, in_flight=0)
     await client.dispatch.Ingest(
         dispatch_pb2.IngestRequest(queue=queue_pb2.QueueRef(name="acct:1"), payload=b"x"),
         metadata=tenant.agent,
@@ -149,14 +152,7 @@ async def test_a_template_that_governs_no_queue_yet_is_on_the_front_page(
     says that no queue matches it yet; another owner's template is not."""
     globex = await make_tenant(client, "globex", endpoint="globex-agent")
     for who, pattern in ((tenant, "acct:*"), (globex, "other:*")):
-        await client.admission.SetPolicyTemplate(
-            admission_pb2.SetPolicyTemplateRequest(
-                policy_template=admission_pb2.PolicyTemplate(
-                    endpoint_id=who.endpoint_id, pattern=pattern, max_in_flight=4
-                )
-            ),
-            metadata=who.human,
-        )
+        await set_template(client, who, in_flight=4, pattern=pattern)
     _, page, _ = await board.get("/board")
     assert "No queues yet" not in page
     group = section(page, "acct:*")
@@ -227,17 +223,7 @@ async def thousands_of_accounts(client: Client, tenant: Tenant) -> None:
     IngestTodos calls of 500), ``OVER_BUDGET`` of them with the day's claim
     spent (claimed at once, completed in one SettleTodos): nothing of theirs
     waits, but their budget admits no claim before tomorrow."""
-    await client.admission.SetPolicyTemplate(
-        admission_pb2.SetPolicyTemplateRequest(
-            policy_template=admission_pb2.PolicyTemplate(
-                endpoint_id=tenant.endpoint_id,
-                pattern="acct:*",
-                max_claims_per_window=1,
-                window=window(),
-            )
-        ),
-        metadata=tenant.human,
-    )
+    await set_template(client, tenant, per_day=1)
     todos = [
         dispatch_pb2.IngestRequest(queue=queue_pb2.QueueRef(name=f"acct:{i}"), payload=b"x")
         for i in range(MANY)
@@ -308,18 +294,7 @@ async def test_the_overview_evaluates_only_queues_that_may_defer_and_agrees_with
     own counts say may defer (a limit of 0, the window used up or not
     covered, as many claimed as the in-flight limit): for every kind of
     queue, template's or own, its reason is the function's."""
-    await client.admission.SetPolicyTemplate(
-        admission_pb2.SetPolicyTemplateRequest(
-            policy_template=admission_pb2.PolicyTemplate(
-                endpoint_id=tenant.endpoint_id,
-                pattern="acct:*",
-                max_in_flight=3,
-                max_claims_per_window=1,
-                window=window(),
-            )
-        ),
-        metadata=tenant.human,
-    )
+    await set_template(client, tenant, in_flight=3, per_day=1)
     expected = {
         "free": None,
         "acct:idle": None,
