@@ -198,6 +198,8 @@ class ServerProcess:
         self.env = env
         self.log_path = log_path
         self.address = ""
+        #: The HTTP listener's address (the board, metrics).
+        self.http_address = ""
 
     @property
     def pid(self) -> int:
@@ -248,6 +250,7 @@ class ServerProcess:
                     entry = json.loads(line)
                     if entry.get("message") == "serving":
                         server.address = str(entry["grpc"])
+                        server.http_address = str(entry.get("http") or "")
             if server.address:
                 break
             if proc.returncode is not None or time.monotonic() > deadline:

@@ -18,6 +18,12 @@ measured in one run on a fresh database (an embedded PostgreSQL unless
    queues, then lowering it back: each call's wall time, and the claim p99 of
    a third endpoint's callers during the call against a window before it (a
    raise re-checks no queue's gate one by one, a lowering every queue's).
+4. **The board** (``board.py``), after the idle windows and before the
+   claim rounds: a signed-in human fetches the front page and the
+   template's page (unfiltered, over budget only, one account by prefix)
+   over HTTP, each several times: median and max time, size, rows of
+   queues, and the server's and PostgreSQL's CPU per page (target: each
+   under 500 ms).
 
 Results: ``bench/results/<date>-<commit>-templates.json`` and
 ``bench/results/latest-templates.md`` (``--quick``: ``bench/results/tmp/``).

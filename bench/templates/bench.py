@@ -16,6 +16,7 @@ from bench.api import Api, Tenant
 from bench.cluster import Cluster, ServerProcess
 from bench.harness import Progress
 from bench.held.probes import postgres_cpu_seconds
+from bench.templates import board
 from bench.templates.params import TemplatesParams
 
 #: The template's pattern, and each queue's name under it.
@@ -124,6 +125,7 @@ class TemplatesBench:
         self.idle: dict[str, dict[str, Any]] = {}
         self.claims: dict[str, list[dict[str, Any]]] = {"templates": [], "explicit": []}
         self.change: dict[str, Any] = {}
+        self.board: list[dict[str, Any]] = []
         self.figures: dict[str, Any] = {}
         self.notes: list[str] = []
 
@@ -132,8 +134,8 @@ class TemplatesBench:
         await self.api.close()
 
     async def run(self) -> None:
-        """Every phase, in order: idle windows between the set-ups, the interleaved claim
-        rounds, the template change."""
+        """Every phase, in order: idle windows between the set-ups, the board's pages,
+        the interleaved claim rounds, the template change."""
         p = self.p
         await self.api.ready()
         token = self.server.operator_token
@@ -146,6 +148,7 @@ class TemplatesBench:
         await self.idle_window(
             "both", f"and {p.queues:,} queues with a policy each (SetPolicy) beside them"
         )
+        await self.board_pages()
         for kind in ("templates", "explicit"):
             await self.claim_round(kind, -1)
         for r in range(p.rounds):
@@ -271,6 +274,23 @@ class TemplatesBench:
         cpu = math.nan if c0 is None or c1 is None else (c1 - c0) / (t1 - t0) * 100
         self.idle[key] = {"label": label, "seconds": round(t1 - t0, 2), "postgres_cpu_pct": cpu}
         self.progress.done(f"PostgreSQL {cpu:.2f}% of a core")
+
+    async def board_pages(self) -> None:
+        """The board's pages at the templates endpoint's ``queues`` queues, ``exhausted``
+        of them over budget, before any claim round (nothing else runs)."""
+        p = self.p
+        self.progress.step(f"the board at {p.queues:,} template queues")
+        one = queue_name(p.queues // 2)
+        self.board = await board.measure(
+            self.server,
+            self.cluster,
+            self.tenants["templates"],
+            board.pages(self.tenants["templates"], PATTERN, one),
+            p.board_fetches,
+        )
+        self.progress.done(
+            ", ".join(f"{b['page']} {b['median_ms']:.0f} ms ({b['rows']} rows)" for b in self.board)
+        )
 
     async def claim_round(self, kind: str, r: int) -> None:
         """``callers`` callers claiming from ``kind``'s endpoint for ``claim_seconds``; round

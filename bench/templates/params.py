@@ -36,6 +36,8 @@ class TemplatesParams:
     #: Todos of the change's endpoint: more than its callers claim.
     other_todos: int = 20000
     channels: int = 4
+    #: Fetches of each board page (after one not recorded).
+    board_fetches: int = 10
 
     @property
     def exhausted(self) -> int:
@@ -76,4 +78,5 @@ class TemplatesParams:
             other_queues=2,
             other_todos=3000,
             channels=2,
+            board_fetches=3,
         )

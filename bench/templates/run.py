@@ -10,6 +10,7 @@ import sys
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import unquote
 
 import asyncpg
 
@@ -18,6 +19,7 @@ from bench.cluster import Cluster, ServerProcess
 from bench.harness import Progress
 from bench.report import Section, Target
 from bench.templates.bench import TemplatesBench
+from bench.templates.board import PAGE_MS_TARGET
 from bench.templates.params import TemplatesParams
 
 #: "No worse" on a shared machine: within this ratio of the explicit policies.
@@ -112,8 +114,54 @@ def change_targets(bench: TemplatesBench) -> list[Target]:
     return out
 
 
+def board_targets(bench: TemplatesBench) -> list[Target]:
+    """Each board page's median time at the template's queues."""
+    p = bench.p
+    return [
+        Target(
+            f"The board's {b['page']}, {p.queues:,} template queues, {p.exhausted:,} over "
+            f"budget (median of {b['fetches']} fetches)",
+            f"{b['median_ms']:.0f} ms",
+            "",
+            None,
+            f"≤ {PAGE_MS_TARGET:g} ms",
+            b["median_ms"] <= PAGE_MS_TARGET,
+            f"{b['bytes'] / 1024:.0f} KiB, {b['rows']} row{'' if b['rows'] == 1 else 's'}",
+        )
+        for b in bench.board
+    ]
+
+
+def board_section(bench: TemplatesBench) -> Section:
+    """Each board page: its times, size, rows and CPU per fetch."""
+    section = Section(
+        [
+            "board page",
+            "median ms",
+            "max ms",
+            "KiB",
+            "rows",
+            "server CPU ms a page",
+            "PostgreSQL CPU ms a page",
+        ]
+    )
+    for b in bench.board:
+        section.rows.append(
+            [
+                f"{b['page']}" + (f" (`?{unquote(b['query'])}`)" if b["query"] else ""),
+                f"{b['median_ms']:.0f}",
+                f"{b['max_ms']:.0f}",
+                f"{b['bytes'] / 1024:.0f}",
+                f"{b['rows']}",
+                f"{b['server_cpu_ms']:.0f}",
+                f"{b['postgres_cpu_ms']:.0f}",
+            ]
+        )
+    return section
+
+
 def sections_of(bench: TemplatesBench) -> list[Section]:
-    """Each claim round, and the idle windows."""
+    """Each claim round, the idle windows and the board's pages."""
     rounds = Section(
         [
             "claim round",
@@ -146,7 +194,7 @@ def sections_of(bench: TemplatesBench) -> list[Section]:
     idle = Section(["idle", "PostgreSQL CPU, % of a core"])
     for m in bench.idle.values():
         idle.rows.append([f"{m['label']} ({m['seconds']:.0f} s)", f"{m['postgres_cpu_pct']:.2f}"])
-    return [rounds, idle]
+    return [rounds, idle, board_section(bench)]
 
 
 async def run_templates(
@@ -193,7 +241,9 @@ async def run_templates(
     )
     if not cluster.embedded:
         bench.notes.append("PostgreSQL CPU is measured only on the embedded PostgreSQL")
-    targets = claim_targets(bench) + idle_targets(bench) + change_targets(bench)
+    targets = (
+        claim_targets(bench) + idle_targets(bench) + change_targets(bench) + board_targets(bench)
+    )
     commit_after = report.git_commit()
     if commit_after != commit:
         bench.notes.append(f"the working tree changed during the run: {commit} → {commit_after}")
@@ -227,6 +277,7 @@ async def run_templates(
         "claims": report.rounded(bench.claims),
         "idle": report.rounded(bench.idle),
         "change": report.rounded(bench.change),
+        "board": report.rounded(bench.board),
         "other": report.rounded(bench.figures),
         "databases": [cluster.database],
         "notes": bench.notes,

@@ -113,8 +113,9 @@ class Pages:
 
     async def template_page(self, request: web.Request) -> web.StreamResponse:
         """One policy template's queues, the most constrained first: those whose
-        name starts with ``?prefix=``, only those deferring work with
-        ``?deferred=1``, at most ``TEMPLATE_PAGE`` of them."""
+        name starts with ``?prefix=``, only those over budget (their budget
+        admits no claim now) with ``?deferred=1``, at most ``TEMPLATE_PAGE``
+        of them."""
         session, principal = await self._p.signed_in(request)
         try:
             endpoint_id = uuid.UUID(request.match_info["endpoint_id"])
@@ -136,7 +137,7 @@ class Pages:
             policy_template=template,
             endpoint_name=queues[0].endpoint_name if queues else str(endpoint_id),
             governed=len(governed),
-            deferred_queues=groups[0].deferred_queues if groups else 0,
+            over_budget=groups[0].over_budget_queues if groups else 0,
             found=found[:TEMPLATE_PAGE],
             matched=len(found),
             prefix=prefix,

@@ -1,7 +1,7 @@
 """The board's view of policy templates (issue 32): the queues a template
 governs, grouped under it rather than one row each among the owner's queues
 (an endpoint may have thousands, one per account), the most constrained
-first, and found among thousands by a name prefix or "deferred only".
+first, and found among thousands by a name prefix or "over budget only".
 
 Pure functions over the overview's ``QueueSummary`` rows, which the pages
 read from one snapshot.
@@ -35,14 +35,20 @@ class TemplateGroup:
     queues: list[QueueSummary]
 
     @property
-    def deferred_queues(self) -> int:
-        """How many of its queues defer work now (the accounts over budget)."""
-        return sum(1 for q in self.queues if q.deferred)
+    def over_budget_queues(self) -> int:
+        """How many of its queues are over budget (the accounts over budget)."""
+        return sum(1 for q in self.queues if over_budget(q))
 
     @property
     def deferred_todos(self) -> int:
         """The todos its queues defer now."""
         return sum(q.deferred for q in self.queues)
+
+
+def over_budget(q: QueueSummary) -> bool:
+    """Whether the queue's budget admits no claim now (its window used up, its
+    in-flight count full, or paused), whether or not a todo of it waits."""
+    return q.status is not None and q.status.deferred
 
 
 def _fill(used: int | None, limit: int | None) -> float:
@@ -53,13 +59,13 @@ def _fill(used: int | None, limit: int | None) -> float:
 
 
 def most_constrained_first(q: QueueSummary) -> tuple[bool, float, int, str]:
-    """A sort key: deferring queues first, then the fullest budget (window or in
-    flight), then the most pending, then by name."""
+    """A sort key: queues over budget first, then the fullest budget (window or
+    in flight), then the most pending, then by name."""
     fill = max(
         _fill(q.window_used, q.window_limit),
         _fill(q.claimed if q.in_flight_limit is not None else None, q.in_flight_limit),
     )
-    return (not q.deferred, -fill, -q.pending, q.queue)
+    return (not over_budget(q), -fill, -q.pending, q.queue)
 
 
 def split(
@@ -94,8 +100,10 @@ def split(
 
 
 def matching(
-    queues: Sequence[QueueSummary], prefix: str, deferred_only: bool
+    queues: Sequence[QueueSummary], prefix: str, over_budget_only: bool
 ) -> list[QueueSummary]:
-    """The queues whose name starts with ``prefix`` (and that defer work, with
-    ``deferred_only``), in their order."""
-    return [q for q in queues if q.queue.startswith(prefix) and (q.deferred or not deferred_only)]
+    """The queues whose name starts with ``prefix`` (and that are over budget,
+    with ``over_budget_only``), in their order."""
+    return [
+        q for q in queues if q.queue.startswith(prefix) and (not over_budget_only or over_budget(q))
+    ]
