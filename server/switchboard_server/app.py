@@ -10,6 +10,7 @@ grace period, stop loops, close the pool, stop the embedded database.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import signal
@@ -102,6 +103,22 @@ class App:
             self.web.tls.reload(force=True)
             reloaded.append("http certificates")
         log.info("SIGHUP: reloaded", extra={"reloaded": ", ".join(reloaded) or "nothing (no TLS)"})
+
+    def announce(self) -> None:
+        """Logs ``serving`` with the listeners' addresses: what a supervisor (and
+        tests/support/processes.py) waits for, so ``serve`` says it only once its
+        signal handlers are the serving ones."""
+        certificates = self.certificates
+        mode = "off" if certificates is None else "mutual" if certificates.mutual else "on"
+        log.info(
+            "serving",
+            extra={
+                "grpc": self.address,
+                "http": self.http_address,
+                "metrics": self.metrics_address,
+                "tls": mode,
+            },
+        )
 
     @property
     def http_address(self) -> str:
@@ -284,16 +301,6 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
         certificates=reloader,
         waits=waits,
     )
-    mode = "off" if reloader is None else "mutual" if reloader.mutual else "on"
-    log.info(
-        "serving",
-        extra={
-            "grpc": app.address,
-            "http": app.http_address,
-            "metrics": app.metrics_address,
-            "tls": mode,
-        },
-    )
     return app
 
 
@@ -364,34 +371,55 @@ def _start_loops(
 async def serve(settings: Settings) -> int:
     """Runs until SIGTERM or SIGINT (or a background loop dies); returns the exit code.
 
-    ``SIGHUP`` never stops it (its default action would, leaving an embedded
+    The signals are handled from the first moment: one that arrives while the
+    server starts cancels the start, which closes what it opened (the
+    embedded PostgreSQL among them), and the process exits 0; one that
+    arrives as it starts serving stops it as any later one does. ``SIGHUP``
+    never stops it (its default action would, leaving an embedded
     PostgreSQL running): once serving it reloads what there is to reload
     (:meth:`App.reload`); before that it is logged and ignored.
     """
     tracing.configure()
     loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
     loop.add_signal_handler(
         signal.SIGHUP, lambda: log.info("SIGHUP while starting: nothing to reload yet")
     )
-    try:
-        app = await start(settings)
-    except BaseException:
-        loop.remove_signal_handler(signal.SIGHUP)
-        raise
-    loop.add_signal_handler(signal.SIGHUP, app.reload)
-    stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    starting = asyncio.create_task(start(settings), name="switchboard.start")
+    stopping = asyncio.create_task(stop.wait(), name="switchboard.signal")
+    try:
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+            log.info("stopped while starting", extra={"reason": "signal"})
+            _remove_signal_handlers(loop)
+            return 0
+        app = starting.result()
+    except BaseException:
+        stopping.cancel()
+        starting.cancel()
+        _remove_signal_handlers(loop)
+        raise
+    loop.add_signal_handler(signal.SIGHUP, app.reload)
+    app.announce()
     waiters = [
-        asyncio.create_task(stop.wait(), name="switchboard.signal"),
+        stopping,
         asyncio.create_task(app.supervisor.failed.wait(), name="switchboard.loop-failure"),
     ]
     await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
     for waiter in waiters:
         waiter.cancel()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        loop.remove_signal_handler(sig)
+    _remove_signal_handlers(loop)
     failed = app.supervisor.failed.is_set()
     log.info("shutting down", extra={"reason": "loop failure" if failed else "signal"})
     await app.stop()
     return 1 if failed else 0
+
+
+def _remove_signal_handlers(loop: asyncio.AbstractEventLoop) -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.remove_signal_handler(sig)

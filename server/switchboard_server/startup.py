@@ -40,7 +40,16 @@ async def open_database(settings: Settings) -> tuple[Database, EmbeddedPostgres 
     dsn = settings.database_url
     if dsn is None:
         embedded = _embedded_postgres(settings)
-        dsn = await asyncio.to_thread(embedded.start)
+        starting = asyncio.ensure_future(asyncio.to_thread(embedded.start))
+        try:
+            dsn = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            # Stopped while it starts (a signal): the thread goes on starting
+            # it, so wait for that, then stop it rather than leave it running.
+            with contextlib.suppress(Exception):
+                await starting
+            await asyncio.to_thread(embedded.stop)
+            raise
         log.info("embedded postgres started", extra={"data_dir": str(settings.data_dir)})
     try:
         db = await _connect_with_retry(dsn, settings)

@@ -50,6 +50,9 @@ EXEMPT = {
     # Reads the schedule's endpoint (which never changes), then the form that
     # holds the group.
     "sb_schedule_fire/3",
+    # The previous release's form: reads the queue's endpoint (which never
+    # changes), then the form that holds the group.
+    "sb_gate_policy_changed/1",
 }
 #: Named queries that lock rows that only plain PostgreSQL runs: on a Citus
 #: cluster the server runs the form named beside each instead (loops.py).

@@ -378,3 +378,20 @@ async def test_serve_gives_up_after_the_start_timeout_with_one_clear_line() -> N
     assert server.log[-1].startswith("switchboard: cannot start: the database did not answer")
     assert "SWITCHBOARD_START_TIMEOUT" in server.log[-1]
     assert len([line for line in server.log if "database not ready" in line]) >= 2
+
+
+async def test_a_signal_while_starting_stops_the_start_cleanly() -> None:
+    # A replica stopped as it starts (a rollout that changes its mind, an
+    # operator's Ctrl-C while the database is down): the signal is handled from
+    # the first moment, the start is cancelled and closes what it opened, and
+    # the process exits 0, not killed by the signal's default action.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once the socket is closed
+    server = await ServerProcess.launch(
+        f"postgresql://postgres@127.0.0.1:{port}/postgres",
+        env={"SWITCHBOARD_START_TIMEOUT": "60"},
+    )
+    await server.wait_for_log("database not ready", within=30)
+    assert await server.stop(kill_after=20) == 0, "\n".join(server.log)
+    assert any('"stopped while starting"' in line for line in server.log), "\n".join(server.log)

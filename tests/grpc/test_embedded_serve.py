@@ -133,3 +133,20 @@ async def test_sighup_while_starting_does_not_stop_the_server(state_dir: pathlib
         server.proc.send_signal(signal.SIGHUP)
         await server.wait_serving(60)
         assert await _health(server.address) == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_sigterm_while_the_embedded_postgres_starts_stops_it_too(
+    state_dir: pathlib.Path,
+) -> None:
+    """A SIGTERM as the embedded PostgreSQL starts (its data directory made, the
+    server not serving yet): the start is cancelled, the PostgreSQL it was
+    starting is stopped once up, and the process exits 0. (The signal's default
+    action once killed the server and left the PostgreSQL running.)"""
+    env = {"SWITCHBOARD_DATA_DIR": str(state_dir)}
+    server = await ServerProcess.launch(None, env)
+    async with stopped_cleanly(server, state_dir):
+        async with asyncio.timeout(60):
+            while not (state_dir / "pgdata" / "PG_VERSION").exists():
+                assert server.proc.returncode is None, "\n".join(server.log)
+                await asyncio.sleep(0.02)
+    assert not any('"serving"' in line for line in server.log), "it served before the signal"

@@ -282,6 +282,7 @@ DECLARE
     v_queue_id bigint;
     v_status record;
 BEGIN
+    PERFORM sb_hold_shard_groups(ARRAY[p_endpoint_id]);
     PERFORM 1 FROM queue_gates l
      WHERE l.endpoint_id = p_endpoint_id AND l.queue_id = ANY (p_queue_ids) AND l.deferred
      ORDER BY l.queue_id
