@@ -364,13 +364,7 @@ async def test_serve_waits_for_a_database_that_starts_later(cluster: ThrowawayPo
 
 
 async def test_serve_gives_up_after_the_start_timeout_with_one_clear_line() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nothing listens here once the socket is closed
-    server = await ServerProcess.launch(
-        f"postgresql://postgres@127.0.0.1:{port}/postgres",
-        env={"SWITCHBOARD_START_TIMEOUT": "1.5"},
-    )
+    server = await _launch_without_a_database(start_timeout="1.5")
     code = await asyncio.wait_for(server.proc.wait(), 30)
     await server.stop()
     assert code == 1
@@ -385,13 +379,18 @@ async def test_a_signal_while_starting_stops_the_start_cleanly() -> None:
     # operator's Ctrl-C while the database is down): the signal is handled from
     # the first moment, the start is cancelled and closes what it opened, and
     # the process exits 0, not killed by the signal's default action.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nothing listens here once the socket is closed
-    server = await ServerProcess.launch(
-        f"postgresql://postgres@127.0.0.1:{port}/postgres",
-        env={"SWITCHBOARD_START_TIMEOUT": "60"},
-    )
+    server = await _launch_without_a_database(start_timeout="60")
     await server.wait_for_log("database not ready", within=30)
     assert await server.stop(kill_after=20) == 0, "\n".join(server.log)
     assert any('"stopped while starting"' in line for line in server.log), "\n".join(server.log)
+
+
+async def _launch_without_a_database(start_timeout: str) -> ServerProcess:
+    """A server whose database URL names a loopback port nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once the socket is closed
+    return await ServerProcess.launch(
+        f"postgresql://postgres@127.0.0.1:{port}/postgres",
+        env={"SWITCHBOARD_START_TIMEOUT": start_timeout},
+    )
