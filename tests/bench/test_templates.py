@@ -52,6 +52,17 @@ async def test_quick_templates_bench_measures_claims_idle_cost_and_a_change() ->
         assert change["wall_ms"] > 0 and not change["errors"]
         assert change["before"]["claims"] > 0
 
+    # The board's four pages, each fetched and holding rows (the one account: one).
+    pages = {b["page"]: b for b in result["board"]}
+    assert list(pages) == [
+        "front page",
+        "template page",
+        "template page, over budget only",
+        "template page, one account by prefix",
+    ]
+    assert all(b["median_ms"] > 0 and b["rows"] > 0 for b in pages.values())
+    assert pages["template page, one account by prefix"]["rows"] == 1
+
     targets = result["targets"]
-    assert len(targets) == 6
+    assert len(targets) == 6 + len(pages)
     assert all(isinstance(t["pass"], bool) for t in targets)
