@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -253,6 +254,59 @@ def write_results(
     if readme and not quick:
         update_page(markdown, kind)
     return path
+
+
+def note_tree_change(commit: str, notes: list[str]) -> None:
+    """Adds a note to ``notes`` when the working tree's commit is no longer
+    ``commit`` (the run's figures belong to neither)."""
+    after = git_commit()
+    if after != commit:
+        notes.append(f"the working tree changed during the run: {commit} → {after}")
+
+
+def finish(
+    kind: str,
+    *,
+    started_at: datetime,
+    commit: str,
+    mode: str,
+    wall: float,
+    machine: dict[str, Any],
+    params: dict[str, Any],
+    server: dict[str, Any],
+    targets: Sequence[Any],
+    measured: dict[str, Any],
+    figures: dict[str, Any],
+    databases: list[str],
+    notes: list[str],
+    markdown: str,
+    readme: bool,
+    strict: bool,
+) -> int:
+    """The end of a bench family's run (held, idle, templates): its results
+    file written (the family's ``measured`` figures between its targets and
+    its other figures), the table printed, and the exit code: 1 when a target
+    failed and ``strict``. A quick run's results go to bench/results/tmp."""
+    result = {
+        "date": started_at.isoformat(timespec="seconds"),
+        "commit": commit,
+        "mode": mode,
+        "bench": kind,
+        "wall_seconds": round(wall, 1),
+        "machine": machine,
+        "params": params,
+        "server": server,
+        "targets": [t.to_json() for t in targets],
+        **{name: rounded(value) for name, value in measured.items()},
+        "other": rounded(figures),
+        "databases": databases,
+        "notes": notes,
+    }
+    path = write_results(result, markdown, mode == "quick", readme, kind=kind)
+    print(markdown)
+    print(f"results: {path.relative_to(ROOT)}", file=sys.stderr)
+    failed = [t for t in targets if not t.passed]
+    return 1 if failed and strict else 0
 
 
 def page_markers(kind: str = "") -> tuple[str, str]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
@@ -318,9 +317,7 @@ async def run_held(
     if not cluster.embedded:
         bench.notes.append("PostgreSQL CPU is measured only on the embedded PostgreSQL")
     targets = idle_targets(bench) + latency_targets(bench) + herd_targets(bench)
-    commit_after = report.git_commit()
-    if commit_after != commit:
-        bench.notes.append(f"the working tree changed during the run: {commit} → {commit_after}")
+    report.note_tree_change(commit, bench.notes)
     mach = report.machine()
     load_after = os.getloadavg()
     header = (
@@ -336,27 +333,23 @@ async def run_held(
     markdown = report.table(targets, [], header, sections_of(bench))
     if bench.notes:
         markdown += "\nNotes:\n\n" + "".join(f"- {note}\n" for note in bench.notes)
-    result = {
-        "date": started_at.isoformat(timespec="seconds"),
-        "commit": commit,
-        "mode": params.mode,
-        "bench": "held",
-        "wall_seconds": round(wall, 1),
-        "machine": report.measured_on(
+    return report.finish(
+        "held",
+        started_at=started_at,
+        commit=commit,
+        mode=params.mode,
+        wall=wall,
+        machine=report.measured_on(
             mach, bench.figures["postgres_version"], cluster.embedded, load_before, load_after
         ),
-        "params": asdict(params),
-        "server": report.server_block(server_errors),
-        "targets": [t.to_json() for t in targets],
-        "idle": report.rounded(bench.idle),
-        "latency": report.rounded(bench.latency),
-        "herd": report.rounded(bench.herds),
-        "other": report.rounded(bench.figures),
-        "databases": [cluster.database],
-        "notes": bench.notes,
-    }
-    path = report.write_results(result, markdown, params.mode == "quick", readme, kind="held")
-    print(markdown)
-    print(f"results: {path.relative_to(report.ROOT)}", file=sys.stderr)
-    failed = [t for t in targets if not t.passed]
-    return 1 if failed and strict else 0
+        params=asdict(params),
+        server=report.server_block(server_errors),
+        targets=targets,
+        measured={"idle": bench.idle, "latency": bench.latency, "herd": bench.herds},
+        figures=bench.figures,
+        databases=[cluster.database],
+        notes=bench.notes,
+        markdown=markdown,
+        readme=readme,
+        strict=strict,
+    )

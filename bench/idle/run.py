@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
@@ -157,9 +156,7 @@ async def run_idle(
     if not cluster.embedded:
         bench.notes.append("PostgreSQL CPU is measured only on the embedded PostgreSQL")
     targets = targets_of(bench)
-    commit_after = report.git_commit()
-    if commit_after != commit:
-        bench.notes.append(f"the working tree changed during the run: {commit} → {commit_after}")
+    report.note_tree_change(commit, bench.notes)
     mach = report.machine()
     load_after = os.getloadavg()
     header = (
@@ -171,26 +168,23 @@ async def run_idle(
         f"load average {load_before[0]:.2f} before / {load_after[0]:.2f} after, {wall:.0f} s."
     )
     markdown = report.table(targets, [], header, [section_of(bench)])
-    result = {
-        "date": started_at.isoformat(timespec="seconds"),
-        "commit": commit,
-        "mode": params.mode,
-        "bench": "idle",
-        "wall_seconds": round(wall, 1),
-        "machine": report.measured_on(
+    return report.finish(
+        "idle",
+        started_at=started_at,
+        commit=commit,
+        mode=params.mode,
+        wall=wall,
+        machine=report.measured_on(
             mach, bench.figures["postgres_version"], cluster.embedded, load_before, load_after
         ),
-        "params": {**asdict(params), "policies": params.policies},
-        "server": report.server_block(server_errors),
-        "targets": [t.to_json() for t in targets],
-        "idle": report.rounded(bench.measurements),
-        "latency": report.rounded(bench.latency),
-        "other": report.rounded(bench.figures),
-        "databases": [cluster.database],
-        "notes": bench.notes,
-    }
-    path = report.write_results(result, markdown, params.mode == "quick", readme, kind="idle")
-    print(markdown)
-    print(f"results: {path.relative_to(report.ROOT)}", file=sys.stderr)
-    failed = [t for t in targets if not t.passed]
-    return 1 if failed and strict else 0
+        params={**asdict(params), "policies": params.policies},
+        server=report.server_block(server_errors),
+        targets=targets,
+        measured={"idle": bench.measurements, "latency": bench.latency},
+        figures=bench.figures,
+        databases=[cluster.database],
+        notes=bench.notes,
+        markdown=markdown,
+        readme=readme,
+        strict=strict,
+    )

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import os
 import statistics
-import sys
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
@@ -244,9 +243,7 @@ async def run_templates(
     targets = (
         claim_targets(bench) + idle_targets(bench) + change_targets(bench) + board_targets(bench)
     )
-    commit_after = report.git_commit()
-    if commit_after != commit:
-        bench.notes.append(f"the working tree changed during the run: {commit} → {commit_after}")
+    report.note_tree_change(commit, bench.notes)
     mach = report.machine()
     load_after = os.getloadavg()
     header = (
@@ -262,28 +259,28 @@ async def run_templates(
     markdown = report.table(targets, [], header, sections_of(bench))
     if bench.notes:
         markdown += "\nNotes:\n\n" + "".join(f"- {note}\n" for note in bench.notes)
-    result = {
-        "date": started_at.isoformat(timespec="seconds"),
-        "commit": commit,
-        "mode": params.mode,
-        "bench": "templates",
-        "wall_seconds": round(wall, 1),
-        "machine": report.measured_on(
+    return report.finish(
+        "templates",
+        started_at=started_at,
+        commit=commit,
+        mode=params.mode,
+        wall=wall,
+        machine=report.measured_on(
             mach, postgres_version, cluster.embedded, load_before, load_after
         ),
-        "params": asdict(params),
-        "server": report.server_block(server_errors),
-        "targets": [t.to_json() for t in targets],
-        "claims": report.rounded(bench.claims),
-        "idle": report.rounded(bench.idle),
-        "change": report.rounded(bench.change),
-        "board": report.rounded(bench.board),
-        "other": report.rounded(bench.figures),
-        "databases": [cluster.database],
-        "notes": bench.notes,
-    }
-    path = report.write_results(result, markdown, params.mode == "quick", readme, kind="templates")
-    print(markdown)
-    print(f"results: {path.relative_to(report.ROOT)}", file=sys.stderr)
-    failed = [t for t in targets if not t.passed]
-    return 1 if failed and strict else 0
+        params=asdict(params),
+        server=report.server_block(server_errors),
+        targets=targets,
+        measured={
+            "claims": bench.claims,
+            "idle": bench.idle,
+            "change": bench.change,
+            "board": bench.board,
+        },
+        figures=bench.figures,
+        databases=[cluster.database],
+        notes=bench.notes,
+        markdown=markdown,
+        readme=readme,
+        strict=strict,
+    )
