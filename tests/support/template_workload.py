@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import grpc
 from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, queue_pb2
 from switchboard_server.db.database import Conn
 
@@ -41,10 +42,19 @@ async def claimer(client: Client, tenant: Tenant, seed: int, ingested: asyncio.E
     rng = random.Random(seed)
     claimed: list[str] = []
     while True:
-        resp = await client.dispatch.ClaimNext(
-            dispatch_pb2.ClaimNextRequest(claimant=f"c{seed}", max_todos=rng.randint(2, 4)),
-            metadata=tenant.agent,
-        )
+        try:
+            resp = await client.dispatch.ClaimNext(
+                dispatch_pb2.ClaimNextRequest(claimant=f"c{seed}", max_todos=rng.randint(2, 4)),
+                metadata=tenant.agent,
+            )
+        except grpc.aio.AioRpcError as exc:
+            # ABORTED is a claim's retryable answer (nothing was claimed), as a
+            # worker takes it; on a Citus cluster a batch claim across brand-new
+            # queues was once aborted as a deadlock under this load.
+            if exc.code() is not grpc.StatusCode.ABORTED:
+                raise
+            await asyncio.sleep(rng.uniform(0.002, 0.01))
+            continue
         if resp.empty:
             reasons = {d.reason for d in resp.deferred}
             if ingested.is_set() and reasons <= {WINDOW_FULL}:
