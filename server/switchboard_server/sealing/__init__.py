@@ -8,35 +8,12 @@ against the database, what is not sealed under the first key sealed; :func:`comp
 
 from __future__ import annotations
 
-from switchboard_server.sealing.key_sources import generated_key_file, load, read_key_file
-from switchboard_server.sealing.keyring import (
-    EMBEDDED_KEY_FILE,
-    KEY_BYTES,
-    KEY_ENV,
-    KEY_FILE_ENV,
-    Keyring,
-    SecretKeyError,
-    id_of,
-    key_id,
-    parse_key,
-    parse_keys,
-)
-from switchboard_server.sealing.startup_pass import compact, prepare
-
-__all__ = [
-    "EMBEDDED_KEY_FILE",
-    "KEY_BYTES",
-    "KEY_ENV",
-    "KEY_FILE_ENV",
-    "Keyring",
-    "SecretKeyError",
-    "compact",
-    "generated_key_file",
-    "id_of",
-    "key_id",
-    "load",
-    "parse_key",
-    "parse_keys",
-    "prepare",
-    "read_key_file",
-]
+# Only the names used from outside (each ``X as X`` import is a re-export, the
+# convention of mypy's and ruff's explicit re-exports; no ``__all__`` repeats them).
+from switchboard_server.sealing.key_sources import load as load
+from switchboard_server.sealing.keyring import Keyring as Keyring
+from switchboard_server.sealing.keyring import SecretKeyError as SecretKeyError
+from switchboard_server.sealing.keyring import key_id as key_id
+from switchboard_server.sealing.keyring import parse_keys as parse_keys
+from switchboard_server.sealing.startup_pass import compact as compact
+from switchboard_server.sealing.startup_pass import prepare as prepare
