@@ -19,7 +19,7 @@ from switchboard_server.servicers.validate import (
     MAX_DELAY,
     MAX_ERROR_FILTER,
     Violations,
-    page_token_after,
+    next_page_token,
 )
 
 
@@ -93,8 +93,7 @@ class ActionRpcs(DispatchPart):
             delay=delay,
             max_attempts=max_attempts,
         )
-        token = page_token_after(progress.after) if progress.after is not None else ""
-        return [], progress.count, progress.skipped, token
+        return [], progress.count, progress.skipped, next_page_token(progress.after)
 
 
 #: Todo ids, or a filter and the id to go on after.

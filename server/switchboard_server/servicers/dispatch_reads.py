@@ -14,7 +14,7 @@ from switchboard_server.servicers.validate import (
     MAX_DEDUP_PART,
     MAX_ERROR_FILTER,
     Violations,
-    page_token_after,
+    next_page_token,
 )
 
 
@@ -97,7 +97,7 @@ class ReadRpcs(DispatchPart):
         )
         return dispatch_pb2.ListTodosResponse(
             todos=[convert.todo(v.todo, v.admission) for v in views],
-            next_page_token=page_token_after(after) if after is not None else "",
+            next_page_token=next_page_token(after),
         )
 
     async def ListTodoAudit(

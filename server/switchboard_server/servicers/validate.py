@@ -405,3 +405,9 @@ class Violations:
 def page_token_after(last_id: int) -> str:
     """An opaque page token for the page after the item with id ``last_id``."""
     return base64.urlsafe_b64encode(f"v1:{last_id}".encode()).decode().rstrip("=")
+
+
+def next_page_token(after: int | None) -> str:
+    """The token of the page that goes on after the item with id ``after``
+    (empty when no page follows: ``after`` is ``None``)."""
+    return page_token_after(after) if after is not None else ""
