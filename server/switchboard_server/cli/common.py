@@ -29,6 +29,7 @@ from switchboard_server.cli.connect import (
     Connection,
     Req,
     Resp,
+    Target,
     UsageError,
     call_error,
     resolve,
@@ -268,6 +269,17 @@ def run(
 ) -> int:
     """Runs a client command to its exit code."""
     output = Output(stdout or sys.stdout, stderr or sys.stderr, bool(getattr(args, "json", False)))
+    handler: Handler = args.run
+
+    async def call(target: Target) -> int:
+        async with Connection(target, getattr(args, "timeout", DEFAULT_TIMEOUT)) as conn:
+            try:
+                return await handler(conn, args, output)
+            except grpc.aio.AioRpcError as err:
+                error = call_error(err, target)
+                print_error(output, error)
+                return error.exit_code
+
     try:
         target = resolve(
             getattr(args, "server", None),
@@ -275,29 +287,9 @@ def run(
             env,
             {name: getattr(args, name, None) for name in ("cacert", "cert", "key")},
         )
-    except UsageError as exc:
+        return asyncio.run(call(target))
+    except UsageError as exc:  # the config file, a TLS file or the flags, from resolve to handler
         print(f"switchboard: {exc}", file=output.err)
         return EXIT_USAGE
-    handler: Handler = args.run
-
-    async def call() -> int:
-        try:
-            connection = Connection(target, getattr(args, "timeout", DEFAULT_TIMEOUT))
-        except UsageError as exc:
-            print(f"switchboard: {exc}", file=output.err)
-            return EXIT_USAGE
-        async with connection as conn:
-            try:
-                return await handler(conn, args, output)
-            except grpc.aio.AioRpcError as err:
-                error = call_error(err, target)
-                print_error(output, error)
-                return error.exit_code
-            except UsageError as exc:
-                print(f"switchboard: {exc}", file=output.err)
-                return EXIT_USAGE
-
-    try:
-        return asyncio.run(call())
     except KeyboardInterrupt:
         return 130

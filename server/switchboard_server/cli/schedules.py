@@ -84,10 +84,17 @@ def _fields(s: schedule_pb2.Schedule) -> str:
     )
 
 
-def _apply(s: schedule_pb2.Schedule, args: argparse.Namespace) -> None:
-    """Writes the definition flags that were given onto ``s``."""
+def _defined(s: schedule_pb2.Schedule, args: argparse.Namespace) -> schedule_pb2.Schedule:
+    """``s`` with the definition flags that were given written onto it.
+
+    Flags that make it a calendar recurrence (``--every``, ``--at``) where it has none
+    yet, or a cron one, start it at 00:00.
+    """
     if args.cron is not None and args.every is not None:
         raise UsageError("schedules: give --cron or --every, not both")
+    if args.cron is None and (args.every is not None or args.at is not None):
+        if s.recurrence.WhichOneof("rule") != "calendar":
+            s.recurrence.calendar.at = "00:00"
     if args.zone is not None:
         s.recurrence.time_zone = args.zone
     if args.cron is not None:
@@ -114,6 +121,7 @@ def _apply(s: schedule_pb2.Schedule, args: argparse.Namespace) -> None:
         s.catch_up = _CATCH_UP[args.catch_up]
     if getattr(args, "rename", None) is not None:
         s.name = args.rename
+    return s
 
 
 class _WithSchedule(Protocol):
@@ -127,8 +135,8 @@ def _schedule_fields(response: _WithSchedule) -> str:
     return _fields(response.schedule)
 
 
-async def schedules_create(conn: Connection, args: argparse.Namespace, out: Output) -> int:
-    """Creates a schedule."""
+def _new_schedule(args: argparse.Namespace) -> schedule_pb2.Schedule:
+    """The schedule ``create``'s flags describe (UTC unless ``--zone``)."""
     if args.cron is None and args.every is None:
         raise UsageError("schedules create: give --cron EXPR or --every hour|day|week")
     s = schedule_pb2.Schedule(
@@ -136,13 +144,15 @@ async def schedules_create(conn: Connection, args: argparse.Namespace, out: Outp
         queue=queue_pb2.QueueRef(endpoint_id=args.endpoint or "", name=args.queue),
     )
     s.recurrence.time_zone = "UTC"
-    if args.every is not None and args.at is None:
-        s.recurrence.calendar.at = "00:00"
-    _apply(s, args)
-    got = await conn.call(
-        conn.schedules.CreateSchedule, schedule_pb2.CreateScheduleRequest(schedule=s)
-    )
-    return answer(out, got, _schedule_fields)
+    return _defined(s, args)
+
+
+#: Creates a schedule.
+schedules_create = unary(
+    lambda c: c.schedules.CreateSchedule,
+    lambda args: schedule_pb2.CreateScheduleRequest(schedule=_new_schedule(args)),
+    _schedule_fields,
+)
 
 
 async def schedules_update(conn: Connection, args: argparse.Namespace, out: Output) -> int:
@@ -150,13 +160,9 @@ async def schedules_update(conn: Connection, args: argparse.Namespace, out: Outp
     current = await conn.call(
         conn.schedules.GetSchedule, schedule_pb2.GetScheduleRequest(id=args.id)
     )
-    s = current.schedule
-    if args.cron is None and (args.every is not None or args.at is not None):
-        if s.recurrence.WhichOneof("rule") == "cron":
-            s.recurrence.calendar.at = "00:00"
-    _apply(s, args)
     got = await conn.call(
-        conn.schedules.UpdateSchedule, schedule_pb2.UpdateScheduleRequest(schedule=s)
+        conn.schedules.UpdateSchedule,
+        schedule_pb2.UpdateScheduleRequest(schedule=_defined(current.schedule, args)),
     )
     return answer(out, got, _schedule_fields)
 
