@@ -33,7 +33,8 @@ CREATE OR REPLACE FUNCTION sb_lock_pending(
 LANGUAGE plpgsql AS $$
 DECLARE
     -- The priority being locked and the row its lock starts at: the head's,
-    -- when known, for the first; each next priority's from its start.
+    -- when known, for the first; each next priority's from its start
+    -- ('-infinity', 0: before every row, ids being positive).
     v_level smallint := coalesce(p_head_priority, -1);
     v_from_head boolean := p_head_priority IS NOT NULL;
     v_from_retry timestamptz := coalesce(p_head_retry, '-infinity');
