@@ -32,52 +32,42 @@ CREATE OR REPLACE FUNCTION sb_lock_pending(
 ) RETURNS bigint[]
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_level smallint := -1;
+    -- The priority being locked and the row its lock starts at: the head's,
+    -- when known, for the first; each next priority's from its start
+    -- ('-infinity', 0: before every row, ids being positive).
+    v_level smallint := coalesce(p_head_priority, -1);
+    v_from_head boolean := p_head_priority IS NOT NULL;
+    v_from_retry timestamptz := coalesce(p_head_retry, '-infinity');
+    v_from_id bigint := coalesce(p_head_id, 0);
     v_ids bigint[] := '{}';
     v_sizes bigint[] := '{}';
     v_bytes bigint := 0;
 BEGIN
-    IF p_head_priority IS NOT NULL THEN
-        v_level := p_head_priority;
-        SELECT coalesce(array_agg(l.id ORDER BY l.next_retry_at, l.id), '{}'),
-               coalesce(array_agg(l.size ORDER BY l.next_retry_at, l.id), '{}')
-          INTO v_ids, v_sizes
-          FROM (
-              SELECT t.id, t.next_retry_at,
-                     octet_length(t.payload) + octet_length(t.last_error) + 1024 AS size
-                FROM todos t
-               WHERE t.endpoint_id = p_endpoint_id AND t.queue_id = p_queue_id
-                 AND t.state = 'pending'
-                 AND t.priority = v_level AND t.next_retry_at <= p_now
-                 AND (t.next_retry_at, t.id) >= (p_head_retry, p_head_id)
-               ORDER BY t.next_retry_at, t.id
-               LIMIT p_limit
-                 FOR UPDATE SKIP LOCKED
-          ) AS l;
-    END IF;
     WHILE cardinality(v_ids) < p_limit LOOP
-        WITH RECURSIVE level AS (
-            (SELECT t.priority, t.next_retry_at FROM todos t
-              WHERE t.endpoint_id = p_endpoint_id AND t.queue_id = p_queue_id
-                AND t.state = 'pending'
-                AND t.priority > v_level
-              ORDER BY t.priority, t.next_retry_at, t.id
-              LIMIT 1)
-            UNION ALL
-            SELECT n.priority, n.next_retry_at
-              FROM level l
-              CROSS JOIN LATERAL (
-                  SELECT t.priority, t.next_retry_at FROM todos t
-                   WHERE t.endpoint_id = p_endpoint_id AND t.queue_id = p_queue_id
-                     AND t.state = 'pending'
-                     AND t.priority > l.priority
-                   ORDER BY t.priority, t.next_retry_at, t.id
-                   LIMIT 1
-              ) AS n
-             WHERE l.next_retry_at > p_now
-        )
-        SELECT l.priority INTO v_level FROM level l WHERE l.next_retry_at <= p_now LIMIT 1;
-        EXIT WHEN NOT FOUND;
+        IF NOT v_from_head THEN
+            WITH RECURSIVE level AS (
+                (SELECT t.priority, t.next_retry_at FROM todos t
+                  WHERE t.endpoint_id = p_endpoint_id AND t.queue_id = p_queue_id
+                    AND t.state = 'pending'
+                    AND t.priority > v_level
+                  ORDER BY t.priority, t.next_retry_at, t.id
+                  LIMIT 1)
+                UNION ALL
+                SELECT n.priority, n.next_retry_at
+                  FROM level l
+                  CROSS JOIN LATERAL (
+                      SELECT t.priority, t.next_retry_at FROM todos t
+                       WHERE t.endpoint_id = p_endpoint_id AND t.queue_id = p_queue_id
+                         AND t.state = 'pending'
+                         AND t.priority > l.priority
+                       ORDER BY t.priority, t.next_retry_at, t.id
+                       LIMIT 1
+                  ) AS n
+                 WHERE l.next_retry_at > p_now
+            )
+            SELECT l.priority INTO v_level FROM level l WHERE l.next_retry_at <= p_now LIMIT 1;
+            EXIT WHEN NOT FOUND;
+        END IF;
         SELECT v_ids || coalesce(array_agg(l.id ORDER BY l.next_retry_at, l.id), '{}'),
                v_sizes || coalesce(array_agg(l.size ORDER BY l.next_retry_at, l.id), '{}')
           INTO v_ids, v_sizes
@@ -88,10 +78,14 @@ BEGIN
                WHERE t.endpoint_id = p_endpoint_id AND t.queue_id = p_queue_id
                  AND t.state = 'pending'
                  AND t.priority = v_level AND t.next_retry_at <= p_now
+                 AND (t.next_retry_at, t.id) >= (v_from_retry, v_from_id)
                ORDER BY t.next_retry_at, t.id
                LIMIT p_limit - cardinality(v_ids)
                  FOR UPDATE SKIP LOCKED
           ) AS l;
+        v_from_head := false;
+        v_from_retry := '-infinity';
+        v_from_id := 0;
     END LOOP;
     FOR i IN 1 .. cardinality(v_ids) LOOP
         v_bytes := v_bytes + v_sizes[i];

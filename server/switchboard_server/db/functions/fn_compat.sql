@@ -63,12 +63,10 @@ BEGIN
                            p_max_attempts, p_delays, p_webhook_ids, p_delivery_ids, p_keys,
                            p_retentions, p_traceparents, p_priorities) AS m;
     -- The new todos, read in a statement after the one that inserted them
-    -- (by themselves: on Citus, not in an outer join with the arrays; whole
-    -- rows as ROW(t.*)::todos, see sb_todos_in_scope).
+    -- (by themselves: on Citus, not in an outer join with the arrays).
     v_new_ids := ARRAY(SELECT u.id FROM unnest(v_ids, v_dedup) AS u (id, dedup)
                         WHERE NOT u.dedup);
-    v_fresh := ARRAY(SELECT ROW(t.*)::todos FROM todos t
-                      WHERE t.endpoint_id = p_endpoint_id AND t.id = ANY (v_new_ids));
+    v_fresh := sb_todos_in_scope(p_owner_id, p_endpoint_id, v_new_ids);
     RETURN QUERY
     SELECT u.ord, u.dedup, CASE WHEN u.dedup THEN u.row ELSE f.row END
       FROM (SELECT unnest(v_ids) AS id, unnest(v_dedup) AS dedup, unnest(v_rows) AS row,
