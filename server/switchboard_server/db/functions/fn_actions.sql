@@ -204,6 +204,8 @@ DECLARE
     v_edge bigint;
     v_matched bigint[];
     v_locked bigint[];
+    v_first bigint;
+    v_last bigint;
     v_next bigint;
 BEGIN
     PERFORM sb_hold_shard_groups(ARRAY[p_endpoint_id]);
@@ -243,10 +245,16 @@ BEGIN
     -- Locked rows are rechecked against the states (a row changed since the
     -- scan is taken only if it still passes; it stays locked, untouched,
     -- until the chunk commits). By primary key, the states tested outside
-    -- the locking scan (see the header).
+    -- the locking scan (see the header); and within the chunk's id range,
+    -- so that a plan that takes the endpoint's index instead (PostgreSQL
+    -- before 17 does, with statistics that call the endpoint tiny) reads
+    -- the chunk's rows, not all the endpoint's.
+    v_first := v_matched[1];
+    v_last := v_matched[cardinality(v_matched)];
     SELECT coalesce(array_agg(l.id ORDER BY l.id), '{}') INTO v_locked
       FROM (SELECT t.id, t.state FROM todos t
              WHERE t.endpoint_id = p_endpoint_id AND t.id = ANY (v_matched)
+               AND t.id BETWEEN v_first AND v_last
              ORDER BY t.id
             OFFSET 0
                FOR UPDATE SKIP LOCKED) AS l
@@ -256,7 +264,7 @@ BEGIN
            (SELECT count(*)::integer
               FROM (SELECT t.state FROM todos t
                      WHERE t.endpoint_id = p_endpoint_id AND t.id = ANY (v_matched)
-                       AND t.id <> ALL (v_locked)
+                       AND t.id BETWEEN v_first AND v_last AND t.id <> ALL (v_locked)
                     OFFSET 0) AS h
              WHERE h.state = ANY (p_states)),
            v_next;
