@@ -323,3 +323,51 @@ async def _audited(
         subject=audit.TodoActed(owner, endpoint, None, None),
         change=AuditChange(action, Actor(None, None, None), count=3),
     )
+
+
+async def test_listings_on_each_worker(
+    citus: CitusCluster, cluster_dsn: str, replicas: list[ServerProcess]
+) -> None:
+    """ListTodos reads the view todos_listed (migration 0021), routed to the
+    endpoint's shards: on an endpoint of each worker, the plain listing, by
+    state, by error text and by idempotency key give that endpoint's todos,
+    without payloads."""
+    client = Client(replicas[0].address)
+    conn = await asyncpg.connect(cluster_dsn)
+    try:
+        for tenant, _ in await tenants_on_each_worker(client, conn, citus):
+            made = await client.dispatch.IngestTodos(
+                dispatch_pb2.IngestTodosRequest(
+                    todos=[
+                        dispatch_pb2.IngestRequest(
+                            queue=queue_pb2.QueueRef(name="ops"), payload=b"x", idempotency_key=k
+                        )
+                        for k in ("k0", "k1", "k2")
+                    ]
+                ),
+                metadata=tenant.agent,
+            )
+            ids = [r.todo.id for r in made.results]
+            await conn.execute(
+                "UPDATE todos SET last_error = 'boom here'"
+                " WHERE endpoint_id = $1::uuid AND id = $2",
+                tenant.endpoint_id,
+                int(ids[1]),
+            )
+
+            async def listed(
+                request: dispatch_pb2.ListTodosRequest, tenant: Tenant = tenant
+            ) -> list[str]:
+                request.endpoint_id = tenant.endpoint_id
+                got = await client.dispatch.ListTodos(request, metadata=tenant.human)
+                assert [t.payload for t in got.todos] == [b""] * len(got.todos)
+                return [t.id for t in got.todos]
+
+            newest_first = ids[::-1]
+            assert await listed(dispatch_pb2.ListTodosRequest()) == newest_first
+            pending = dispatch_pb2.ListTodosRequest(states=[todo_pb2.TODO_STATE_PENDING])
+            assert await listed(pending) == newest_first
+            assert await listed(dispatch_pb2.ListTodosRequest(error_contains="BOOM")) == [ids[1]]
+            assert await listed(dispatch_pb2.ListTodosRequest(idempotency_key="k2")) == [ids[2]]
+    finally:
+        await conn.close()

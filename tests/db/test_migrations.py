@@ -178,3 +178,21 @@ async def test_a_failing_migration_leaves_no_trace(
         )
         == 0
     )
+
+
+async def test_a_listed_todo_is_every_column_of_a_todo(bare: asyncpg.Connection[Any]) -> None:
+    """The view the listings read (todos_listed, migration 0021) has every column
+    of todos, in their order and of their types, the payload emptied: a column
+    added to todos without the view fails here, not as a listing that drops it."""
+    await migrate(bare)
+    columns = (
+        "SELECT column_name, data_type FROM information_schema.columns"
+        " WHERE table_schema = 'public' AND table_name = $1 ORDER BY ordinal_position"
+    )
+    todos = [tuple(r) for r in await bare.fetch(columns, "todos")]
+    listed = [tuple(r) for r in await bare.fetch(columns, "todos_listed")]
+    assert listed == todos
+    await bare.execute("ALTER TABLE todos ADD COLUMN extra integer")
+    assert [tuple(r) for r in await bare.fetch(columns, "todos_listed")] != [
+        tuple(r) for r in await bare.fetch(columns, "todos")
+    ]

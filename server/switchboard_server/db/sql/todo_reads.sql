@@ -38,13 +38,9 @@ SELECT number, claimant, claimed_at, outcome, finished_at, error
   FROM all_attempts WHERE todo_id = :todo_id ORDER BY number;
 
 -- name: todo_list :many
--- An endpoint's todos, newest first, without payloads; :before_id is the cursor
--- (the last id of the previous page).
-SELECT id, queue_id, owner_id, endpoint_id, queue, state, ''::bytea AS payload, content_type,
-       attempt, max_attempts, next_retry_at, lease_id, lease_expires_at, claimant,
-       dedup_webhook_id, dedup_delivery_id, last_error, created_at, updated_at, finished_at,
-       idempotency_key, idempotency_retention, traceparent, schedule_id, schedule_slot, priority
-  FROM todos
+-- An endpoint's todos, newest first, without payloads (todos_listed, migration
+-- 0021); :before_id is the cursor (the last id of the previous page).
+SELECT * FROM todos_listed
  WHERE endpoint_id = :endpoint_id AND owner_id = :owner_id
    AND (:queues::text[] IS NULL OR queue = ANY (:queues))
    AND (:states::text[] IS NULL OR state = ANY (:states))
@@ -55,11 +51,7 @@ SELECT id, queue_id, owner_id, endpoint_id, queue, state, ''::bytea AS payload, 
 -- name: todo_list_dedup :many
 -- todo_list for one dedup key: the todo ingested with it, if it passes the
 -- filters (todos_dedup_key finds it).
-SELECT id, queue_id, owner_id, endpoint_id, queue, state, ''::bytea AS payload, content_type,
-       attempt, max_attempts, next_retry_at, lease_id, lease_expires_at, claimant,
-       dedup_webhook_id, dedup_delivery_id, last_error, created_at, updated_at, finished_at,
-       idempotency_key, idempotency_retention, traceparent, schedule_id, schedule_slot, priority
-  FROM todos
+SELECT * FROM todos_listed
  WHERE endpoint_id = :endpoint_id AND owner_id = :owner_id
    AND (:queues::text[] IS NULL OR queue = ANY (:queues))
    AND (:states::text[] IS NULL OR state = ANY (:states))
@@ -69,12 +61,8 @@ SELECT id, queue_id, owner_id, endpoint_id, queue, state, ''::bytea AS payload, 
 -- todo_list for one idempotency key: the todo that holds it in each of the
 -- endpoint's (given) queues, if it passes the filters (todos_idempotency_key
 -- finds each).
-SELECT t.id, t.queue_id, t.owner_id, t.endpoint_id, t.queue, t.state, ''::bytea AS payload,
-       t.content_type, t.attempt, t.max_attempts, t.next_retry_at, t.lease_id,
-       t.lease_expires_at, t.claimant, t.dedup_webhook_id, t.dedup_delivery_id, t.last_error,
-       t.created_at, t.updated_at, t.finished_at, t.idempotency_key, t.idempotency_retention,
-       t.traceparent, t.schedule_id, t.schedule_slot, t.priority
-  FROM queues q JOIN todos t ON t.queue_id = q.id AND t.idempotency_key = :key
+SELECT t.*
+  FROM queues q JOIN todos_listed t ON t.queue_id = q.id AND t.idempotency_key = :key
  WHERE q.endpoint_id = :endpoint_id AND q.owner_id = :owner_id
    AND (:queues::text[] IS NULL OR q.name = ANY (:queues))
    AND (:states::text[] IS NULL OR t.state = ANY (:states))
@@ -102,12 +90,7 @@ WITH scanned AS (
      ORDER BY id DESC
      LIMIT :limit
 )
-SELECT e.examined, e.examined_to,
-       t.id, t.queue_id, t.owner_id, t.endpoint_id, t.queue, t.state, ''::bytea AS payload,
-       t.content_type, t.attempt, t.max_attempts, t.next_retry_at, t.lease_id,
-       t.lease_expires_at, t.claimant, t.dedup_webhook_id, t.dedup_delivery_id, t.last_error,
-       t.created_at, t.updated_at, t.finished_at, t.idempotency_key, t.idempotency_retention,
-       t.traceparent, t.schedule_id, t.schedule_slot, t.priority
+SELECT e.examined, e.examined_to, t.*
   FROM edge e
-  LEFT JOIN (matched m JOIN todos t ON t.id = m.id) ON true
+  LEFT JOIN (matched m JOIN todos_listed t ON t.id = m.id) ON true
  ORDER BY t.id DESC NULLS LAST;
