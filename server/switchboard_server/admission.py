@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from switchboard_server import errors, policy_templates, template_queues
-from switchboard_server.access import actor_of, policy_scope
+from switchboard_server.access import policy_scope
+from switchboard_server.audited import Audited
 from switchboard_server.db import Database, clock
 from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import audit_trails as audit
@@ -28,7 +29,6 @@ from switchboard_server.db.admission_report import PolicyLimitColumns
 from switchboard_server.db.audit_trails import Stored
 from switchboard_server.db.database import Conn, rerun_on_conflict
 from switchboard_server.model import (
-    AuditChange,
     AuditEntry,
     Grant,
     Principal,
@@ -76,6 +76,15 @@ class _Queue:
     def revision(self, stored: Revision[Stored]) -> Revision[Policy]:
         """The change an audit entry of the queue records."""
         return stored.map(lambda j: policy_from_json(j, self.endpoint, self.name))
+
+
+#: A queue's policy changes: in its queue's trail, each side as ``policy_json``.
+_AUDITED: Audited[PolicyRow, Policy] = Audited(
+    lambda row: audit.PolicyTrail(
+        queue_id=row.queue_id, owner_id=row.owner_id, endpoint_id=row.endpoint_id
+    ),
+    policy_json,
+)
 
 
 class AdmissionControl:
@@ -348,7 +357,7 @@ async def _store(
         await carry_count(conn, row, now, bounds[0])
     stored = await _write(conn, row, limit_columns(limits), bounds, refresh_at, active=True)
     after = q.policy(stored)
-    await _audit(conn, principal, stored, "set", before, after)
+    await _AUDITED.record(conn, principal, stored, "set", before, after)
     await doorbell_queries.recheck_gate(conn, endpoint_id=row.endpoint_id, queue_id=row.queue_id)
     return after
 
@@ -359,7 +368,7 @@ async def _clear(conn: Conn, principal: Principal, row: PolicyRow, q: _Queue) ->
     then governs it (``template_queues.fall_back``)."""
     before = q.policy(row)
     stored = await _write(conn, row, row, row.window_bounds, row.schedule_refresh_at, active=False)
-    await _audit(conn, principal, stored, "clear", before, None)
+    await _AUDITED.record(conn, principal, stored, "clear", before, None)
     await doorbell_queries.recheck_gate(conn, endpoint_id=row.endpoint_id, queue_id=row.queue_id)
     await template_queues.fall_back(
         conn, endpoint_id=q.endpoint, owner_id=q.owner_id, queue_id=row.queue_id, queue=q.name
@@ -418,20 +427,3 @@ async def _use_now(conn: Conn, row: PolicyRow, queue_id: int, policy: Policy) ->
     if window_used is None and in_flight_used is None:
         return None
     return Headroom(window_used, window_limit, resets_at, in_flight_used, in_flight_limit, policy)
-
-
-async def _audit(
-    conn: Conn,
-    principal: Principal,
-    row: PolicyRow,
-    action: str,
-    before: Policy | None,
-    after: Policy | None,
-) -> None:
-    await audit.record(
-        conn,
-        subject=audit.PolicyTrail(
-            queue_id=row.queue_id, owner_id=row.owner_id, endpoint_id=row.endpoint_id
-        ),
-        change=AuditChange.revised(action, actor_of(principal), before, after, policy_json),
-    )

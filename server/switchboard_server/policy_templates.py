@@ -31,6 +31,7 @@ from typing import Any
 
 from switchboard_server import errors
 from switchboard_server.access import actor_of, policy_scope, require_tenant
+from switchboard_server.audited import Audited
 from switchboard_server.db import Database, clock
 from switchboard_server.db import audit_trails as audit
 from switchboard_server.db import templates as template_queries
@@ -38,7 +39,6 @@ from switchboard_server.db.admission import PolicyRow
 from switchboard_server.db.database import Conn, rerun_on_conflict
 from switchboard_server.db.templates import TemplateRow
 from switchboard_server.model import (
-    AuditChange,
     AuditEntry,
     Grant,
     Principal,
@@ -96,9 +96,20 @@ def template_of(row: TemplateRow) -> PolicyTemplate:
     return PolicyTemplate(row.endpoint_id, row.prefix + WILDCARD, limits, row.updated_at)
 
 
-def _policy(template: PolicyTemplate) -> Policy:
-    """A template's limits as a policy (its JSON is the audit's form)."""
-    return Policy(template.endpoint_id, template.pattern, template.limits, template.updated_at)
+def _template_json(template: PolicyTemplate) -> dict[str, Any]:
+    """The audit form of a template: its limits as a policy's (``policy_json``)."""
+    return policy_json(
+        Policy(template.endpoint_id, template.pattern, template.limits, template.updated_at)
+    )
+
+
+#: A template's changes: in its prefix's trail, counting the queues each wrote.
+_AUDITED: Audited[TemplateRow, PolicyTemplate] = Audited(
+    lambda row: audit.TemplateTrail(
+        endpoint_id=row.endpoint_id, owner_id=row.owner_id, prefix=row.prefix
+    ),
+    _template_json,
+)
 
 
 def limits_json(limits: Limits, endpoint_id: uuid.UUID, at: datetime) -> dict[str, Any]:
@@ -258,7 +269,7 @@ class PolicyTemplates:
             after = [t for t in rows if t.prefix != prefix] + [stored]
             changed = await reconcile(conn, endpoint, prefix, after, stored.id, now)
             template = template_of(stored)
-            await _audit(
+            await _AUDITED.record(
                 conn,
                 principal,
                 stored,
@@ -297,7 +308,7 @@ class PolicyTemplates:
             await template_queries.delete(conn, endpoint_id=endpoint, template_id=current.id)
             changed = await reconcile(conn, endpoint, prefix, rest, current.id, now)
             template = template_of(current)
-            await _audit(conn, principal, current, "clear", template, None, changed)
+            await _AUDITED.record(conn, principal, current, "clear", template, None, changed)
         return TemplateChange(template, changed)
 
     async def audit(
@@ -368,24 +379,4 @@ async def check_override(conn: Conn, principal: Principal, row: PolicyRow, limit
     _refuse_looser(
         ceiling_problems(limits, ceiling_of(templates, governing.prefix, row.endpoint_id)),
         "override a template a human set with looser limits",
-    )
-
-
-async def _audit(
-    conn: Conn,
-    principal: Principal,
-    row: TemplateRow,
-    action: str,
-    before: PolicyTemplate | None,
-    after: PolicyTemplate | None,
-    queues: int,
-) -> None:
-    await audit.record(
-        conn,
-        subject=audit.TemplateTrail(
-            endpoint_id=row.endpoint_id, owner_id=row.owner_id, prefix=row.prefix
-        ),
-        change=AuditChange.revised(
-            action, actor_of(principal), before, after, lambda t: policy_json(_policy(t)), queues
-        ),
     )

@@ -19,7 +19,7 @@ from switchboard_server.recurrence import (
     RecurrenceError,
     next_after,
 )
-from switchboard_server.schedules.audit_form import audit, schedule_from_json
+from switchboard_server.schedules.audit_form import AUDITED, schedule_from_json
 from switchboard_server.schedules.views import Schedule, recurrence_of, same_recurrence, schedule_of
 
 
@@ -60,7 +60,7 @@ class Schedules:
                 definition=definition,
                 next_slot=next_after(recurrence, now),
             )
-            await audit(conn, principal, row, "create", None, row)
+            await AUDITED.record(conn, principal, row, "create", None, row)
         return Schedule(row, recurrence)
 
     async def get(self, principal: Principal, schedule_id: int) -> Schedule:
@@ -118,7 +118,7 @@ class Schedules:
                 definition=definition,
                 next_slot=next_slot,
             )
-            await audit(conn, principal, after, "update", before, after)
+            await AUDITED.record(conn, principal, after, "update", before, after)
         return Schedule(after, recurrence)
 
     async def pause(self, principal: Principal, schedule_id: int) -> Schedule:
@@ -138,7 +138,7 @@ class Schedules:
             await schedule_queries.delete(
                 conn, schedule_id=before.id, endpoint_id=before.endpoint_id
             )
-            await audit(conn, principal, before, "delete", before, None)
+            await AUDITED.record(conn, principal, before, "delete", before, None)
         return schedule_of(before)
 
     async def audit(
@@ -181,7 +181,9 @@ class Schedules:
                 paused=paused,
                 next_slot=next_slot,
             )
-            await audit(conn, principal, after, "pause" if paused else "resume", before, after)
+            await AUDITED.record(
+                conn, principal, after, "pause" if paused else "resume", before, after
+            )
         return schedule_of(after)
 
     @staticmethod
