@@ -41,9 +41,9 @@ from switchboard_server.policies import (
     Policy,
     limit_columns,
     paused,
-    policy_from_json,
     policy_json,
     policy_of,
+    policy_revision,
 )
 from switchboard_server.policy_windows import carry_count, current_window, schedule_for
 
@@ -75,7 +75,7 @@ class _Queue:
 
     def revision(self, stored: Revision[Stored]) -> Revision[Policy]:
         """The change an audit entry of the queue records."""
-        return stored.map(lambda j: policy_from_json(j, self.endpoint, self.name))
+        return policy_revision(stored, self.endpoint, self.name)
 
 
 #: A queue's policy changes: in its queue's trail, each side as ``policy_json``.

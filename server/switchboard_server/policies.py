@@ -21,6 +21,8 @@ from switchboard_server.db.admission_report import (
     ReportedPolicy,
     reported_policy,
 )
+from switchboard_server.db.audit_trails import Stored
+from switchboard_server.model import Revision
 from switchboard_server.policy_windows import spec_of
 from switchboard_server.windows import (
     Period,
@@ -181,6 +183,14 @@ def policy_from_json(data: Mapping[str, Any], endpoint_id: uuid.UUID, queue: str
     policy = reported_policy_of(reported_policy(data), endpoint_id, queue)
     template = data.get("template")
     return replace(policy, template=str(template)) if template else policy
+
+
+def policy_revision(
+    stored: Revision[Stored], endpoint_id: uuid.UUID, queue: str
+) -> Revision[Policy]:
+    """A policy audit entry's change (a queue's, or a template's: ``queue`` its
+    pattern), each side read back (``policy_from_json``)."""
+    return stored.map(lambda j: policy_from_json(j, endpoint_id, queue))
 
 
 def reported_policy_of(reported: ReportedPolicy, endpoint_id: uuid.UUID, queue: str) -> Policy:

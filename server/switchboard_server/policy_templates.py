@@ -51,6 +51,7 @@ from switchboard_server.policies import (
     limit_columns,
     policy_from_json,
     policy_json,
+    policy_revision,
 )
 from switchboard_server.policy_windows import (
     schedule_for,
@@ -333,7 +334,7 @@ class PolicyTemplates:
         return [
             r.read_as(
                 pattern,
-                (r.change[0].map(lambda j: policy_from_json(j, endpoint, pattern)), r.change[1]),
+                (policy_revision(r.change[0], endpoint, pattern), r.change[1]),
             )
             for r in rows
         ]
