@@ -4,6 +4,8 @@ grants and scope, each change audited in its transaction."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from switchboard_server import errors
 from switchboard_server.access import schedule_scope
@@ -105,9 +107,7 @@ class Schedules:
     ) -> Schedule:
         """Replaces a schedule's definition; audited. A changed recurrence starts
         after now; an unchanged one keeps its next slot."""
-        owner_id, endpoint = schedule_scope(principal, None, Grant.MANAGE_SCHEDULES)
-        async with self._db.transaction() as conn:
-            before = await self._lock(conn, schedule_id, owner_id, endpoint)
+        async with self._locked(principal, schedule_id, Grant.MANAGE_SCHEDULES) as (conn, before):
             next_slot = before.next_slot
             if not before.paused and not same_recurrence(before, definition):
                 next_slot = next_after(recurrence, await clock.now(conn))
@@ -132,9 +132,7 @@ class Schedules:
     @rerun_on_conflict
     async def delete(self, principal: Principal, schedule_id: int) -> Schedule:
         """Deletes a schedule (its todos stay); audited."""
-        owner_id, endpoint = schedule_scope(principal, None, Grant.MANAGE_SCHEDULES)
-        async with self._db.transaction() as conn:
-            before = await self._lock(conn, schedule_id, owner_id, endpoint)
+        async with self._locked(principal, schedule_id, Grant.MANAGE_SCHEDULES) as (conn, before):
             await schedule_queries.delete(
                 conn, schedule_id=before.id, endpoint_id=before.endpoint_id
             )
@@ -161,9 +159,7 @@ class Schedules:
 
     @rerun_on_conflict
     async def _set_paused(self, principal: Principal, schedule_id: int, paused: bool) -> Schedule:
-        owner_id, endpoint = schedule_scope(principal, None, Grant.PAUSE_SCHEDULES)
-        async with self._db.transaction() as conn:
-            before = await self._lock(conn, schedule_id, owner_id, endpoint)
+        async with self._locked(principal, schedule_id, Grant.PAUSE_SCHEDULES) as (conn, before):
             if before.paused == paused:
                 return schedule_of(before)
             next_slot = None
@@ -186,13 +182,18 @@ class Schedules:
             )
         return schedule_of(after)
 
-    @staticmethod
-    async def _lock(
-        conn: Conn, schedule_id: int, owner_id: uuid.UUID, endpoint: uuid.UUID | None
-    ) -> ScheduleRow:
-        row = await schedule_queries.lock(
-            conn, schedule_id=schedule_id, owner_id=owner_id, endpoint_id=endpoint
-        )
-        if row is None:
-            raise errors.NotFound("schedule not found")
-        return row
+    @asynccontextmanager
+    async def _locked(
+        self, principal: Principal, schedule_id: int, grant: Grant
+    ) -> AsyncIterator[tuple[Conn, ScheduleRow]]:
+        """A change of one schedule: in the caller's scope (``grant``), its
+        transaction and the schedule locked in it (``NotFound`` when it is not
+        the caller's)."""
+        owner_id, endpoint = schedule_scope(principal, None, grant)
+        async with self._db.transaction() as conn:
+            row = await schedule_queries.lock(
+                conn, schedule_id=schedule_id, owner_id=owner_id, endpoint_id=endpoint
+            )
+            if row is None:
+                raise errors.NotFound("schedule not found")
+            yield conn, row
