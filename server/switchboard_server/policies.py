@@ -9,7 +9,7 @@ import enum
 import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime, time, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from switchboard_server import errors
@@ -25,7 +25,6 @@ from switchboard_server.db.audit_trails import Stored
 from switchboard_server.model import Revision
 from switchboard_server.policy_windows import spec_of
 from switchboard_server.windows import (
-    Period,
     WindowSpec,
 )
 
@@ -150,10 +149,16 @@ def policy_of(row: PolicyRow, endpoint_id: uuid.UUID, queue: str) -> Policy:
     return Policy(
         endpoint_id,
         queue,
-        Limits(row.max_in_flight, row.max_claims_per_window, spec_of(row)),
+        limits_of(row),
         row.updated_at,
         row.template_prefix + "*" if row.template_prefix is not None else None,
     )
+
+
+def limits_of(columns: PolicyLimitColumns) -> Limits:
+    """The limits a policy (or template) row stores, or a claim's report (or
+    the audit) carries: the inverse of ``limit_columns``."""
+    return Limits(columns.max_in_flight, columns.max_claims_per_window, spec_of(columns))
 
 
 def limit_columns(limits: Limits) -> PolicyLimitColumns:
@@ -195,21 +200,7 @@ def policy_revision(
 
 def reported_policy_of(reported: ReportedPolicy, endpoint_id: uuid.UUID, queue: str) -> Policy:
     """The domain policy of one a claim's report (or the audit) carries."""
-    window = None
-    if reported.window_period:
-        hours, minutes = str(reported.window_start).split(":")
-        window = WindowSpec(
-            Period(reported.window_period),
-            str(reported.window_zone),
-            time(int(hours), int(minutes)),
-            reported.window_weekday,
-        )
-    return Policy(
-        endpoint_id,
-        queue,
-        Limits(reported.max_in_flight, reported.max_claims_per_window, window),
-        reported.updated_at,
-    )
+    return Policy(endpoint_id, queue, limits_of(reported), reported.updated_at)
 
 
 def next_eligible(

@@ -49,13 +49,13 @@ from switchboard_server.policies import (
     Limits,
     Policy,
     limit_columns,
+    limits_of,
     policy_from_json,
     policy_json,
     policy_revision,
 )
 from switchboard_server.policy_windows import (
     schedule_for,
-    spec_of,
 )
 from switchboard_server.template_queues import longest_match, reconcile
 
@@ -93,8 +93,7 @@ def prefix_of(pattern: str) -> str:
 
 def template_of(row: TemplateRow) -> PolicyTemplate:
     """The domain template of a stored row."""
-    limits = Limits(row.max_in_flight, row.max_claims_per_window, spec_of(row))
-    return PolicyTemplate(row.endpoint_id, row.prefix + WILDCARD, limits, row.updated_at)
+    return PolicyTemplate(row.endpoint_id, row.prefix + WILDCARD, limits_of(row), row.updated_at)
 
 
 def _template_json(template: PolicyTemplate) -> dict[str, Any]:
@@ -118,9 +117,15 @@ def limits_json(limits: Limits, endpoint_id: uuid.UUID, at: datetime) -> dict[st
     return policy_json(Policy(endpoint_id, "", limits, at))
 
 
-def ceiling_of(
-    templates: Sequence[TemplateRow], prefix: str, endpoint_id: uuid.UUID
-) -> Limits | None:
+def _human_set(row: TemplateRow) -> Limits | None:
+    """The limits a human last set on a template (``limits_json``), or
+    ``None`` when none did."""
+    if row.human_limits is None:
+        return None
+    return policy_from_json(row.human_limits, row.endpoint_id, "").limits
+
+
+def ceiling_of(templates: Sequence[TemplateRow], prefix: str) -> Limits | None:
     """What a human set over the queues of ``prefix``: the human limits of the
     longest template whose prefix starts ``prefix`` (itself included) that a
     human set; ``None`` when none did."""
@@ -129,11 +134,7 @@ def ceiling_of(
         key=lambda t: len(t.prefix),
         reverse=True,
     )
-    if not enclosing:
-        return None
-    human = enclosing[0].human_limits
-    assert human is not None
-    return policy_from_json(human, endpoint_id, "").limits
+    return _human_set(enclosing[0]) if enclosing else None
 
 
 def ceiling_problems(limits: Limits, ceiling: Limits | None) -> list[str]:
@@ -243,7 +244,7 @@ class PolicyTemplates:
                 )
             if _agent(principal):
                 _refuse_looser(
-                    ceiling_problems(limits, ceiling_of(rows, prefix, endpoint)),
+                    ceiling_problems(limits, ceiling_of(rows, prefix)),
                     "set a template looser than what a human set",
                 )
             now = await clock.now(conn)
@@ -296,9 +297,9 @@ class PolicyTemplates:
             if current is None:
                 raise errors.NotFound("no policy template with this pattern")
             rest = [t for t in rows if t.id != current.id]
-            if _agent(principal) and current.human_limits is not None:
+            ceiling = _human_set(current) if _agent(principal) else None
+            if ceiling is not None:
                 fallback = longest_match(rest, prefix)
-                ceiling = policy_from_json(current.human_limits, endpoint, "").limits
                 _refuse_looser(
                     ceiling_problems(template_of(fallback).limits, ceiling)
                     if fallback is not None
@@ -378,6 +379,6 @@ async def check_override(conn: Conn, principal: Principal, row: PolicyRow, limit
     if governing is None:
         return
     _refuse_looser(
-        ceiling_problems(limits, ceiling_of(templates, governing.prefix, row.endpoint_id)),
+        ceiling_problems(limits, ceiling_of(templates, governing.prefix)),
         "override a template a human set with looser limits",
     )
