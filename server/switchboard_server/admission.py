@@ -104,11 +104,11 @@ class AdmissionControl:
         """The active policy of a queue and its use now (``None`` when nothing evaluates)."""
         q = _Queue.named(principal, endpoint_id, queue, None)
         async with self._db.transaction(within=conn) as conn:
-            queue_id, row = await _active(conn, q)
-            if queue_id is None or row is None:
+            row = await _active(conn, q)
+            if row is None:
                 raise errors.NotFound("no admission policy for this queue")
             policy = q.policy(row)
-            return policy, await _use_now(conn, row, queue_id, policy)
+            return policy, await _use_now(conn, row, policy)
 
     @rerun_on_conflict
     async def set(
@@ -171,10 +171,10 @@ class AdmissionControl:
         """What ``resume`` would restore, when the queue is paused (see ``before_pause``)."""
         q = _Queue.named(principal, endpoint_id, queue, None)
         async with self._db.transaction(within=conn) as conn:
-            queue_id, row = await _active(conn, q)
-            if queue_id is None or row is None or not paused(q.policy(row)):
+            row = await _active(conn, q)
+            if row is None or not paused(q.policy(row)):
                 return None
-            return await before_pause(conn, queue_id, q)
+            return await before_pause(conn, row.queue_id, q)
 
     @rerun_on_conflict
     async def resume(
@@ -257,14 +257,14 @@ class AdmissionControl:
         return [r.read_as(q.name, q.revision(r.change)) for r in rows]
 
 
-async def _active(conn: Conn, q: _Queue) -> tuple[int | None, PolicyRow | None]:
-    """The queue's id and its active policy, unlocked (``None`` for none)."""
+async def _active(conn: Conn, q: _Queue) -> PolicyRow | None:
+    """The queue's active policy, unlocked (``None``: none, or no such queue)."""
     queue_id = await admission_queries.queue_find(
         conn, endpoint_id=q.endpoint, owner_id=q.owner_id, name=q.name
     )
     if queue_id is None:
-        return None, None
-    return queue_id, await admission_queries.get_active_policy(
+        return None
+    return await admission_queries.get_active_policy(
         conn, queue_id=queue_id, endpoint_id=q.endpoint
     )
 
@@ -402,7 +402,7 @@ async def _write(
     )
 
 
-async def _use_now(conn: Conn, row: PolicyRow, queue_id: int, policy: Policy) -> Headroom | None:
+async def _use_now(conn: Conn, row: PolicyRow, policy: Policy) -> Headroom | None:
     """The policy's use now, read as the claim path reads it (unlocked).
 
     The window part comes from the stored schedule and counter (also while
@@ -420,7 +420,7 @@ async def _use_now(conn: Conn, row: PolicyRow, queue_id: int, policy: Policy) ->
     in_flight_used = in_flight_limit = None
     if row.max_in_flight is not None:
         evaluated = await admission_queries.queue_admission(
-            conn, endpoint_id=row.endpoint_id, queue_id=queue_id
+            conn, endpoint_id=row.endpoint_id, queue_id=row.queue_id
         )
         if evaluated is not None and evaluated.in_flight is not None:
             in_flight_used, in_flight_limit = evaluated.in_flight, row.max_in_flight
