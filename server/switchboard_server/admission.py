@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from switchboard_server import errors, policy_templates, template_queues
-from switchboard_server.access import actor_of, policy_scope
+from switchboard_server.access import policy_scope
+from switchboard_server.audited import Audited
 from switchboard_server.db import Database, clock
 from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import audit_trails as audit
@@ -28,7 +29,6 @@ from switchboard_server.db.admission_report import PolicyLimitColumns
 from switchboard_server.db.audit_trails import Stored
 from switchboard_server.db.database import Conn, rerun_on_conflict
 from switchboard_server.model import (
-    AuditChange,
     AuditEntry,
     Grant,
     Principal,
@@ -41,9 +41,9 @@ from switchboard_server.policies import (
     Policy,
     limit_columns,
     paused,
-    policy_from_json,
     policy_json,
     policy_of,
+    policy_revision,
 )
 from switchboard_server.policy_windows import carry_count, current_window, schedule_for
 
@@ -75,7 +75,16 @@ class _Queue:
 
     def revision(self, stored: Revision[Stored]) -> Revision[Policy]:
         """The change an audit entry of the queue records."""
-        return stored.map(lambda j: policy_from_json(j, self.endpoint, self.name))
+        return policy_revision(stored, self.endpoint, self.name)
+
+
+#: A queue's policy changes: in its queue's trail, each side as ``policy_json``.
+_AUDITED: Audited[PolicyRow, Policy] = Audited(
+    lambda row: audit.PolicyTrail(
+        queue_id=row.queue_id, owner_id=row.owner_id, endpoint_id=row.endpoint_id
+    ),
+    policy_json,
+)
 
 
 class AdmissionControl:
@@ -95,11 +104,11 @@ class AdmissionControl:
         """The active policy of a queue and its use now (``None`` when nothing evaluates)."""
         q = _Queue.named(principal, endpoint_id, queue, None)
         async with self._db.transaction(within=conn) as conn:
-            queue_id, row = await _active(conn, q)
-            if queue_id is None or row is None:
+            row = await _active(conn, q)
+            if row is None:
                 raise errors.NotFound("no admission policy for this queue")
             policy = q.policy(row)
-            return policy, await _use_now(conn, row, queue_id, policy)
+            return policy, await _use_now(conn, row, policy)
 
     @rerun_on_conflict
     async def set(
@@ -162,10 +171,10 @@ class AdmissionControl:
         """What ``resume`` would restore, when the queue is paused (see ``before_pause``)."""
         q = _Queue.named(principal, endpoint_id, queue, None)
         async with self._db.transaction(within=conn) as conn:
-            queue_id, row = await _active(conn, q)
-            if queue_id is None or row is None or not paused(q.policy(row)):
+            row = await _active(conn, q)
+            if row is None or not paused(q.policy(row)):
                 return None
-            return await before_pause(conn, queue_id, q)
+            return await before_pause(conn, row.queue_id, q)
 
     @rerun_on_conflict
     async def resume(
@@ -248,14 +257,14 @@ class AdmissionControl:
         return [r.read_as(q.name, q.revision(r.change)) for r in rows]
 
 
-async def _active(conn: Conn, q: _Queue) -> tuple[int | None, PolicyRow | None]:
-    """The queue's id and its active policy, unlocked (``None`` for none)."""
+async def _active(conn: Conn, q: _Queue) -> PolicyRow | None:
+    """The queue's active policy, unlocked (``None``: none, or no such queue)."""
     queue_id = await admission_queries.queue_find(
         conn, endpoint_id=q.endpoint, owner_id=q.owner_id, name=q.name
     )
     if queue_id is None:
-        return None, None
-    return queue_id, await admission_queries.get_active_policy(
+        return None
+    return await admission_queries.get_active_policy(
         conn, queue_id=queue_id, endpoint_id=q.endpoint
     )
 
@@ -348,7 +357,7 @@ async def _store(
         await carry_count(conn, row, now, bounds[0])
     stored = await _write(conn, row, limit_columns(limits), bounds, refresh_at, active=True)
     after = q.policy(stored)
-    await _audit(conn, principal, stored, "set", before, after)
+    await _AUDITED.record(conn, principal, stored, "set", before, after)
     await doorbell_queries.recheck_gate(conn, endpoint_id=row.endpoint_id, queue_id=row.queue_id)
     return after
 
@@ -359,7 +368,7 @@ async def _clear(conn: Conn, principal: Principal, row: PolicyRow, q: _Queue) ->
     then governs it (``template_queues.fall_back``)."""
     before = q.policy(row)
     stored = await _write(conn, row, row, row.window_bounds, row.schedule_refresh_at, active=False)
-    await _audit(conn, principal, stored, "clear", before, None)
+    await _AUDITED.record(conn, principal, stored, "clear", before, None)
     await doorbell_queries.recheck_gate(conn, endpoint_id=row.endpoint_id, queue_id=row.queue_id)
     await template_queues.fall_back(
         conn, endpoint_id=q.endpoint, owner_id=q.owner_id, queue_id=row.queue_id, queue=q.name
@@ -393,7 +402,7 @@ async def _write(
     )
 
 
-async def _use_now(conn: Conn, row: PolicyRow, queue_id: int, policy: Policy) -> Headroom | None:
+async def _use_now(conn: Conn, row: PolicyRow, policy: Policy) -> Headroom | None:
     """The policy's use now, read as the claim path reads it (unlocked).
 
     The window part comes from the stored schedule and counter (also while
@@ -411,27 +420,10 @@ async def _use_now(conn: Conn, row: PolicyRow, queue_id: int, policy: Policy) ->
     in_flight_used = in_flight_limit = None
     if row.max_in_flight is not None:
         evaluated = await admission_queries.queue_admission(
-            conn, endpoint_id=row.endpoint_id, queue_id=queue_id
+            conn, endpoint_id=row.endpoint_id, queue_id=row.queue_id
         )
         if evaluated is not None and evaluated.in_flight is not None:
             in_flight_used, in_flight_limit = evaluated.in_flight, row.max_in_flight
     if window_used is None and in_flight_used is None:
         return None
     return Headroom(window_used, window_limit, resets_at, in_flight_used, in_flight_limit, policy)
-
-
-async def _audit(
-    conn: Conn,
-    principal: Principal,
-    row: PolicyRow,
-    action: str,
-    before: Policy | None,
-    after: Policy | None,
-) -> None:
-    await audit.record(
-        conn,
-        subject=audit.PolicyTrail(
-            queue_id=row.queue_id, owner_id=row.owner_id, endpoint_id=row.endpoint_id
-        ),
-        change=AuditChange.revised(action, actor_of(principal), before, after, policy_json),
-    )

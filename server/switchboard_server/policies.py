@@ -9,7 +9,7 @@ import enum
 import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime, time, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from switchboard_server import errors
@@ -21,9 +21,10 @@ from switchboard_server.db.admission_report import (
     ReportedPolicy,
     reported_policy,
 )
+from switchboard_server.db.audit_trails import Stored
+from switchboard_server.model import Revision
 from switchboard_server.policy_windows import spec_of
 from switchboard_server.windows import (
-    Period,
     WindowSpec,
 )
 
@@ -148,10 +149,16 @@ def policy_of(row: PolicyRow, endpoint_id: uuid.UUID, queue: str) -> Policy:
     return Policy(
         endpoint_id,
         queue,
-        Limits(row.max_in_flight, row.max_claims_per_window, spec_of(row)),
+        limits_of(row),
         row.updated_at,
         row.template_prefix + "*" if row.template_prefix is not None else None,
     )
+
+
+def limits_of(columns: PolicyLimitColumns) -> Limits:
+    """The limits a policy (or template) row stores, or a claim's report (or
+    the audit) carries: the inverse of ``limit_columns``."""
+    return Limits(columns.max_in_flight, columns.max_claims_per_window, spec_of(columns))
 
 
 def limit_columns(limits: Limits) -> PolicyLimitColumns:
@@ -183,23 +190,17 @@ def policy_from_json(data: Mapping[str, Any], endpoint_id: uuid.UUID, queue: str
     return replace(policy, template=str(template)) if template else policy
 
 
+def policy_revision(
+    stored: Revision[Stored], endpoint_id: uuid.UUID, queue: str
+) -> Revision[Policy]:
+    """A policy audit entry's change (a queue's, or a template's: ``queue`` its
+    pattern), each side read back (``policy_from_json``)."""
+    return stored.map(lambda j: policy_from_json(j, endpoint_id, queue))
+
+
 def reported_policy_of(reported: ReportedPolicy, endpoint_id: uuid.UUID, queue: str) -> Policy:
     """The domain policy of one a claim's report (or the audit) carries."""
-    window = None
-    if reported.window_period:
-        hours, minutes = str(reported.window_start).split(":")
-        window = WindowSpec(
-            Period(reported.window_period),
-            str(reported.window_zone),
-            time(int(hours), int(minutes)),
-            reported.window_weekday,
-        )
-    return Policy(
-        endpoint_id,
-        queue,
-        Limits(reported.max_in_flight, reported.max_claims_per_window, window),
-        reported.updated_at,
-    )
+    return Policy(endpoint_id, queue, limits_of(reported), reported.updated_at)
 
 
 def next_eligible(

@@ -31,6 +31,7 @@ from typing import Any
 
 from switchboard_server import errors
 from switchboard_server.access import actor_of, policy_scope, require_tenant
+from switchboard_server.audited import Audited
 from switchboard_server.db import Database, clock
 from switchboard_server.db import audit_trails as audit
 from switchboard_server.db import templates as template_queries
@@ -38,7 +39,6 @@ from switchboard_server.db.admission import PolicyRow
 from switchboard_server.db.database import Conn, rerun_on_conflict
 from switchboard_server.db.templates import TemplateRow
 from switchboard_server.model import (
-    AuditChange,
     AuditEntry,
     Grant,
     Principal,
@@ -49,12 +49,13 @@ from switchboard_server.policies import (
     Limits,
     Policy,
     limit_columns,
+    limits_of,
     policy_from_json,
     policy_json,
+    policy_revision,
 )
 from switchboard_server.policy_windows import (
     schedule_for,
-    spec_of,
 )
 from switchboard_server.template_queues import longest_match, reconcile
 
@@ -92,13 +93,23 @@ def prefix_of(pattern: str) -> str:
 
 def template_of(row: TemplateRow) -> PolicyTemplate:
     """The domain template of a stored row."""
-    limits = Limits(row.max_in_flight, row.max_claims_per_window, spec_of(row))
-    return PolicyTemplate(row.endpoint_id, row.prefix + WILDCARD, limits, row.updated_at)
+    return PolicyTemplate(row.endpoint_id, row.prefix + WILDCARD, limits_of(row), row.updated_at)
 
 
-def _policy(template: PolicyTemplate) -> Policy:
-    """A template's limits as a policy (its JSON is the audit's form)."""
-    return Policy(template.endpoint_id, template.pattern, template.limits, template.updated_at)
+def _template_json(template: PolicyTemplate) -> dict[str, Any]:
+    """The audit form of a template: its limits as a policy's (``policy_json``)."""
+    return policy_json(
+        Policy(template.endpoint_id, template.pattern, template.limits, template.updated_at)
+    )
+
+
+#: A template's changes: in its prefix's trail, counting the queues each wrote.
+_AUDITED: Audited[TemplateRow, PolicyTemplate] = Audited(
+    lambda row: audit.TemplateTrail(
+        endpoint_id=row.endpoint_id, owner_id=row.owner_id, prefix=row.prefix
+    ),
+    _template_json,
+)
 
 
 def limits_json(limits: Limits, endpoint_id: uuid.UUID, at: datetime) -> dict[str, Any]:
@@ -106,9 +117,15 @@ def limits_json(limits: Limits, endpoint_id: uuid.UUID, at: datetime) -> dict[st
     return policy_json(Policy(endpoint_id, "", limits, at))
 
 
-def ceiling_of(
-    templates: Sequence[TemplateRow], prefix: str, endpoint_id: uuid.UUID
-) -> Limits | None:
+def _human_set(row: TemplateRow) -> Limits | None:
+    """The limits a human last set on a template (``limits_json``), or
+    ``None`` when none did."""
+    if row.human_limits is None:
+        return None
+    return policy_from_json(row.human_limits, row.endpoint_id, "").limits
+
+
+def ceiling_of(templates: Sequence[TemplateRow], prefix: str) -> Limits | None:
     """What a human set over the queues of ``prefix``: the human limits of the
     longest template whose prefix starts ``prefix`` (itself included) that a
     human set; ``None`` when none did."""
@@ -117,11 +134,7 @@ def ceiling_of(
         key=lambda t: len(t.prefix),
         reverse=True,
     )
-    if not enclosing:
-        return None
-    human = enclosing[0].human_limits
-    assert human is not None
-    return policy_from_json(human, endpoint_id, "").limits
+    return _human_set(enclosing[0]) if enclosing else None
 
 
 def ceiling_problems(limits: Limits, ceiling: Limits | None) -> list[str]:
@@ -231,7 +244,7 @@ class PolicyTemplates:
                 )
             if _agent(principal):
                 _refuse_looser(
-                    ceiling_problems(limits, ceiling_of(rows, prefix, endpoint)),
+                    ceiling_problems(limits, ceiling_of(rows, prefix)),
                     "set a template looser than what a human set",
                 )
             now = await clock.now(conn)
@@ -258,7 +271,7 @@ class PolicyTemplates:
             after = [t for t in rows if t.prefix != prefix] + [stored]
             changed = await reconcile(conn, endpoint, prefix, after, stored.id, now)
             template = template_of(stored)
-            await _audit(
+            await _AUDITED.record(
                 conn,
                 principal,
                 stored,
@@ -284,9 +297,9 @@ class PolicyTemplates:
             if current is None:
                 raise errors.NotFound("no policy template with this pattern")
             rest = [t for t in rows if t.id != current.id]
-            if _agent(principal) and current.human_limits is not None:
+            ceiling = _human_set(current) if _agent(principal) else None
+            if ceiling is not None:
                 fallback = longest_match(rest, prefix)
-                ceiling = policy_from_json(current.human_limits, endpoint, "").limits
                 _refuse_looser(
                     ceiling_problems(template_of(fallback).limits, ceiling)
                     if fallback is not None
@@ -297,7 +310,7 @@ class PolicyTemplates:
             await template_queries.delete(conn, endpoint_id=endpoint, template_id=current.id)
             changed = await reconcile(conn, endpoint, prefix, rest, current.id, now)
             template = template_of(current)
-            await _audit(conn, principal, current, "clear", template, None, changed)
+            await _AUDITED.record(conn, principal, current, "clear", template, None, changed)
         return TemplateChange(template, changed)
 
     async def audit(
@@ -322,7 +335,7 @@ class PolicyTemplates:
         return [
             r.read_as(
                 pattern,
-                (r.change[0].map(lambda j: policy_from_json(j, endpoint, pattern)), r.change[1]),
+                (policy_revision(r.change[0], endpoint, pattern), r.change[1]),
             )
             for r in rows
         ]
@@ -366,26 +379,6 @@ async def check_override(conn: Conn, principal: Principal, row: PolicyRow, limit
     if governing is None:
         return
     _refuse_looser(
-        ceiling_problems(limits, ceiling_of(templates, governing.prefix, row.endpoint_id)),
+        ceiling_problems(limits, ceiling_of(templates, governing.prefix)),
         "override a template a human set with looser limits",
-    )
-
-
-async def _audit(
-    conn: Conn,
-    principal: Principal,
-    row: TemplateRow,
-    action: str,
-    before: PolicyTemplate | None,
-    after: PolicyTemplate | None,
-    queues: int,
-) -> None:
-    await audit.record(
-        conn,
-        subject=audit.TemplateTrail(
-            endpoint_id=row.endpoint_id, owner_id=row.owner_id, prefix=row.prefix
-        ),
-        change=AuditChange.revised(
-            action, actor_of(principal), before, after, lambda t: policy_json(_policy(t)), queues
-        ),
     )

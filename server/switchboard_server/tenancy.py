@@ -126,11 +126,7 @@ class Tenancy:
         if not grant_set:
             raise errors.InvalidArgument.field("grants", "name at least one grant or preset")
         async with self._db.transaction() as conn:
-            if (
-                await tenancy_queries.get_endpoint(conn, endpoint_id=endpoint_id, owner_id=owner_id)
-                is None
-            ):
-                raise errors.NotFound("endpoint not found")
+            await _owners_endpoint(conn, endpoint_id, owner_id)
             minted = await _mint(
                 conn,
                 PrincipalKind.ENDPOINT,
@@ -166,13 +162,7 @@ class Tenancy:
         if url is not None:
             async with self._db.connection() as conn:
                 # Not the owner's endpoint: NOT_FOUND before anything about the URL.
-                if (
-                    await tenancy_queries.get_endpoint(
-                        conn, endpoint_id=endpoint_id, owner_id=owner_id
-                    )
-                    is None
-                ):
-                    raise errors.NotFound("endpoint not found")
+                await _owners_endpoint(conn, endpoint_id, owner_id)
             try:
                 await self._hook_policy.check_url(url)
             except Refused as exc:
@@ -201,12 +191,7 @@ class Tenancy:
         """One of the caller's owner's endpoints, with its notify hook's status."""
         owner_id = require_human(principal)
         async with self._db.connection(within=conn) as conn:
-            endpoint = await tenancy_queries.get_endpoint(
-                conn, endpoint_id=endpoint_id, owner_id=owner_id
-            )
-        if endpoint is None:
-            raise errors.NotFound("endpoint not found")
-        return endpoint
+            return await _owners_endpoint(conn, endpoint_id, owner_id)
 
     async def list_credentials(
         self, principal: Principal, endpoint_id: uuid.UUID | None
@@ -217,14 +202,8 @@ class Tenancy:
         """
         owner_id = require_human(principal)
         async with self._db.connection() as conn:
-            if (
-                endpoint_id is not None
-                and await tenancy_queries.get_endpoint(
-                    conn, endpoint_id=endpoint_id, owner_id=owner_id
-                )
-                is None
-            ):
-                raise errors.NotFound("endpoint not found")
+            if endpoint_id is not None:
+                await _owners_endpoint(conn, endpoint_id, owner_id)
             return await tenancy_queries.list_credentials(
                 conn, owner_id=owner_id, endpoint_id=endpoint_id
             )
@@ -241,6 +220,15 @@ class Tenancy:
         if self._on_revoked is not None:
             self._on_revoked(revoked.id)
         return revoked
+
+
+async def _owners_endpoint(conn: Conn, endpoint_id: uuid.UUID, owner_id: uuid.UUID) -> Endpoint:
+    """The owner's endpoint; ``NotFound`` when it is not one (another owner's
+    looks absent)."""
+    endpoint = await tenancy_queries.get_endpoint(conn, endpoint_id=endpoint_id, owner_id=owner_id)
+    if endpoint is None:
+        raise errors.NotFound("endpoint not found")
+    return endpoint
 
 
 async def _mint(

@@ -1,5 +1,5 @@
-"""A schedule as its audit records it (its JSON form, and back), and the audit
-entry of a change."""
+"""A schedule as its audit records it (its JSON form, and back), and how a
+change is audited (``AUDITED``)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,9 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from switchboard_server.access import actor_of
+from switchboard_server.audited import Audited
 from switchboard_server.db import audit_trails
-from switchboard_server.db.database import Conn
 from switchboard_server.db.schedules import ScheduleRow
-from switchboard_server.model import AuditChange, Principal
 
 
 def schedule_json(row: ScheduleRow) -> dict[str, Any]:
@@ -59,18 +57,11 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-async def audit(
-    conn: Conn,
-    principal: Principal,
-    row: ScheduleRow,
-    action: str,
-    before: ScheduleRow | None,
-    after: ScheduleRow | None,
-) -> None:
-    await audit_trails.record(
-        conn,
-        subject=audit_trails.ScheduleTrail(
-            schedule_id=row.id, owner_id=row.owner_id, endpoint_id=row.endpoint_id
-        ),
-        change=AuditChange.revised(action, actor_of(principal), before, after, schedule_json),
-    )
+#: A schedule's changes: in its trail (also once it is deleted), each side as
+#: ``schedule_json``.
+AUDITED: Audited[ScheduleRow, ScheduleRow] = Audited(
+    lambda row: audit_trails.ScheduleTrail(
+        schedule_id=row.id, owner_id=row.owner_id, endpoint_id=row.endpoint_id
+    ),
+    schedule_json,
+)

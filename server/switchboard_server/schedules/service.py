@@ -4,6 +4,8 @@ grants and scope, each change audited in its transaction."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from switchboard_server import errors
 from switchboard_server.access import schedule_scope
@@ -19,7 +21,7 @@ from switchboard_server.recurrence import (
     RecurrenceError,
     next_after,
 )
-from switchboard_server.schedules.audit_form import audit, schedule_from_json
+from switchboard_server.schedules.audit_form import AUDITED, schedule_from_json
 from switchboard_server.schedules.views import Schedule, recurrence_of, same_recurrence, schedule_of
 
 
@@ -60,7 +62,7 @@ class Schedules:
                 definition=definition,
                 next_slot=next_after(recurrence, now),
             )
-            await audit(conn, principal, row, "create", None, row)
+            await AUDITED.record(conn, principal, row, "create", None, row)
         return Schedule(row, recurrence)
 
     async def get(self, principal: Principal, schedule_id: int) -> Schedule:
@@ -105,9 +107,7 @@ class Schedules:
     ) -> Schedule:
         """Replaces a schedule's definition; audited. A changed recurrence starts
         after now; an unchanged one keeps its next slot."""
-        owner_id, endpoint = schedule_scope(principal, None, Grant.MANAGE_SCHEDULES)
-        async with self._db.transaction() as conn:
-            before = await self._lock(conn, schedule_id, owner_id, endpoint)
+        async with self._locked(principal, schedule_id, Grant.MANAGE_SCHEDULES) as (conn, before):
             next_slot = before.next_slot
             if not before.paused and not same_recurrence(before, definition):
                 next_slot = next_after(recurrence, await clock.now(conn))
@@ -118,7 +118,7 @@ class Schedules:
                 definition=definition,
                 next_slot=next_slot,
             )
-            await audit(conn, principal, after, "update", before, after)
+            await AUDITED.record(conn, principal, after, "update", before, after)
         return Schedule(after, recurrence)
 
     async def pause(self, principal: Principal, schedule_id: int) -> Schedule:
@@ -132,13 +132,11 @@ class Schedules:
     @rerun_on_conflict
     async def delete(self, principal: Principal, schedule_id: int) -> Schedule:
         """Deletes a schedule (its todos stay); audited."""
-        owner_id, endpoint = schedule_scope(principal, None, Grant.MANAGE_SCHEDULES)
-        async with self._db.transaction() as conn:
-            before = await self._lock(conn, schedule_id, owner_id, endpoint)
+        async with self._locked(principal, schedule_id, Grant.MANAGE_SCHEDULES) as (conn, before):
             await schedule_queries.delete(
                 conn, schedule_id=before.id, endpoint_id=before.endpoint_id
             )
-            await audit(conn, principal, before, "delete", before, None)
+            await AUDITED.record(conn, principal, before, "delete", before, None)
         return schedule_of(before)
 
     async def audit(
@@ -161,9 +159,7 @@ class Schedules:
 
     @rerun_on_conflict
     async def _set_paused(self, principal: Principal, schedule_id: int, paused: bool) -> Schedule:
-        owner_id, endpoint = schedule_scope(principal, None, Grant.PAUSE_SCHEDULES)
-        async with self._db.transaction() as conn:
-            before = await self._lock(conn, schedule_id, owner_id, endpoint)
+        async with self._locked(principal, schedule_id, Grant.PAUSE_SCHEDULES) as (conn, before):
             if before.paused == paused:
                 return schedule_of(before)
             next_slot = None
@@ -181,16 +177,23 @@ class Schedules:
                 paused=paused,
                 next_slot=next_slot,
             )
-            await audit(conn, principal, after, "pause" if paused else "resume", before, after)
+            await AUDITED.record(
+                conn, principal, after, "pause" if paused else "resume", before, after
+            )
         return schedule_of(after)
 
-    @staticmethod
-    async def _lock(
-        conn: Conn, schedule_id: int, owner_id: uuid.UUID, endpoint: uuid.UUID | None
-    ) -> ScheduleRow:
-        row = await schedule_queries.lock(
-            conn, schedule_id=schedule_id, owner_id=owner_id, endpoint_id=endpoint
-        )
-        if row is None:
-            raise errors.NotFound("schedule not found")
-        return row
+    @asynccontextmanager
+    async def _locked(
+        self, principal: Principal, schedule_id: int, grant: Grant
+    ) -> AsyncIterator[tuple[Conn, ScheduleRow]]:
+        """A change of one schedule: in the caller's scope (``grant``), its
+        transaction and the schedule locked in it (``NotFound`` when it is not
+        the caller's)."""
+        owner_id, endpoint = schedule_scope(principal, None, grant)
+        async with self._db.transaction() as conn:
+            row = await schedule_queries.lock(
+                conn, schedule_id=schedule_id, owner_id=owner_id, endpoint_id=endpoint
+            )
+            if row is None:
+                raise errors.NotFound("schedule not found")
+            yield conn, row
