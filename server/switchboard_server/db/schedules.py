@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from switchboard_server.db.database import Conn, name_taken
-from switchboard_server.db.queries import execute, fetch_many, fetch_one
+from switchboard_server.db.queries import Params, execute, fetch_many, fetch_one
 from switchboard_server.db.queues import hold_shard_group
 from switchboard_server.db.todos import todo_or_none
 from switchboard_server.model import Todo
@@ -45,8 +45,9 @@ class ScheduleRow:
 
 
 @dataclass(frozen=True)
-class Definition:
-    """What a schedule's owner sets: everything but its queue and its state."""
+class Definition(Params):
+    """What a schedule's owner sets: everything but its queue and its state
+    (the parameters a create and an update take alike)."""
 
     name: str
     payload: bytes
@@ -81,25 +82,15 @@ async def create(
     next_slot: datetime,
 ) -> ScheduleRow:
     """Stores a new schedule; ``AlreadyExists`` when the endpoint has one of that name."""
-    d = definition
-    with _name_taken(d.name):
+    with _name_taken(definition.name):
         rec = await fetch_one(
             conn,
             "schedule_create",
+            definition,
             owner_id=owner_id,
             endpoint_id=endpoint_id,
             queue_id=queue_id,
             queue=queue,
-            name=d.name,
-            payload=d.payload,
-            content_type=d.content_type,
-            max_attempts=d.max_attempts,
-            time_zone=d.time_zone,
-            calendar_period=d.calendar_period,
-            calendar_at=d.calendar_at,
-            calendar_weekday=d.calendar_weekday,
-            cron=d.cron,
-            catch_up=d.catch_up,
             next_slot=next_slot,
         )
     assert rec is not None
@@ -160,22 +151,12 @@ async def update(
     next_slot: datetime | None,
 ) -> ScheduleRow:
     """Replaces a locked schedule's definition and next slot."""
-    d = definition
-    with _name_taken(d.name):
+    with _name_taken(definition.name):
         rec = await fetch_one(
             conn,
             "schedule_update",
+            definition,
             schedule_id=schedule_id,
-            name=d.name,
-            payload=d.payload,
-            content_type=d.content_type,
-            max_attempts=d.max_attempts,
-            time_zone=d.time_zone,
-            calendar_period=d.calendar_period,
-            calendar_at=d.calendar_at,
-            calendar_weekday=d.calendar_weekday,
-            cron=d.cron,
-            catch_up=d.catch_up,
             next_slot=next_slot,
             endpoint_id=endpoint_id,
         )
