@@ -17,34 +17,6 @@ from switchboard_server.model import Todo
 
 
 @dataclass(frozen=True)
-class ScheduleRow:
-    """A stored schedule."""
-
-    id: int
-    owner_id: uuid.UUID
-    endpoint_id: uuid.UUID
-    queue_id: int
-    queue: str
-    name: str
-    payload: bytes
-    content_type: str
-    max_attempts: int
-    time_zone: str
-    calendar_period: str | None
-    calendar_at: str | None
-    calendar_weekday: int | None
-    cron: str | None
-    catch_up: str
-    paused: bool
-    next_slot: datetime | None
-    last_slot: datetime | None
-    last_todo_id: int | None
-    todos_created: int
-    created_at: datetime
-    updated_at: datetime
-
-
-@dataclass(frozen=True)
 class Definition(Params):
     """What a schedule's owner sets: everything but its queue and its state
     (the parameters a create and an update take alike)."""
@@ -59,6 +31,24 @@ class Definition(Params):
     calendar_weekday: int | None
     cron: str | None
     catch_up: str
+
+
+@dataclass(frozen=True)
+class ScheduleRow(Definition):
+    """A stored schedule: its definition, its queue and its state."""
+
+    id: int
+    owner_id: uuid.UUID
+    endpoint_id: uuid.UUID
+    queue_id: int
+    queue: str
+    paused: bool
+    next_slot: datetime | None
+    last_slot: datetime | None
+    last_todo_id: int | None
+    todos_created: int
+    created_at: datetime
+    updated_at: datetime
 
 
 def _row(rec: Mapping[str, Any]) -> ScheduleRow:
