@@ -6,8 +6,8 @@ cardinality calls for.
 The check is static: each runner call in the db modules is read from the
 source and held to the loaded query, so a wrapper that passes a name its
 query lacks, or misses one, fails here without being run. A group passed is
-resolved to its class, a parameter of the wrapper annotated with it or a call
-of it, whose ``sql_names`` count as given.
+resolved to its class (a call of it, or a name of the wrapper annotated with
+it or bound to a call of it), whose ``sql_names`` count as given.
 """
 
 from __future__ import annotations
@@ -181,17 +181,31 @@ def _resolve(node: ast.expr | None, namespace: Mapping[str, Any]) -> Any:
 
 
 def _group_class(node: ast.expr, fn: Function | None, namespace: Mapping[str, Any]) -> Any:
-    """The class of a group a runner call passes: a call of it, or a parameter
-    of the enclosing function annotated with it (``None``: neither)."""
-    found = None
+    """The class of a group a runner call passes: a call of it, or a name of
+    the enclosing function that is a parameter annotated with it or bound
+    only to calls of it, or both (``None``: none of these)."""
+    classes = set()
     if isinstance(node, ast.Call):
-        found = _resolve(node.func, namespace)
+        classes.add(_resolve(node.func, namespace))
     elif isinstance(node, ast.Name) and fn is not None:
         args = fn.args
         for arg in (*args.posonlyargs, *args.args, *args.kwonlyargs):
             if arg.arg == node.id:
-                found = _resolve(arg.annotation, namespace)
+                classes.add(_resolve(arg.annotation, namespace))
+        for bound in ast.walk(fn):
+            if isinstance(bound, ast.Assign | ast.AugAssign | ast.AnnAssign) and any(
+                isinstance(t, ast.Name) and t.id == node.id for t in _targets(bound)
+            ):
+                value = bound.value
+                call = _resolve(value.func, namespace) if isinstance(value, ast.Call) else None
+                classes.add(call)
+    found = classes.pop() if len(classes) == 1 else None
     return found if isinstance(found, type) and issubclass(found, Params) else None
+
+
+def _targets(node: ast.Assign | ast.AugAssign | ast.AnnAssign) -> list[ast.AST]:
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    return [t for target in targets for t in ast.walk(target)]
 
 
 def _given(
@@ -339,6 +353,14 @@ async def f(conn, places: list[Place]):
     await fetch_one(conn, "q", places[0])
 async def g(conn, flag):
     await fetch_one(conn, "q" if flag else "r", Place(1, 2))
+async def h(conn, flag):
+    place = Place(1, 2)
+    await fetch_one(conn, "q", place)
+    other = Place(1, 2) if flag else None
+    await fetch_one(conn, "q", other)
+    again = Place(1, 2)
+    again = again.queue
+    await fetch_one(conn, "q", again)
 """
 
     class Rows:
@@ -346,7 +368,8 @@ async def g(conn, flag):
 
     namespace = {"Place": _Place, "rows": Rows, "Query": Query}
     errors = runner_call_errors(source, known, "groups.py", namespace)
-    assert [e.split(":")[1] for e in errors] == ["8", "10", "12", "14", "16", "18", "18"]
+    lines = ["8", "10", "12", "14", "16", "18", "18", "23", "26"]
+    assert [e.split(":")[1] for e in errors] == lines
     assert "given ['endpoint_id', 'queue_id']" in errors[0]  # misses owner_id
     assert "given ['endpoint_id', 'endpoint_id', 'queue_id']" in errors[1]  # twice
     assert "group of a known class" in errors[2]  # not annotated
@@ -355,6 +378,9 @@ async def g(conn, flag):
     # Each of a conditional's queries: r is :many, and takes owner_id.
     assert "fetch_one on :many query r" in errors[5]
     assert "r takes" in errors[6]
+    # A name bound to a call of a group is the group; bound to anything else, unknown.
+    assert "group of a known class" in errors[7]
+    assert "group of a known class" in errors[8]
 
 
 def trail_errors(classes: list[type[Any]], queries: dict[str, Query]) -> list[str]:
