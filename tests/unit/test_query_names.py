@@ -391,7 +391,7 @@ def trail_errors(classes: list[type[Any]], queries: dict[str, Query]) -> list[st
     errors = []
     change = AuditChange("x", Actor(None, None, None))
     for cls in classes:
-        fields = [f.name for f in dataclasses.fields(cls)]
+        fields = list(cls.sql_names())
         trail = cls.trail
         checks = []
         if issubclass(cls, audit.Subject):
