@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 import pytest
 from switchboard_server.db import audit_trails as audit
 from switchboard_server.db import queries
+from switchboard_server.db.distribute import ShardGroup
 from switchboard_server.db.queries import QUERIES, Params, Query, arguments, bind_names, parse
 from switchboard_server.model import Actor, AuditChange
 
@@ -151,6 +152,14 @@ def test_groups_give_their_names_once_each() -> None:
         arguments(query, {"owner_id": 3, "endpoint_id": 2}, (_Place(1, 2),))
     with pytest.raises(TypeError, match=r"given \['endpoint_id', 'queue_id'\]"):
         arguments(query, {}, (_Place(1, 2),))
+
+
+def test_a_shard_group_is_placed_by_its_first_endpoint() -> None:
+    first, second = uuid.uuid4(), uuid.uuid4()
+    group = ShardGroup([first, second])
+    assert group.sql_values() == {"endpoint_ids": [first, second], "endpoint_id": first}
+    query = QUERIES["todo_reap_lapsed_of"]
+    assert arguments(query, {"batch": 5}, (group,)) == [first, [first, second], 5]
 
 
 def _literal(node: ast.expr | None) -> str | None:
