@@ -391,12 +391,7 @@ async def _write(
         policy_id=row.id,
         endpoint_id=row.endpoint_id,
         active=active,
-        max_in_flight=limits.max_in_flight,
-        max_claims_per_window=limits.max_claims_per_window,
-        window_period=limits.window_period,
-        window_zone=limits.window_zone,
-        window_start=limits.window_start,
-        window_weekday=limits.window_weekday,
+        limits=limits,
         window_bounds=bounds,
         schedule_refresh_at=refresh_at,
     )

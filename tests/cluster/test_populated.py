@@ -23,6 +23,7 @@ from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, queue_pb2
 from switchboard_server.db import admission as admission_queries
 from switchboard_server.db import claims as claim_queries
 from switchboard_server.db import todo_ingest as ingest_queries
+from switchboard_server.db.admission_report import PolicyLimitColumns
 from switchboard_server.model import NewTodo, SettleAction, Settlement
 
 from tests.cluster.conftest import SHARD_COUNT, migrate_cli
@@ -134,12 +135,14 @@ async def _fill(conn: asyncpg.Connection[asyncpg.Record]) -> list[tuple[uuid.UUI
             policy_id=row.id,
             endpoint_id=endpoint,
             active=True,
-            max_in_flight=None,
-            max_claims_per_window=WINDOW,
-            window_period="DAY",
-            window_zone="UTC",
-            window_start="00:00",
-            window_weekday=None,
+            limits=PolicyLimitColumns(
+                max_in_flight=None,
+                max_claims_per_window=WINDOW,
+                window_period="DAY",
+                window_zone="UTC",
+                window_start="00:00",
+                window_weekday=None,
+            ),
             window_bounds=[now - timedelta(hours=1), now + timedelta(days=1)],
             schedule_refresh_at=now + timedelta(hours=12),
         )

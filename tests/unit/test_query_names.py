@@ -1,10 +1,13 @@
 """The named database boundary (db/queries.py): parameters are named in the
 .sql files, and every wrapper in db/*.py passes exactly its query's names,
-by keyword, to the runner the query's cardinality calls for.
+by keyword or in a group (a ``Params``), to the runner the query's
+cardinality calls for.
 
 The check is static: each runner call in the db modules is read from the
 source and held to the loaded query, so a wrapper that passes a name its
-query lacks, or misses one, fails here without being run.
+query lacks, or misses one, fails here without being run. A group passed is
+resolved to its class (a call of it, or a name of the wrapper annotated with
+it or bound to a call of it), whose ``sql_names`` count as given.
 """
 
 from __future__ import annotations
@@ -14,14 +17,16 @@ import dataclasses
 import importlib
 import inspect
 import uuid
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from switchboard_server.db import audit_trails as audit
 from switchboard_server.db import queries
-from switchboard_server.db.queries import QUERIES, Query, arguments, bind_names, parse
+from switchboard_server.db.distribute import ShardGroup
+from switchboard_server.db.queries import QUERIES, Params, Query, arguments, bind_names, parse
 from switchboard_server.model import Actor, AuditChange
 
 DB = Path(queries.__file__).parent
@@ -123,6 +128,40 @@ def test_the_runner_takes_exactly_the_query_names() -> None:
         arguments(query, {"a": 1, "b": 2, "c": 3})
 
 
+@dataclasses.dataclass(frozen=True)
+class _Place(Params):
+    read_from: ClassVar[dict[str, str]] = {"queue_id": "queue"}
+
+    queue: int
+    endpoint_id: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _PlacedRow(_Place):
+    """A row that carries a ``_Place``: as a group, the place's names."""
+
+    name: str
+
+
+def test_groups_give_their_names_once_each() -> None:
+    query = Query("q", "one", "SELECT $1, $2, $3", ("endpoint_id", "owner_id", "queue_id"))
+    assert sorted(_Place.sql_names()) == ["endpoint_id", "queue_id"]
+    assert arguments(query, {"owner_id": 3}, (_Place(1, 2),)) == [2, 3, 1]
+    assert arguments(query, {"owner_id": 3}, (_PlacedRow(1, 2, "x"),)) == [2, 3, 1]
+    with pytest.raises(TypeError, match="given endpoint_id twice"):
+        arguments(query, {"owner_id": 3, "endpoint_id": 2}, (_Place(1, 2),))
+    with pytest.raises(TypeError, match=r"given \['endpoint_id', 'queue_id'\]"):
+        arguments(query, {}, (_Place(1, 2),))
+
+
+def test_a_shard_group_is_placed_by_its_first_endpoint() -> None:
+    first, second = uuid.uuid4(), uuid.uuid4()
+    group = ShardGroup([first, second])
+    assert group.sql_values() == {"endpoint_ids": [first, second], "endpoint_id": first}
+    query = QUERIES["todo_reap_lapsed_of"]
+    assert arguments(query, {"batch": 5}, (group,)) == [first, [first, second], 5]
+
+
 def _literal(node: ast.expr | None) -> str | None:
     """The string a node spells literally, or ``None``."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
@@ -130,8 +169,59 @@ def _literal(node: ast.expr | None) -> str | None:
     return None
 
 
-def _given(call: ast.Call, runner: str) -> list[str] | None:
-    """The parameter names a runner call passes (``None``: not all literal)."""
+def _query_names(node: ast.expr) -> list[str | None]:
+    """The query names a runner call's name argument spells: a literal, or
+    each of a conditional's literals (``None``: one is not literal)."""
+    if isinstance(node, ast.IfExp):
+        return [_literal(node.body), _literal(node.orelse)]
+    return [_literal(node)]
+
+
+Function = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def _resolve(node: ast.expr | None, namespace: Mapping[str, Any]) -> Any:
+    """What a name or a dotted name means in ``namespace`` (``None``: nothing)."""
+    if isinstance(node, ast.Name):
+        return namespace.get(node.id)
+    if isinstance(node, ast.Attribute):
+        return getattr(_resolve(node.value, namespace), node.attr, None)
+    return None
+
+
+def _group_class(node: ast.expr, fn: Function | None, namespace: Mapping[str, Any]) -> Any:
+    """The class of a group a runner call passes: a call of it, or a name of
+    the enclosing function that is a parameter annotated with it or bound
+    only to calls of it, or both (``None``: none of these)."""
+    classes = set()
+    if isinstance(node, ast.Call):
+        classes.add(_resolve(node.func, namespace))
+    elif isinstance(node, ast.Name) and fn is not None:
+        args = fn.args
+        for arg in (*args.posonlyargs, *args.args, *args.kwonlyargs):
+            if arg.arg == node.id:
+                classes.add(_resolve(arg.annotation, namespace))
+        for bound in ast.walk(fn):
+            if isinstance(bound, ast.Assign | ast.AugAssign | ast.AnnAssign) and any(
+                isinstance(t, ast.Name) and t.id == node.id for t in _targets(bound)
+            ):
+                value = bound.value
+                call = _resolve(value.func, namespace) if isinstance(value, ast.Call) else None
+                classes.add(call)
+    found = classes.pop() if len(classes) == 1 else None
+    return found if isinstance(found, type) and issubclass(found, Params) else None
+
+
+def _targets(node: ast.Assign | ast.AugAssign | ast.AnnAssign) -> list[ast.AST]:
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    return [t for target in targets for t in ast.walk(target)]
+
+
+def _given(
+    call: ast.Call, runner: str, fn: Function | None, namespace: Mapping[str, Any]
+) -> list[str] | None:
+    """The parameter names a runner call passes, by keyword and in groups
+    (``None``: not all literal, or a group whose class is not known)."""
     if runner == "execute_many":  # its rows: dicts with literal keys
         rows = (
             [d for d in ast.walk(call.args[2]) if isinstance(d, ast.Dict)] if call.args[2:] else []
@@ -139,15 +229,38 @@ def _given(call: ast.Call, runner: str) -> list[str] | None:
         keys = [_literal(k) for k in rows[0].keys] if rows else [None]
         return [k for k in keys if k is not None] if None not in keys else None
     names = [k.arg for k in call.keywords]
+    for group in call.args[2:]:
+        cls = _group_class(group, fn, namespace)
+        if cls is None:
+            return None
+        names += cls.sql_names()
     return [n for n in names if n is not None] if None not in names else None
 
 
-def runner_call_errors(source: str, queries: dict[str, Query], where: str) -> list[str]:
-    """What is wrong with each runner call in ``source``: a query name that is
-    not a literal or not a query, names splatted (``**``) or not exactly the
-    query's, or a runner the query's cardinality does not take."""
+def _functions(tree: ast.AST) -> dict[ast.AST, Function]:
+    """Each node's innermost enclosing function."""
+    found: dict[ast.AST, Function] = {}
+    for fn in ast.walk(tree):  # outer functions first: an inner one overrides
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            found.update((node, fn) for node in ast.walk(fn))
+    return found
+
+
+def runner_call_errors(
+    source: str,
+    queries: dict[str, Query],
+    where: str,
+    namespace: Mapping[str, Any] | None = None,
+) -> list[str]:
+    """What is wrong with each runner call in ``source`` (whose module's
+    names are ``namespace``): a query name that is not a literal (or a
+    conditional of literals) or not a query, names splatted (``**``), a group
+    whose class is not known or names not exactly the query's (one given
+    twice), or a runner the query's cardinality does not take."""
     errors = []
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    functions = _functions(tree)
+    for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
         at = f"{where}:{node.lineno}"
@@ -159,7 +272,7 @@ def runner_call_errors(source: str, queries: dict[str, Query], where: str) -> li
             # call's keywords (db/distribute.py).
             name = _literal(node.args[1]) if node.args[1:] else None
             query = queries.get(name or "")
-            given = _given(node, "endpoint_groups")
+            given = _given(node, "endpoint_groups", functions.get(node), namespace or {})
             if query is None or given is None or sorted(query.names) != sorted(["now", *given]):
                 errors.append(f"{at}: endpoint_groups of {name}, which takes :now and {given}")
             continue
@@ -169,21 +282,25 @@ def runner_call_errors(source: str, queries: dict[str, Query], where: str) -> li
             continue
         if (where, ast.unparse(node.args[1])) in DYNAMIC:
             continue
-        name = _literal(node.args[1])
-        if name is None:
+        names = _query_names(node.args[1])
+        if None in names:
             errors.append(f"{at}: {runner} without a literal query name")
             continue
-        query = queries.get(name)
-        if query is None:
-            errors.append(f"{at}: no query {name}")
-            continue
-        if RUNNERS[runner] != query.cardinality:
-            errors.append(f"{at}: {runner} on :{query.cardinality} query {name}")
-        given = _given(node, runner)
-        if given is None:
-            errors.append(f"{at}: {name}'s parameters are not all named literally (no **)")
-        elif sorted(given) != sorted(query.names):
-            errors.append(f"{at}: {name} takes {query.names}, given {sorted(given)}")
+        given = _given(node, runner, functions.get(node), namespace or {})
+        for name in filter(None, names):
+            query = queries.get(name)
+            if query is None:
+                errors.append(f"{at}: no query {name}")
+                continue
+            if RUNNERS[runner] != query.cardinality:
+                errors.append(f"{at}: {runner} on :{query.cardinality} query {name}")
+            if given is None:
+                errors.append(
+                    f"{at}: {name}'s parameters are not all named literally (no **)"
+                    " or in a group of a known class"
+                )
+            elif sorted(given) != sorted(query.names):
+                errors.append(f"{at}: {name} takes {query.names}, given {sorted(given)}")
     return errors
 
 
@@ -192,7 +309,8 @@ def test_every_wrapper_passes_exactly_its_query_names() -> None:
     calls = 0
     for path in sorted(DB.glob("*.py")):
         source = path.read_text()
-        errors += runner_call_errors(source, QUERIES, path.name)
+        module = importlib.import_module(f"switchboard_server.db.{path.stem}")
+        errors += runner_call_errors(source, QUERIES, path.name, vars(module))
         calls += source.count("await fetch_") + source.count("await execute")
     assert errors == []
     assert calls > 80  # the walk found the wrappers
@@ -221,6 +339,59 @@ async def f(conn):
     assert "fetch_many on :one" in errors[2]
 
 
+def test_the_check_resolves_groups_and_finds_one_that_does_not_fit() -> None:
+    known = {
+        "q": Query("q", "one", "SELECT $1, $2", ("queue_id", "endpoint_id")),
+        "r": Query("r", "many", "SELECT $1, $2, $3", ("queue_id", "endpoint_id", "owner_id")),
+    }
+    source = """
+async def a(conn, place: Place, *, owner_id):
+    await fetch_one(conn, "q", place)
+    await fetch_many(conn, "r", place, owner_id=owner_id)
+    await fetch_many(conn, "r", Place(1, 2), owner_id=3)
+    await fetch_many(conn, "r", rows.PlacedRow(1, 2, "x"), owner_id=3)
+async def b(conn, place: Place):
+    await fetch_many(conn, "r", place)
+async def c(conn, *, place: Place):
+    await fetch_one(conn, "q", place, endpoint_id=2)
+async def d(conn, place):
+    await fetch_one(conn, "q", place)
+async def e(conn, place: Query):
+    await fetch_one(conn, "q", place)
+async def f(conn, places: list[Place]):
+    await fetch_one(conn, "q", places[0])
+async def g(conn, flag):
+    await fetch_one(conn, "q" if flag else "r", Place(1, 2))
+async def h(conn, flag):
+    place = Place(1, 2)
+    await fetch_one(conn, "q", place)
+    other = Place(1, 2) if flag else None
+    await fetch_one(conn, "q", other)
+    again = Place(1, 2)
+    again = again.queue
+    await fetch_one(conn, "q", again)
+"""
+
+    class Rows:
+        PlacedRow = _PlacedRow
+
+    namespace = {"Place": _Place, "rows": Rows, "Query": Query}
+    errors = runner_call_errors(source, known, "groups.py", namespace)
+    lines = ["8", "10", "12", "14", "16", "18", "18", "23", "26"]
+    assert [e.split(":")[1] for e in errors] == lines
+    assert "given ['endpoint_id', 'queue_id']" in errors[0]  # misses owner_id
+    assert "given ['endpoint_id', 'endpoint_id', 'queue_id']" in errors[1]  # twice
+    assert "group of a known class" in errors[2]  # not annotated
+    assert "group of a known class" in errors[3]  # not a group
+    assert "group of a known class" in errors[4]  # not a parameter or a call
+    # Each of a conditional's queries: r is :many, and takes owner_id.
+    assert "fetch_one on :many query r" in errors[5]
+    assert "r takes" in errors[6]
+    # A name bound to a call of a group is the group; bound to anything else, unknown.
+    assert "group of a known class" in errors[7]
+    assert "group of a known class" in errors[8]
+
+
 def trail_errors(classes: list[type[Any]], queries: dict[str, Query]) -> list[str]:
     """What is wrong with each audit subject and page class (db/audit_trails.py): a
     subject's fields with its change's columns, and a page's fields with the
@@ -229,7 +400,7 @@ def trail_errors(classes: list[type[Any]], queries: dict[str, Query]) -> list[st
     errors = []
     change = AuditChange("x", Actor(None, None, None))
     for cls in classes:
-        fields = [f.name for f in dataclasses.fields(cls)]
+        fields = list(cls.sql_names())
         trail = cls.trail
         checks = []
         if issubclass(cls, audit.Subject):

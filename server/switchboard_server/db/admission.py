@@ -101,26 +101,17 @@ async def store_policy(
     policy_id: int,
     endpoint_id: uuid.UUID,
     active: bool,
-    max_in_flight: int | None,
-    max_claims_per_window: int | None,
-    window_period: str | None,
-    window_zone: str | None,
-    window_start: str | None,
-    window_weekday: int | None,
+    limits: PolicyLimitColumns,
     window_bounds: Sequence[datetime],
     schedule_refresh_at: datetime | None,
 ) -> PolicyRow:
-    """Writes a locked policy row and points its queue at it while active."""
+    """Writes a locked policy row (``limits``: its limits) and points its
+    queue at it while active."""
     rec = await fetch_one(
         conn,
         "policy_store",
+        limits,
         policy_id=policy_id,
-        max_in_flight=max_in_flight,
-        max_claims_per_window=max_claims_per_window,
-        window_period=window_period,
-        window_zone=window_zone,
-        window_start=window_start,
-        window_weekday=window_weekday,
         active=active,
         window_bounds=list(window_bounds),
         schedule_refresh_at=schedule_refresh_at,

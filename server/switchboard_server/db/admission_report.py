@@ -17,12 +17,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from switchboard_server.db.queries import Params
+
 
 @dataclass(frozen=True)
-class PolicyLimitColumns:
+class PolicyLimitColumns(Params):
     """A policy's limits as stored (``admission_policies``): what a policy row,
     ``sb_policy_json`` and the queue overview each carry (``None``: no such
-    limit, or no window)."""
+    limit, or no window). As a group of parameters (a row that carries them
+    too), the six columns a policy or template write takes."""
 
     max_in_flight: int | None
     max_claims_per_window: int | None

@@ -3,12 +3,13 @@
 Each trail is a table with two named queries, ``<trail>_insert`` and
 ``<trail>_list`` (``Trail``). What a change is about, its subject, is a
 value of the trail's subject class (``PolicyTrail``: a queue's policy,
-``ScheduleTrail``, ``TemplateTrail``, ``TodoActed``), whose fields are the
-columns the insert takes beside the change's; ``record`` writes a subject and
-an ``AuditChange`` (action, actor, before and after, or a count). A page is
-read by a value of the trail's page class (the subject's, or ``TodoTrail``:
-an owner's or one endpoint's cancels and requeues), whose fields are the
-columns the page query takes beside its cursor; ``page`` answers the
+``ScheduleTrail``, ``TemplateTrail``, ``TodoActed``), a group of parameters
+(``Params``) whose fields are the columns the insert takes beside the
+change's; ``record`` writes a subject and an ``AuditChange`` (action, actor,
+before and after, or a count). A page is read by a value of the trail's page
+class (the subject's, or ``TodoTrail``: an owner's or one endpoint's cancels
+and requeues), a group too, whose fields are the columns the page query takes
+beside its cursor; ``page`` answers the
 read-side ``AuditEntry``, its subject and change as stored (ids, JSON
 objects), for the service to tell in its own terms (``AuditEntry.read_as``).
 
@@ -32,7 +33,7 @@ import uuid
 from typing import Any, ClassVar, Generic, TypeVar
 
 from switchboard_server.db.database import Conn
-from switchboard_server.db.queries import Row, execute, fetch_many, fetch_value
+from switchboard_server.db.queries import Params, Row, execute, fetch_many, fetch_value
 from switchboard_server.db.rows import json_object, json_text
 from switchboard_server.model import AuditChange, AuditEntry, Revision, TodoSelection
 
@@ -80,14 +81,14 @@ class Trail(enum.Enum):
         return columns
 
 
-class Subject:
+class Subject(Params):
     """What a change is about, as its trail's insert takes it (a dataclass:
     its fields are the columns)."""
 
     trail: ClassVar[Trail]
 
 
-class Pages(Generic[S, C]):
+class Pages(Params, Generic[S, C]):
     """Which changes a page reads, as its trail's page query takes them (a
     dataclass: its fields are the columns), and how a row reads."""
 
@@ -96,11 +97,6 @@ class Pages(Generic[S, C]):
     def entry(self, row: Row) -> AuditEntry[S, C]:
         """The entry a row of the page reads as (each page class says how)."""
         raise NotImplementedError
-
-
-def _columns(value: Any) -> dict[str, Any]:
-    """A subject's or a page's columns: its dataclass fields."""
-    return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
 
 
 def _entry(row: Row, endpoint_id: uuid.UUID, subject: S, change: C) -> AuditEntry[S, C]:
@@ -201,7 +197,7 @@ class TodoTrail(Pages[TodoSelection, int]):
 async def record(conn: Conn, *, subject: Subject, change: AuditChange) -> None:
     """Records one change of ``subject`` in its trail."""
     trail = subject.trail
-    await execute(conn, trail.insert, **_columns(subject), **trail.change_columns(change))
+    await execute(conn, trail.insert, subject, **trail.change_columns(change))
 
 
 async def page(
@@ -209,7 +205,7 @@ async def page(
 ) -> list[AuditEntry[S, C]]:
     """A page of the changes ``of`` names, newest first: those before the
     entry ``before_id`` (the last one seen), at most ``limit``."""
-    rows = await fetch_many(conn, of.trail.page, **_columns(of), before_id=before_id, limit=limit)
+    rows = await fetch_many(conn, of.trail.page, of, before_id=before_id, limit=limit)
     return [of.entry(r) for r in rows]
 
 

@@ -260,25 +260,9 @@ async def _settle_rows(
     result_types = (
         [s.result.content_type if s.result else None for s in settlements] if with_results else None
     )
-    if states:
-        return await fetch_many(
-            conn,
-            "todo_settle_states",
-            owner_id=owner_id,
-            endpoint_id=endpoint_id,
-            todo_ids=todo_ids,
-            lease_ids=lease_ids,
-            actions=actions,
-            errors=errors_,
-            permanent=permanent,
-            backoff_base=backoff_base,
-            backoff_cap=backoff_cap,
-            result_data=result_data,
-            result_content_types=result_types,
-        )
     return await fetch_many(
         conn,
-        "todo_settle",
+        "todo_settle_states" if states else "todo_settle",
         owner_id=owner_id,
         endpoint_id=endpoint_id,
         todo_ids=todo_ids,

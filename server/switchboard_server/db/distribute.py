@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import asyncpg
 
 from switchboard_server.db.database import Conn
-from switchboard_server.db.queries import execute, fetch_many, fetch_one, fetch_value
+from switchboard_server.db.queries import Params, execute, fetch_many, fetch_one, fetch_value
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +201,22 @@ async def is_distributed(conn: Conn) -> bool:
     if await fetch_value(conn, "citus_version") is None:
         return False
     return bool(await fetch_value(conn, "citus_distributed"))
+
+
+@dataclass(frozen=True)
+class ShardGroup(Params):
+    """Endpoints of one shard group (``endpoint_groups``), as a background
+    pass's delegated call takes them: ``:endpoint_ids``, and ``:endpoint_id``,
+    the first of them, that Citus places the call by."""
+
+    read_from: ClassVar[dict[str, str]] = {"endpoint_id": "placed_by"}
+
+    endpoint_ids: Sequence[uuid.UUID]
+
+    @property
+    def placed_by(self) -> uuid.UUID:
+        """The endpoint the call is delegated by."""
+        return self.endpoint_ids[0]
 
 
 async def endpoint_groups(

@@ -70,8 +70,7 @@ async def reopen_sweep_of(
     rows = await fetch_many(
         conn,
         "gate_reopen_sweep_of",
-        endpoint_id=endpoint_ids[0],
-        endpoint_ids=endpoint_ids,
+        distribute.ShardGroup(endpoint_ids),
         batch=batch,
     )
     return _reopened(rows)

@@ -50,8 +50,7 @@ async def take_of(
     rows = await fetch_many(
         conn,
         "hook_take_of",
-        endpoint_id=endpoint_ids[0],
-        endpoint_ids=endpoint_ids,
+        distribute.ShardGroup(endpoint_ids),
         batch=batch,
         lease=lease,
     )

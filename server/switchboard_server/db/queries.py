@@ -15,10 +15,13 @@ that order are the query's ``names``.
 
 The wrappers in ``db/*.py`` pass their arguments by name to one of the
 runners below, which orders them by ``names`` and refuses a call that
-misses a name or passes one the query lacks. The header's cardinality says
-which runner a query takes: ``fetch_one`` (or ``fetch_value``, its first
-column) for ``:one``, ``fetch_many`` for ``:many``, ``execute`` (or
-``execute_many``) for ``:exec``. The runners are typed per cardinality
+misses a name, passes one twice or passes one the query lacks. Parameters
+that go together in several queries (a policy's limits, a listing's scope)
+are passed as one group, a ``Params``, before the keywords:
+``fetch_many(conn, "todo_list", listing, limit=limit, before_id=before_id)``.
+The header's cardinality says which runner a query takes: ``fetch_one`` (or
+``fetch_value``, its first column) for ``:one``, ``fetch_many`` for
+``:many``, ``execute`` (or ``execute_many``) for ``:exec``. The runners are typed per cardinality
 rather than one ``run`` returning any of a row, rows or a status, which
 every caller would have to narrow; a runner that does not match the header
 is refused too (tests/unit/test_query_names.py checks every call statically).
@@ -27,11 +30,12 @@ A positional ``$n`` in a query file is refused at load.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 if TYPE_CHECKING:
     from switchboard_server.db.database import Conn
@@ -160,13 +164,75 @@ def sql(name: str) -> str:
     return QUERIES[name].sql
 
 
-def arguments(query: Query, params: Mapping[str, Any]) -> list[Any]:
-    """``params`` in the order of the query's ``$n``; ``TypeError`` when a name
-    is missing or is not the query's."""
+class Params:
+    """A group of named parameters that several queries take together: a
+    frozen dataclass whose fields are the parameters' names (its
+    ``sql_names``), passed to a runner before the keywords.
+
+    Where a parameter is read from an attribute of another name (a sequence
+    sent as ``NULL`` when empty, a derived value), ``read_from`` maps the
+    parameter's name to that attribute: a name there that is no field is a
+    parameter too, a field read for another name is not one. A class that
+    extends a group with fields of its own (a policy row, which carries a
+    policy's limits) is the group still: its names are those of the first
+    dataclass of its line.
+    """
+
+    #: A parameter's name -> the attribute its value is read from, where they differ.
+    read_from: ClassVar[Mapping[str, str]] = {}
+
+    @classmethod
+    def sql_names(cls) -> tuple[str, ...]:
+        """The names of the parameters the group gives."""
+        return tuple(name for name, _ in _bindings(cls))
+
+    def sql_values(self) -> dict[str, Any]:
+        """The group's parameters, by name."""
+        return {name: getattr(self, attribute) for name, attribute in _bindings(type(self))}
+
+
+#: Each group class's (parameter name, attribute) pairs, made on first use.
+_BINDINGS: dict[type[Params], tuple[tuple[str, str], ...]] = {}
+
+
+def _bindings(cls: type[Params]) -> tuple[tuple[str, str], ...]:
+    bindings = _BINDINGS.get(cls)
+    if bindings is None:
+        group = next(
+            c
+            for c in reversed(cls.__mro__)
+            if issubclass(c, Params) and "__dataclass_fields__" in vars(c)
+        )
+        read_from = group.read_from
+        fields = [f.name for f in dataclasses.fields(cast(Any, group))]
+        names = [f for f in fields if f not in read_from.values()]
+        names += [n for n in read_from if n not in names]
+        bindings = _BINDINGS[cls] = tuple((n, read_from.get(n, n)) for n in names)
+    return bindings
+
+
+def arguments(
+    query: Query, params: Mapping[str, Any], groups: tuple[Params, ...] = ()
+) -> list[Any]:
+    """The ``groups``' parameters and ``params`` in the order of the query's
+    ``$n``; ``TypeError`` when a name is given twice, is missing or is not
+    the query's."""
+    if groups:
+        params = _merged(query, groups, params)
     names = query.names
     if len(params) != len(names) or not all(n in params for n in names):
         raise TypeError(f"query {query.name} takes {sorted(names)}, given {sorted(params)}")
     return [params[n] for n in names]
+
+
+def _merged(query: Query, groups: tuple[Params, ...], params: Mapping[str, Any]) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    for given in (*(g.sql_values() for g in groups), params):
+        for name, value in given.items():
+            if name in merged:
+                raise TypeError(f"query {query.name} given {name} twice")
+            merged[name] = value
+    return merged
 
 
 def _query(name: str, *cardinalities: Cardinality) -> Query:
@@ -176,28 +242,28 @@ def _query(name: str, *cardinalities: Cardinality) -> Query:
     return query
 
 
-async def fetch_one(conn: Conn, name: str, /, **params: Any) -> Row | None:
+async def fetch_one(conn: Conn, name: str, /, *groups: Params, **params: Any) -> Row | None:
     """The row of the ``:one`` query ``name``, or ``None``."""
     query = _query(name, "one")
-    return await conn.fetchrow(query.sql, *arguments(query, params))
+    return await conn.fetchrow(query.sql, *arguments(query, params, groups))
 
 
-async def fetch_value(conn: Conn, name: str, /, **params: Any) -> Any:
+async def fetch_value(conn: Conn, name: str, /, *groups: Params, **params: Any) -> Any:
     """The first column of the row of the ``:one`` query ``name``, or ``None``."""
     query = _query(name, "one")
-    return await conn.fetchval(query.sql, *arguments(query, params))
+    return await conn.fetchval(query.sql, *arguments(query, params, groups))
 
 
-async def fetch_many(conn: Conn, name: str, /, **params: Any) -> list[Row]:
+async def fetch_many(conn: Conn, name: str, /, *groups: Params, **params: Any) -> list[Row]:
     """The rows of the ``:many`` query ``name``."""
     query = _query(name, "many")
-    return await conn.fetch(query.sql, *arguments(query, params))
+    return await conn.fetch(query.sql, *arguments(query, params, groups))
 
 
-async def execute(conn: Conn, name: str, /, **params: Any) -> str:
+async def execute(conn: Conn, name: str, /, *groups: Params, **params: Any) -> str:
     """Runs the ``:exec`` query ``name``; its status (``DELETE 3``)."""
     query = _query(name, "exec")
-    return await conn.execute(query.sql, *arguments(query, params))
+    return await conn.execute(query.sql, *arguments(query, params, groups))
 
 
 async def execute_many(conn: Conn, name: str, /, rows: Iterable[Mapping[str, Any]]) -> None:

@@ -10,21 +10,17 @@ from datetime import datetime
 from typing import Any
 
 from switchboard_server.db.database import Conn, name_taken
-from switchboard_server.db.queries import execute, fetch_many, fetch_one
+from switchboard_server.db.queries import Params, execute, fetch_many, fetch_one
 from switchboard_server.db.queues import hold_shard_group
 from switchboard_server.db.todos import todo_or_none
 from switchboard_server.model import Todo
 
 
 @dataclass(frozen=True)
-class ScheduleRow:
-    """A stored schedule."""
+class Definition(Params):
+    """What a schedule's owner sets: everything but its queue and its state
+    (the parameters a create and an update take alike)."""
 
-    id: int
-    owner_id: uuid.UUID
-    endpoint_id: uuid.UUID
-    queue_id: int
-    queue: str
     name: str
     payload: bytes
     content_type: str
@@ -35,6 +31,17 @@ class ScheduleRow:
     calendar_weekday: int | None
     cron: str | None
     catch_up: str
+
+
+@dataclass(frozen=True)
+class ScheduleRow(Definition):
+    """A stored schedule: its definition, its queue and its state."""
+
+    id: int
+    owner_id: uuid.UUID
+    endpoint_id: uuid.UUID
+    queue_id: int
+    queue: str
     paused: bool
     next_slot: datetime | None
     last_slot: datetime | None
@@ -42,22 +49,6 @@ class ScheduleRow:
     todos_created: int
     created_at: datetime
     updated_at: datetime
-
-
-@dataclass(frozen=True)
-class Definition:
-    """What a schedule's owner sets: everything but its queue and its state."""
-
-    name: str
-    payload: bytes
-    content_type: str
-    max_attempts: int
-    time_zone: str
-    calendar_period: str | None
-    calendar_at: str | None
-    calendar_weekday: int | None
-    cron: str | None
-    catch_up: str
 
 
 def _row(rec: Mapping[str, Any]) -> ScheduleRow:
@@ -81,25 +72,15 @@ async def create(
     next_slot: datetime,
 ) -> ScheduleRow:
     """Stores a new schedule; ``AlreadyExists`` when the endpoint has one of that name."""
-    d = definition
-    with _name_taken(d.name):
+    with _name_taken(definition.name):
         rec = await fetch_one(
             conn,
             "schedule_create",
+            definition,
             owner_id=owner_id,
             endpoint_id=endpoint_id,
             queue_id=queue_id,
             queue=queue,
-            name=d.name,
-            payload=d.payload,
-            content_type=d.content_type,
-            max_attempts=d.max_attempts,
-            time_zone=d.time_zone,
-            calendar_period=d.calendar_period,
-            calendar_at=d.calendar_at,
-            calendar_weekday=d.calendar_weekday,
-            cron=d.cron,
-            catch_up=d.catch_up,
             next_slot=next_slot,
         )
     assert rec is not None
@@ -160,22 +141,12 @@ async def update(
     next_slot: datetime | None,
 ) -> ScheduleRow:
     """Replaces a locked schedule's definition and next slot."""
-    d = definition
-    with _name_taken(d.name):
+    with _name_taken(definition.name):
         rec = await fetch_one(
             conn,
             "schedule_update",
+            definition,
             schedule_id=schedule_id,
-            name=d.name,
-            payload=d.payload,
-            content_type=d.content_type,
-            max_attempts=d.max_attempts,
-            time_zone=d.time_zone,
-            calendar_period=d.calendar_period,
-            calendar_at=d.calendar_at,
-            calendar_weekday=d.calendar_weekday,
-            cron=d.cron,
-            catch_up=d.catch_up,
             next_slot=next_slot,
             endpoint_id=endpoint_id,
         )

@@ -7,10 +7,10 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 from switchboard_server.db.database import Conn
-from switchboard_server.db.queries import fetch_many, fetch_one
+from switchboard_server.db.queries import Params, fetch_many, fetch_one
 from switchboard_server.db.todos import todo_or_none
 from switchboard_server.model import Acted, ActionOutcome, TodoState
 
@@ -106,6 +106,34 @@ async def requeue_tally(
 
 
 @dataclass(frozen=True)
+class ChunkFilter(Params):
+    """Which todos each chunk of a bulk action by filter is taken from: of
+    one endpoint of the owner, in ``queues`` (empty: any) and in ``states``,
+    created before and after (``None``: any time), whose last error contains
+    ``error_contains`` (``None``: any)."""
+
+    read_from: ClassVar[dict[str, str]] = {"queues": "queue_names", "states": "state_values"}
+
+    owner_id: uuid.UUID
+    endpoint_id: uuid.UUID
+    queues: Sequence[str]
+    states: Sequence[TodoState]
+    created_before: datetime | None
+    created_after: datetime | None
+    error_contains: str | None
+
+    @property
+    def queue_names(self) -> list[str] | None:
+        """The ``:queues`` parameter (``NULL``: any)."""
+        return list(self.queues) if self.queues else None
+
+    @property
+    def state_values(self) -> list[str]:
+        """The ``:states`` parameter."""
+        return [s.value for s in self.states]
+
+
+@dataclass(frozen=True)
 class Chunk:
     """One chunk of a bulk action by filter (see ``sb_bulk_chunk``): the ids
     taken and locked, how many passed the filter, how many of those a
@@ -121,30 +149,18 @@ class Chunk:
 async def bulk_chunk(
     conn: Conn,
     *,
-    owner_id: uuid.UUID,
-    endpoint_id: uuid.UUID,
-    queues: Sequence[str] | None,
-    states: Sequence[TodoState],
-    created_before: datetime | None,
-    created_after: datetime | None,
-    error_contains: str | None,
+    which: ChunkFilter,
     after_id: int,
     scan: int,
     limit: int,
     lock: bool,
 ) -> Chunk:
-    """Takes the next chunk of an endpoint's todos that pass a filter (locked
-    with SKIP LOCKED unless ``lock`` is false)."""
+    """Takes the next chunk of the todos ``which`` names, above ``after_id``
+    (locked with SKIP LOCKED unless ``lock`` is false)."""
     rec = await fetch_one(
         conn,
         "todo_bulk_chunk",
-        owner_id=owner_id,
-        endpoint_id=endpoint_id,
-        queues=list(queues) if queues else None,
-        states=[s.value for s in states],
-        created_before=created_before,
-        created_after=created_after,
-        error_contains=error_contains,
+        which,
         after_id=after_id,
         scan=scan,
         limit=limit,

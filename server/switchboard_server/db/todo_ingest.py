@@ -4,12 +4,31 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from switchboard_server.db.database import Conn
-from switchboard_server.db.queries import fetch_many
+from switchboard_server.db.queries import Params, fetch_many
 from switchboard_server.db.todos import endpoint_found, todo_from_record
 from switchboard_server.model import Ingested, IngestedTodos, NewTodo, NewTodos
+
+
+@dataclass(frozen=True)
+class _Shared(Params):
+    """What both forms of ``sb_ingest_todos`` take alike: the endpoint, and
+    the columns in which each todo has its own value."""
+
+    owner_id: uuid.UUID
+    endpoint_id: uuid.UUID
+    queues: list[str]
+    payloads: list[bytes]
+    webhook_ids: list[str | None] | None
+    delivery_ids: list[str | None] | None
+    idempotency_keys: list[str | None] | None
+    idempotency_retentions: list[timedelta | None] | None
+    traceparents: list[str | None] | None
+    priorities: list[int] | None
 
 
 async def ingest_todos(
@@ -18,46 +37,40 @@ async def ingest_todos(
     """Creates todos of one endpoint (see ``sb_ingest_todos``): per todo, in
     order, what became of it."""
     n = len(todos)
-    shared: tuple[list[Any], ...] = (todos.content_types, todos.max_attempts, todos.delays)
+    own = _Shared(
+        owner_id,
+        endpoint_id,
+        todos.queues,
+        todos.payloads,
+        todos.webhook_ids,
+        todos.delivery_ids,
+        todos.idempotency_keys,
+        todos.idempotency_retentions,
+        todos.traceparents,
+        todos.priorities,
+    )
+    common: tuple[list[Any], ...] = (todos.content_types, todos.max_attempts, todos.delays)
     with endpoint_found():
         # Content types, attempts and delays that all todos share (the common
         # case) are sent once each: an array costs asyncpg an isinstance check
         # per element, and the database a decode per element.
-        if n > 1 and all(column.count(column[0]) == n for column in shared):
+        if n > 1 and all(column.count(column[0]) == n for column in common):
             rows = await fetch_many(
                 conn,
                 "todo_ingest_uniform",
-                owner_id=owner_id,
-                endpoint_id=endpoint_id,
-                queues=todos.queues,
-                payloads=todos.payloads,
+                own,
                 content_type=todos.content_types[0],
                 max_attempts=todos.max_attempts[0],
                 delay=todos.delays[0],
-                webhook_ids=todos.webhook_ids,
-                delivery_ids=todos.delivery_ids,
-                idempotency_keys=todos.idempotency_keys,
-                idempotency_retentions=todos.idempotency_retentions,
-                traceparents=todos.traceparents,
-                priorities=todos.priorities,
             )
         else:
             rows = await fetch_many(
                 conn,
                 "todo_ingest",
-                owner_id=owner_id,
-                endpoint_id=endpoint_id,
-                queues=todos.queues,
-                payloads=todos.payloads,
+                own,
                 content_types=todos.content_types,
                 max_attempts=todos.max_attempts,
                 delays=todos.delays,
-                webhook_ids=todos.webhook_ids,
-                delivery_ids=todos.delivery_ids,
-                idempotency_keys=todos.idempotency_keys,
-                idempotency_retentions=todos.idempotency_retentions,
-                traceparents=todos.traceparents,
-                priorities=todos.priorities,
             )
     if len(rows) != len(todos):
         raise RuntimeError(f"sb_ingest_todos answered {len(rows)} rows for {len(todos)} todos")

@@ -6,9 +6,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from switchboard_server.db.database import Conn
-from switchboard_server.db.queries import fetch_many, fetch_one
+from switchboard_server.db.queries import Params, fetch_many, fetch_one
 from switchboard_server.db.todos import todo_from_record, todo_or_none
 from switchboard_server.model import (
     Attempt,
@@ -82,9 +83,12 @@ async def attempts(conn: Conn, *, todo_id: int) -> list[Attempt]:
 
 
 @dataclass(frozen=True)
-class Listing:
+class Listing(Params):
     """The todos a list reads from: of one endpoint of the owner, in ``queues``
-    and in ``states`` (``None`` or empty: any)."""
+    and in ``states`` (``None`` or empty: any); the parameters every list
+    query takes."""
+
+    read_from: ClassVar[dict[str, str]] = {"queues": "queue_names", "states": "state_values"}
 
     endpoint_id: uuid.UUID
     owner_id: uuid.UUID
@@ -109,10 +113,7 @@ async def list_page(
     rows = await fetch_many(
         conn,
         "todo_list",
-        endpoint_id=listing.endpoint_id,
-        owner_id=listing.owner_id,
-        queues=listing.queue_names,
-        states=listing.state_values,
+        listing,
         limit=limit,
         before_id=before_id,
     )
@@ -124,10 +125,7 @@ async def list_by_dedup(conn: Conn, *, listing: Listing, dedup: tuple[str, str])
     rows = await fetch_many(
         conn,
         "todo_list_dedup",
-        endpoint_id=listing.endpoint_id,
-        owner_id=listing.owner_id,
-        queues=listing.queue_names,
-        states=listing.state_values,
+        listing,
         webhook_id=dedup[0],
         delivery_id=dedup[1],
     )
@@ -140,10 +138,7 @@ async def list_by_key(conn: Conn, *, listing: Listing, key: str) -> list[Todo]:
     rows = await fetch_many(
         conn,
         "todo_list_key",
-        endpoint_id=listing.endpoint_id,
-        owner_id=listing.owner_id,
-        queues=listing.queue_names,
-        states=listing.state_values,
+        listing,
         key=key,
     )
     return [todo_from_record(r) for r in rows]
@@ -168,10 +163,7 @@ async def list_by_error(
     rows = await fetch_many(
         conn,
         "todo_list_error",
-        endpoint_id=listing.endpoint_id,
-        owner_id=listing.owner_id,
-        queues=listing.queue_names,
-        states=listing.state_values,
+        listing,
         limit=limit,
         before_id=before_id,
         contains=contains,

@@ -46,8 +46,7 @@ async def reap_lapsed_of(
     rows = await fetch_many(
         conn,
         "todo_reap_lapsed_of",
-        endpoint_id=endpoint_ids[0],
-        endpoint_ids=endpoint_ids,
+        distribute.ShardGroup(endpoint_ids),
         batch=batch,
     )
     return _reaped(rows)
@@ -68,8 +67,7 @@ async def delete_finished_of(
     deleted = await fetch_value(
         conn,
         "todo_delete_finished_of",
-        endpoint_id=endpoint_ids[0],
-        endpoint_ids=endpoint_ids,
+        distribute.ShardGroup(endpoint_ids),
         older_than=older_than,
         batch=batch,
     )

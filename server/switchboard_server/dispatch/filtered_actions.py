@@ -126,19 +126,22 @@ class FilteredActions:
         rested = 0.0
         cursor: int | None = after or 0
         entry_id: int | None = None
+        taken = action_queries.ChunkFilter(
+            owner_id=scope.owner_id,
+            endpoint_id=endpoint_id,
+            queues=which.queues,
+            states=which.states,
+            created_before=which.created_before,
+            created_after=which.created_after,
+            error_contains=which.error_contains,
+        )
         while cursor is not None:
             chunk_started = loop.time()
             tallies: list[action_queries.Tally] = []
             async with self._db.transaction_on(conn) as tx:
                 chunk = await action_queries.bulk_chunk(
                     tx,
-                    owner_id=scope.owner_id,
-                    endpoint_id=endpoint_id,
-                    queues=which.queues,
-                    states=which.states,
-                    created_before=which.created_before,
-                    created_after=which.created_after,
-                    error_contains=which.error_contains,
+                    which=taken,
                     after_id=cursor,
                     scan=BULK_SCAN,
                     limit=BULK_SCAN if dry_run else BULK_CHUNK,
