@@ -12,7 +12,7 @@ from typing import Any
 from switchboard_server.access import actor_of
 from switchboard_server.db import audit_trails
 from switchboard_server.db.database import Conn
-from switchboard_server.db.schedules import ScheduleRow
+from switchboard_server.db.schedule_queries import ScheduleRow
 from switchboard_server.model import AuditChange, Principal
 
 
