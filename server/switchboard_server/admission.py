@@ -20,11 +20,9 @@ from datetime import datetime
 from switchboard_server import errors, policy_templates, template_queues
 from switchboard_server.access import policy_scope
 from switchboard_server.audited import Audited
-from switchboard_server.db import Database, clock
-from switchboard_server.db import admission as admission_queries
+from switchboard_server.db import Database, admission_queries, clock, doorbell_queries
 from switchboard_server.db import audit_trails as audit
-from switchboard_server.db import doorbells as doorbell_queries
-from switchboard_server.db.admission import PolicyRow
+from switchboard_server.db.admission_queries import PolicyRow
 from switchboard_server.db.admission_report import PolicyLimitColumns
 from switchboard_server.db.audit_trails import Stored
 from switchboard_server.db.database import Conn, rerun_on_conflict

@@ -10,7 +10,7 @@ import uuid
 from datetime import timedelta
 
 from switchboard_server import errors
-from switchboard_server.db import Database, tenancy
+from switchboard_server.db import Database, tenancy_queries
 from switchboard_server.model import Principal, PrincipalKind
 
 _PREFIX = {
@@ -100,7 +100,7 @@ class Authenticator:
         if cached is not None and cached[1] > now:
             return cached[0]
         async with self._db.connection() as conn:
-            principal = await tenancy.authenticate(conn, digest)
+            principal = await tenancy_queries.authenticate(conn, digest)
         if principal is None:
             self._cache.pop(digest, None)
             raise errors.Unauthenticated("unknown or revoked token")

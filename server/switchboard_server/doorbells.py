@@ -32,8 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from switchboard_server.db import Database
-from switchboard_server.db import doorbells as doorbell_queries
+from switchboard_server.db import Database, doorbell_queries
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Each class's docstring is its default message. What each class is on the
 wire is in one table per transport: ``servicers.codes.GRPC_CODES`` (gRPC
 statuses; ``servicers.interceptor`` turns errors into statuses, and anything
 else that escapes a handler becomes INTERNAL with a generic message) and
-``web.errors.HTTP_ERRORS`` (the board's HTTP answers). A test holds every
+``web.http_errors.HTTP_ERRORS`` (the board's HTTP answers). A test holds every
 class to a row in both.
 """
 

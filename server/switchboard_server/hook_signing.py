@@ -23,7 +23,7 @@ from switchboard_dispatch.hooks import (
     signature,
 )
 
-from switchboard_server.db.hooks import Delivery
+from switchboard_server.db.hook_queries import Delivery
 from switchboard_server.sealing import Keyring
 
 

@@ -21,10 +21,9 @@ import httpx
 
 from switchboard_server.backoff import retry_delay
 from switchboard_server.config import Settings
-from switchboard_server.db import Database
-from switchboard_server.db import hooks as hook_queries
+from switchboard_server.db import Database, hook_queries
 from switchboard_server.db.database import Conn
-from switchboard_server.db.hooks import Delivery
+from switchboard_server.db.hook_queries import Delivery
 from switchboard_server.hook_egress import GuardedTransport, PolicyRefused
 from switchboard_server.hook_policy import HookPolicy
 from switchboard_server.hook_signing import body_of, signed_headers, unsealed_secrets

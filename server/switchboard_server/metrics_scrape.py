@@ -25,8 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from switchboard_server import errors
-from switchboard_server.db import Database
-from switchboard_server.db import metrics as metric_queries
+from switchboard_server.db import Database, metric_queries
 from switchboard_server.policies import DeferralReason
 
 log = logging.getLogger(__name__)

@@ -14,13 +14,10 @@ from datetime import datetime, time, timedelta
 
 from switchboard_server import errors
 from switchboard_server.access import require_human, require_tenant
-from switchboard_server.db import Database
-from switchboard_server.db import admission as admission_queries
-from switchboard_server.db import queues as queue_queries
-from switchboard_server.db import tenancy as tenancy_queries
-from switchboard_server.db.admission import QueueAdmission
+from switchboard_server.db import Database, admission_queries, queue_queries, tenancy_queries
+from switchboard_server.db.admission_queries import QueueAdmission
 from switchboard_server.db.database import Conn
-from switchboard_server.db.queues import QueueOverviewRow
+from switchboard_server.db.queue_queries import QueueOverviewRow
 from switchboard_server.model import Grant, Principal
 from switchboard_server.policies import AdmissionStatus, Limits, Policy, admission_status, paused
 from switchboard_server.windows import Period, WindowSpec

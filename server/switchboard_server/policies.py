@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from switchboard_server import errors
-from switchboard_server.db.admission import PolicyRow, QueueAdmission
+from switchboard_server.db.admission_queries import PolicyRow, QueueAdmission
 from switchboard_server.db.admission_report import (
     PolicyLimitColumns,
     ReportedDeferral,

@@ -35,7 +35,7 @@ from switchboard_server.audited import Audited
 from switchboard_server.db import Database, clock
 from switchboard_server.db import audit_trails as audit
 from switchboard_server.db import templates as template_queries
-from switchboard_server.db.admission import PolicyRow
+from switchboard_server.db.admission_queries import PolicyRow
 from switchboard_server.db.database import Conn, rerun_on_conflict
 from switchboard_server.db.templates import TemplateRow
 from switchboard_server.model import (

@@ -14,10 +14,8 @@ import uuid
 from collections.abc import Sequence
 from datetime import datetime, time, timedelta
 
-from switchboard_server.db import Database, clock
-from switchboard_server.db import admission as admission_queries
-from switchboard_server.db import doorbells as doorbell_queries
-from switchboard_server.db.admission import PolicyRow
+from switchboard_server.db import Database, admission_queries, clock, doorbell_queries
+from switchboard_server.db.admission_queries import PolicyRow
 from switchboard_server.db.admission_report import PolicyLimitColumns
 from switchboard_server.db.database import Conn
 from switchboard_server.windows import (

@@ -30,8 +30,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import datetime
 
-from switchboard_server.db import Database, clock
-from switchboard_server.db import admission as admission_queries
+from switchboard_server.db import Database, admission_queries, clock
 from switchboard_server.db import templates as template_queries
 from switchboard_server.db.database import Conn
 from switchboard_server.db.rows import paced

@@ -12,8 +12,7 @@ from datetime import timedelta
 from switchboard_server import errors
 from switchboard_server.access import require_human, require_operator
 from switchboard_server.auth import hash_token, new_token
-from switchboard_server.db import Database
-from switchboard_server.db import tenancy as tenancy_queries
+from switchboard_server.db import Database, tenancy_queries
 from switchboard_server.db.database import Conn
 from switchboard_server.hook_policy import HookPolicy, Refused
 from switchboard_server.model import (

@@ -21,7 +21,7 @@ from typing import TypeAlias
 import asyncpg
 import pytest
 from switchboard_dispatch.v1 import admin_pb2, dispatch_pb2, queue_pb2, schedule_pb2
-from switchboard_server.db import hooks as hook_queries
+from switchboard_server.db import hook_queries
 
 from tests.cluster.placing import tenants_on_each_worker
 from tests.support.admission import ingest, set_policy

@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, queue_pb2
-from switchboard_server.db import admission as admission_queries
+from switchboard_server.db import admission_queries
 from switchboard_server.db import claims as claim_queries
 from switchboard_server.db import todo_ingest as ingest_queries
 from switchboard_server.db.admission_report import PolicyLimitColumns

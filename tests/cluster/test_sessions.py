@@ -25,7 +25,7 @@ from datetime import timedelta
 import asyncpg
 from asyncpg import introspection
 from switchboard_dispatch.v1 import admission_pb2, queue_pb2
-from switchboard_server.db import admission as admission_queries
+from switchboard_server.db import admission_queries
 from switchboard_server.db.database import Conn, Database, session_settings
 from switchboard_server.db.queries import sql
 

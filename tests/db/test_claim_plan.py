@@ -9,8 +9,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import asyncpg
-from switchboard_server.db import Database
-from switchboard_server.db import tenancy as tenancy_queries
+from switchboard_server.db import Database, tenancy_queries
 from switchboard_server.db import todo_ingest as ingest_queries
 from switchboard_server.model import NewTodo
 

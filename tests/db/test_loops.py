@@ -13,9 +13,8 @@ import pytest
 from google.protobuf import duration_pb2
 from switchboard_dispatch.v1 import dispatch_pb2, queue_pb2, todo_pb2
 from switchboard_server.config import Settings
-from switchboard_server.db import Database
+from switchboard_server.db import Database, tenancy_queries
 from switchboard_server.db import claims as claim_queries
-from switchboard_server.db import tenancy as tenancy_queries
 from switchboard_server.db import todo_ingest as ingest_queries
 from switchboard_server.loops import BATCH, LoopSignals, reap_once, retain_once
 from switchboard_server.model import Ingested, ItemOutcome, NewTodo, SettleAction, Settlement, Todo

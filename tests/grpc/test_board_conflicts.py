@@ -1,6 +1,6 @@
 """A lock conflict on the board is a conflict, not the database unavailable.
 
-The board answers each error class by one table (``web/errors.py``). Before
+The board answers each error class by one table (``web/http_errors.py``). Before
 it, a conflict (``errors.Aborted``: a row lock not taken within the lock
 timeout) was a kind of ``Unavailable``, and a human whose requeue met a
 worker's lock read "The database is unavailable" (503).

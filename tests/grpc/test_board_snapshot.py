@@ -28,8 +28,8 @@ from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, todo_pb2
 from switchboard_server.app import App
 from switchboard_server.auth import Authenticator
 from switchboard_server.config import Settings
-from switchboard_server.dispatch.common import DispatchSettings
 from switchboard_server.dispatch.reads import Reads
+from switchboard_server.dispatch.shared import DispatchSettings
 from switchboard_server.model import TodoState
 from switchboard_server.overview import Overview
 

@@ -14,8 +14,7 @@ from urllib.parse import quote
 import pytest
 from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, queue_pb2
 from switchboard_server.app import App
-from switchboard_server.db import Database
-from switchboard_server.db import queues as queue_queries
+from switchboard_server.db import Database, queue_queries
 from switchboard_server.web import board_pages, board_templates
 
 from tests.support.admission import ingest, set_policy, window

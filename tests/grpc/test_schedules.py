@@ -13,8 +13,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from switchboard_dispatch.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, schedule_pb2
-from switchboard_server.db import Database
-from switchboard_server.db import schedules as schedule_queries
+from switchboard_server.db import Database, schedule_queries
 from switchboard_server.loops import LoopSignals
 from switchboard_server.schedules import fire_due
 

@@ -16,8 +16,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 import asyncpg
-from switchboard_server.db import Database, clock
-from switchboard_server.db import tenancy as tenancy_queries
+from switchboard_server.db import Database, clock, tenancy_queries
 from switchboard_server.db import todo_ingest as ingest_queries
 from switchboard_server.db.migrate import migrate
 from switchboard_server.model import NewTodo

@@ -8,8 +8,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
-from switchboard_server.db import Database
-from switchboard_server.db import tenancy as tenancy_queries
+from switchboard_server.db import Database, tenancy_queries
 from switchboard_server.dispatch import Dispatcher, IngestRequest, NewTodo
 from switchboard_server.model import (
     BASICS,

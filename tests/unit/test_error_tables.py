@@ -1,7 +1,7 @@
 """One exception tree, free of transports; one table per transport.
 
 ``errors`` names what went wrong; ``servicers.codes.GRPC_CODES`` says what
-each class is on gRPC and ``web.errors.HTTP_ERRORS`` on the board's HTTP.
+each class is on gRPC and ``web.http_errors.HTTP_ERRORS`` on the board's HTTP.
 Every class has a row of its own in both (a new class cannot fall back to
 its parent's answer unnoticed), and a conflict is not reported as the
 database being unavailable (``Aborted`` once subclassed ``Unavailable``,
@@ -15,7 +15,7 @@ import inspect
 import grpc
 from switchboard_server import errors
 from switchboard_server.servicers.codes import GRPC_CODES, grpc_code
-from switchboard_server.web.errors import HTTP_ERRORS, http_error
+from switchboard_server.web.http_errors import HTTP_ERRORS, http_error
 
 
 def _classes() -> list[type[errors.SwitchboardError]]:

@@ -8,10 +8,10 @@ from datetime import timedelta
 
 import pytest
 from switchboard_server.config import Settings
+from switchboard_server.web.http_tls import ServerTLS, server_tls
 from switchboard_server.web.proxies import Proxies, rightmost_untrusted
 from switchboard_server.web.sessions import SigninTokens
 from switchboard_server.web.throttle import SigninThrottle, client_key
-from switchboard_server.web.tls import ServerTLS, server_tls
 
 from tests.support.certs import CertificateAuthority
 

@@ -8,8 +8,8 @@ import uuid
 from datetime import UTC, datetime
 
 import pytest
-from switchboard_server.db import admission as admission_queries
-from switchboard_server.db.todos import todo_from_record
+from switchboard_server.db import admission_queries
+from switchboard_server.db.todo_rows import todo_from_record
 from switchboard_server.model import Todo, TodoState
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)

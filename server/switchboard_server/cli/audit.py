@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 
-from switchboard_server.cli.common import Handler, check_limit, read_pages
+from switchboard_server.cli.commands import Handler, check_limit, read_pages
 from switchboard_server.cli.connect import EXIT_OK, Connection, Req, Resp
 from switchboard_server.cli.output import NONE, Output, table, to_dict, when
 

@@ -2,7 +2,7 @@
 
 ``serve``, ``migrate`` and ``admin bootstrap`` work on the database directly
 (``server_commands``); every other command talks gRPC to a server like any
-client (``common`` and the command modules it names).
+client (``commands`` and the command modules it names).
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import os
 from collections.abc import Sequence
 
 from switchboard_server.cli import (
-    admin,
-    common,
-    policy,
-    policy_templates,
-    queues,
-    schedules,
+    admin_commands,
+    commands,
+    policy_commands,
+    queue_commands,
+    schedule_commands,
     server_commands,
-    todos,
+    template_commands,
+    todo_commands,
 )
 
 EPILOG = """\
@@ -56,9 +56,9 @@ def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(
         prog="switchboard",
         description="Switchboard dispatch: a gRPC work queue over PostgreSQL.",
-        epilog=EPILOG + "\n" + common.CONNECTION_HELP,
+        epilog=EPILOG + "\n" + commands.CONNECTION_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        parents=[common.global_options()],
+        parents=[commands.global_options()],
     )
     sub = root.add_subparsers(dest="command", required=True)
     server_commands.add_commands(sub)
@@ -71,11 +71,11 @@ def parser() -> argparse.ArgumentParser:
     )
     admin_sub = admin_parser.add_subparsers(dest="admin_command", required=True, metavar="COMMAND")
     server_commands.add_bootstrap(admin_sub)
-    admin.add_admin_commands(admin_sub)
-    policy_templates.add_commands(policy.add_commands(sub))
-    todos.add_commands(sub)
-    queues.add_command(sub)
-    schedules.add_commands(sub)
+    admin_commands.add_admin_commands(admin_sub)
+    template_commands.add_commands(policy_commands.add_commands(sub))
+    todo_commands.add_commands(sub)
+    queue_commands.add_command(sub)
+    schedule_commands.add_commands(sub)
     return root
 
 
@@ -83,5 +83,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``switchboard`` command."""
     args = parser().parse_args(argv)
     if getattr(args, "run", None) is not None:
-        return common.run(args, os.environ)
+        return commands.run(args, os.environ)
     return server_commands.run(args)

@@ -15,7 +15,7 @@ from switchboard_server import logs
 from switchboard_server.config import Settings
 
 if TYPE_CHECKING:
-    from switchboard_server.cli.common import Subparsers
+    from switchboard_server.cli.commands import Subparsers
 
 
 def _db_flags(p: argparse.ArgumentParser) -> None:

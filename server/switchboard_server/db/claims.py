@@ -13,7 +13,7 @@ from typing import TypeVar
 from switchboard_server.db.admission_report import NO_REPORT, AdmissionReport, admission_report
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import Row, execute, fetch_many, fetch_one
-from switchboard_server.db.todos import STATES, endpoint_found, todo_from_record, todo_or_none
+from switchboard_server.db.todo_rows import STATES, endpoint_found, todo_from_record, todo_or_none
 from switchboard_server.model import (
     ClaimOutcome,
     ItemOutcome,

@@ -1,4 +1,4 @@
-"""Queries on policy templates (sql/policy_templates.sql) and on the policy
+"""Queries on policy templates (sql/templates.sql) and on the policy
 rows a template change writes."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 from switchboard_server.db.admission_report import PolicyLimitColumns
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import execute, fetch_many, fetch_one
-from switchboard_server.db.queues import hold_shard_group
+from switchboard_server.db.queue_queries import hold_shard_group
 from switchboard_server.db.rows import json_object, json_text, paced, record
 from switchboard_server.model import Actor
 

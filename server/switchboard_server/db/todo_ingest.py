@@ -10,7 +10,7 @@ from typing import Any
 
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import Params, fetch_many
-from switchboard_server.db.todos import endpoint_found, todo_from_record
+from switchboard_server.db.todo_rows import endpoint_found, todo_from_record
 from switchboard_server.model import Ingested, IngestedTodos, NewTodo, NewTodos
 
 

@@ -10,7 +10,7 @@ from typing import ClassVar
 
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import Params, fetch_many, fetch_one
-from switchboard_server.db.todos import todo_from_record, todo_or_none
+from switchboard_server.db.todo_rows import todo_from_record, todo_or_none
 from switchboard_server.model import (
     Attempt,
     AttemptOutcome,

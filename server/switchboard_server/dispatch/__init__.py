@@ -16,7 +16,7 @@ transaction. Its parts, by how they run:
 - ``actions``: the operator's cancels and requeues by id and ids, audited;
   ``filtered_actions``: by filter, in paced chunks; ``action_rules``: what
   each action is (``Action``);
-- ``common``: the tunables and scope checks they share.
+- ``shared``: the tunables and scope checks they share.
 
 ``Dispatcher`` holds one of each and answers every call under one name.
 """
@@ -26,7 +26,6 @@ from __future__ import annotations
 from switchboard_server.db import Database
 from switchboard_server.dispatch.action_rules import Action, BulkItem
 from switchboard_server.dispatch.actions import OperatorActions
-from switchboard_server.dispatch.common import DispatchSettings
 from switchboard_server.dispatch.filtered_actions import BulkFilter, BulkProgress, FilteredActions
 from switchboard_server.dispatch.heartbeats import Extension, Heartbeats
 from switchboard_server.dispatch.ingest import (
@@ -44,6 +43,7 @@ from switchboard_server.dispatch.reads import (
     TodoView,
 )
 from switchboard_server.dispatch.settles import Settles
+from switchboard_server.dispatch.shared import DispatchSettings
 from switchboard_server.dispatch.waiting import ClaimWaits, HeldClaims
 from switchboard_server.metrics import Metrics
 from switchboard_server.model import (

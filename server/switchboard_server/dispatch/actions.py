@@ -21,8 +21,8 @@ from switchboard_server.db import audit_trails as audit
 from switchboard_server.db import claims as claim_queries
 from switchboard_server.db.database import Conn, rerun_on_conflict
 from switchboard_server.dispatch.action_rules import Action, BulkItem, Redo
-from switchboard_server.dispatch.common import DispatchSettings
 from switchboard_server.dispatch.reads import TodoView, views
+from switchboard_server.dispatch.shared import DispatchSettings
 from switchboard_server.metrics import Metrics
 from switchboard_server.model import ActionOutcome, AuditChange, Principal, Todo, TodoState
 

@@ -20,7 +20,7 @@ from switchboard_server.db import audit_trails as audit
 from switchboard_server.db import todo_actions as action_queries
 from switchboard_server.db.database import Conn
 from switchboard_server.dispatch.action_rules import Action, Redo
-from switchboard_server.dispatch.common import require_endpoint
+from switchboard_server.dispatch.shared import require_endpoint
 from switchboard_server.metrics import Metrics
 from switchboard_server.model import AuditChange, Principal, TodoState
 

@@ -13,8 +13,8 @@ from switchboard_server.access import require_tenant
 from switchboard_server.combining import Again, Combiner
 from switchboard_server.db import Database
 from switchboard_server.db import claims as claim_queries
-from switchboard_server.dispatch.common import DispatchSettings
 from switchboard_server.dispatch.lease_items import once_per_todo, refusal
+from switchboard_server.dispatch.shared import DispatchSettings
 from switchboard_server.model import Grant, ItemOutcome, Lease, Principal
 
 #: What a heartbeat did with one lease: the outcome, and the new expiry when applied.

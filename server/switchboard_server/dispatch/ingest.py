@@ -17,7 +17,7 @@ from switchboard_server.access import endpoint_scope
 from switchboard_server.combining import Again, Combiner
 from switchboard_server.db import Database
 from switchboard_server.db import todo_ingest as ingest_queries
-from switchboard_server.dispatch.common import Caller, DispatchSettings
+from switchboard_server.dispatch.shared import Caller, DispatchSettings
 from switchboard_server.model import Grant, Ingested, IngestedTodos, NewTodo, NewTodos, Principal
 
 #: How long after its todo finished an idempotency key still deduplicates,

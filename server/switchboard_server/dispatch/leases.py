@@ -26,8 +26,8 @@ from switchboard_server.combining import AGAIN, Again, Combiner
 from switchboard_server.db import Database
 from switchboard_server.db import claims as claim_queries
 from switchboard_server.db.admission_report import AdmissionReport
-from switchboard_server.dispatch.common import Caller, DispatchSettings
 from switchboard_server.dispatch.settles import WHOLE, Settles
+from switchboard_server.dispatch.shared import Caller, DispatchSettings
 from switchboard_server.metrics import Metrics
 from switchboard_server.model import (
     ClaimOutcome,

@@ -16,12 +16,11 @@ from datetime import timedelta
 
 from switchboard_server import errors
 from switchboard_server.access import Scope, endpoint_scope, require_tenant
-from switchboard_server.db import Database
-from switchboard_server.db import admission as admission_queries
+from switchboard_server.db import Database, admission_queries
 from switchboard_server.db import audit_trails as audit
 from switchboard_server.db import todo_reads as read_queries
 from switchboard_server.db.database import Conn
-from switchboard_server.dispatch.common import DispatchSettings, require_endpoint
+from switchboard_server.dispatch.shared import DispatchSettings, require_endpoint
 from switchboard_server.model import (
     Attempt,
     AuditEntry,

@@ -17,8 +17,8 @@ from switchboard_server.combining import Again, Combiner
 from switchboard_server.db import Database
 from switchboard_server.db import claims as claim_queries
 from switchboard_server.db.database import Conn
-from switchboard_server.dispatch.common import Caller, DispatchSettings
 from switchboard_server.dispatch.lease_items import once_per_todo, refusal
+from switchboard_server.dispatch.shared import Caller, DispatchSettings
 from switchboard_server.metrics import Metrics
 from switchboard_server.model import (
     Grant,

@@ -11,7 +11,7 @@ from typing import Any
 
 from switchboard_server.audited import Audited
 from switchboard_server.db import audit_trails
-from switchboard_server.db.schedules import ScheduleRow
+from switchboard_server.db.schedule_queries import ScheduleRow
 
 
 def schedule_json(row: ScheduleRow) -> dict[str, Any]:

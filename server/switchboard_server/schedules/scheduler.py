@@ -20,10 +20,9 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
-from switchboard_server.db import Database, clock
-from switchboard_server.db import schedules as schedule_queries
+from switchboard_server.db import Database, clock, schedule_queries
 from switchboard_server.db.database import Conn
-from switchboard_server.db.schedules import ScheduleRow
+from switchboard_server.db.schedule_queries import ScheduleRow
 from switchboard_server.recurrence import (
     CatchUp,
     RecurrenceError,

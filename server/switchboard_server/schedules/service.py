@@ -9,12 +9,16 @@ from contextlib import asynccontextmanager
 
 from switchboard_server import errors
 from switchboard_server.access import schedule_scope
-from switchboard_server.db import Database, audit_trails, clock
-from switchboard_server.db import admission as admission_queries
-from switchboard_server.db import schedules as schedule_queries
-from switchboard_server.db import tenancy as tenancy_queries
+from switchboard_server.db import (
+    Database,
+    admission_queries,
+    audit_trails,
+    clock,
+    schedule_queries,
+    tenancy_queries,
+)
 from switchboard_server.db.database import Conn, rerun_on_conflict
-from switchboard_server.db.schedules import Definition, ScheduleRow
+from switchboard_server.db.schedule_queries import Definition, ScheduleRow
 from switchboard_server.model import AuditEntry, Grant, Principal, Revision
 from switchboard_server.recurrence import (
     Recurrence,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from switchboard_server.db.schedules import Definition, ScheduleRow
+from switchboard_server.db.schedule_queries import Definition, ScheduleRow
 from switchboard_server.recurrence import (
     Recurrence,
     RecurrenceError,

@@ -17,8 +17,7 @@ import asyncio
 import logging
 
 from switchboard_server import errors
-from switchboard_server.db import Database
-from switchboard_server.db import sealing as sealing_queries
+from switchboard_server.db import Database, sealing_queries
 from switchboard_server.sealing.keyring import KEY_ENV, KEY_FILE_ENV, Keyring, SecretKeyError
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 An error's status is its nearest class's row (``grpc_code``); a test holds
 every class of the tree to a row of its own here and in
-``web.errors.HTTP_ERRORS``.
+``web.http_errors.HTTP_ERRORS``.
 """
 
 from __future__ import annotations

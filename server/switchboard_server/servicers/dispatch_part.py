@@ -1,4 +1,4 @@
-"""What each part of ``DispatchServicer`` (``dispatch.py``) is: a
+"""What each part of ``DispatchServicer`` (``dispatch_rpcs.py``) is: a
 ``DispatchServiceServicer`` that answers some of the service's calls from the
 ``Dispatcher``. The parts are one servicer, as the domain's parts are one
 ``Dispatcher``; each is a module of its own (``dispatch_leases.py``,

@@ -22,11 +22,11 @@ from switchboard_dispatch.v1 import (
 
 from switchboard_server.doorbells import DoorbellHub
 from switchboard_server.servicers import reflection
-from switchboard_server.servicers.admin import AdminServicer
-from switchboard_server.servicers.admission import AdmissionServicer
-from switchboard_server.servicers.dispatch import DispatchServicer
+from switchboard_server.servicers.admin_rpcs import AdminServicer
+from switchboard_server.servicers.admission_rpcs import AdmissionServicer
+from switchboard_server.servicers.dispatch_rpcs import DispatchServicer
 from switchboard_server.servicers.interceptor import ServiceInterceptor
-from switchboard_server.servicers.schedules import ScheduleServicer
+from switchboard_server.servicers.schedule_rpcs import ScheduleServicer
 from switchboard_server.servicers.sizes import MAX_ANSWER_BYTES
 from switchboard_server.servicers.validate import MAX_PAYLOAD_BYTES
 from switchboard_server.services import Services

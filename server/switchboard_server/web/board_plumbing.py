@@ -1,6 +1,6 @@
 """What every board handler shares: the signed-in human, forms from the
 board's own origin with their CSRF token, rendering, and the answers to
-redirects, refusals and domain errors (``web.errors``)."""
+redirects, refusals and domain errors (``web.http_errors``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from multidict import MultiDictProxy
 from switchboard_server import errors
 from switchboard_server.model import Principal, PrincipalKind
 from switchboard_server.web.board_forms import Redirect, Refused, text
-from switchboard_server.web.errors import http_error
+from switchboard_server.web.http_errors import http_error
 from switchboard_server.web.proxies import Proxies
 from switchboard_server.web.sessions import (
     COOKIE,
@@ -50,7 +50,7 @@ class Plumbing:
         self.zones = zone_names()
 
     def guard(self, handler: Handler) -> Handler:
-        """Turns redirects, refusals and domain errors (``web.errors``) into responses."""
+        """Turns redirects, refusals and domain errors (``web.http_errors``) into responses."""
 
         async def guarded(request: web.Request) -> web.StreamResponse:
             try:

@@ -8,7 +8,7 @@ as on the gRPC listener (``switchboard_server.tls``). With
 ``SWITCHBOARD_METRICS_LISTEN``, ``/metrics`` moves to a listener of its own (so
 it can be exposed without the board); ``/healthz`` answers on both. With
 ``SWITCHBOARD_TLS_CERT`` and ``SWITCHBOARD_TLS_KEY``, every HTTP listener speaks
-HTTPS only (``web.tls``).
+HTTPS only (``web.http_tls``).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from switchboard_server.health import Readiness
 from switchboard_server.services import Services
 from switchboard_server.web import metrics_route
 from switchboard_server.web.board import add_board
+from switchboard_server.web.http_tls import ServerTLS, server_tls
 from switchboard_server.web.proxies import Proxies
-from switchboard_server.web.tls import ServerTLS, server_tls
 
 log = logging.getLogger(__name__)
 

@@ -465,7 +465,7 @@ $$;
 -- (a transactional logical message, ignored by every decoder that does not
 -- ask for messages). Call it on its own, outside any explicit transaction,
 -- after a claim whose admission carries a headroom, before the claim is
--- answered (the server does: db/todos.py).
+-- answered (the server does: db/claims.py).
 --
 -- Why an admitted claim may release the policy lock before its flush
 -- (sb_release_before_flush): a claim that reads a not yet durable admission

@@ -1,5 +1,5 @@
 -- Notify-hook delivery on a Citus cluster. On one server the outbox is read
--- by the named queries of db/sql/hooks.sql (hook_take finds every queue's
+-- by the named queries of db/sql/hook_queries.sql (hook_take finds every queue's
 -- head by skipping along the outbox's index across endpoints, which Citus
 -- cannot plan: a recursive query over every shard).
 

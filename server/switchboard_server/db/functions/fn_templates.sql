@@ -3,7 +3,7 @@
 -- transaction (materialized as an ordinary policy row, template_id set), so
 -- that no todo of a brand-new queue is ever claimable without its budget.
 -- Template changes themselves are made by policy_templates.py (named
--- queries, db/sql/policy_templates.sql).
+-- queries, db/sql/templates.sql).
 --
 -- Ordering against template changes: a transaction that creates queues
 -- holds the endpoint's policy_template_locks row FOR SHARE before it

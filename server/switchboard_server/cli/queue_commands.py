@@ -29,7 +29,7 @@ import grpc
 from google.protobuf import timestamp_pb2
 from switchboard_dispatch.v1 import admin_pb2, admission_pb2, dispatch_pb2, queue_pb2, todo_pb2
 
-from switchboard_server.cli.common import Command, endpoint_flag, flag, leaf, read_pages
+from switchboard_server.cli.commands import Command, endpoint_flag, flag, leaf, read_pages
 from switchboard_server.cli.connect import EXIT_OK, Connection
 from switchboard_server.cli.output import (
     NONE,
@@ -42,7 +42,7 @@ from switchboard_server.cli.output import (
 )
 
 if TYPE_CHECKING:
-    from switchboard_server.cli.common import Subparsers
+    from switchboard_server.cli.commands import Subparsers
 
 
 @dataclass

@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 
 from switchboard_dispatch.v1 import admission_pb2, schedule_pb2, schedule_pb2_grpc
 
-from switchboard_server.db.schedules import Definition
+from switchboard_server.db.schedule_queries import Definition
 from switchboard_server.model import AuditEntry, Principal, Revision
 from switchboard_server.recurrence import (
     MAX_CRON,

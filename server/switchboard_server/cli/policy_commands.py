@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, TypeVar
 from switchboard_dispatch.v1 import admission_pb2, queue_pb2
 
 from switchboard_server.cli.audit import audit_command, changes
-from switchboard_server.cli.common import (
+from switchboard_server.cli.commands import (
     Command,
     answer,
     endpoint_flag,
@@ -30,7 +30,7 @@ from switchboard_server.cli.output import (
 )
 
 if TYPE_CHECKING:
-    from switchboard_server.cli.common import Subparsers
+    from switchboard_server.cli.commands import Subparsers
 
 
 def _queue(args: argparse.Namespace) -> queue_pb2.QueueRef:

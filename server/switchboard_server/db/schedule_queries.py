@@ -11,8 +11,8 @@ from typing import Any
 
 from switchboard_server.db.database import Conn, name_taken
 from switchboard_server.db.queries import Params, execute, fetch_many, fetch_one
-from switchboard_server.db.queues import hold_shard_group
-from switchboard_server.db.todos import todo_or_none
+from switchboard_server.db.queue_queries import hold_shard_group
+from switchboard_server.db.todo_rows import todo_or_none
 from switchboard_server.model import Todo
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from switchboard_dispatch.v1 import admission_pb2
 
 from switchboard_server.cli.audit import audit_command, changes
-from switchboard_server.cli.common import (
+from switchboard_server.cli.commands import (
     Command,
     endpoint_flag,
     flag,
@@ -18,10 +18,10 @@ from switchboard_server.cli.common import (
     unary,
 )
 from switchboard_server.cli.output import fields, policy_summary, short, table, when
-from switchboard_server.cli.policy import LIMIT_FLAGS, with_limits
+from switchboard_server.cli.policy_commands import LIMIT_FLAGS, with_limits
 
 if TYPE_CHECKING:
-    from switchboard_server.cli.common import Subparsers
+    from switchboard_server.cli.commands import Subparsers
 
 
 def _template_fields(template: admission_pb2.PolicyTemplate, queues: int | None = None) -> str:

@@ -12,7 +12,7 @@ from datetime import timedelta
 from switchboard_server import errors
 from switchboard_server.access import Scope
 from switchboard_server.config import Settings
-from switchboard_server.db import tenancy as tenancy_queries
+from switchboard_server.db import tenancy_queries
 from switchboard_server.db.database import Conn
 from switchboard_server.model import Principal
 

@@ -11,8 +11,8 @@ from switchboard_server.policy_templates import PolicyTemplates
 from switchboard_server.servicers import convert
 from switchboard_server.servicers.interceptor import Context, current_principal
 from switchboard_server.servicers.policy_fields import limits_of, window_of
-from switchboard_server.servicers.policy_templates import PolicyTemplateCalls
 from switchboard_server.servicers.sizes import read_page
+from switchboard_server.servicers.template_rpcs import PolicyTemplateCalls
 from switchboard_server.servicers.validate import Violations
 
 

@@ -14,7 +14,7 @@ from google.protobuf import duration_pb2, json_format, timestamp_pb2
 from switchboard_dispatch.v1 import dispatch_pb2, todo_pb2
 
 from switchboard_server.cli.audit import audit_command
-from switchboard_server.cli.common import (
+from switchboard_server.cli.commands import (
     Command,
     Flag,
     check_limit,
@@ -39,7 +39,7 @@ from switchboard_server.cli.output import (
 )
 
 if TYPE_CHECKING:
-    from switchboard_server.cli.common import Subparsers
+    from switchboard_server.cli.commands import Subparsers
 
 
 _STATES = {

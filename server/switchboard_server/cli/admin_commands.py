@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from switchboard_dispatch.v1 import admin_pb2
 
-from switchboard_server.cli.common import (
+from switchboard_server.cli.commands import (
     Command,
     answer,
     endpoint_flag,
@@ -30,7 +30,7 @@ from switchboard_server.cli.output import (
 )
 
 if TYPE_CHECKING:
-    from switchboard_server.cli.common import Subparsers
+    from switchboard_server.cli.commands import Subparsers
 
 GRANTS = {
     "ingest": admin_pb2.GRANT_INGEST,

@@ -12,7 +12,7 @@ import grpc
 from switchboard_dispatch.v1 import admission_pb2, queue_pb2, schedule_pb2
 
 from switchboard_server.cli.audit import audit_command, changes
-from switchboard_server.cli.common import (
+from switchboard_server.cli.commands import (
     Command,
     answer,
     endpoint_flag,
@@ -37,7 +37,7 @@ from switchboard_server.cli.output import (
 )
 
 if TYPE_CHECKING:
-    from switchboard_server.cli.common import Subparsers
+    from switchboard_server.cli.commands import Subparsers
 
 _CATCH_UP = {"skip": schedule_pb2.CATCH_UP_SKIP, "latest": schedule_pb2.CATCH_UP_LATEST}
 

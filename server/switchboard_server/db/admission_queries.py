@@ -11,7 +11,7 @@ from typing import Any
 from switchboard_server.db.admission_report import PolicyLimitColumns
 from switchboard_server.db.database import Conn
 from switchboard_server.db.queries import execute, fetch_many, fetch_one, fetch_value
-from switchboard_server.db.queues import hold_shard_group
+from switchboard_server.db.queue_queries import hold_shard_group
 from switchboard_server.db.rows import record
 
 
