@@ -227,6 +227,9 @@ DECLARE
     v_i integer;
     v_deferral jsonb;
 BEGIN
+    IF coalesce(cardinality(p_queue_ids), 0) = 0 AND p_claimed_queue IS NULL THEN
+        RETURN;  -- the usual claim of a queue without a policy: nothing to read
+    END IF;
     FOR v_queue_id IN
         SELECT DISTINCT u.id FROM unnest(array_append(p_queue_ids, p_claimed_queue)) AS u (id)
          WHERE u.id IS NOT NULL
