@@ -15,7 +15,6 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import grpc
 from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, queue_pb2
 from switchboard_server.db.database import Conn
 
@@ -42,19 +41,10 @@ async def claimer(client: Client, tenant: Tenant, seed: int, ingested: asyncio.E
     rng = random.Random(seed)
     claimed: list[str] = []
     while True:
-        try:
-            resp = await client.dispatch.ClaimNext(
-                dispatch_pb2.ClaimNextRequest(claimant=f"c{seed}", max_todos=rng.randint(2, 4)),
-                metadata=tenant.agent,
-            )
-        except grpc.aio.AioRpcError as exc:
-            # ABORTED is a claim's retryable answer (nothing was claimed), as a
-            # worker takes it; on a Citus cluster a batch claim across brand-new
-            # queues was once aborted as a deadlock under this load.
-            if exc.code() is not grpc.StatusCode.ABORTED:
-                raise
-            await asyncio.sleep(rng.uniform(0.002, 0.01))
-            continue
+        resp = await client.dispatch.ClaimNext(
+            dispatch_pb2.ClaimNextRequest(claimant=f"c{seed}", max_todos=rng.randint(2, 4)),
+            metadata=tenant.agent,
+        )
         if resp.empty:
             reasons = {d.reason for d in resp.deferred}
             if ingested.is_set() and reasons <= {WINDOW_FULL}:

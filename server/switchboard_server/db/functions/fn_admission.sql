@@ -270,8 +270,10 @@ $$;
 -- Locks and evaluates a queue's policy for a claim of p_row, then claims
 -- and charges, or raises SB429 (refused; the reason is in the message) so
 -- the caller's subtransaction releases the todo and policy locks. A claim
--- that spends the budget marks the queue's gate (forced: under the policy
--- lock, with fresh reads), so that its reopen rings.
+-- that spends the budget has its caller mark the queue's gate from the
+-- headroom (sb_gate_spent: forced, under the policy lock, with fresh reads),
+-- so that its reopen rings: a ClaimNext marks its gates at its end, in queue
+-- id order (sb_on_claim_end).
 -- Lock order: the todo row (already locked by the caller), then the policy.
 CREATE OR REPLACE FUNCTION sb_admit_and_claim(
     p_row todos,
@@ -286,7 +288,6 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_policy admission_policies;
     v_eval admission_eval;
-    v_full text;
 BEGIN
     -- Waits for the lock; the session's lock_timeout bounds the wait, and
     -- running out of it refuses the claim (admission_unavailable).
@@ -308,11 +309,6 @@ BEGIN
     PERFORM sb_charge(v_policy.endpoint_id, v_policy.id, v_eval, 1);
     admission := jsonb_build_object('headroom', sb_headroom(v_policy, v_eval));
     PERFORM sb_release_before_flush();
-    v_full := sb_full_after(v_policy, v_eval, 1);
-    IF v_full IS NOT NULL THEN
-        PERFORM sb_gate_mark(v_policy.endpoint_id, v_policy.queue_id, v_full,
-                             sb_gate_next_check(v_full, v_eval, p_now), p_now, true);
-    END IF;
 END;
 $$;
 
@@ -321,8 +317,9 @@ $$;
 -- sb_claim_pending) of a queue with a policy, under the policy lock,
 -- evaluated with fresh reads, and charges; or raises SB429 (refused; the
 -- reason is in the message) so the caller's subtransaction releases every
--- lock and undoes any claims. Claims that spend the budget mark the queue's
--- gate. Call it in the subtransaction that locked p_ids (see below). Lock
+-- lock and undoes any claims. Claims that spend the budget have the caller
+-- mark the queue's gate from the headroom (as sb_admit_and_claim). Call it
+-- in the subtransaction that locked p_ids (see below). Lock
 -- order either way: the todo rows, then the policy; one policy row lock per
 -- admission, and the in-flight count read under it. The work is ordered
 -- against the lock by p_claim_first:
@@ -429,12 +426,8 @@ BEGIN
     PERFORM sb_charge(p_endpoint_id, v_policy.id, v_eval, v_take);
     admission := jsonb_build_object('headroom', sb_headroom_after(v_policy, v_eval, v_take));
     PERFORM sb_release_before_flush();
-    v_full := sb_full_after(v_policy, v_eval, v_take);
-    IF v_full IS NOT NULL THEN
-        PERFORM sb_gate_mark(p_endpoint_id, v_policy.queue_id, v_full,
-                             sb_gate_next_check(v_full, v_eval, p_now), p_now, true);
-    END IF;
     IF v_take < cardinality(p_ids) THEN
+        v_full := sb_full_after(v_policy, v_eval, v_take);
         v_eval.earliest_expiry := least(v_eval.earliest_expiry, p_now + p_lease);
         admission := admission || jsonb_build_object(
             'deferred', sb_deferral_json(p_queue, v_full, v_eval, NULL));

@@ -52,6 +52,8 @@ BEGIN
     BEGIN
         SELECT a.* INTO v_result
           FROM sb_admit_and_claim(v_row, v_policy_id, p_claimant, p_lease, v_now) a;
+        PERFORM sb_gate_spent(v_row.endpoint_id, v_row.queue_id,
+                              v_result.admission -> 'headroom', v_now);
         RETURN QUERY SELECT 'claimed'::text, v_result.claimed, v_result.admission;
         RETURN;
     EXCEPTION
@@ -97,6 +99,11 @@ $$;
 --     call, by the first claimant. A queue deferred only because its
 --     in-flight slots are full still gets its takeovers tried: a takeover
 --     does not count itself as in flight.
+--  5. The gates are marked at the end (sb_on_claim_end, in queue id order,
+--     after every policy lock waited for): the queues refused on the way
+--     (all those left deferred, when nothing was claimed), and the claimed
+--     queue's when its claim spent or filled the budget. Marked as they were
+--     met, two calls that met them in different orders deadlocked.
 -- outcome: claimed | empty. admission: {headroom, deferred: [the claimed
 -- queue's, when the budget cut the batch short]} or {deferred: [...]}.
 CREATE OR REPLACE FUNCTION sb_claim_next_for(
@@ -128,6 +135,10 @@ DECLARE
     v_reason text;
     v_listed bigint[] := '{}';
     v_no_takeover bigint[] := '{}';
+    -- The queues refused on the way (not those known deferred) and their
+    -- deferrals: marked at the end, whatever the outcome.
+    v_refused bigint[] := '{}';
+    v_refusals jsonb := '[]'::jsonb;
 BEGIN
     PERFORM sb_hold_shard_groups(ARRAY[p_endpoint_id]);
     PERFORM sb_check_endpoint(p_owner_id, p_endpoint_id);
@@ -181,6 +192,7 @@ BEGIN
                 RETURN QUERY SELECT 'claimed'::text,
                     sb_claim_pending(p_endpoint_id, v_ids, p_claimants, p_lease, v_now),
                     NULL::jsonb;
+                PERFORM sb_on_claim_end(p_endpoint_id, v_refused, v_refusals, NULL, NULL, v_now);
                 RETURN;
             END IF;
             CONTINUE;
@@ -207,9 +219,9 @@ BEGIN
             IF v_reason <> 'in_flight_full' THEN
                 v_no_takeover := v_no_takeover || v_queue.id;
             END IF;
-            -- Remember it, so the next ClaimNext need not evaluate it again.
-            PERFORM sb_on_deferred(p_endpoint_id, ARRAY[v_queue.id], jsonb_build_array(v_known),
-                                   v_now);
+            -- Remember it (at the end), so the next ClaimNext need not evaluate it again.
+            v_refused := v_refused || v_queue.id;
+            v_refusals := v_refusals || jsonb_build_array(v_known);
             CONTINUE;
         END IF;
         SELECT r.* INTO v_try FROM sb_try_budgeted_batch(
@@ -218,10 +230,9 @@ BEGIN
             v_queue.head_priority, v_queue.head_retry, v_queue.head_id) r;
         IF v_try.outcome = 'claimed' THEN
             v_known := v_try.admission -> 'deferred';
+            -- Cut short by the budget, the claim spent or filled it: its gate
+            -- is marked at the end, and rings when the queue reopens.
             IF v_known IS NOT NULL THEN
-                -- Cut short by the budget: the gate rings when the queue reopens.
-                PERFORM sb_on_deferred(p_endpoint_id, ARRAY[v_queue.id],
-                                       jsonb_build_array(v_known), v_now);
                 v_try.admission := v_try.admission || jsonb_build_object(
                     'deferred', jsonb_build_array(v_known || jsonb_build_object(
                         'pending', (SELECT count(*) FROM todos t
@@ -229,6 +240,8 @@ BEGIN
                                        AND t.queue_id = v_queue.id AND t.state = 'pending'))));
             END IF;
             RETURN QUERY SELECT 'claimed'::text, v_try.claimed, v_try.admission;
+            PERFORM sb_on_claim_end(p_endpoint_id, v_refused, v_refusals, v_queue.id,
+                                    v_try.admission -> 'headroom', v_now);
             RETURN;
         ELSIF v_try.outcome = 'deferred' THEN
             v_deferred := v_deferred || v_try.admission;
@@ -236,8 +249,8 @@ BEGIN
             IF v_try.admission->>'reason' <> 'in_flight_full' THEN
                 v_no_takeover := v_no_takeover || v_queue.id;
             END IF;
-            PERFORM sb_on_deferred(p_endpoint_id, ARRAY[v_queue.id],
-                                   jsonb_build_array(v_try.admission), v_now);
+            v_refused := v_refused || v_queue.id;
+            v_refusals := v_refusals || jsonb_build_array(v_try.admission);
         END IF;
     END LOOP;
     -- Lapsed leases with attempts left, oldest expiry first, one per call.
@@ -261,6 +274,7 @@ BEGIN
             IF FOUND THEN
                 RETURN QUERY SELECT 'claimed'::text,
                     ARRAY[sb_claim_row(v_row, p_claimants[1], p_lease, v_now)], NULL::jsonb;
+                PERFORM sb_on_claim_end(p_endpoint_id, v_refused, v_refusals, NULL, NULL, v_now);
                 RETURN;
             END IF;
             CONTINUE;
@@ -270,6 +284,8 @@ BEGIN
             p_claimants[1], p_lease, v_now) r;
         IF v_try.outcome = 'claimed' THEN
             RETURN QUERY SELECT 'claimed'::text, ARRAY[v_try.claimed], v_try.admission;
+            PERFORM sb_on_claim_end(p_endpoint_id, v_refused, v_refusals, v_queue.id,
+                                    v_try.admission -> 'headroom', v_now);
             RETURN;
         ELSIF v_try.outcome = 'deferred' AND NOT (v_queue.id = ANY (v_listed)) THEN
             v_deferred := v_deferred || v_try.admission;

@@ -157,8 +157,10 @@ $$;
 
 -- sb_admit_batch claiming first, and locking first, under the names the
 -- previous release's sb_try_budgeted_batch calls (no server calls them: a
--- claim running that body as the upgrade commits still may). Kept so that
--- no migration of this release drops them. Dropped in 0.4.
+-- claim running that body as the upgrade commits still may), with the gate
+-- mark of a claim that spent the budget that sb_admit_batch made then
+-- (sb_gate_spent). Kept so that no migration of this release drops them.
+-- Dropped in 0.4.
 CREATE OR REPLACE FUNCTION sb_admit_and_claim_batch(
     p_endpoint_id uuid,
     p_ids bigint[],
@@ -174,6 +176,8 @@ LANGUAGE sql AS $$
     SELECT a.claimed, a.admission
       FROM sb_admit_batch(p_endpoint_id, p_ids, p_queue, p_policy_id, p_claimants, p_lease,
                           p_now, true) AS a
+     CROSS JOIN LATERAL sb_gate_spent(p_endpoint_id, (a.claimed[1]).queue_id,
+                                      a.admission -> 'headroom', p_now) AS m
 $$;
 
 -- Dropped in 0.4 (see sb_admit_and_claim_batch).
@@ -192,6 +196,8 @@ LANGUAGE sql AS $$
     SELECT a.claimed, a.admission
       FROM sb_admit_batch(p_endpoint_id, p_ids, p_queue, p_policy_id, p_claimants, p_lease,
                           p_now, false) AS a
+     CROSS JOIN LATERAL sb_gate_spent(p_endpoint_id, (a.claimed[1]).queue_id,
+                                      a.admission -> 'headroom', p_now) AS m
 $$;
 
 -- The form servers of earlier releases call (their reaper), during a

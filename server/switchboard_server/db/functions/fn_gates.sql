@@ -196,26 +196,92 @@ $$;
 
 -- Called when a claim leaves queues deferred (their ids and deferrals, in the
 -- same order): marks their gates, so that the reopen sweep rings each once it
--- admits again.
+-- admits again (sb_on_claim_end, without a claimed queue).
 CREATE OR REPLACE FUNCTION sb_on_deferred(
     p_endpoint_id uuid, p_queue_ids bigint[], p_deferred jsonb, p_now timestamptz
 ) RETURNS void
 LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM sb_on_claim_end(p_endpoint_id, p_queue_ids, p_deferred, NULL, NULL, p_now);
+END;
+$$;
+
+-- The gate marks of a claim, made at its end: each queue of p_queue_ids
+-- deferred (p_deferred: their deferrals, in the same order; a queue may
+-- appear more than once), and the queue p_claimed_queue, whose claim's
+-- headroom is p_headroom, marked forced if that claim spent or filled its
+-- budget (sb_gate_spent). In queue id order, and after every policy lock the
+-- claim waits for: a gate row stays locked to the end of the claim's
+-- transaction, and a ClaimNext finds its queues in its own order (the most
+-- urgent head first), so two of them that marked as they went each held a
+-- gate the other waited for (a deadlock; tests/grpc/test_claim_gate_order.py).
+-- Ordered so, every transaction that locks several gates takes them in queue
+-- id order (settles, the reaper, policy changes and rings do too).
+CREATE OR REPLACE FUNCTION sb_on_claim_end(
+    p_endpoint_id uuid, p_queue_ids bigint[], p_deferred jsonb, p_claimed_queue bigint,
+    p_headroom jsonb, p_now timestamptz
+) RETURNS void
+LANGUAGE plpgsql AS $$
 DECLARE
+    v_queue_id bigint;
     v_i integer;
     v_deferral jsonb;
 BEGIN
-    FOR v_i IN 1 .. coalesce(cardinality(p_queue_ids), 0) LOOP
-        v_deferral := p_deferred -> (v_i - 1);
-        PERFORM sb_gate_defer(
-            p_endpoint_id,
-            p_queue_ids[v_i],
-            v_deferral ->> 'reason',
-            CASE WHEN v_deferral ->> 'reason' = 'window_exhausted'
-                 THEN (v_deferral ->> 'window_end')::timestamptz
-                 ELSE sb_gate_next_check(v_deferral ->> 'reason', NULL, p_now) END,
-            p_now);
+    IF coalesce(cardinality(p_queue_ids), 0) = 0 AND p_claimed_queue IS NULL THEN
+        RETURN;  -- the usual claim of a queue without a policy: nothing to read
+    END IF;
+    FOR v_queue_id IN
+        SELECT DISTINCT u.id FROM unnest(array_append(p_queue_ids, p_claimed_queue)) AS u (id)
+         WHERE u.id IS NOT NULL
+         ORDER BY u.id
+    LOOP
+        FOR v_i IN
+            SELECT s.i FROM generate_subscripts(p_queue_ids, 1) AS s (i)
+             WHERE p_queue_ids[s.i] = v_queue_id
+             ORDER BY s.i
+        LOOP
+            v_deferral := p_deferred -> (v_i - 1);
+            PERFORM sb_gate_defer(
+                p_endpoint_id,
+                v_queue_id,
+                v_deferral ->> 'reason',
+                CASE WHEN v_deferral ->> 'reason' = 'window_exhausted'
+                     THEN (v_deferral ->> 'window_end')::timestamptz
+                     ELSE sb_gate_next_check(v_deferral ->> 'reason', NULL, p_now) END,
+                p_now);
+        END LOOP;
+        IF v_queue_id = p_claimed_queue THEN
+            PERFORM sb_gate_spent(p_endpoint_id, v_queue_id, p_headroom, p_now);
+        END IF;
     END LOOP;
+END;
+$$;
+
+-- A claim that leaves its queue's budget spent or full (its headroom, read
+-- under the policy lock it still holds, says so: what sb_full_after says of
+-- the evaluation and the units charged) marks the queue's gate, forced, so
+-- that its reopen rings. Nothing for a claim without a headroom (no policy).
+CREATE OR REPLACE FUNCTION sb_gate_spent(
+    p_endpoint_id uuid, p_queue_id bigint, p_headroom jsonb, p_now timestamptz
+) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_full text;
+    v_eval admission_eval;
+BEGIN
+    v_full := CASE
+        WHEN (p_headroom ->> 'window_used')::bigint >= (p_headroom ->> 'window_limit')::bigint
+        THEN 'window_exhausted'
+        WHEN (p_headroom ->> 'in_flight_used')::bigint
+             >= (p_headroom ->> 'in_flight_limit')::bigint
+        THEN 'in_flight_full'
+    END;
+    IF v_full IS NULL THEN
+        RETURN;
+    END IF;
+    v_eval.window_end := (p_headroom ->> 'resets_at')::timestamptz;
+    PERFORM sb_gate_mark(p_endpoint_id, p_queue_id, v_full,
+                         sb_gate_next_check(v_full, v_eval, p_now), p_now, true);
 END;
 $$;
 
