@@ -14,6 +14,7 @@ from switchboard_server.access import require_human, require_operator
 from switchboard_server.auth import hash_token, new_token
 from switchboard_server.db import Database, tenancy_queries
 from switchboard_server.db.database import Conn
+from switchboard_server.db.tenancy_queries import NewCredential
 from switchboard_server.hook_policy import HookPolicy, Refused
 from switchboard_server.model import (
     BASICS,
@@ -100,7 +101,10 @@ class Tenancy:
                 raise errors.NotFound("owner not found")
             human = await tenancy_queries.create_human(conn, owner_id=owner_id, name=name)
             minted = await _mint(
-                conn, PrincipalKind.HUMAN, owner_id=owner_id, human_id=human.id, label=name
+                conn,
+                NewCredential(
+                    PrincipalKind.HUMAN, owner_id=owner_id, human_id=human.id, label=name
+                ),
             )
         return human, minted
 
@@ -128,12 +132,14 @@ class Tenancy:
             await _owners_endpoint(conn, endpoint_id, owner_id)
             minted = await _mint(
                 conn,
-                PrincipalKind.ENDPOINT,
-                owner_id=owner_id,
-                endpoint_id=endpoint_id,
-                vended_by_human_id=principal.human_id,
-                grants=grant_set,
-                label=label,
+                NewCredential(
+                    PrincipalKind.ENDPOINT,
+                    owner_id=owner_id,
+                    endpoint_id=endpoint_id,
+                    vended_by_human_id=principal.human_id,
+                    grants=grant_set,
+                    label=label,
+                ),
             )
         warnings = [BUDGET_WARNING] if grant_set & BUDGET_GRANTS else []
         if Grant.MANAGE_SCHEDULES in grant_set:
@@ -230,30 +236,12 @@ async def _owners_endpoint(conn: Conn, endpoint_id: uuid.UUID, owner_id: uuid.UU
     return endpoint
 
 
-async def _mint(
-    conn: Conn,
-    kind: PrincipalKind,
-    *,
-    owner_id: uuid.UUID | None = None,
-    human_id: uuid.UUID | None = None,
-    endpoint_id: uuid.UUID | None = None,
-    vended_by_human_id: uuid.UUID | None = None,
-    grants: Iterable[Grant] = (),
-    label: str = "",
-) -> Minted:
-    token = new_token(kind)
-    credential = await tenancy_queries.create_credential(
-        conn,
-        kind=kind,
-        token_hash=hash_token(token),
-        owner_id=owner_id,
-        human_id=human_id,
-        endpoint_id=endpoint_id,
-        vended_by_human_id=vended_by_human_id,
-        grants=grants,
-        label=label,
+async def _mint(conn: Conn, credential: NewCredential) -> Minted:
+    token = new_token(credential.kind)
+    stored = await tenancy_queries.create_credential(
+        conn, credential=credential, token_hash=hash_token(token)
     )
-    return Minted(credential, token)
+    return Minted(stored, token)
 
 
 def new_hook_secret() -> str:
@@ -264,7 +252,7 @@ def new_hook_secret() -> str:
 async def bootstrap_operator(db: Database, label: str) -> Minted:
     """Creates an instance operator credential (the ``admin bootstrap`` command)."""
     async with db.transaction() as conn:
-        return await _mint(conn, PrincipalKind.OPERATOR, label=label)
+        return await _mint(conn, NewCredential(PrincipalKind.OPERATOR, label=label))
 
 
 def expand_presets(grants: Iterable[Grant], basics: bool) -> frozenset[Grant]:

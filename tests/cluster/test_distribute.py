@@ -225,15 +225,17 @@ async def test_ingest_claim_heartbeat_and_settle_are_each_one_call_on_the_endpoi
 
         settled = await claim_queries.settle(
             conn,
-            settlements=[
-                Settlement(t.id, t.lease_id, SettleAction.COMPLETE)
-                for t in batch.todos
-                if t.lease_id is not None
-            ],
-            owner_id=owner,
-            endpoint_id=endpoint,
-            backoff_base=timedelta(seconds=1),
-            backoff_cap=timedelta(seconds=10),
+            batch=claim_queries.SettleBatch(
+                settlements=[
+                    Settlement(t.id, t.lease_id, SettleAction.COMPLETE)
+                    for t in batch.todos
+                    if t.lease_id is not None
+                ],
+                owner_id=owner,
+                endpoint_id=endpoint,
+                backoff_base=timedelta(seconds=1),
+                backoff_cap=timedelta(seconds=10),
+            ),
         )
         assert [s.outcome.value for s in settled] == ["applied", "applied"]
         _assert_one_delegated_call(log.take(), "sb_settle", port, allowed)
@@ -257,11 +259,13 @@ async def test_ingest_claim_heartbeat_and_settle_are_each_one_call_on_the_endpoi
         assert one.todo is not None and one.todo.lease_id is not None
         states = await claim_queries.settle_states(
             conn,
-            settlements=[Settlement(one.todo.id, one.todo.lease_id, SettleAction.FAIL, "x")],
-            owner_id=owner,
-            endpoint_id=endpoint,
-            backoff_base=timedelta(seconds=1),
-            backoff_cap=timedelta(seconds=10),
+            batch=claim_queries.SettleBatch(
+                settlements=[Settlement(one.todo.id, one.todo.lease_id, SettleAction.FAIL, "x")],
+                owner_id=owner,
+                endpoint_id=endpoint,
+                backoff_base=timedelta(seconds=1),
+                backoff_cap=timedelta(seconds=10),
+            ),
         )
         assert [(s.outcome.value, s.state) for s in states] == [("applied", TodoState.PENDING)]
         assert states[0].next_retry_at is not None

@@ -289,23 +289,17 @@ async def test_an_endpoints_cancel_and_requeue_by_ids_run_on_its_worker_only(
             )
             allowed = await shards_of(conn, tenant.endpoint_id)
             owner, endpoint = uuid.UUID(tenant.owner_id), uuid.UUID(tenant.endpoint_id)
+            todos = action_queries.Todos(owner, endpoint, ids)
             async with remote_commands(conn) as log:
                 async with conn.transaction():
-                    acted = await action_queries.cancel(
-                        conn, ids=ids, owner_id=owner, endpoint_id=endpoint
-                    )
+                    acted = await action_queries.cancel(conn, todos=todos)
                     await _audited(conn, owner, endpoint, "cancel")
                 assert [a.outcome for a in acted] == ["applied"] * 3
                 assert {a.was.value for a in acted if a.was} == {"pending", "claimed"}
                 assert_on_one_worker(log.take(), port, allowed)
                 async with conn.transaction():
                     back = await action_queries.requeue(
-                        conn,
-                        ids=ids,
-                        owner_id=owner,
-                        endpoint_id=endpoint,
-                        delay=timedelta(0),
-                        max_attempts=None,
+                        conn, todos=todos, redo=action_queries.Redo(timedelta(0), None)
                     )
                     await _audited(conn, owner, endpoint, "requeue")
                 assert [a.outcome for a in back] == ["applied"] * 3

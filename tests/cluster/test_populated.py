@@ -159,15 +159,17 @@ async def _fill(conn: asyncpg.Connection[asyncpg.Record]) -> list[tuple[uuid.UUI
         assert len(batch.todos) == WINDOW
         await claim_queries.settle(
             conn,
-            settlements=[
-                Settlement(t.id, t.lease_id, SettleAction.COMPLETE)
-                for t in batch.todos[:3]
-                if t.lease_id is not None
-            ],
-            owner_id=owner,
-            endpoint_id=endpoint,
-            backoff_base=timedelta(seconds=1),
-            backoff_cap=timedelta(seconds=5),
+            batch=claim_queries.SettleBatch(
+                settlements=[
+                    Settlement(t.id, t.lease_id, SettleAction.COMPLETE)
+                    for t in batch.todos[:3]
+                    if t.lease_id is not None
+                ],
+                owner_id=owner,
+                endpoint_id=endpoint,
+                backoff_base=timedelta(seconds=1),
+                backoff_cap=timedelta(seconds=5),
+            ),
         )
         made.append((owner, endpoint))
     return made

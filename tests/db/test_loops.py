@@ -86,11 +86,13 @@ async def settle(db: Database, scope: Scope, settlement: Settlement) -> None:
     async with db.transaction() as conn:
         (settled,) = await claim_queries.settle(
             conn,
-            settlements=[settlement],
-            owner_id=scope.owner_id,
-            endpoint_id=scope.endpoint_id,
-            backoff_base=timedelta(seconds=10),
-            backoff_cap=timedelta(seconds=10),
+            batch=claim_queries.SettleBatch(
+                settlements=[settlement],
+                owner_id=scope.owner_id,
+                endpoint_id=scope.endpoint_id,
+                backoff_base=timedelta(seconds=10),
+                backoff_cap=timedelta(seconds=10),
+            ),
         )
     assert settled.outcome is ItemOutcome.APPLIED
 
@@ -149,11 +151,15 @@ async def bulk_done(db: Database, scope: Scope, n: int, *, queue: str) -> list[i
         leases = await conn.fetch("SELECT id, lease_id FROM todos WHERE id = ANY ($1)", ids)
         await claim_queries.settle(
             conn,
-            settlements=[Settlement(r["id"], r["lease_id"], SettleAction.COMPLETE) for r in leases],
-            owner_id=scope.owner_id,
-            endpoint_id=scope.endpoint_id,
-            backoff_base=timedelta(seconds=10),
-            backoff_cap=timedelta(seconds=10),
+            batch=claim_queries.SettleBatch(
+                settlements=[
+                    Settlement(r["id"], r["lease_id"], SettleAction.COMPLETE) for r in leases
+                ],
+                owner_id=scope.owner_id,
+                endpoint_id=scope.endpoint_id,
+                backoff_base=timedelta(seconds=10),
+                backoff_cap=timedelta(seconds=10),
+            ),
         )
         done = await conn.fetchval(
             "SELECT count(*) FROM todos WHERE id = ANY ($1) AND state = 'done'", ids

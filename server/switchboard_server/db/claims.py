@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TypeVar
 
@@ -236,23 +236,32 @@ def _item_outcome(outcome: str, state: TodoState | None) -> ItemOutcome:
     return item
 
 
+@dataclass(frozen=True)
+class SettleBatch:
+    """One settle statement's settlements (distinct todo ids), of the owner's
+    todos under the endpoint (``None``: of any of the owner's endpoints), a
+    failed attempt's retry backed off from ``backoff_base`` up to
+    ``backoff_cap``."""
+
+    settlements: Sequence[Settlement]
+    owner_id: uuid.UUID
+    endpoint_id: uuid.UUID | None
+    backoff_base: timedelta
+    backoff_cap: timedelta
+
+
 async def _settle_rows(
-    conn: Conn,
-    settlements: Sequence[Settlement],
-    owner_id: uuid.UUID,
-    endpoint_id: uuid.UUID,
-    backoff: tuple[timedelta, timedelta],
-    states: bool,
+    conn: Conn, batch: SettleBatch, endpoint_id: uuid.UUID, states: bool
 ) -> list[Row]:
     """Runs ``todo_settle`` (with ``states``, ``todo_settle_states``: the same
     call and parameters) for one endpoint's items."""
+    settlements = batch.settlements
     with_results = any(s.result is not None for s in settlements)
     todo_ids = [s.todo_id for s in settlements]
     lease_ids = [s.lease_id for s in settlements]
     actions = [s.action.value for s in settlements]
     errors_ = [s.error for s in settlements]
     permanent = [s.permanent for s in settlements]
-    backoff_base, backoff_cap = (b.total_seconds() for b in backoff)
     # Without results (the common case) no result arrays are sent.
     result_data = (
         [s.result.data if s.result else None for s in settlements] if with_results else None
@@ -263,74 +272,41 @@ async def _settle_rows(
     return await fetch_many(
         conn,
         "todo_settle_states" if states else "todo_settle",
-        owner_id=owner_id,
+        owner_id=batch.owner_id,
         endpoint_id=endpoint_id,
         todo_ids=todo_ids,
         lease_ids=lease_ids,
         actions=actions,
         errors=errors_,
         permanent=permanent,
-        backoff_base=backoff_base,
-        backoff_cap=backoff_cap,
+        backoff_base=batch.backoff_base.total_seconds(),
+        backoff_cap=batch.backoff_cap.total_seconds(),
         result_data=result_data,
         result_content_types=result_types,
     )
 
 
-async def settle(
-    conn: Conn,
-    *,
-    settlements: Sequence[Settlement],
-    owner_id: uuid.UUID,
-    endpoint_id: uuid.UUID | None,
-    backoff_base: timedelta,
-    backoff_cap: timedelta,
-) -> list[Settled]:
+async def settle(conn: Conn, *, batch: SettleBatch) -> list[Settled]:
     """Completes, fails or releases claimed todos under their leases, each on
-    its own (see ``sb_settle``): per item, in order. Todo ids must be distinct.
-    A refusal because the todo was cancelled is ``CANCELLED``."""
+    its own (see ``sb_settle``): per item, in order. A refusal because the
+    todo was cancelled is ``CANCELLED``."""
     return await _settle_by_endpoint(
-        conn,
-        settlements,
-        owner_id,
-        endpoint_id,
-        (backoff_base, backoff_cap),
-        False,
-        _settled,
-        Settled(ItemOutcome.NOT_FOUND, None),
+        conn, batch, False, _settled, Settled(ItemOutcome.NOT_FOUND, None)
     )
 
 
-async def settle_states(
-    conn: Conn,
-    *,
-    settlements: Sequence[Settlement],
-    owner_id: uuid.UUID,
-    endpoint_id: uuid.UUID | None,
-    backoff_base: timedelta,
-    backoff_cap: timedelta,
-) -> list[SettledState]:
+async def settle_states(conn: Conn, *, batch: SettleBatch) -> list[SettledState]:
     """``settle``, answered with each todo's state and ``next_retry_at`` after
     it instead of the whole todo: what a batch's caller is told (the database
     sends, and this process decodes, two columns per todo instead of all)."""
     return await _settle_by_endpoint(
-        conn,
-        settlements,
-        owner_id,
-        endpoint_id,
-        (backoff_base, backoff_cap),
-        True,
-        _settled_states,
-        SettledState(ItemOutcome.NOT_FOUND, None, None),
+        conn, batch, True, _settled_states, SettledState(ItemOutcome.NOT_FOUND, None, None)
     )
 
 
 async def _settle_by_endpoint(
     conn: Conn,
-    settlements: Sequence[Settlement],
-    owner_id: uuid.UUID,
-    endpoint_id: uuid.UUID | None,
-    backoff: tuple[timedelta, timedelta],
+    batch: SettleBatch,
     states: bool,
     answer: Callable[[Sequence[Row]], list[T]],
     missing: T,
@@ -338,17 +314,17 @@ async def _settle_by_endpoint(
     """The settle call (see ``_settle_rows``) for one endpoint's items, each row read by
     ``answer``; for an owner-scoped caller, endpoint by endpoint (see
     ``_per_endpoint``: ``missing`` for an id not of the owner's todos)."""
-    if endpoint_id is None:
+    if batch.endpoint_id is None:
 
         async def settle_of(endpoint: uuid.UUID, positions: list[int]) -> list[T]:
-            mine = [settlements[p] for p in positions]
-            return await _settle_by_endpoint(
-                conn, mine, owner_id, endpoint, backoff, states, answer, missing
+            mine = [batch.settlements[p] for p in positions]
+            return answer(
+                await _settle_rows(conn, replace(batch, settlements=mine), endpoint, states)
             )
 
-        ids = [s.todo_id for s in settlements]
-        return await _per_endpoint(conn, ids, owner_id, missing, settle_of)
-    return answer(await _settle_rows(conn, settlements, owner_id, endpoint_id, backoff, states))
+        ids = [s.todo_id for s in batch.settlements]
+        return await _per_endpoint(conn, ids, batch.owner_id, missing, settle_of)
+    return answer(await _settle_rows(conn, batch, batch.endpoint_id, states))
 
 
 def _settled(rows: Sequence[Row]) -> list[Settled]:

@@ -34,6 +34,15 @@ class Definition(Params):
 
 
 @dataclass(frozen=True)
+class ScheduleKey(Params):
+    """A stored schedule, by key: its id and its endpoint (whose shard it is
+    on, on a Citus cluster), as a change to a locked schedule names it."""
+
+    schedule_id: int
+    endpoint_id: uuid.UUID
+
+
+@dataclass(frozen=True)
 class ScheduleRow(Definition):
     """A stored schedule: its definition, its queue and its state."""
 
@@ -49,6 +58,11 @@ class ScheduleRow(Definition):
     todos_created: int
     created_at: datetime
     updated_at: datetime
+
+    @property
+    def key(self) -> ScheduleKey:
+        """The schedule's key."""
+        return ScheduleKey(self.id, self.endpoint_id)
 
 
 def _row(rec: Mapping[str, Any]) -> ScheduleRow:
@@ -133,51 +147,27 @@ async def list_page(
 
 
 async def update(
-    conn: Conn,
-    *,
-    schedule_id: int,
-    endpoint_id: uuid.UUID,
-    definition: Definition,
-    next_slot: datetime | None,
+    conn: Conn, *, schedule: ScheduleKey, definition: Definition, next_slot: datetime | None
 ) -> ScheduleRow:
     """Replaces a locked schedule's definition and next slot."""
     with _name_taken(definition.name):
-        rec = await fetch_one(
-            conn,
-            "schedule_update",
-            definition,
-            schedule_id=schedule_id,
-            next_slot=next_slot,
-            endpoint_id=endpoint_id,
-        )
+        rec = await fetch_one(conn, "schedule_update", definition, schedule, next_slot=next_slot)
     assert rec is not None
     return _row(rec)
 
 
 async def set_paused(
-    conn: Conn,
-    *,
-    schedule_id: int,
-    endpoint_id: uuid.UUID,
-    paused: bool,
-    next_slot: datetime | None,
+    conn: Conn, *, schedule: ScheduleKey, paused: bool, next_slot: datetime | None
 ) -> ScheduleRow:
     """Pauses or resumes a locked schedule."""
-    rec = await fetch_one(
-        conn,
-        "schedule_set_paused",
-        schedule_id=schedule_id,
-        paused=paused,
-        next_slot=next_slot,
-        endpoint_id=endpoint_id,
-    )
+    rec = await fetch_one(conn, "schedule_set_paused", schedule, paused=paused, next_slot=next_slot)
     assert rec is not None
     return _row(rec)
 
 
-async def delete(conn: Conn, *, schedule_id: int, endpoint_id: uuid.UUID) -> None:
+async def delete(conn: Conn, *, schedule: ScheduleKey) -> None:
     """Deletes a schedule (its todos stay)."""
-    await execute(conn, "schedule_delete", schedule_id=schedule_id, endpoint_id=endpoint_id)
+    await execute(conn, "schedule_delete", schedule)
 
 
 async def due(conn: Conn, batch: int) -> list[ScheduleRow]:

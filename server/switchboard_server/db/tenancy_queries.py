@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 from switchboard_server.db.database import Conn, name_taken
-from switchboard_server.db.queries import execute, fetch_many, fetch_one, fetch_value
+from switchboard_server.db.queries import Params, execute, fetch_many, fetch_one, fetch_value
 from switchboard_server.db.rows import record, records
 from switchboard_server.model import (
     Credential,
@@ -104,31 +105,38 @@ async def get_endpoint(
     return record(Endpoint, rec) if rec is not None else None
 
 
+@dataclass(frozen=True)
+class NewCredential(Params):
+    """A credential to store: its kind, whose it is (an owner's human, one of
+    its endpoints, or neither for the operator), who vended it, its grants
+    and its label."""
+
+    read_from: ClassVar[dict[str, str]] = {"kind": "kind_value", "grants": "grant_values"}
+
+    kind: PrincipalKind
+    owner_id: uuid.UUID | None = None
+    human_id: uuid.UUID | None = None
+    endpoint_id: uuid.UUID | None = None
+    vended_by_human_id: uuid.UUID | None = None
+    grants: Iterable[Grant] = ()
+    label: str = ""
+
+    @property
+    def kind_value(self) -> str:
+        """The ``:kind`` parameter."""
+        return self.kind.value
+
+    @property
+    def grant_values(self) -> list[str]:
+        """The ``:grants`` parameter, sorted."""
+        return sorted(g.value for g in self.grants)
+
+
 async def create_credential(
-    conn: Conn,
-    *,
-    kind: PrincipalKind,
-    token_hash: bytes,
-    owner_id: uuid.UUID | None = None,
-    human_id: uuid.UUID | None = None,
-    endpoint_id: uuid.UUID | None = None,
-    vended_by_human_id: uuid.UUID | None = None,
-    grants: Iterable[Grant] = (),
-    label: str = "",
+    conn: Conn, *, credential: NewCredential, token_hash: bytes
 ) -> Credential:
     """Stores a credential by the hash of its secret."""
-    rec = await fetch_one(
-        conn,
-        "credential_create",
-        kind=kind.value,
-        token_hash=token_hash,
-        owner_id=owner_id,
-        human_id=human_id,
-        endpoint_id=endpoint_id,
-        vended_by_human_id=vended_by_human_id,
-        grants=sorted(g.value for g in grants),
-        label=label,
-    )
+    rec = await fetch_one(conn, "credential_create", credential, token_hash=token_hash)
     assert rec is not None
     return _credential(rec)
 

@@ -26,38 +26,35 @@ def _acted(rows: Sequence[Mapping[str, Any]]) -> list[Acted]:
     ]
 
 
-async def cancel(
-    conn: Conn, *, ids: Sequence[int], owner_id: uuid.UUID, endpoint_id: uuid.UUID | None
-) -> list[Acted]:
+@dataclass(frozen=True)
+class Todos(Params):
+    """The todos an action acts on: distinct ids, of the owner's endpoint
+    (``None``: of any of the owner's endpoints)."""
+
+    owner_id: uuid.UUID
+    endpoint_id: uuid.UUID | None
+    todo_ids: list[int]
+
+
+@dataclass(frozen=True)
+class Redo(Params):
+    """What a requeue sets (a cancel sets nothing): how long until the todo is
+    claimable again, and its new attempt limit (``None``: as it was)."""
+
+    delay: timedelta = timedelta(0)
+    max_attempts: int | None = None
+
+
+async def cancel(conn: Conn, *, todos: Todos) -> list[Acted]:
     """Cancels pending and claimed todos, each on its own (see ``sb_cancel``):
-    per item, in order. Ids must be distinct."""
-    rows = await fetch_many(
-        conn, "todo_cancel", owner_id=owner_id, endpoint_id=endpoint_id, todo_ids=list(ids)
-    )
-    return _acted(rows)
+    per item, in order."""
+    return _acted(await fetch_many(conn, "todo_cancel", todos))
 
 
-async def requeue(
-    conn: Conn,
-    *,
-    ids: Sequence[int],
-    owner_id: uuid.UUID,
-    endpoint_id: uuid.UUID | None,
-    delay: timedelta,
-    max_attempts: int | None,
-) -> list[Acted]:
+async def requeue(conn: Conn, *, todos: Todos, redo: Redo) -> list[Acted]:
     """Sends dead and cancelled todos back to pending, each on its own (see
-    ``sb_requeue``): per item, in order. Ids must be distinct."""
-    rows = await fetch_many(
-        conn,
-        "todo_requeue",
-        owner_id=owner_id,
-        endpoint_id=endpoint_id,
-        todo_ids=list(ids),
-        delay=delay,
-        max_attempts=max_attempts,
-    )
-    return _acted(rows)
+    ``sb_requeue``): per item, in order."""
+    return _acted(await fetch_many(conn, "todo_requeue", todos, redo))
 
 
 @dataclass(frozen=True)
@@ -73,36 +70,14 @@ def _tallies(rows: Sequence[Mapping[str, Any]]) -> list[Tally]:
     return [Tally(str(r["queue"]), TodoState(r["was"]), int(r["n"])) for r in rows]
 
 
-async def cancel_tally(
-    conn: Conn, *, ids: Sequence[int], owner_id: uuid.UUID, endpoint_id: uuid.UUID | None
-) -> list[Tally]:
+async def cancel_tally(conn: Conn, *, todos: Todos) -> list[Tally]:
     """``cancel``, answered with counts instead of the todos (a bulk chunk's)."""
-    rows = await fetch_many(
-        conn, "todo_cancel_tally", owner_id=owner_id, endpoint_id=endpoint_id, todo_ids=list(ids)
-    )
-    return _tallies(rows)
+    return _tallies(await fetch_many(conn, "todo_cancel_tally", todos))
 
 
-async def requeue_tally(
-    conn: Conn,
-    *,
-    ids: Sequence[int],
-    owner_id: uuid.UUID,
-    endpoint_id: uuid.UUID | None,
-    delay: timedelta,
-    max_attempts: int | None,
-) -> list[Tally]:
+async def requeue_tally(conn: Conn, *, todos: Todos, redo: Redo) -> list[Tally]:
     """``requeue``, answered with counts instead of the todos (a bulk chunk's)."""
-    rows = await fetch_many(
-        conn,
-        "todo_requeue_tally",
-        owner_id=owner_id,
-        endpoint_id=endpoint_id,
-        todo_ids=list(ids),
-        delay=delay,
-        max_attempts=max_attempts,
-    )
-    return _tallies(rows)
+    return _tallies(await fetch_many(conn, "todo_requeue_tally", todos, redo))
 
 
 @dataclass(frozen=True)

@@ -1,19 +1,18 @@
 """What each operator action is: ``Action``, one member per action, carrying what
 differs between them (the grant it needs, the states it acts on, its named
 statements, its metric, its audit label), so no code branches on an action's
-name and an unknown action cannot be named; and ``Redo``, what a requeue sets."""
+name and an unknown action cannot be named."""
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import TypeVar
 
-from switchboard_server.access import Scope
 from switchboard_server.db import todo_actions as action_queries
 from switchboard_server.db.database import Conn
+from switchboard_server.db.todo_actions import Redo, Todos
 from switchboard_server.metrics import Metrics
 from switchboard_server.model import Acted, Grant, TodoState
 
@@ -21,26 +20,17 @@ from switchboard_server.model import Acted, Grant, TodoState
 BulkItem = Acted
 
 
-@dataclass(frozen=True)
-class Redo:
-    """What a requeue sets (a cancel sets nothing): how long until the todo is
-    claimable again, and its new attempt limit (``None``: as it was)."""
-
-    delay: timedelta = timedelta(0)
-    max_attempts: int | None = None
-
-
 _Row = TypeVar("_Row")
-#: One of an action's named statements over distinct todo ids of one scope.
-_Statement = Callable[[Conn, Sequence[int], Scope, Redo], Awaitable[list[_Row]]]
+#: One of an action's named statements over distinct todos of one scope.
+_Statement = Callable[[Conn, Todos, Redo], Awaitable[list[_Row]]]
 
 
 def _cancelling(query: Callable[..., Awaitable[list[_Row]]]) -> _Statement[_Row]:
     """A cancel's named statement (``query``: its todos' form or its counts')
-    as an action runs it."""
+    as an action runs it (a cancel sets nothing)."""
 
-    async def cancel(conn: Conn, ids: Sequence[int], scope: Scope, _redo: Redo) -> list[_Row]:
-        return await query(conn, ids=ids, owner_id=scope.owner_id, endpoint_id=scope.endpoint_id)
+    async def cancel(conn: Conn, todos: Todos, _redo: Redo) -> list[_Row]:
+        return await query(conn, todos=todos)
 
     return cancel
 
@@ -48,15 +38,8 @@ def _cancelling(query: Callable[..., Awaitable[list[_Row]]]) -> _Statement[_Row]
 def _requeueing(query: Callable[..., Awaitable[list[_Row]]]) -> _Statement[_Row]:
     """A requeue's named statement, as ``_cancelling``, with what it sets."""
 
-    async def requeue(conn: Conn, ids: Sequence[int], scope: Scope, redo: Redo) -> list[_Row]:
-        return await query(
-            conn,
-            ids=ids,
-            owner_id=scope.owner_id,
-            endpoint_id=scope.endpoint_id,
-            delay=redo.delay,
-            max_attempts=redo.max_attempts,
-        )
+    async def requeue(conn: Conn, todos: Todos, redo: Redo) -> list[_Row]:
+        return await query(conn, todos=todos, redo=redo)
 
     return requeue
 

@@ -20,7 +20,8 @@ from switchboard_server.db import Database
 from switchboard_server.db import audit_trails as audit
 from switchboard_server.db import claims as claim_queries
 from switchboard_server.db.database import Conn, rerun_on_conflict
-from switchboard_server.dispatch.action_rules import Action, BulkItem, Redo
+from switchboard_server.db.todo_actions import Redo, Todos
+from switchboard_server.dispatch.action_rules import Action, BulkItem
 from switchboard_server.dispatch.reads import TodoView, views
 from switchboard_server.dispatch.shared import DispatchSettings
 from switchboard_server.metrics import Metrics
@@ -75,7 +76,9 @@ class OperatorActions:
         ``with`` block (the todo after it); counted once that commits."""
         scope = await self._todo_scope(require_tenant(principal, action.grant), todo_id)
         async with self._db.transaction() as conn:
-            (acted,) = await action.value.acts(conn, [todo_id], scope, redo)
+            (acted,) = await action.value.acts(
+                conn, Todos(scope.owner_id, scope.endpoint_id, [todo_id]), redo
+            )
             todo = _acted_on(acted)
             if acted.outcome is ActionOutcome.MAX_ATTEMPTS_TOO_LOW:
                 raise errors.InvalidArgument.field(
@@ -142,7 +145,7 @@ class OperatorActions:
         async with self._db.transaction_on(conn) as conn:
             for endpoint_id, mine in grouped.items():
                 acted = await action.value.acts(
-                    conn, mine, Scope(scope.owner_id, endpoint_id), redo
+                    conn, Todos(scope.owner_id, endpoint_id, mine), redo
                 )
                 done.update(zip(mine, acted, strict=True))
                 # In id order, whatever order the call named them in (a board

@@ -19,7 +19,7 @@ from switchboard_server.db import Database
 from switchboard_server.db import audit_trails as audit
 from switchboard_server.db import todo_actions as action_queries
 from switchboard_server.db.database import Conn
-from switchboard_server.dispatch.action_rules import Action, Redo
+from switchboard_server.dispatch.action_rules import Action
 from switchboard_server.dispatch.shared import require_endpoint
 from switchboard_server.metrics import Metrics
 from switchboard_server.model import AuditChange, Principal, TodoState
@@ -118,7 +118,7 @@ class FilteredActions:
         assert endpoint_id is not None
         async with self._db.connection(within=conn) as checking:
             await require_endpoint(checking, principal, scope, "filter.endpoint_id")
-        redo = Redo(delay, max_attempts)
+        redo = action_queries.Redo(delay, max_attempts)
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + BULK_BUDGET.total_seconds()
@@ -153,7 +153,8 @@ class FilteredActions:
                 else:
                     skipped += chunk.skipped
                     if chunk.ids:
-                        tallies = await action.value.tallies(tx, chunk.ids, scope, redo)
+                        mine = action_queries.Todos(scope.owner_id, endpoint_id, chunk.ids)
+                        tallies = await action.value.tallies(tx, mine, redo)
                     applied = sum(t.count for t in tallies)
                     if entry_id is None:
                         entry_id = await _open_audit(

@@ -9,13 +9,13 @@ import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Generic, Protocol, TypeVar
 
 from switchboard_server.access import require_tenant
 from switchboard_server.combining import Again, Combiner
 from switchboard_server.db import Database
 from switchboard_server.db import claims as claim_queries
+from switchboard_server.db.claims import SettleBatch
 from switchboard_server.db.database import Conn
 from switchboard_server.dispatch.lease_items import once_per_todo, refusal
 from switchboard_server.dispatch.shared import Caller, DispatchSettings
@@ -43,16 +43,7 @@ _Answer = TypeVar("_Answer", bound=_Outcome)
 
 
 class _SettleStatement(Protocol[_Answer]):
-    def __call__(
-        self,
-        conn: Conn,
-        *,
-        settlements: Sequence[Settlement],
-        owner_id: uuid.UUID,
-        endpoint_id: uuid.UUID | None,
-        backoff_base: timedelta,
-        backoff_cap: timedelta,
-    ) -> Awaitable[list[_Answer]]: ...
+    def __call__(self, conn: Conn, *, batch: SettleBatch) -> Awaitable[list[_Answer]]: ...
 
 
 @dataclass(frozen=True)
@@ -106,14 +97,14 @@ class Settles:
         counts the attempts the applied settlements ended, and the settled
         todos by queue and by the state each was left in."""
         async with self._db.statement() as conn:
-            results = await shape.statement(
-                conn,
-                settlements=settlements,
-                owner_id=caller.owner_id,
-                endpoint_id=caller.endpoint_id,
-                backoff_base=self._settings.backoff_base,
-                backoff_cap=self._settings.backoff_cap,
+            batch = SettleBatch(
+                settlements,
+                caller.owner_id,
+                caller.endpoint_id,
+                self._settings.backoff_base,
+                self._settings.backoff_cap,
             )
+            results = await shape.statement(conn, batch=batch)
         applied = [
             (settlement, result)
             for settlement, result in zip(settlements, results, strict=True)

@@ -116,11 +116,7 @@ class Schedules:
             if not before.paused and not same_recurrence(before, definition):
                 next_slot = next_after(recurrence, await clock.now(conn))
             after = await schedule_queries.update(
-                conn,
-                schedule_id=before.id,
-                endpoint_id=before.endpoint_id,
-                definition=definition,
-                next_slot=next_slot,
+                conn, schedule=before.key, definition=definition, next_slot=next_slot
             )
             await AUDITED.record(conn, principal, after, "update", before, after)
         return Schedule(after, recurrence)
@@ -137,9 +133,7 @@ class Schedules:
     async def delete(self, principal: Principal, schedule_id: int) -> Schedule:
         """Deletes a schedule (its todos stay); audited."""
         async with self._locked(principal, schedule_id, Grant.MANAGE_SCHEDULES) as (conn, before):
-            await schedule_queries.delete(
-                conn, schedule_id=before.id, endpoint_id=before.endpoint_id
-            )
+            await schedule_queries.delete(conn, schedule=before.key)
             await AUDITED.record(conn, principal, before, "delete", before, None)
         return schedule_of(before)
 
@@ -175,11 +169,7 @@ class Schedules:
                         f"the schedule's recurrence cannot be evaluated: {exc}"
                     ) from exc
             after = await schedule_queries.set_paused(
-                conn,
-                schedule_id=before.id,
-                endpoint_id=before.endpoint_id,
-                paused=paused,
-                next_slot=next_slot,
+                conn, schedule=before.key, paused=paused, next_slot=next_slot
             )
             await AUDITED.record(
                 conn, principal, after, "pause" if paused else "resume", before, after
