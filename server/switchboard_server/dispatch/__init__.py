@@ -24,57 +24,36 @@ transaction. Its parts, by how they run:
 from __future__ import annotations
 
 from switchboard_server.db import Database
-from switchboard_server.dispatch.action_rules import Action, BulkItem
+from switchboard_server.dispatch.action_rules import Action as Action
+from switchboard_server.dispatch.action_rules import BulkItem as BulkItem
 from switchboard_server.dispatch.actions import OperatorActions
-from switchboard_server.dispatch.filtered_actions import BulkFilter, BulkProgress, FilteredActions
-from switchboard_server.dispatch.heartbeats import Extension, Heartbeats
+from switchboard_server.dispatch.filtered_actions import BulkFilter as BulkFilter
+from switchboard_server.dispatch.filtered_actions import BulkProgress as BulkProgress
+from switchboard_server.dispatch.filtered_actions import FilteredActions
+from switchboard_server.dispatch.heartbeats import Extension as Extension
+from switchboard_server.dispatch.heartbeats import Heartbeats
 from switchboard_server.dispatch.ingest import (
-    DEFAULT_IDEMPOTENCY_RETENTION,
-    DEFAULT_PRIORITY,
-    MAX_PRIORITY,
-    IngestRequest,
-    Ingests,
+    DEFAULT_IDEMPOTENCY_RETENTION as DEFAULT_IDEMPOTENCY_RETENTION,
 )
-from switchboard_server.dispatch.lease_items import refusal_message
-from switchboard_server.dispatch.leases import Claimed, ClaimNextResult, Leases
-from switchboard_server.dispatch.reads import (
-    Reads,
-    TodoFilter,
-    TodoView,
-)
+from switchboard_server.dispatch.ingest import DEFAULT_PRIORITY as DEFAULT_PRIORITY
+from switchboard_server.dispatch.ingest import MAX_PRIORITY as MAX_PRIORITY
+from switchboard_server.dispatch.ingest import IngestRequest as IngestRequest
+from switchboard_server.dispatch.ingest import Ingests
+from switchboard_server.dispatch.lease_items import refusal_message as refusal_message
+from switchboard_server.dispatch.leases import Claimed as Claimed
+from switchboard_server.dispatch.leases import ClaimNextResult as ClaimNextResult
+from switchboard_server.dispatch.leases import Leases
+from switchboard_server.dispatch.reads import Reads
+from switchboard_server.dispatch.reads import TodoFilter as TodoFilter
+from switchboard_server.dispatch.reads import TodoView as TodoView
 from switchboard_server.dispatch.settles import Settles
-from switchboard_server.dispatch.shared import DispatchSettings
+from switchboard_server.dispatch.shared import DispatchSettings as DispatchSettings
 from switchboard_server.dispatch.waiting import ClaimWaits, HeldClaims
 from switchboard_server.metrics import Metrics
-from switchboard_server.model import (
-    Ingested,
-    IngestedTodos,
-    NewTodo,
-    NewTodos,
-)
-
-__all__ = [
-    "DEFAULT_IDEMPOTENCY_RETENTION",
-    "DEFAULT_PRIORITY",
-    "MAX_PRIORITY",
-    "Action",
-    "BulkFilter",
-    "BulkItem",
-    "BulkProgress",
-    "ClaimNextResult",
-    "Claimed",
-    "DispatchSettings",
-    "Dispatcher",
-    "Extension",
-    "IngestRequest",
-    "Ingested",
-    "IngestedTodos",
-    "NewTodo",
-    "NewTodos",
-    "TodoFilter",
-    "TodoView",
-    "refusal_message",
-]
+from switchboard_server.model import Ingested as Ingested
+from switchboard_server.model import IngestedTodos as IngestedTodos
+from switchboard_server.model import NewTodo as NewTodo
+from switchboard_server.model import NewTodos as NewTodos
 
 
 class Dispatcher:

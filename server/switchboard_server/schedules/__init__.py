@@ -10,18 +10,11 @@ Slot arithmetic is in ``recurrence.py`` (pure).
 
 from __future__ import annotations
 
-from switchboard_server.schedules.audit_form import schedule_from_json, schedule_json
-from switchboard_server.schedules.scheduler import BATCH, RETRY_BROKEN, fire_due
-from switchboard_server.schedules.service import Schedules
-from switchboard_server.schedules.views import Schedule, recurrence_of
-
-__all__ = [
-    "BATCH",
-    "RETRY_BROKEN",
-    "Schedule",
-    "Schedules",
-    "fire_due",
-    "recurrence_of",
-    "schedule_from_json",
-    "schedule_json",
-]
+from switchboard_server.schedules.audit_form import schedule_from_json as schedule_from_json
+from switchboard_server.schedules.audit_form import schedule_json as schedule_json
+from switchboard_server.schedules.scheduler import BATCH as BATCH
+from switchboard_server.schedules.scheduler import RETRY_BROKEN as RETRY_BROKEN
+from switchboard_server.schedules.scheduler import fire_due as fire_due
+from switchboard_server.schedules.service import Schedules as Schedules
+from switchboard_server.schedules.views import Schedule as Schedule
+from switchboard_server.schedules.views import recurrence_of as recurrence_of

@@ -18,21 +18,13 @@ database), ``locate`` (:func:`window_at`), ``calendar_windows`` (``DAY``, ``WEEK
 
 from __future__ import annotations
 
-from switchboard_server.windows.field_errors import FieldError, UnknownZoneError, WindowSpecError
-from switchboard_server.windows.locate import next_boundary, window_at
-from switchboard_server.windows.spec import Period, Window, WindowSpec
-from switchboard_server.windows.wall_clock import local_to_instant
-from switchboard_server.windows.zones import load_zone
-
-__all__ = [
-    "FieldError",
-    "Period",
-    "UnknownZoneError",
-    "Window",
-    "WindowSpec",
-    "WindowSpecError",
-    "load_zone",
-    "local_to_instant",
-    "next_boundary",
-    "window_at",
-]
+from switchboard_server.windows.field_errors import FieldError as FieldError
+from switchboard_server.windows.field_errors import UnknownZoneError as UnknownZoneError
+from switchboard_server.windows.field_errors import WindowSpecError as WindowSpecError
+from switchboard_server.windows.locate import next_boundary as next_boundary
+from switchboard_server.windows.locate import window_at as window_at
+from switchboard_server.windows.spec import Period as Period
+from switchboard_server.windows.spec import Window as Window
+from switchboard_server.windows.spec import WindowSpec as WindowSpec
+from switchboard_server.windows.wall_clock import local_to_instant as local_to_instant
+from switchboard_server.windows.zones import load_zone as load_zone
