@@ -421,3 +421,44 @@ async def test_a_chunk_reads_its_own_todos_however_stale_the_statistics(
     # todos a few times (about 3,400 rows in all, measured); reading the 5,000
     # dead ones even once more is too many (the stale plans read 29,000).
     assert read < 5000, read
+
+
+async def test_a_chunk_that_loses_to_a_deadlock_is_run_again(
+    client: Client, tenant: Tenant, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk's transaction aborted by a deadlock (on a cluster, Citus' false
+    ones) is run again whole, as other transactions are: the call goes on and
+    takes every todo, once, and the audit counts what committed. The database
+    raises the deadlock itself, once: the second statement that updates todos."""
+    await seed_dead(db, client, tenant, "flaky", 200)
+    monkeypatch.setattr(filtered_actions, "BULK_CHUNK", 50)
+    async with db.connection() as conn:
+        await conn.execute(
+            """
+            CREATE SEQUENCE test_bulk_fault;
+            CREATE FUNCTION test_bulk_fault() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF nextval('test_bulk_fault') = 2 THEN
+                    RAISE EXCEPTION 'deadlock (injected)' USING ERRCODE = '40P01';
+                END IF;
+                RETURN NULL;
+            END $$;
+            CREATE TRIGGER test_bulk_fault AFTER UPDATE ON todos
+                FOR EACH STATEMENT EXECUTE FUNCTION test_bulk_fault();
+            """
+        )
+    try:
+        request = dispatch_pb2.RequeueTodosRequest(filter=flt(tenant.endpoint_id, DEAD))
+        resp = await client.dispatch.RequeueTodos(request, metadata=tenant.human)
+        async with db.connection() as conn:
+            fired = await conn.fetchval("SELECT last_value FROM test_bulk_fault")
+    finally:
+        async with db.connection() as conn:
+            await conn.execute(
+                "DROP TRIGGER test_bulk_fault ON todos; DROP FUNCTION test_bulk_fault();"
+                " DROP SEQUENCE test_bulk_fault"
+            )
+    assert fired > 2  # the fault was met, and the chunk ran again
+    assert (resp.count, resp.next_page_token) == (200, "")
+    assert await states(db, "flaky") == {"pending": 200}
+    assert [n for _, n, _ in await audit_counts(db)] == [200]

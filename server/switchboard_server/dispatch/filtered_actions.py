@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from switchboard_server.access import actor_of, endpoint_scope
@@ -135,34 +136,15 @@ class FilteredActions:
             created_after=which.created_after,
             error_contains=which.error_contains,
         )
+        run = _BulkRun(self._db, conn, principal, action, which, after, taken, redo, dry_run)
         while cursor is not None:
             chunk_started = loop.time()
-            tallies: list[action_queries.Tally] = []
-            async with self._db.transaction_on(conn) as tx:
-                chunk = await action_queries.bulk_chunk(
-                    tx,
-                    which=taken,
-                    after_id=cursor,
-                    scan=BULK_SCAN,
-                    limit=BULK_SCAN if dry_run else BULK_CHUNK,
-                    lock=not dry_run,
-                )
-                cursor = chunk.next_after_id
-                if dry_run:
-                    count += chunk.matched
-                else:
-                    skipped += chunk.skipped
-                    if chunk.ids:
-                        mine = action_queries.Todos(scope.owner_id, endpoint_id, chunk.ids)
-                        tallies = await action.value.tallies(tx, mine, redo)
-                    applied = sum(t.count for t in tallies)
-                    if entry_id is None:
-                        entry_id = await _open_audit(
-                            tx, principal, endpoint_id, action, which, after
-                        )
-                    if applied:
-                        await audit.add_to_bulk(tx, entry_id=entry_id, count=applied)
-                    count += applied
+            # One transaction a chunk, run again whole when it loses to a
+            # conflict (a deadlock; on a cluster, Citus' false ones).
+            done = await self._db.rerun_on_conflict(partial(run.chunk, cursor, entry_id))
+            cursor, entry_id, tallies = done.next_after_id, done.entry_id, done.tallies
+            count += done.matched if dry_run else sum(t.count for t in tallies)
+            skipped += done.skipped
             chunks += 1
             if tallies:
                 action.count(
@@ -191,6 +173,69 @@ class FilteredActions:
                 extra={"endpoint_id": str(endpoint_id), "done": cursor is None},
             )
         return BulkProgress(count, skipped, cursor)
+
+
+@dataclass(frozen=True)
+class _Taken:
+    """What one chunk's transaction committed: where the next chunk starts
+    (``None``: nothing left), the call's audit entry, what it changed by
+    queue and former state, and the todos it matched and skipped."""
+
+    next_after_id: int | None
+    entry_id: int | None
+    tallies: list[action_queries.Tally]
+    matched: int
+    skipped: int
+
+
+@dataclass(frozen=True)
+class _BulkRun:
+    """One bulk action by filter: what each of its chunks needs."""
+
+    db: Database
+    conn: Conn | None
+    principal: Principal
+    action: Action
+    which: BulkFilter
+    after: int | None
+    taken: action_queries.ChunkFilter
+    redo: action_queries.Redo
+    dry_run: bool
+
+    async def chunk(self, after_id: int, entry_id: int | None) -> _Taken:
+        """The chunk above ``after_id``, in one transaction: nothing of it stays
+        when it fails. The first writes the call's audit entry (``entry_id``
+        ``None``), every one adds its count to it."""
+        tallies: list[action_queries.Tally] = []
+        async with self.db.transaction_on(self.conn) as tx:
+            chunk = await action_queries.bulk_chunk(
+                tx,
+                which=self.taken,
+                after_id=after_id,
+                scan=BULK_SCAN,
+                limit=BULK_SCAN if self.dry_run else BULK_CHUNK,
+                lock=not self.dry_run,
+            )
+            if not self.dry_run:
+                if chunk.ids:
+                    mine = action_queries.Todos(
+                        self.taken.owner_id, self.taken.endpoint_id, chunk.ids
+                    )
+                    tallies = await self.action.value.tallies(tx, mine, self.redo)
+                if entry_id is None:
+                    entry_id = await _open_audit(
+                        tx,
+                        self.principal,
+                        self.taken.endpoint_id,
+                        self.action,
+                        self.which,
+                        self.after,
+                    )
+                applied = sum(t.count for t in tallies)
+                if applied:
+                    await audit.add_to_bulk(tx, entry_id=entry_id, count=applied)
+        skipped = 0 if self.dry_run else chunk.skipped
+        return _Taken(chunk.next_after_id, entry_id, tallies, chunk.matched, skipped)
 
 
 async def _open_audit(
