@@ -229,14 +229,27 @@ class Overview:
     async def board(
         self,
         principal: Principal,
-        selection: QueueSelection,
         endpoint_id: uuid.UUID | None = None,
         *,
+        shown: int | None,
+        pattern: str | None = None,
+        prefix: str = "",
+        over_budget_only: bool = False,
         conn: Conn | None = None,
     ) -> Board:
         """What a board page shows of the queues the caller may read (a
-        human's whole owner, an agent's own endpoint): those ``selection``
-        renders, and the tallies of them all."""
+        human's whole owner, an agent's own endpoint), with the tallies of
+        them all: those whose name starts with ``prefix`` (and that are over
+        budget, with ``over_budget_only``); of them, each of its own unless a
+        ``pattern`` is given, and the ``shown`` most constrained (``None``:
+        all) of each template, or of the template ``pattern``."""
+        selection = QueueSelection(
+            pattern=pattern,
+            # No queue's name holds a NUL (nor can a statement's parameter).
+            prefix=prefix if "\x00" not in prefix else None,
+            over_budget_only=over_budget_only,
+            shown=shown,
+        )
         scope = require_tenant(principal, Grant.READ)
         if scope.endpoint_id is not None:
             if endpoint_id is not None and endpoint_id != scope.endpoint_id:
@@ -244,7 +257,11 @@ class Overview:
             endpoint_id = scope.endpoint_id
         async with self._db.transaction(within=conn) as conn:
             rows, tallies = await queue_queries.selected(
-                conn, selection, owner_id=scope.owner_id, endpoint_id=endpoint_id, name=None
+                conn,
+                selection=selection,
+                owner_id=scope.owner_id,
+                endpoint_id=endpoint_id,
+                name=None,
             )
         own: list[QueueSummary] = []
         placed: dict[tuple[uuid.UUID, str | None], list[tuple[int, QueueSummary]]] = {}
@@ -255,7 +272,7 @@ class Overview:
             else:
                 key = (row.endpoint_id, summary.policy.template)
                 placed.setdefault(key, []).append((row.place, summary))
-        shown = {
+        rendered = {
             key: [q for _place, q in sorted(members, key=lambda m: m[0])]
             for key, members in placed.items()
         }
@@ -264,7 +281,7 @@ class Overview:
             if t.group_reason is not None and t.group_ready:
                 totals[DeferralReason(t.group_reason)] += t.group_ready
         observed_at = tallies[0].group_observed_at if tallies else None
-        return Board(own, _groups(tallies, shown), totals, observed_at)
+        return Board(own, _groups(tallies, rendered), totals, observed_at)
 
     async def queue(
         self, principal: Principal, endpoint_id: uuid.UUID, name: str, *, conn: Conn | None = None

@@ -84,15 +84,15 @@ async def overview(
 ) -> list[QueueOverviewRow]:
     """The owner's queues (optionally one endpoint's, one name), by endpoint then queue name."""
     rows, _tallies = await selected(
-        conn, QueueSelection(), owner_id=owner_id, endpoint_id=endpoint_id, name=name
+        conn, selection=QueueSelection(), owner_id=owner_id, endpoint_id=endpoint_id, name=name
     )
     return list(rows)
 
 
 async def selected(
     conn: Conn,
-    selection: QueueSelection,
     *,
+    selection: QueueSelection,
     owner_id: uuid.UUID,
     endpoint_id: uuid.UUID | None,
     name: str | None,

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from switchboard_server import errors
-from switchboard_server.db.queue_queries import QueueSelection
 from switchboard_server.model import Principal, Todo, TodoState
 from switchboard_server.policies import DeferralReason
 from switchboard_server.web.board_forms import (
@@ -86,9 +85,7 @@ class Pages:
         """Every queue of the owner."""
         session, principal = await self._p.signed_in(request)
         async with self._deps.snapshot() as conn:
-            board = await self._deps.overview.board(
-                principal, QueueSelection(shown=GROUP_SHOWN), conn=conn
-            )
+            board = await self._deps.overview.board(principal, shown=GROUP_SHOWN, conn=conn)
             schedules = await self._deps.schedules.list_page(
                 principal, None, None, BOARD_SCHEDULES, conn=conn
             )
@@ -111,7 +108,7 @@ class Pages:
         """The index's rows of queues, as the page renders them (the script's refresh)."""
         _session, principal = await self._p.signed_in(request)
         async with self._deps.snapshot() as conn:
-            board = await self._deps.overview.board(principal, QueueSelection(shown=0), conn=conn)
+            board = await self._deps.overview.board(principal, shown=0, conn=conn)
         return self._p.html("fragment_queue_rows.html", queues=board.own)
 
     async def template_page(self, request: web.Request) -> web.StreamResponse:
@@ -127,16 +124,17 @@ class Pages:
         pattern = request.match_info["pattern"]
         prefix = request.query.get("prefix", "")[:MAX_SEARCH]
         deferred_only = request.query.get("deferred") == "1"
-        selection = QueueSelection(
-            pattern=pattern,
-            # No queue's name holds a NUL (nor can a statement's parameter).
-            prefix=prefix if "\x00" not in prefix else None,
-            over_budget_only=deferred_only,
-            shown=TEMPLATE_PAGE,
-        )
         async with self._deps.snapshot() as conn:
             template = await self._deps.templates.get(principal, endpoint_id, pattern, conn=conn)
-            board = await self._deps.overview.board(principal, selection, endpoint_id, conn=conn)
+            board = await self._deps.overview.board(
+                principal,
+                endpoint_id,
+                shown=TEMPLATE_PAGE,
+                pattern=pattern,
+                prefix=prefix,
+                over_budget_only=deferred_only,
+                conn=conn,
+            )
         group = template_group(board, pattern)
         return self._p.html(
             "template.html",
