@@ -105,8 +105,8 @@ class QueueGroup:
     deferred: int
     #: How many the selection matched.
     matched: int
-    #: Those rendered: a template's the most constrained first, at most the
-    #: selection's ``shown``; the queues of their own by name.
+    #: A template's queues rendered, the most constrained first, at most the
+    #: selection's ``shown`` (empty for the queues of their own: ``Board.own``).
     shown: list[QueueSummary]
 
 
