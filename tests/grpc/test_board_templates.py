@@ -9,12 +9,13 @@ import asyncio
 import re
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import quote
 
 import pytest
 from switchboard_dispatch.v1 import admission_pb2, dispatch_pb2, queue_pb2
 from switchboard_server.app import App
-from switchboard_server.db import Database, queue_queries
+from switchboard_server.db import Database, queries, queue_queries
 from switchboard_server.web import board_pages, board_templates
 
 from tests.support.admission import ingest, set_policy, window
@@ -284,6 +285,41 @@ async def test_the_board_at_3000_accounts_stays_bounded_and_finds_those_over_bud
     assert queues_in(one) == ["acct:2999"] and "1 queue matches." in one
     _, spent, _ = await board.get(path + "?deferred=1&prefix=" + quote("acct:1500"))
     assert queues_in(spent) == ["acct:1500"]  # 1500 = 20 x 75: over budget
+
+
+#: The tallies the overview's statement returns beside the queues: one per
+#: endpoint, template (or none) and admission reason, whatever the count of queues.
+TALLIES = 4
+
+
+async def test_a_board_page_at_3000_accounts_decodes_only_the_queues_it_renders(
+    client: Client, tenant: Tenant, board: Board, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each page's statement returns the rows the page renders (and its
+    tallies), not the 3,000 queues it counts: the server decodes no more."""
+    await thousands_of_accounts(client, tenant)
+    returned: list[int] = []
+    fetch_many = queries.fetch_many
+
+    async def counting(conn: Any, name: str, /, *groups: Any, **params: Any) -> list[Any]:
+        rows = await fetch_many(conn, name, *groups, **params)
+        if name == "queue_overview":
+            returned.append(len(rows))
+        return rows
+
+    monkeypatch.setattr(queue_queries, "fetch_many", counting)
+    path = template_path(tenant, "acct:*")
+    for page, rendered in (
+        ("/board", board_templates.GROUP_SHOWN),
+        ("/board/fragments/queues", 0),
+        (path, board_templates.TEMPLATE_PAGE),
+        (path + "?deferred=1", len(OVER_BUDGET)),
+        (path + "?prefix=" + quote("acct:2999"), 1),
+    ):
+        returned.clear()
+        status, html, _ = await board.get(page)
+        assert status == 200, (page, html[:300])
+        assert len(returned) == 1 and returned[0] <= rendered + TALLIES, (page, returned)
 
 
 async def test_the_overview_evaluates_only_queues_that_may_defer_and_agrees_with_the_claims(

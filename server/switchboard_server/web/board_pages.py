@@ -12,7 +12,6 @@ scope checks as when the RPCs call them.
 from __future__ import annotations
 
 import uuid
-from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +39,12 @@ from switchboard_server.web.board_forms import (
     todo_ids,
 )
 from switchboard_server.web.board_plumbing import Plumbing
-from switchboard_server.web.board_templates import GROUP_SHOWN, TEMPLATE_PAGE, matching, split
+from switchboard_server.web.board_templates import (
+    GROUP_SHOWN,
+    TEMPLATE_PAGE,
+    template_group,
+    template_groups,
+)
 from switchboard_server.web.sessions import Session
 from switchboard_server.web.templating import WEEKDAYS
 
@@ -81,26 +85,22 @@ class Pages:
         """Every queue of the owner."""
         session, principal = await self._p.signed_in(request)
         async with self._deps.snapshot() as conn:
-            queues = await self._deps.overview.queues(principal, conn=conn)
+            board = await self._deps.overview.board(principal, shown=GROUP_SHOWN, conn=conn)
             schedules = await self._deps.schedules.list_page(
                 principal, None, None, BOARD_SCHEDULES, conn=conn
             )
             templates = await self._deps.templates.readable(principal, conn=conn)
-        totals: Counter[DeferralReason] = Counter()
-        for q in queues:
-            if q.deferred and q.status is not None and q.status.reason is not None:
-                totals[q.status.reason] += q.deferred
-        own, groups = split(queues, templates)
+        totals = board.deferred_by_reason
         return self._p.html(
             "board.html",
             session=session,
-            queues=own,
-            groups=groups,
+            queues=board.own,
+            groups=template_groups(board, templates),
             group_shown=GROUP_SHOWN,
             schedules=schedules,
             more_schedules=len(schedules) == BOARD_SCHEDULES,
             deferred_by_reason=[(r.value, totals[r]) for r in DeferralReason if totals[r]],
-            observed_at=queues[0].observed_at if queues else None,
+            observed_at=board.observed_at,
             refresh=REFRESH_SECONDS,
         )
 
@@ -108,8 +108,8 @@ class Pages:
         """The index's rows of queues, as the page renders them (the script's refresh)."""
         _session, principal = await self._p.signed_in(request)
         async with self._deps.snapshot() as conn:
-            queues = await self._deps.overview.queues(principal, conn=conn)
-        return self._p.html("fragment_queue_rows.html", queues=split(queues)[0])
+            board = await self._deps.overview.board(principal, shown=0, conn=conn)
+        return self._p.html("fragment_queue_rows.html", queues=board.own)
 
     async def template_page(self, request: web.Request) -> web.StreamResponse:
         """One policy template's queues, the most constrained first: those whose
@@ -126,20 +126,26 @@ class Pages:
         deferred_only = request.query.get("deferred") == "1"
         async with self._deps.snapshot() as conn:
             template = await self._deps.templates.get(principal, endpoint_id, pattern, conn=conn)
-            queues = await self._deps.overview.queues(principal, endpoint_id, conn=conn)
-        groups = [g for g in split(queues)[1] if g.pattern == pattern]
-        governed = groups[0].queues if groups else []
-        found = matching(governed, prefix, deferred_only)
+            board = await self._deps.overview.board(
+                principal,
+                endpoint_id,
+                shown=TEMPLATE_PAGE,
+                pattern=pattern,
+                prefix=prefix,
+                over_budget_only=deferred_only,
+                conn=conn,
+            )
+        group = template_group(board, pattern)
         return self._p.html(
             "template.html",
             session=session,
-            observed_at=queues[0].observed_at if queues else None,
+            observed_at=board.observed_at,
             policy_template=template,
-            endpoint_name=queues[0].endpoint_name if queues else str(endpoint_id),
-            governed=len(governed),
-            over_budget=groups[0].over_budget_queues if groups else 0,
-            found=found[:TEMPLATE_PAGE],
-            matched=len(found),
+            endpoint_name=board.groups[0].endpoint_name if board.groups else str(endpoint_id),
+            governed=group.queues if group else 0,
+            over_budget=group.over_budget if group else 0,
+            found=group.shown if group else [],
+            matched=group.matched if group else 0,
             prefix=prefix,
             deferred_only=deferred_only,
         )

@@ -20,6 +20,20 @@
 -- query on a shard (nor be a table expression of a multi-shard query), so
 -- sb_queue_admission runs where the statement does, one endpoint's shards
 -- per call.
+-- Only the rows a board page renders are returned (a page decodes no more,
+-- at 3,000 queues under a template): those whose name starts with :prefix
+-- (NULL: none) and, with :over_budget_only, that are over budget (reason
+-- not NULL: the budget admits no claim now); of them, each queue of its own
+-- when :pattern is NULL, and the :shown first (NULL: all) of each template
+-- whose pattern (prefix and '*') is :pattern (NULL: every template), in
+-- place order: over budget first, then the fullest budget (window used or
+-- claimed over its limit, 2 for a limit of 0, 0 without one), the most
+-- pending, the name in code point order (COLLATE "C", as Python compares
+-- strings; names are unique on an endpoint). With them, in rows of their
+-- own (FULL JOIN ON false: the queue columns NULL), one tally per
+-- endpoint, template (NULL: the queues of their own) and reason over
+-- every queue read: how many, their ready todos and how many matched.
+-- Queue rows by endpoint then queue name, tallies after.
 WITH clock AS MATERIALIZED (
     SELECT sb_now() AS now
 ), counted AS MATERIALIZED (
@@ -65,21 +79,56 @@ WITH clock AS MATERIALIZED (
      WHERE e.owner_id = :owner_id
        AND (:endpoint_id::uuid IS NULL OR e.id = :endpoint_id)
        AND (:name::text IS NULL OR q.name = :name)
+), evaluated AS MATERIALIZED (
+    SELECT r.*, s.reason, (s.eval).window_end AS eval_window_end,
+           (s.eval).earliest_expiry AS earliest_expiry,
+           coalesce(starts_with(r.name, :prefix), false)
+             AND (NOT :over_budget_only OR s.reason IS NOT NULL) AS matches
+      FROM counted r
+      LEFT JOIN LATERAL (
+          SELECT a.reason, a.eval
+            FROM sb_queue_admission(r.endpoint_id, r.queue_id, r.observed_at) AS a
+           WHERE r.policy_id IS NOT NULL
+             AND (r.max_in_flight = 0 OR r.max_claims_per_window = 0
+                  OR (r.max_claims_per_window IS NOT NULL
+                      AND (r.window_started_at IS NULL
+                           OR r.window_used >= r.max_claims_per_window))
+                  OR r.claimed >= r.max_in_flight)
+          OFFSET 0  -- not pulled up: the conditions gate the call (a one-time filter)
+      ) AS s ON true
+), placed AS (
+    SELECT e.*, row_number() OVER (
+               PARTITION BY e.endpoint_id, e.template_prefix
+               ORDER BY e.reason IS NULL,
+                        greatest(
+                            CASE WHEN e.max_claims_per_window IS NULL OR e.window_used IS NULL
+                                 THEN 0
+                                 WHEN e.max_claims_per_window = 0 THEN 2
+                                 ELSE e.window_used::float8 / e.max_claims_per_window END,
+                            CASE WHEN e.max_in_flight IS NULL THEN 0
+                                 WHEN e.max_in_flight = 0 THEN 2
+                                 ELSE e.claimed::float8 / e.max_in_flight END) DESC,
+                        e.pending DESC,
+                        e.name COLLATE "C") AS place
+      FROM evaluated e
+     WHERE e.matches
+), tallied AS (
+    SELECT e.endpoint_id AS group_endpoint_id, e.endpoint_name AS group_endpoint_name,
+           e.template_prefix AS group_template_prefix, e.reason AS group_reason,
+           e.observed_at AS group_observed_at, count(*) AS group_queues,
+           sum(e.ready) AS group_ready, count(*) FILTER (WHERE e.matches) AS group_matched
+      FROM evaluated e
+     GROUP BY e.endpoint_id, e.endpoint_name, e.template_prefix, e.reason, e.observed_at
 )
-SELECT r.*, s.reason, (s.eval).window_end AS eval_window_end,
-       (s.eval).earliest_expiry AS earliest_expiry
-  FROM counted r
-  LEFT JOIN LATERAL (
-      SELECT a.reason, a.eval FROM sb_queue_admission(r.endpoint_id, r.queue_id, r.observed_at) AS a
-       WHERE r.policy_id IS NOT NULL
-         AND (r.max_in_flight = 0 OR r.max_claims_per_window = 0
-              OR (r.max_claims_per_window IS NOT NULL
-                  AND (r.window_started_at IS NULL
-                       OR r.window_used >= r.max_claims_per_window))
-              OR r.claimed >= r.max_in_flight)
-      OFFSET 0  -- not pulled up: the conditions gate the call (a one-time filter)
-  ) AS s ON true
- ORDER BY r.endpoint_name, r.name;
+SELECT p.*, t.*
+  FROM (
+      SELECT * FROM placed
+       WHERE CASE WHEN template_prefix IS NULL THEN :pattern::text IS NULL
+                  ELSE (:pattern IS NULL OR template_prefix || '*' = :pattern)
+                       AND (:shown::int IS NULL OR place <= :shown) END
+  ) AS p
+  FULL JOIN tallied t ON false
+ ORDER BY p.endpoint_name, p.name;
 
 -- name: shard_group_hold :exec
 -- (First in a transaction that reads a row under a lock and writes it
