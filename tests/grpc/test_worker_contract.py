@@ -95,6 +95,11 @@ class ScriptedHandler:
             return by_payload[payload]
         return by_attempt.get(str(todo.attempt), self.spec["do"])
 
+    def error(self, sentence: str) -> str:
+        """A failure's message: ``sentence``, or ``error_chars`` euro signs."""
+        chars: int | None = self.spec.get("error_chars")
+        return sentence if chars is None else "\u20ac" * chars
+
     async def __call__(self, todo: Todo) -> None:
         self.started += 1
         self.running[todo.id] = todo
@@ -105,9 +110,9 @@ class ScriptedHandler:
             if action == "hang":
                 await asyncio.sleep(3600)
             elif action == "fail":
-                raise RuntimeError("the scenario fails this attempt")
+                raise RuntimeError(self.error("the scenario fails this attempt"))
             elif action == "fail_permanently":
-                raise PermanentFailure("the scenario fails this todo for good")
+                raise PermanentFailure(self.error("the scenario fails this todo for good"))
             else:
                 assert action == "complete", action
         except asyncio.CancelledError:

@@ -3,6 +3,7 @@ and the clients receive at least that much."""
 
 from __future__ import annotations
 
+import math
 import re
 import uuid
 from pathlib import Path
@@ -287,3 +288,45 @@ def test_a_page_read_one_item_beyond_its_size_names_the_next_page() -> None:
     # Cut short by bytes: the next page goes on after the last item kept.
     page, token = sizes.answer_page([1, 2, 3], 2, schedule, int, budget=1)
     assert (ids(page), token) == (["1"], page_token_after(1))
+
+
+def test_both_clients_send_within_the_request_limit() -> None:
+    from switchboard_server.servicers.grpc_server import MAX_REQUEST_BYTES
+
+    assert connect.MAX_SEND_BYTES == MAX_REQUEST_BYTES
+    source = (ROOT / "clients/typescript/src/connection.ts").read_text()
+    (expression,) = re.findall(r"export const MAX_SEND_BYTES = ([0-9 *+]+);", source)
+    terms = [math.prod(int(n) for n in term.split("*")) for term in expression.split("+")]
+    assert sum(terms) == MAX_REQUEST_BYTES
+
+
+def test_settle_batches_are_cut_by_encoded_size() -> None:
+    from switchboard_dispatch.worker._common import MAX_BATCH, MAX_BATCH_BYTES
+    from switchboard_dispatch.worker.held import Held
+    from switchboard_dispatch.worker.settler import by_size
+
+    def held(n: int, error: str) -> Held:
+        h = Held(todo_id=str(n), lease_id=str(uuid.uuid4()), expires=0.0, extended_at=0.0)
+        h.settlement = dispatch_pb2.Settlement(todo_id=h.todo_id, lease_id=h.lease_id)
+        h.settlement.fail.error = error
+        return h
+
+    # The largest failures (every character 4 bytes of UTF-8), a full batch of them.
+    batch = [held(n, "\U0001f600" * MAX_ERROR) for n in range(MAX_BATCH)]
+    runs = by_size(batch)
+    assert [h for run in runs for h in run] == batch  # in order, none left out
+
+    def request_bytes(run: list[Held]) -> int:
+        settlements = [h.settlement for h in run if h.settlement is not None]
+        return dispatch_pb2.SettleTodosRequest(settlements=settlements).ByteSize()
+
+    assert len(runs) > 1
+    for run, after in zip(runs, [*runs[1:], []], strict=True):
+        assert request_bytes(run) <= MAX_BATCH_BYTES
+        if after:  # each call is as full as the next settlement lets it be
+            assert request_bytes([*run, after[0]]) > MAX_BATCH_BYTES
+    small = [held(n, "") for n in range(MAX_BATCH)]
+    assert by_size(small) == [small]
+    # One that alone is over the budget gets a call of its own; the rest still fit.
+    big, *rest = [held(n, "x" * (400 if n == 0 else 100)) for n in range(5)]
+    assert by_size([big, *rest], budget=300) == [[big], rest[:2], rest[2:]]

@@ -35,7 +35,8 @@ does with the token it is given.
 A channel receives messages of up to ``MAX_RECEIVE_BYTES`` (16 MiB; grpc's
 default is 4 MiB), more than the largest answer the server sends (a page of
 500 todos, each with every field at its limit, is about 10 MiB); a
-``grpc.max_receive_message_length`` in ``options`` takes its place.
+``grpc.max_receive_message_length`` in ``options`` takes its place. The server
+receives requests of up to ``MAX_SEND_BYTES`` (1 MiB + 64 KiB).
 """
 
 from __future__ import annotations
@@ -115,6 +116,11 @@ def credentials(
 #: The largest message a channel receives: at least the server's send limit
 #: (``switchboard_server.servicers.sizes.MAX_ANSWER_BYTES``).
 MAX_RECEIVE_BYTES = 16 * 1024 * 1024
+
+#: The largest request the server receives (its
+#: ``switchboard_server.servicers.grpc_server.MAX_REQUEST_BYTES``): the largest
+#: payload plus 64 KiB; grpc refuses a larger one with ``RESOURCE_EXHAUSTED``.
+MAX_SEND_BYTES = 1024 * 1024 + 64 * 1024
 _RECEIVE_LIMIT = "grpc.max_receive_message_length"
 
 

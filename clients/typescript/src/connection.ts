@@ -46,6 +46,13 @@ export const DEFAULT_TARGET = "127.0.0.1:50051";
  */
 export const MAX_RECEIVE_BYTES = 16 * 1024 * 1024;
 
+/**
+ * The largest request the server receives (its `MAX_REQUEST_BYTES`): the largest payload plus
+ * 64 KiB; a larger one is refused with `ResourceExhausted`. As the Python client's
+ * `switchboard_dispatch.connect.MAX_SEND_BYTES`.
+ */
+export const MAX_SEND_BYTES = 1024 * 1024 + 64 * 1024;
+
 /** How to reach a server. */
 export interface ConnectOptions {
   /** `host:port` (plaintext unless a TLS option is given) or `https://host[:port]`. */

@@ -8,6 +8,7 @@ export {
   DEFAULT_CLOSE_GRACE_MS,
   DEFAULT_TARGET,
   MAX_RECEIVE_BYTES,
+  MAX_SEND_BYTES,
   bearer,
   connect,
   connectFromEnv,

@@ -51,6 +51,12 @@ class ScriptedHandler {
     return byPayload[payload] ?? byAttempt[String(todo.attempt)] ?? (this.spec.do as string);
   }
 
+  /** A failure's message: `sentence`, or `error_chars` euro signs. */
+  error(sentence: string): string {
+    const chars = this.spec.error_chars as number | undefined;
+    return chars === undefined ? sentence : "\u20ac".repeat(chars);
+  }
+
   readonly handle = async (todo: Todo, signal: AbortSignal): Promise<void> => {
     this.started += 1;
     this.running.set(todo.id, todo);
@@ -66,8 +72,8 @@ class ScriptedHandler {
       }
       this.finished += 1;
       this.done.push(todo.id);
-      if (action === "fail") throw new Error("the scenario fails this attempt");
-      if (action === "fail_permanently") throw new PermanentFailure("the scenario fails this todo for good");
+      if (action === "fail") throw new Error(this.error("the scenario fails this attempt"));
+      if (action === "fail_permanently") throw new PermanentFailure(this.error("the scenario fails this todo for good"));
       assert.equal(action, "complete");
     } finally {
       this.running.delete(todo.id);

@@ -6,9 +6,14 @@
 import assert from "node:assert/strict";
 import { after, afterEach, before, describe, test } from "node:test";
 
+import { create, toBinary } from "@bufbuild/protobuf";
+
 import {
   DeferralReason,
+  MAX_SEND_BYTES,
   PermanentFailure,
+  SettleTodosRequestSchema,
+  SettlementSchema,
   TodoState,
   Worker,
   WindowPeriod,
@@ -18,6 +23,9 @@ import {
   type Todo,
   type WorkerOptions,
 } from "../src/index.js";
+import { MAX_BATCH, MAX_BATCH_BYTES } from "../src/worker/common.js";
+import type { Held } from "../src/worker/held.js";
+import { bySize } from "../src/worker/settler.js";
 import { Harness, eventually, quiet, sleep, type ServerInfo } from "./harness.js";
 
 const bytes = (s: string) => new TextEncoder().encode(s);
@@ -301,5 +309,35 @@ describe("the worker against a real server", () => {
     assert.equal(worker.stats.rpcCalls.Complete, 0);
     assert.equal(worker.held, 0);
     assert.ok(!worker.watching.isSet);
+  });
+});
+
+describe("settle batches", () => {
+  const held = (n: number, error: string): Held => ({
+    todoId: String(n),
+    leaseId: "00000000-0000-4000-8000-000000000000",
+    settlement: create(SettlementSchema, {
+      todoId: String(n),
+      leaseId: "00000000-0000-4000-8000-000000000000",
+      action: { case: "fail", value: { error, permanent: false } },
+    }),
+  }) as Held;
+
+  test("are cut into calls by their encoded size, each within the server's request limit", () => {
+    // The largest failures (every character 4 bytes of UTF-8), a full batch of them.
+    const batch = Array.from({ length: MAX_BATCH }, (_, n) => held(n, "\u{1f600}".repeat(4096)));
+    const runs = bySize(batch);
+    assert.deepEqual(runs.flat(), batch); // in order, none left out
+    assert.ok(runs.length > 1);
+    for (const run of runs) {
+      const request = create(SettleTodosRequestSchema, { settlements: run.map((h) => h.settlement!) });
+      assert.ok(toBinary(SettleTodosRequestSchema, request).length <= MAX_BATCH_BYTES);
+    }
+    assert.equal(MAX_BATCH_BYTES, MAX_SEND_BYTES - 64 * 1024);
+    const small = Array.from({ length: MAX_BATCH }, (_, n) => held(n, ""));
+    assert.deepEqual(bySize(small), [small]);
+    // One that alone is over the budget gets a call of its own; the rest still fit.
+    const [big, ...rest] = Array.from({ length: 5 }, (_, n) => held(n, "x".repeat(n === 0 ? 400 : 100)));
+    assert.deepEqual(bySize([big!, ...rest], 300), [[big], rest.slice(0, 2), rest.slice(2)]);
   });
 });

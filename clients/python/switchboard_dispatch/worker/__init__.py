@@ -42,7 +42,12 @@ held lease is heartbeated, all in one ``HeartbeatTodos`` call per tick when
 more than one is held. Outcomes of finished handlers are gathered and sent
 with ``SettleTodos``: when ``settle_batch`` of them are waiting, when the
 oldest has waited ``settle_linger``, when no handler is running any more, and
-at once on stop. A todo counts against ``concurrency`` until it is settled.
+at once on stop. A batch is also bounded by its size: a ``SettleTodos`` call
+carries at most ``MAX_BATCH`` settlements and 1 MiB of them encoded (the
+server takes requests of up to 1 MiB + 64 KiB,
+``switchboard_dispatch.connect.MAX_SEND_BYTES``), so a larger batch (long
+error texts) goes as several calls at once. A todo counts against
+``concurrency`` until it is settled.
 A batch that the queue's admission budget cut short is a deferral
 (``stats.cut_short``): the next claim is held by the server until the queue
 admits more.

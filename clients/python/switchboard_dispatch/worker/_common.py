@@ -1,5 +1,5 @@
 """What every part of the worker shares: the public types handlers see, the batch
-limit, the retry and lost-lease codes, the logger, retry backoff and conversions."""
+limits, the retry and lost-lease codes, the logger, retry backoff and conversions."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from google.protobuf import duration_pb2
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from switchboard_dispatch.connect import MAX_SEND_BYTES
 from switchboard_dispatch.v1 import todo_pb2
 
 # One logger for the whole package, named as before the split into modules.
@@ -32,6 +33,10 @@ _Resp = TypeVar("_Resp")
 #: Most todos one ``ClaimNext`` may claim, and most items of a ``HeartbeatTodos``
 #: or ``SettleTodos`` call (the server's limit).
 MAX_BATCH = 500
+
+#: Most encoded bytes of settlements one ``SettleTodos`` call carries: the
+#: server's request limit less a margin for the rest of the request.
+MAX_BATCH_BYTES = MAX_SEND_BYTES - 64 * 1024
 
 #: Codes worth retrying: the server or the network may answer differently later.
 TRANSIENT_CODES = frozenset(

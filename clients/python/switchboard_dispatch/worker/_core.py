@@ -56,7 +56,9 @@ class Worker:
             ``Fail`` or ``Release``; above 1, outcomes go out with ``SettleTodos``.
         settle_batch: send a ``SettleTodos`` once this many outcomes wait (1 to
             500); defaults to the claim refill size: half of ``concurrency``, or
-            ``prefetch`` when that is less (at least 1).
+            ``prefetch`` when that is less (at least 1). A call carries at most
+            1 MiB of encoded settlements (the server's request limit less a
+            margin): a larger batch goes as several calls.
         settle_linger: the longest an outcome waits for others to join its
             ``SettleTodos`` while handlers are still running (default 50 ms).
         trace: how each handler's span relates to the trace its todo carries

@@ -4,9 +4,11 @@
 wait, when the oldest has waited ``settle_linger``, when no handler is running
 any more, or at once on :meth:`Settler.flush` (stop): one by one with
 ``Complete``, ``Fail`` or ``Release`` when ``concurrency`` is 1, else in
-``SettleTodos`` batches. Transient errors are retried while the leases last;
-each outcome is counted in ``stats`` by its result, and its todo leaves the
-held todos.
+``SettleTodos`` batches. A batch larger than the server takes in one request
+(``MAX_BATCH_BYTES`` of encoded settlements) is sent as several calls at
+once, each within it (:func:`by_size`). Transient errors are retried while
+the leases last; each outcome is counted in ``stats`` by its result, and its
+todo leaves the held todos.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from switchboard_dispatch.v1 import dispatch_pb2, todo_pb2
 from switchboard_dispatch.worker._common import (
     _LEASE_LOST_CODES,
     MAX_BATCH,
+    MAX_BATCH_BYTES,
     TRANSIENT_CODES,
     _Backoff,
     _Req,
@@ -40,6 +43,25 @@ _SETTLED_STATES: dict[str, frozenset[todo_pb2.TodoState.ValueType]] = {
     "fail": frozenset({todo_pb2.TODO_STATE_PENDING, todo_pb2.TODO_STATE_DEAD}),
     "release": frozenset({todo_pb2.TODO_STATE_PENDING, todo_pb2.TODO_STATE_DEAD}),
 }
+
+
+def by_size(batch: list[Held], budget: int = MAX_BATCH_BYTES) -> list[list[Held]]:
+    """``batch`` cut, in order, into runs whose settlements come to at most
+    ``budget`` bytes of ``SettleTodosRequest`` each; a settlement larger than
+    that alone (none is: the largest carries an error text of 4096 characters)
+    gets a run of its own, so the others still fit."""
+    runs: list[list[Held]] = []
+    size = 0
+    for held in batch:
+        body = held.settlement.ByteSize() if held.settlement is not None else 0
+        item = 1 + max(1, (body.bit_length() + 6) // 7) + body  # tag, length, body
+        if runs and size + item <= budget:
+            runs[-1].append(held)
+            size += item
+        else:
+            runs.append([held])
+            size = item
+    return runs
 
 
 class Settler:
@@ -105,7 +127,7 @@ class Settler:
                 for held in batch:
                     await self._settle_one(held)
             else:
-                await self._settle_many(batch)
+                await asyncio.gather(*(self._settle_many(part) for part in by_size(batch)))
 
     def _flush_wait(self) -> float:
         """Seconds until the waiting settlements are due (0 or less: now)."""

@@ -1,10 +1,11 @@
 /**
  * What every part of the worker shares: the public types handlers see ({@link Handler},
- * {@link PermanentFailure}, {@link WorkerLogger}), the batch limit, the retry and lost-lease
+ * {@link PermanentFailure}, {@link WorkerLogger}), the batch limits, the retry and lost-lease
  * codes, how the parts tell the worker's events ({@link Notify}), and small conversions.
  */
 import { Code, ConnectError } from "@connectrpc/connect";
 
+import { MAX_SEND_BYTES } from "../connection.js";
 import type { DeferredQueue } from "../gen/switchboard/v1/admission_pb.js";
 import { ErrorInfoSchema } from "../gen/google/rpc/error_details_pb.js";
 import { BatchItemStatus } from "../gen/switchboard/v1/dispatch_pb.js";
@@ -13,6 +14,10 @@ import type { SettledOutcome, WorkerErrorInfo } from "./events.js";
 
 /** Most todos one `ClaimNext` may claim, and most items of a batch call (the server's limit). */
 export const MAX_BATCH = 500;
+
+/** Most encoded bytes of settlements one `SettleTodos` call carries: the server's request limit
+ * less a margin for the rest of the request. */
+export const MAX_BATCH_BYTES = MAX_SEND_BYTES - 64 * 1024;
 
 /** The longest the server holds a `ClaimNext` (`ClaimNextRequest.wait`). */
 export const MAX_WAIT_MS = 60_000;

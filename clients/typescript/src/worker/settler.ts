@@ -4,17 +4,26 @@
  * {@link Settler} sends the waiting settlements when `settleBatch` of them wait, when the oldest
  * has waited `settleLingerMs`, when no handler is running any more, or at once after
  * {@link Settler.flush} (stop): one by one with `Complete`, `Fail` or `Release` when
- * `concurrency` is 1, else in `SettleTodos` batches. Transient errors are retried while the
- * leases last; each outcome is counted in `stats` by its result (and told as a `settled`
- * event), and its todo leaves the held todos.
+ * `concurrency` is 1, else in `SettleTodos` batches. A batch larger than the server takes in one
+ * request (`MAX_BATCH_BYTES` of encoded settlements) is sent as several calls at once, each
+ * within it ({@link bySize}). Transient errors are retried while the leases last; each outcome
+ * is counted in `stats` by its result (and told as a `settled` event), and its todo leaves the
+ * held todos.
  */
+import { toBinary } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
 
-import { BatchItemStatus, type Settlement, type SettlementResult } from "../gen/switchboard/v1/dispatch_pb.js";
+import {
+  BatchItemStatus,
+  SettlementSchema,
+  type Settlement,
+  type SettlementResult,
+} from "../gen/switchboard/v1/dispatch_pb.js";
 import { TodoState } from "../gen/switchboard/v1/todo_pb.js";
 import {
   LEASE_LOST_CODES,
   MAX_BATCH,
+  MAX_BATCH_BYTES,
   TRANSIENT_CODES,
   describe,
   now,
@@ -34,6 +43,29 @@ const SETTLED_STATES: Record<string, ReadonlySet<TodoState>> = {
   fail: new Set([TodoState.PENDING, TodoState.DEAD]),
   release: new Set([TodoState.PENDING, TodoState.DEAD]),
 };
+
+/**
+ * `batch` cut, in order, into runs whose settlements come to at most `budget` bytes of
+ * `SettleTodosRequest` each; a settlement larger than that alone (none is: the largest carries an
+ * error text of 4096 characters) gets a run of its own, so the others still fit.
+ */
+export function bySize(batch: Held[], budget: number = MAX_BATCH_BYTES): Held[][] {
+  const runs: Held[][] = [];
+  let size = 0;
+  for (const held of batch) {
+    const body = held.settlement ? toBinary(SettlementSchema, held.settlement).length : 0;
+    const item = 1 + Math.ceil(body.toString(2).length / 7) + body; // tag, length, body
+    const last = runs[runs.length - 1];
+    if (last && size + item <= budget) {
+      last.push(held);
+      size += item;
+    } else {
+      runs.push([held]);
+      size = item;
+    }
+  }
+  return runs;
+}
 
 /** Sends the settlements of finished handlers (see the module docs). */
 export class Settler {
@@ -96,7 +128,7 @@ export class Settler {
       if (this.options.oneByOne) {
         for (const held of batch) await this.#settleOne(held, ending);
       } else {
-        await this.#settleMany(batch, ending);
+        await Promise.all(bySize(batch).map((part) => this.#settleMany(part, ending)));
       }
     }
   }

@@ -77,7 +77,11 @@ export interface WorkerOptions {
   prefetch?: number | undefined;
   /** The most handlers at once, also the most todos held (prefetch to 500; default prefetch). */
   concurrency?: number | undefined;
-  /** Send a `SettleTodos` once this many outcomes wait; default the refill size. */
+  /**
+   * Send a `SettleTodos` once this many outcomes wait; default the refill size. A call carries at
+   * most 1 MiB of encoded settlements (within the server's request limit, `MAX_SEND_BYTES`): a
+   * larger batch goes as several calls.
+   */
   settleBatch?: number | undefined;
   /** The longest an outcome waits for others to join its `SettleTodos`; default 50 ms. */
   settleLingerMs?: number | undefined;
