@@ -346,10 +346,11 @@ $$;
 -- by the old policy, since everything that spends or fills a budget, holds a
 -- ring back or refuses a claim marks it.
 -- Every gate in one queue id order, as every transaction that writes several
--- (sb_on_claim_end): the deferred gates up to each checked queue, then that
--- queue's, and so on. Locked in one pass and marked in a second, a deferred
--- gate held from the first pass could be one a claim waited for while the
--- claim held a gate marked in the second (tests/grpc/test_gate_lock_order.py).
+-- (sb_on_claim_end): the deferred gates before each checked queue, then that
+-- queue's (locked whatever it holds, and read under the lock), and so on.
+-- Locked in one pass and marked in a second, a deferred gate held from the
+-- first pass could be one a claim waited for while the claim held a gate
+-- marked in the second (tests/grpc/test_gate_lock_order.py).
 CREATE OR REPLACE FUNCTION sb_gates_policy_changed(
     p_endpoint_id uuid, p_queue_ids bigint[], p_check_ids bigint[]
 ) RETURNS void
@@ -360,6 +361,8 @@ DECLARE
     v_n integer;
     v_from integer := 1;  -- the first of v_ids whose gate is not handled yet
     v_to integer;
+    v_changed boolean;
+    v_deferred boolean;
     v_woken boolean := false;
     v_queue_id bigint;
     v_status record;
@@ -369,24 +372,37 @@ BEGIN
     v_n := cardinality(v_ids);
     FOR v_queue_id IN SELECT DISTINCT c.id FROM unnest(p_check_ids) AS c (id) ORDER BY c.id LOOP
         v_to := v_from;
-        WHILE v_to <= v_n AND v_ids[v_to] <= v_queue_id LOOP
+        WHILE v_to <= v_n AND v_ids[v_to] < v_queue_id LOOP
             v_to := v_to + 1;
         END LOOP;
-        IF sb_gates_due(p_endpoint_id, v_ids[v_from:v_to - 1], v_now) THEN
-            v_woken := true;
+        IF v_to > v_from THEN
+            IF sb_gates_due(p_endpoint_id, v_ids[v_from:v_to - 1], v_now) THEN
+                v_woken := true;
+            END IF;
         END IF;
-        v_from := v_to;
-        PERFORM 1 FROM queue_gates g
-         WHERE g.endpoint_id = p_endpoint_id AND g.queue_id = v_queue_id AND g.deferred;
-        CONTINUE WHEN FOUND;
+        v_changed := v_to <= v_n AND v_ids[v_to] = v_queue_id;
+        v_from := v_to + v_changed::integer;
+        SELECT g.deferred INTO v_deferred FROM queue_gates g
+         WHERE g.endpoint_id = p_endpoint_id AND g.queue_id = v_queue_id
+           FOR NO KEY UPDATE;
+        IF v_deferred THEN
+            IF v_changed THEN
+                UPDATE queue_gates g SET next_check_at = v_now
+                 WHERE g.endpoint_id = p_endpoint_id AND g.queue_id = v_queue_id;
+                v_woken := true;
+            END IF;
+            CONTINUE;
+        END IF;
         SELECT s.* INTO v_status FROM sb_queue_admission(p_endpoint_id, v_queue_id, v_now) s;
         IF v_status.reason IS NOT NULL THEN
             PERFORM sb_gate_mark(p_endpoint_id, v_queue_id, v_status.reason,
                 sb_gate_next_check(v_status.reason, v_status.eval, v_now), v_now, true);
         END IF;
     END LOOP;
-    IF sb_gates_due(p_endpoint_id, v_ids[v_from:v_n], v_now) THEN
-        v_woken := true;
+    IF v_from <= v_n THEN
+        IF sb_gates_due(p_endpoint_id, v_ids[v_from:v_n], v_now) THEN
+            v_woken := true;
+        END IF;
     END IF;
     IF v_woken THEN
         PERFORM pg_notify('switchboard_reopen', '');
@@ -396,15 +412,12 @@ $$;
 
 -- The deferred gates of the queues p_queue_ids (of one endpoint) are due at
 -- once: locked in queue order, then written in one statement. Whether there
--- were any (nothing is read when p_queue_ids is empty).
+-- were any.
 CREATE OR REPLACE FUNCTION sb_gates_due(
     p_endpoint_id uuid, p_queue_ids bigint[], p_now timestamptz
 ) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF coalesce(cardinality(p_queue_ids), 0) = 0 THEN
-        RETURN false;
-    END IF;
     PERFORM 1 FROM queue_gates l
      WHERE l.endpoint_id = p_endpoint_id AND l.queue_id = ANY (p_queue_ids) AND l.deferred
      ORDER BY l.queue_id
