@@ -170,8 +170,11 @@ async def refresh_schedules(db: Database, batch: int = 100, *, distributed: bool
 
 
 async def _refresh(conn: Conn, rows: list[PolicyRow], now: datetime) -> None:
-    """Extends (or empties) the locked due window schedules ``rows``."""
-    for row in rows:
+    """Extends (or empties) the locked due window schedules ``rows``, in queue
+    order (endpoint, then queue id): a rebuilt one re-checks its queue's gate,
+    and every transaction that writes several gates takes them in that order
+    (functions/README.md)."""
+    for row in sorted(rows, key=lambda r: (r.endpoint_id, r.queue_id)):
         try:
             spec = spec_of(row)
             assert spec is not None

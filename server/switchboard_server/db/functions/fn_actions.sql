@@ -161,9 +161,11 @@ BEGIN
            coalesce(array_agg(r.was), '{}')
       INTO v_ords, v_rows, v_was
       FROM requeued r;
+    -- One ring a queue, in gate order (the endpoint, then the queue: a
+    -- human's requeue may span endpoints; README.md).
     PERFORM sb_on_created(f.row, v_now)
-       FROM (SELECT DISTINCT ON (r.queue_id) r AS row
-               FROM unnest(v_rows) AS r ORDER BY r.queue_id) AS f;
+       FROM (SELECT DISTINCT ON (r.endpoint_id, r.queue_id) r AS row
+               FROM unnest(v_rows) AS r ORDER BY r.endpoint_id, r.queue_id) AS f;
     RETURN QUERY SELECT v_ords[k], 'applied'::text, v_rows[k], v_was[k]
                    FROM generate_subscripts(v_ords, 1) AS k;
     IF cardinality(v_ords) < cardinality(p_ids) THEN

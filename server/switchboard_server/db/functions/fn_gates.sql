@@ -85,7 +85,9 @@ $$;
 
 -- The queues of an endpoint a subscriber should hear about now (attach,
 -- heartbeat, reconnect): claimable pending work that admission does not
--- defer. Deferred ones are held back and their gates marked.
+-- defer, in name order. Deferred ones are held back and their gates marked,
+-- in queue id order (see sb_on_claim_end: marked in name order, a snapshot
+-- and a claim each held a gate the other waited for).
 CREATE OR REPLACE FUNCTION sb_doorbell_snapshot(p_endpoint_id uuid, p_queue_names text[])
 RETURNS TABLE (queue text, pending bigint, at timestamptz)
 LANGUAGE plpgsql AS $$
@@ -94,12 +96,14 @@ DECLARE
     v_queue record;
     v_pending bigint;
     v_status record;
+    v_names text[] := '{}';
+    v_counts bigint[] := '{}';
 BEGIN
     FOR v_queue IN
         SELECT q.id, q.name, q.policy_id FROM queues q
          WHERE q.endpoint_id = p_endpoint_id
            AND (p_queue_names IS NULL OR q.name = ANY (p_queue_names))
-         ORDER BY q.name
+         ORDER BY q.id
     LOOP
         v_pending := sb_claimable_count(p_endpoint_id, v_queue.id, v_now);
         CONTINUE WHEN v_pending = 0;
@@ -111,11 +115,12 @@ BEGIN
                 CONTINUE;
             END IF;
         END IF;
-        queue := v_queue.name;
-        pending := v_pending;
-        at := v_now;
-        RETURN NEXT;
+        v_names := v_names || v_queue.name;
+        v_counts := v_counts || v_pending;
     END LOOP;
+    RETURN QUERY SELECT w.name, w.pending, v_now
+                   FROM unnest(v_names, v_counts) AS w (name, pending)
+                  ORDER BY w.name;
 END;
 $$;
 
@@ -216,7 +221,8 @@ $$;
 -- urgent head first), so two of them that marked as they went each held a
 -- gate the other waited for (a deadlock; tests/grpc/test_claim_gate_order.py).
 -- Ordered so, every transaction that locks several gates takes them in queue
--- id order (settles, the reaper, policy changes and rings do too).
+-- id order (the endpoint's first, when several: settles, the reaper, policy
+-- changes, rings, snapshots and the scheduler do too; README.md).
 CREATE OR REPLACE FUNCTION sb_on_claim_end(
     p_endpoint_id uuid, p_queue_ids bigint[], p_deferred jsonb, p_claimed_queue bigint,
     p_headroom jsonb, p_now timestamptz
@@ -330,44 +336,98 @@ $$;
 
 -- The policies of the queues p_queue_ids changed (in this transaction, under
 -- their locks; a template change writes thousands at once): their deferred
--- gates are due at once, in one statement, and every replica's sweep is
--- woken by one notification (it rings POLICY_CHANGED once for each queue it
--- reopens); each queue of p_check_ids whose gate is not deferred is
--- evaluated and marked if its new policy defers it, so that it rings when it
--- reopens. A caller leaves a queue out of p_check_ids only when its new
--- policy admits whatever its old one did (policy_templates.py, a template
--- change that loosens): a gate that is not deferred was admitted by the old
--- policy, since everything that spends or fills a budget, holds a ring back
--- or refuses a claim marks it. Gates are locked in queue order.
+-- gates are due at once, a range of them to a statement, and every
+-- replica's sweep is woken by one notification (it rings POLICY_CHANGED
+-- once for each queue it reopens); each queue of p_check_ids whose gate is
+-- not deferred is evaluated and marked if its new policy defers it, so that
+-- it rings when it reopens. A caller leaves a queue out of p_check_ids only
+-- when its new policy admits whatever its old one did (policy_templates.py,
+-- a template change that loosens): a gate that is not deferred was admitted
+-- by the old policy, since everything that spends or fills a budget, holds a
+-- ring back or refuses a claim marks it.
+-- Every gate in one queue id order, as every transaction that writes several
+-- (sb_on_claim_end): the deferred gates before each checked queue, then that
+-- queue's (locked whatever it holds, and read under the lock), and so on.
+-- Locked in one pass and marked in a second, a deferred gate held from the
+-- first pass could be one a claim waited for while the claim held a gate
+-- marked in the second (tests/grpc/test_gate_lock_order.py).
 CREATE OR REPLACE FUNCTION sb_gates_policy_changed(
     p_endpoint_id uuid, p_queue_ids bigint[], p_check_ids bigint[]
 ) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_now timestamptz := sb_now();
+    v_ids bigint[];
+    v_n integer;
+    v_from integer := 1;  -- the first of v_ids whose gate is not handled yet
+    v_to integer;
+    v_changed boolean;
+    v_deferred boolean;
+    v_woken boolean := false;
     v_queue_id bigint;
     v_status record;
 BEGIN
     PERFORM sb_hold_shard_groups(ARRAY[p_endpoint_id]);
-    PERFORM 1 FROM queue_gates l
-     WHERE l.endpoint_id = p_endpoint_id AND l.queue_id = ANY (p_queue_ids) AND l.deferred
-     ORDER BY l.queue_id
-       FOR NO KEY UPDATE;
-    IF FOUND THEN
-        UPDATE queue_gates g SET next_check_at = v_now
-         WHERE g.endpoint_id = p_endpoint_id AND g.queue_id = ANY (p_queue_ids) AND g.deferred;
-        PERFORM pg_notify('switchboard_reopen', '');
-    END IF;
-    FOR v_queue_id IN SELECT c.id FROM unnest(p_check_ids) AS c (id) ORDER BY c.id LOOP
-        PERFORM 1 FROM queue_gates g
-         WHERE g.endpoint_id = p_endpoint_id AND g.queue_id = v_queue_id AND g.deferred;
-        CONTINUE WHEN FOUND;
+    v_ids := ARRAY(SELECT DISTINCT u.id FROM unnest(p_queue_ids) AS u (id) ORDER BY u.id);
+    v_n := cardinality(v_ids);
+    FOR v_queue_id IN SELECT DISTINCT c.id FROM unnest(p_check_ids) AS c (id) ORDER BY c.id LOOP
+        v_to := v_from;
+        WHILE v_to <= v_n AND v_ids[v_to] < v_queue_id LOOP
+            v_to := v_to + 1;
+        END LOOP;
+        IF v_to > v_from THEN
+            IF sb_gates_due(p_endpoint_id, v_ids[v_from:v_to - 1], v_now) THEN
+                v_woken := true;
+            END IF;
+        END IF;
+        v_changed := v_to <= v_n AND v_ids[v_to] = v_queue_id;
+        v_from := v_to + v_changed::integer;
+        SELECT g.deferred INTO v_deferred FROM queue_gates g
+         WHERE g.endpoint_id = p_endpoint_id AND g.queue_id = v_queue_id
+           FOR NO KEY UPDATE;
+        IF v_deferred THEN
+            IF v_changed THEN
+                UPDATE queue_gates g SET next_check_at = v_now
+                 WHERE g.endpoint_id = p_endpoint_id AND g.queue_id = v_queue_id;
+                v_woken := true;
+            END IF;
+            CONTINUE;
+        END IF;
         SELECT s.* INTO v_status FROM sb_queue_admission(p_endpoint_id, v_queue_id, v_now) s;
         IF v_status.reason IS NOT NULL THEN
             PERFORM sb_gate_mark(p_endpoint_id, v_queue_id, v_status.reason,
                 sb_gate_next_check(v_status.reason, v_status.eval, v_now), v_now, true);
         END IF;
     END LOOP;
+    IF v_from <= v_n THEN
+        IF sb_gates_due(p_endpoint_id, v_ids[v_from:v_n], v_now) THEN
+            v_woken := true;
+        END IF;
+    END IF;
+    IF v_woken THEN
+        PERFORM pg_notify('switchboard_reopen', '');
+    END IF;
+END;
+$$;
+
+-- The deferred gates of the queues p_queue_ids (of one endpoint) are due at
+-- once: locked in queue order, then written in one statement. Whether there
+-- were any.
+CREATE OR REPLACE FUNCTION sb_gates_due(
+    p_endpoint_id uuid, p_queue_ids bigint[], p_now timestamptz
+) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM queue_gates l
+     WHERE l.endpoint_id = p_endpoint_id AND l.queue_id = ANY (p_queue_ids) AND l.deferred
+     ORDER BY l.queue_id
+       FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    UPDATE queue_gates g SET next_check_at = p_now
+     WHERE g.endpoint_id = p_endpoint_id AND g.queue_id = ANY (p_queue_ids) AND g.deferred;
+    RETURN true;
 END;
 $$;
 
