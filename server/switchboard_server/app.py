@@ -198,6 +198,13 @@ async def start(settings: Settings, *, signals: LoopSignals | None = None) -> Ap
         hub.sources = lambda: (listener,)
         async with db.connection() as conn:
             distributed = await distribute.is_distributed(conn)
+            if distributed and await distribute.workers_lock_timeout_differs(conn, db.lock_timeout):
+                # Lock waits on the workers are not bounded by this server's setting.
+                log.warning(
+                    "the workers' lock timeout is not SWITCHBOARD_LOCK_TIMEOUT: run "
+                    "switchboard migrate --distribute with this server's settings",
+                    extra={"lock_timeout": db.lock_timeout.total_seconds()},
+                )
         if distributed:
             # On a Citus cluster rings are notified on the worker that ran the call.
             nodes = NodeListeners(

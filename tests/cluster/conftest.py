@@ -89,12 +89,13 @@ async def replicas(cluster_dsn: str) -> AsyncIterator[list[ServerProcess]]:
         await asyncio.gather(*(r.stop() for r in started))
 
 
-def migrate_cli(dsn: str, *args: str) -> str:
+def migrate_cli(dsn: str, *args: str, env: dict[str, str] | None = None) -> str:
     """``switchboard migrate ARGS`` on ``dsn`` (a child process, as an operator
-    runs it); its output. Fails the test on a non-zero exit."""
+    runs it, with ``env`` over this process's environment); its output. Fails
+    the test on a non-zero exit."""
     done = subprocess.run(
         [sys.executable, "-m", "switchboard_server", "migrate", *args],
-        env={**os.environ, "SWITCHBOARD_DATABASE_URL": dsn},
+        env={**os.environ, **(env or {}), "SWITCHBOARD_DATABASE_URL": dsn},
         capture_output=True,
         text=True,
         timeout=300,

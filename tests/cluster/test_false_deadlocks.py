@@ -29,6 +29,7 @@ import uuid
 
 import asyncpg
 
+from tests.cluster.conftest import migrate_cli
 from tests.cluster.placing import worker_of
 from tests.support.admission import set_policy
 from tests.support.citus_cluster import CitusCluster
@@ -36,6 +37,8 @@ from tests.support.client import Client, make_tenant
 from tests.support.processes import ServerProcess
 
 QUEUE = "changed"
+#: The role of the test's server.
+PATIENT = "sb_patient"
 CANCELLED = "involved in a distributed deadlock"
 #: The change's statement that locks the policy row (policy_lock), as a node logs it.
 POLICY_LOCK = re.compile(r"STATEMENT:.*?FROM\s+admission_policies(_\d+)?\b.*?FOR UPDATE")
@@ -64,10 +67,17 @@ async def _until_blocked_by(
 async def test_a_policy_change_behind_delegated_calls_is_stored_not_refused_as_a_deadlock(
     citus: CitusCluster, cluster_dsn: str
 ) -> None:
-    # A server of its own, whose lock timeout (how long it reruns) outlasts the scene.
-    server = await ServerProcess.start(cluster_dsn, {"SWITCHBOARD_LOCK_TIMEOUT": "60"})
-    client = Client(server.address)
+    # A server of its own, whose lock timeout (how long it reruns, and how
+    # long its statements wait for a lock on the workers) outlasts the scene:
+    # it connects as a role of its own, whose sessions on the workers get it
+    # from `migrate --distribute` run with the server's settings.
     conn = await asyncpg.connect(cluster_dsn)
+    await conn.execute(f"CREATE ROLE {PATIENT} LOGIN SUPERUSER")
+    patient_dsn = cluster_dsn.replace("postgres@", f"{PATIENT}@", 1)
+    patient = {"SWITCHBOARD_LOCK_TIMEOUT": "60"}
+    assert "lock timeout 60000ms" in migrate_cli(patient_dsn, "--distribute", env=patient)
+    server = await ServerProcess.start(patient_dsn, patient)
+    client = Client(server.address)
     try:
         tenant = await make_tenant(client, f"changed-{uuid.uuid4()}")
         await set_policy(
@@ -161,6 +171,7 @@ async def test_a_policy_change_behind_delegated_calls_is_stored_not_refused_as_a
         )
         assert stored == 6
     finally:
-        await conn.close()
         await client.close()
         await server.stop()
+        await conn.execute(f"DROP ROLE {PATIENT}")
+        await conn.close()

@@ -99,7 +99,9 @@ async def _migrate(settings: Settings, distribute: bool, shard_count: int | None
                 return 2
             async with db.connection() as conn:
                 try:
-                    done = await distribution.distribute(conn, shard_count=shard_count)
+                    done = await distribution.distribute(
+                        conn, lock_timeout=settings.lock_timeout, shard_count=shard_count
+                    )
                 except distribution.NotCitus as exc:
                     print(f"switchboard: cannot distribute: {exc}", file=sys.stderr)
                     return 2
@@ -109,6 +111,7 @@ async def _migrate(settings: Settings, distribute: bool, shard_count: int | None
                 else f"schema distributed: {len(done.reference)} reference tables, "
                 f"{len(done.distributed)} distributed tables, {done.propagated} functions on "
                 f"every node, {len(done.delegated)} delegated"
+                + (f", lock timeout {done.lock_timeout} on every node" if done.lock_timeout else "")
             )
     return 0
 

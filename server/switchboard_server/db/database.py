@@ -336,6 +336,12 @@ def rerun_on_conflict(
     return rerun
 
 
+def lock_timeout_setting(lock_timeout: timedelta) -> str:
+    """``lock_timeout`` as the setting's text: the server's sessions, and on a
+    Citus cluster the sessions Citus opens on the workers (``distribute``)."""
+    return f"{int(lock_timeout.total_seconds() * 1000)}ms"
+
+
 def session_settings(application_name: str, lock_timeout: timedelta) -> dict[str, str]:
     """The settings of the server's pooled sessions (the bench's DB ceilings use them too).
 
@@ -358,7 +364,7 @@ def session_settings(application_name: str, lock_timeout: timedelta) -> dict[str
     """
     return {
         "application_name": application_name,
-        "lock_timeout": f"{int(lock_timeout.total_seconds() * 1000)}ms",
+        "lock_timeout": lock_timeout_setting(lock_timeout),
         "switchboard.release_before_flush": "on",
         "citus.show_shards_for_app_name_prefixes": "*",
     }

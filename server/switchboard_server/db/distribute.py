@@ -12,7 +12,10 @@ tells Citus how to place them (docs/scaling-out.md):
 - every function of the schema is propagated to every node, and the calls
   that act on one endpoint (``DELEGATED``) are delegated: Citus sends the
   whole call to the node that holds the endpoint's shard, where it runs as
-  one local transaction, as on one server.
+  one local transaction, as on one server;
+- the server's lock timeout becomes the default of its role in its database
+  on every node: the sessions Citus opens on the workers, for a delegated
+  call or a routed statement, do not inherit the server's session setting.
 
 Foreign keys are dropped while the tables are converted and made again after
 (Citus would otherwise turn a table with a key to a new reference table into
@@ -27,11 +30,12 @@ import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import ClassVar
 
 import asyncpg
 
-from switchboard_server.db.database import Conn
+from switchboard_server.db.database import Conn, lock_timeout_setting
 from switchboard_server.db.queries import Params, execute, fetch_many, fetch_one, fetch_value
 
 log = logging.getLogger(__name__)
@@ -113,11 +117,19 @@ class Report:
     distributed: list[str] = field(default_factory=list)
     propagated: int = 0
     delegated: list[str] = field(default_factory=list)
+    #: The workers' lock timeout, when it was set (it differed).
+    lock_timeout: str | None = None
 
     @property
     def changed(self) -> bool:
         """Whether anything was done."""
-        return bool(self.reference or self.distributed or self.propagated or self.delegated)
+        return bool(
+            self.reference
+            or self.distributed
+            or self.propagated
+            or self.delegated
+            or self.lock_timeout
+        )
 
 
 async def check_coordinator(conn: Conn) -> str:
@@ -137,12 +149,17 @@ async def check_coordinator(conn: Conn) -> str:
     return str(version)
 
 
-async def distribute(conn: Conn, *, shard_count: int | None = None) -> Report:
+async def distribute(
+    conn: Conn, *, lock_timeout: timedelta, shard_count: int | None = None
+) -> Report:
     """Distributes the migrated schema (see the module's doc); idempotent.
 
-    ``shard_count``: shards per distributed table (the cluster's
-    ``citus.shard_count``, 32 by default, when ``None``). Fixed once made:
-    more nodes later take shards from the others (``citus_rebalance_start``).
+    ``lock_timeout``: the server's (``SWITCHBOARD_LOCK_TIMEOUT``), made the
+    lock timeout of the sessions Citus opens on the workers as ``conn``'s
+    role (``set_worker_lock_timeout``). ``shard_count``: shards per
+    distributed table (the cluster's ``citus.shard_count``, 32 by default,
+    when ``None``). Fixed once made: more nodes later take shards from the
+    others (``citus_rebalance_start``).
     """
     await check_coordinator(conn)
     report = Report()
@@ -182,6 +199,8 @@ async def distribute(conn: Conn, *, shard_count: int | None = None) -> Report:
                     colocate_with=DISTRIBUTED_TABLES[0],
                 )
                 report.delegated.append(signature)
+        if await set_worker_lock_timeout(conn, lock_timeout):
+            report.lock_timeout = lock_timeout_setting(lock_timeout)
     finally:
         await execute(conn, "migration_unlock")
     log.info(
@@ -191,9 +210,39 @@ async def distribute(conn: Conn, *, shard_count: int | None = None) -> Report:
             "distributed": report.distributed,
             "propagated": report.propagated,
             "delegated": len(report.delegated),
+            "lock_timeout": report.lock_timeout,
         },
     )
     return report
+
+
+async def workers_lock_timeout_differs(conn: Conn, lock_timeout: timedelta) -> bool:
+    """Whether a session of ``conn``'s role that Citus opens on some worker
+    would not start with ``lock_timeout`` (or a worker did not answer)."""
+    return bool(await fetch_value(conn, "lock_timeout_differs", lock_timeout=lock_timeout))
+
+
+async def set_worker_lock_timeout(conn: Conn, lock_timeout: timedelta) -> bool:
+    """Makes ``lock_timeout`` the default of ``conn``'s role in this database
+    on every node, where a worker's session would start without it; whether
+    it did.
+
+    The server sets its lock timeout on its own sessions, on the coordinator;
+    a delegated call, and every statement Citus routes to a worker, runs in a
+    session Citus opens there as the same role, which starts with the
+    role's and database's defaults and does not inherit it. Without this, a
+    claim whose queue's policy row is held on the worker waits for as long as
+    it is held, instead of being refused as ``admission_unavailable`` after
+    the lock timeout. Citus propagates the ``ALTER ROLE ... IN DATABASE ...
+    SET`` to the workers. Sessions Citus already opened keep what they
+    started with."""
+    if not await workers_lock_timeout_differs(conn, lock_timeout):
+        return False
+    statement = await fetch_value(
+        conn, "lock_timeout_default_statement", lock_timeout=lock_timeout_setting(lock_timeout)
+    )
+    await conn.execute(statement)
+    return True
 
 
 async def is_distributed(conn: Conn) -> bool:

@@ -137,3 +137,19 @@ SELECT array_agg(e ORDER BY e) AS endpoint_ids
   FROM unnest(:endpoint_ids::uuid[]) AS e
  GROUP BY get_shard_id_for_distribution_column(:table::regclass, e)
  ORDER BY 1;
+
+-- name: lock_timeout_differs :one
+-- (On a coordinator.) Whether a new session of this role on some worker (as
+-- Citus opens for a delegated call or a routed statement) would not start
+-- with :lock_timeout as its lock timeout, or the worker did not answer.
+SELECT count(*) > 0
+  FROM run_command_on_workers('SHOW lock_timeout')
+ WHERE CASE WHEN success THEN result::interval IS DISTINCT FROM :lock_timeout::interval
+            ELSE true END;
+
+-- name: lock_timeout_default_statement :one
+-- The statement that makes :lock_timeout (a setting's text) the default of
+-- this role in this database: Citus runs it on every worker too (an ALTER
+-- ROLE ... SET in the current database is propagated).
+SELECT format('ALTER ROLE %I IN DATABASE %I SET lock_timeout = %L',
+              current_user, current_database(), :lock_timeout::text) AS statement;
