@@ -26,36 +26,16 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from datetime import timedelta
 
 import asyncpg
 from switchboard_dispatch.v1 import dispatch_pb2, queue_pb2
 
 from tests.support.admission import set_policy
 from tests.support.client import Client, Tenant
+from tests.support.gate_holds import CLAIM_NEXT, GATE_HOLD, HOLD, LEASE, until_waiting
 
-LEASE = timedelta(minutes=5)
-CLAIM_NEXT = (
-    "SELECT outcome, todos, admission FROM sb_claim_next_for($1, $2, $3, $4, $5, $6, 1048576)"
-)
 #: The gates open again, as a reopen that raced a claim leaves them.
 OPEN_GATES = "UPDATE queue_gates SET deferred = false WHERE endpoint_id = $1 AND deferred"
-#: The advisory lock the test holds while the claims must wait at their first gate.
-HOLD = 4242
-#: A test-only trigger: a session named ``held-*`` waits for ``HOLD`` after each
-#: gate row it writes (the row stays locked: the claim holds it while it waits).
-GATE_HOLD = f"""
-CREATE FUNCTION gate_hold() RETURNS trigger LANGUAGE plpgsql SET lock_timeout = 0 AS $$
-BEGIN
-    IF current_setting('application_name') LIKE 'held-%' THEN
-        PERFORM pg_advisory_xact_lock_shared({HOLD});
-    END IF;
-    RETURN NULL;
-END;
-$$;
-CREATE TRIGGER gate_hold AFTER INSERT OR UPDATE ON queue_gates
-    FOR EACH ROW EXECUTE FUNCTION gate_hold();
-"""
 
 
 async def _ingest(client: Client, tenant: Tenant, queue: str, priority: int) -> None:
@@ -65,18 +45,6 @@ async def _ingest(client: Client, tenant: Tenant, queue: str, priority: int) -> 
         ),
         metadata=tenant.agent,
     )
-
-
-async def _until_waiting(
-    watcher: asyncpg.Connection, pid: int, claim: asyncio.Task[object]
-) -> None:
-    """Until the claim on backend ``pid`` waits for a lock."""
-    async with asyncio.timeout(30):
-        while not await watcher.fetchval(
-            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid
-        ):
-            assert not claim.done(), claim.result()
-            await asyncio.sleep(0.01)
 
 
 async def test_claims_refusing_queues_in_opposite_orders_do_not_deadlock_on_their_gates(
@@ -109,13 +77,13 @@ async def test_claims_refusing_queues_in_opposite_orders_do_not_deadlock_on_thei
         first = asyncio.create_task(
             claimers[0].fetchrow(CLAIM_NEXT, owner, endpoint, None, ["c0"], LEASE, 1)
         )
-        await _until_waiting(conn, pids[0], first)
+        await until_waiting(conn, first, pid=pids[0])
         await _ingest(client, tenant, "b", 0)  # b's head is now the most urgent
         await conn.execute(OPEN_GATES, endpoint)  # (its ring marked b's gate)
         second = asyncio.create_task(
             claimers[1].fetchrow(CLAIM_NEXT, owner, endpoint, None, ["c1"], LEASE, 1)
         )
-        await _until_waiting(conn, pids[1], second)
+        await until_waiting(conn, second, pid=pids[1])
         await conn.execute("SELECT pg_advisory_unlock($1)", HOLD)
         rows = await asyncio.wait_for(asyncio.gather(first, second), 30)
         for row in rows:
